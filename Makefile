@@ -1,0 +1,65 @@
+# gpupipe: `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+RUN_DIR ?= .runs/demo
+NPROC ?= 2
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
+	@echo ">> installing gpupipe and its dev dependencies into $(VENV) (constraints.txt)"
+	$(PIP_INSTALL) -e '.[dev]'
+	@touch $@
+
+.PHONY: setup
+setup: $(VENV)/.installed ## create .venv and install everything (pinned by constraints.txt)
+
+.PHONY: run
+run: setup ## set up, make a demo dataset, train on it with $(NPROC) local processes
+	$(BIN)/python -m trainer.demo --out $(RUN_DIR)
+	$(BIN)/python -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) \
+	    -m trainer.worker --config $(RUN_DIR)/config.json
+	$(BIN)/python -m trainer.demo --summarize $(RUN_DIR)
+
+.PHONY: test
+test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster)
+	$(BIN)/pytest -m "not e2e and not slow" $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: setup ## only the fast unit tests
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: test-all
+test-all: setup ## every test, slow ones too (GPU and cluster tests skip where absent)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: setup ## ruff (lint + format check) and mypy on trainer/
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+.PHONY: fmt
+fmt: setup ## apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+.PHONY: bench
+bench: setup ## run the ratio benchmarks (each prints its ratio last)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+.PHONY: clean
+clean: ## remove run outputs and caches (keeps .venv)
+	rm -rf .runs .pytest_cache .ruff_cache .mypy_cache

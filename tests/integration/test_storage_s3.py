@@ -1,0 +1,175 @@
+"""trainer.storage against a real S3-compatible server (moto on 127.0.0.1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer import storage
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["s3", "minio"], ids=["s3", "minio"])
+def root(request: pytest.FixtureRequest, s3_bucket: str) -> str:
+    """A prefix in the test bucket, reached as s3:// or as KFP's minio:// (same server)."""
+    return f"{request.param}://{s3_bucket}/run-1"
+
+
+def _keys(s3_client: Any, bucket: str) -> list[str]:
+    """The object keys in ``bucket``, without directory markers (keys ending in "/").
+
+    pyarrow re-creates an empty marker for the parent "directory" after every delete, so that
+    the parent keeps existing; such markers are not output.
+    """
+    contents = s3_client.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return sorted(o["Key"] for o in contents if not o["Key"].endswith("/"))
+
+
+def test_bytes_and_json_round_trip(root: str, s3_client: Any, s3_bucket: str) -> None:
+    storage.write_bytes(storage.join(root, "a", "b.bin"), b"\x00payload")
+    storage.write_json(storage.join(root, "meta.json"), {"loss": 0.5, "epoch": 3})
+
+    assert storage.read_bytes(storage.join(root, "a", "b.bin")) == b"\x00payload"
+    assert storage.read_json(storage.join(root, "meta.json")) == {"epoch": 3, "loss": 0.5}
+    raw = s3_client.get_object(Bucket=s3_bucket, Key="run-1/meta.json")["Body"].read()
+    assert raw == b'{\n  "epoch": 3,\n  "loss": 0.5\n}\n'
+    with storage.open_input(storage.join(root, "a", "b.bin")) as f:
+        f.seek(1)
+        assert f.read() == b"payload"
+
+
+def test_exists_is_dir_list_dir(root: str) -> None:
+    storage.write_text(storage.join(root, "d", "x.txt"), "x")
+    storage.write_text(storage.join(root, "y.txt"), "y")
+
+    assert storage.exists(root) and storage.is_dir(root)
+    assert storage.exists(storage.join(root, "d")) and storage.is_dir(storage.join(root, "d"))
+    assert storage.exists(storage.join(root, "y.txt"))
+    assert not storage.is_dir(storage.join(root, "y.txt"))
+    assert not storage.exists(storage.join(root, "nope"))
+    assert storage.list_dir(root) == ["d", "y.txt"]
+    assert storage.list_dir(storage.join(root, "nope")) == []
+
+
+def test_open_output_publishes_only_on_success(root: str, s3_client: Any, s3_bucket: str) -> None:
+    target = storage.join(root, "data.parquet")
+    with pytest.raises(RuntimeError, match="crash"), storage.open_output(target) as f:
+        f.write(b"partial")
+        raise RuntimeError("crash")
+    assert _keys(s3_client, s3_bucket) == []
+    with storage.open_output(target) as f:
+        f.write(b"whole")
+    assert storage.read_bytes(target) == b"whole"
+
+
+def test_atomic_dir(root: str, s3_client: Any, s3_bucket: str) -> None:
+    model = storage.join(root, "model")
+    with pytest.raises(ValueError, match="bad"), storage.atomic_dir(model) as tmp:
+        storage.write_bytes(storage.join(tmp, "model.safetensors"), b"half")
+        raise ValueError("bad")
+    assert _keys(s3_client, s3_bucket) == []
+
+    storage.write_text(storage.join(model, "stale.txt"), "from an interrupted attempt")
+    with storage.atomic_dir(model) as tmp:
+        assert tmp.startswith(model + ".tmp-")
+        storage.write_bytes(storage.join(tmp, "model.safetensors"), b"weights")
+        storage.write_json(storage.join(tmp, "meta", "model.json"), {"arch": "mlp"})
+        assert not storage.exists(storage.join(model, "model.safetensors"))
+    assert storage.list_dir(model) == ["meta", "model.safetensors"]
+    assert storage.read_bytes(storage.join(model, "model.safetensors")) == b"weights"
+    assert storage.list_dir(root) == ["model"]
+
+
+def test_copy_tree_local_to_s3_and_back(root: str, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub" / "deeper").mkdir(parents=True)
+    (src / "a.txt").write_text("a")
+    (src / "sub" / "deeper" / "b.bin").write_bytes(b"b" * 100_000)
+
+    storage.copy_tree(str(src), storage.join(root, "tree"))
+    assert storage.list_dir(storage.join(root, "tree")) == ["a.txt", "sub"]
+    assert (
+        storage.read_bytes(storage.join(root, "tree", "sub", "deeper", "b.bin")) == b"b" * 100_000
+    )
+
+    storage.copy_tree(storage.join(root, "tree"), str(tmp_path / "back"))
+    assert (tmp_path / "back" / "a.txt").read_text() == "a"
+    assert (tmp_path / "back" / "sub" / "deeper" / "b.bin").read_bytes() == b"b" * 100_000
+
+    storage.copy_tree(storage.join(root, "tree", "a.txt"), storage.join(root, "single.txt"))
+    assert storage.read_text(storage.join(root, "single.txt")) == "a"
+
+
+def test_rename_and_delete(root: str) -> None:
+    storage.write_text(storage.join(root, "d", "x.txt"), "x")
+    storage.write_text(storage.join(root, "d", "s", "y.txt"), "y")
+    storage.write_text(storage.join(root, "f.txt"), "f")
+
+    storage.rename(storage.join(root, "d"), storage.join(root, "e"))
+    storage.rename(storage.join(root, "f.txt"), storage.join(root, "g.txt"))
+    assert storage.read_text(storage.join(root, "e", "s", "y.txt")) == "y"
+    assert storage.read_text(storage.join(root, "g.txt")) == "f"
+    assert not storage.exists(storage.join(root, "d"))
+    assert not storage.exists(storage.join(root, "f.txt"))
+
+    storage.write_text(storage.join(root, "h", "z.txt"), "z")
+    with pytest.raises(FileExistsError, match="non-empty directory"):
+        storage.rename(storage.join(root, "h"), storage.join(root, "e"))
+
+    storage.delete(storage.join(root, "e"))
+    storage.delete(storage.join(root, "g.txt"))
+    storage.delete(storage.join(root, "never-there"))
+    assert not storage.exists(storage.join(root, "e"))
+    assert storage.list_dir(root) == ["h"]
+
+
+def test_rename_across_filesystems(root: str, tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "w.bin").write_bytes(b"w")
+    storage.rename(str(tmp_path / "ckpt"), storage.join(root, "ckpt"))
+    assert not (tmp_path / "ckpt").exists()
+    assert storage.read_bytes(storage.join(root, "ckpt", "w.bin")) == b"w"
+
+
+def test_delete_refuses_bucket(s3_bucket: str) -> None:
+    with pytest.raises(ValueError, match="refusing to delete a whole bucket"):
+        storage.delete(f"s3://{s3_bucket}")
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (storage.read_bytes, FileNotFoundError, "reading s3://{b}/no/such/key: no such file"),
+        (storage.read_json, FileNotFoundError, "reading s3://{b}/no/such/key: no such file"),
+        (storage.copy_tree, FileNotFoundError, "copying s3://{b}/no/such/key to"),
+    ],
+    ids=["read_bytes", "read_json", "copy_tree"],
+)
+def test_missing_key(call: Any, error: type[Exception], message: str, s3_bucket: str) -> None:
+    uri = f"s3://{s3_bucket}/no/such/key"
+    args = (uri, uri + "-copy") if call is storage.copy_tree else (uri,)
+    with pytest.raises(error, match=message.format(b=s3_bucket)):
+        call(*args)
+
+
+def test_missing_bucket(s3_server: str) -> None:
+    with pytest.raises(FileNotFoundError, match="reading s3://absent/k: bucket 'absent' does not"):
+        storage.read_bytes("s3://absent/k")
+    with pytest.raises(RuntimeError, match=r"writing s3://absent/k: .*bucket does not exist"):
+        storage.write_bytes("s3://absent/k", b"x")
+    with (
+        pytest.raises(RuntimeError, match=r"writing minio://absent/k: .*bucket does not exist"),
+        storage.open_output("minio://absent/k") as f,
+    ):
+        f.write(b"x")
+    assert not storage.exists("s3://absent/k")
+    assert storage.list_dir("s3://absent") == []
+
+
+def test_unreachable_endpoint(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1")
+    with pytest.raises(RuntimeError, match=r"s3://b/k: .*(connect|NETWORK)"):
+        storage.exists("s3://b/k")

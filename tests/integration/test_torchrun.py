@@ -1,0 +1,303 @@
+"""Real torchrun runs of the worker with gloo on CPU: training, equivalence, resume and failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainer import storage
+from trainer.demo import make_table
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_data(tmp: Path, rows: int = 2048, seed: int = 0) -> tuple[str, str]:
+    import pyarrow.parquet as pq
+
+    table = make_table(rows + 512, features=6, classes=3, seed=seed)
+    train, val = tmp / "train.parquet", tmp / "val.parquet"
+    pq.write_table(table.slice(0, rows), train, row_group_size=512)
+    pq.write_table(table.slice(rows), val)
+    return str(train), str(val)
+
+
+def make_config(tmp: Path, name: str, *, data: tuple[str, str], **sections: dict[str, Any]) -> Path:
+    """A small worker config under tmp/name; sections override the defaults below."""
+    run = tmp / name
+    run.mkdir(parents=True, exist_ok=True)
+    cfg: dict[str, Any] = {
+        "data": {"train_uri": data[0], "val_uri": data[1], "target": "label"},
+        "model": {"name": "mlp", "hidden_dim": 32, "num_layers": 2},
+        "optim": {"lr": 5e-3, "warmup_steps": 5},
+        "train": {"epochs": 3, "global_batch_size": 64, "log_every_steps": 8, "seed": 7},
+        "checkpoint": {"uri": str(run / "ckpt"), "every_steps": 16, "keep_last": 2},
+        "output": {"model_uri": str(run / "model"), "history_uri": str(run / "history.jsonl")},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path = run / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")])
+    e["OMP_NUM_THREADS"] = "1"
+    e.pop("RANK", None)
+    return e
+
+
+def torchrun_cmd(config: Path, nproc: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainer.worker",
+        "--config",
+        str(config),
+    ]
+
+
+def torchrun(
+    config: Path, nproc: int, *, check: bool = True, timeout: int = 240
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        torchrun_cmd(config, nproc),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"torchrun exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def history(config: Path) -> list[dict[str, Any]]:
+    path = config.parent / "history.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def weights(config: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(config.parent / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    return write_data(tmp_path_factory.mktemp("data"))
+
+
+def test_two_ranks_train_and_loss_falls(tmp_path: Path, data: tuple[str, str]) -> None:
+    cfg = make_config(tmp_path, "ddp", data=data)
+    proc = torchrun(cfg, 2)
+    steps = [r for r in history(cfg) if r["event"] == "step"]
+    assert steps[0]["loss"] > 0.8 * 1.0986 and steps[-1]["loss"] < 0.6 * steps[0]["loss"]
+    evals = [r for r in history(cfg) if r["event"] == "eval"]
+    assert evals[-1]["val_accuracy"] > 0.75
+    start = next(r for r in history(cfg) if r["event"] == "start")
+    assert start["world_size"] == 2
+    meta = json.loads((cfg.parent / "model" / "model.json").read_text())
+    assert meta["features"] == [f"f{i}" for i in range(6)]
+    # stdout is JSON lines from rank 0 only (the progress bar never appears in a pipe)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert all(json.loads(ln)["job"] for ln in lines)
+
+
+def test_one_and_two_ranks_reach_the_same_weights(tmp_path: Path, data: tuple[str, str]) -> None:
+    one = make_config(tmp_path, "one", data=data, train={"epochs": 2})
+    two = make_config(tmp_path, "two", data=data, train={"epochs": 2})
+    torchrun(one, 1)
+    torchrun(two, 2)
+    w1, w2 = weights(one), weights(two)
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_sigkill_one_rank_then_rerun_resumes_to_identical_weights(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    marker = tmp_path / "killed"
+    fault = {
+        "name": "tests.plugins.faults:kill",
+        "options": {"at": 40, "rank": 1, "marker": str(marker)},
+    }
+    ref_marker = tmp_path / "ref-marker"
+    ref_marker.write_text("never fire\n")
+    ref = make_config(
+        tmp_path,
+        "ref",
+        data=data,
+        model={**fault, "options": {**fault["options"], "marker": str(ref_marker)}},
+    )
+    run = make_config(tmp_path, "run", data=data, model=fault)
+    torchrun(ref, 2)
+
+    first = torchrun(run, 2, check=False)
+    assert first.returncode != 0 and marker.exists(), first.stderr[-2000:]
+    assert not (run.parent / "model").exists()  # nothing half-written
+    ckpt_steps = sorted(p.name for p in (run.parent / "ckpt").iterdir() if p.name[5:].isdigit())
+    assert ckpt_steps and ckpt_steps[-1] == "step-00000032"
+
+    torchrun(run, 2)
+    restore = [r for r in history(run) if r["event"] == "restore"]
+    assert restore and restore[0]["step"] == 32
+    w_ref, w_run = weights(ref), weights(run)
+    for k in w_ref:
+        assert torch.equal(w_ref[k], w_run[k]), k
+
+
+def test_sigterm_writes_a_complete_checkpoint_and_rerun_finishes(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    cfg = make_config(
+        tmp_path,
+        "term",
+        data=data,
+        train={"epochs": 400, "log_every_steps": 4},
+        checkpoint={"every_steps": 100000},
+    )
+    err_path = tmp_path / "stderr.log"
+    with err_path.open("w") as err_file:
+        proc = subprocess.Popen(
+            torchrun_cmd(cfg, 2),
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+            cwd=ROOT,
+        )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:  # wait until training is really under way
+        if '"event": "step"' in line and json.loads(line)["step"] >= 40:
+            break
+        assert time.monotonic() < deadline, "training never got going"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    err = err_path.read_text()
+    assert proc.returncode != 0  # torchrun reports the preempted workers as failed
+    from trainer.checkpoint import CheckpointManager
+
+    mgr = CheckpointManager(str(cfg.parent / "ckpt"), keep_last=2)
+    steps = mgr.steps()
+    assert steps and steps[-1] >= 40, (steps, err[-2000:])
+    state = mgr.load(steps[-1])  # verifies checksums and loads weights_only
+    assert state["meta"]["step"] == steps[-1]
+    assert "checkpointing" in err
+
+    short = json.loads(cfg.read_text())
+    short["train"]["max_steps"] = steps[-1] + 8
+    cfg.write_text(json.dumps(short))
+    torchrun(cfg, 2)
+    restore = [r for r in history(cfg) if r["event"] == "restore"]
+    assert restore[0]["step"] == steps[-1]
+
+
+def test_nan_loss_rolls_back_and_recovers(tmp_path: Path, data: tuple[str, str]) -> None:
+    marker = tmp_path / "nan-fired"
+    cfg = make_config(
+        tmp_path,
+        "nan",
+        data=data,
+        model={"name": "tests.plugins.faults:nan", "options": {"at": 45, "marker": str(marker)}},
+    )
+    torchrun(cfg, 2)
+    h = history(cfg)
+    rollback = [r for r in h if r["event"] == "rollback"]
+    assert marker.exists() and len(rollback) == 1
+    assert rollback[0]["step"] == 32 and rollback[0]["lr_scale"] == 0.5
+    w = weights(cfg)
+    assert all(torch.isfinite(t).all() for t in w.values())
+    assert [r for r in h if r["event"] == "eval"][-1]["val_accuracy"] > 0.7
+
+
+def test_nan_that_keeps_coming_back_fails_clearly(tmp_path: Path, data: tuple[str, str]) -> None:
+    cfg = make_config(
+        tmp_path,
+        "nan-always",
+        data=data,
+        model={"name": "tests.plugins.faults:nan_always", "options": {"at": 20}},
+        train={"max_nan_rollbacks": 2},
+    )
+    proc = torchrun(cfg, 2, check=False)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR [train]")]
+    assert errors and "after 2 rollbacks (train.max_nan_rollbacks=2)" in errors[0]
+    assert not (cfg.parent / "model").exists()
+
+
+@pytest.mark.parametrize("oom_rank", [None, 1], ids=["all-ranks", "one-rank"])
+def test_oom_halves_micro_batch_and_keeps_the_effective_batch(
+    tmp_path: Path, data: tuple[str, str], oom_rank: int | None
+) -> None:
+    ref = make_config(tmp_path, "ref", data=data, train={"epochs": 1})
+    cfg = make_config(
+        tmp_path,
+        "oom",
+        data=data,
+        train={"epochs": 1},
+        model={"name": "tests.plugins.faults:oom", "options": {"max_rows": 12, "rank": oom_rank}},
+    )
+    torchrun(ref, 2)
+    torchrun(cfg, 2)
+    ooms = [r for r in history(cfg) if r["event"] == "oom"]
+    # local batch 32 -> 16 -> 8: two halvings, then the rest of the run at 8
+    assert [(r["old_micro_batch"], r["micro_batch"]) for r in ooms] == [(32, 16), (16, 8)]
+    assert ooms[-1]["accumulation"] == 4
+    w_ref, w = weights(ref), weights(cfg)
+    for k in w_ref:  # same effective batch: same math up to float summation order
+        torch.testing.assert_close(w[k], w_ref[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_bad_config_is_one_line_exit_2(tmp_path: Path, data: tuple[str, str]) -> None:
+    cfg = make_config(tmp_path, "bad", data=data, train={"epochz": 3})
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.worker", "--config", str(cfg)],
+        env=env(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
+    assert errors == [errors[0]] and errors[0].startswith(
+        "ERROR [train] E_CONFIG: unknown config key train.epochz"
+    )
+
+
+def test_writes_the_model_to_s3(
+    tmp_path: Path, data: tuple[str, str], s3_server: str, s3_bucket: str
+) -> None:
+    cfg = make_config(
+        tmp_path,
+        "s3",
+        data=data,
+        train={"epochs": 1},
+        checkpoint={"uri": f"s3://{s3_bucket}/run/ckpt"},
+        output={"model_uri": f"s3://{s3_bucket}/run/model", "history_uri": None},
+    )
+    torchrun(cfg, 2)
+    names = storage.list_dir(f"s3://{s3_bucket}/run/model")
+    assert {"model.safetensors", "model.json", "metrics.json"} <= set(names)
+    assert storage.list_dir(f"s3://{s3_bucket}/run/ckpt")

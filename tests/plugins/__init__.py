@@ -1,0 +1,1 @@
+"""Plugin modules that tests name as ``package.module:build`` user models."""

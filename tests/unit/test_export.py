@@ -1,0 +1,280 @@
+"""Tests for the model artifact: save, load, predict, safety and atomicity."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+from trainer import storage
+from trainer.config import ModelConfig, to_dict
+from trainer.export import FORMAT, load_model, predict, save_model
+from trainer.models import ModelSpec, build_model
+from trainer.version import __version__
+
+GPT_CFG = ModelConfig(name="gpt", vocab_size=32, n_layer=2, n_head=2, d_model=16)
+GPT_SPEC = ModelSpec(task="lm", seq_len=8)
+MLP_CFG = ModelConfig(name="mlp", hidden_dim=8, num_layers=2)
+CLS_SPEC = ModelSpec(task="classification", in_features=4, num_classes=3)
+REG_SPEC = ModelSpec(task="regression", in_features=4)
+FEATURES = ["a", "b", "c", "d"]
+
+
+def trained(cfg: ModelConfig, spec: ModelSpec, seed: int = 0) -> nn.Module:
+    """A model whose weights differ from a fresh build with the default seed."""
+    torch.manual_seed(seed + 100)
+    model = build_model(cfg, spec)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    return model.eval()
+
+
+def inputs(spec: ModelSpec, n: int = 10) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7)
+    if spec.task == "lm":
+        return torch.randint(0, 32, (n, 8), generator=gen)
+    return torch.randn(n, 4, generator=gen)
+
+
+def save(uri: str, model: nn.Module, cfg: ModelConfig, spec: ModelSpec, **kw) -> None:
+    tabular = spec.task != "lm"
+    defaults = {
+        "features": FEATURES if tabular else None,
+        "target": "label" if tabular else None,
+        "schema": {"columns": {"a": {"mean": 0.5}}} if tabular else None,
+        "metrics": {"val_loss": 0.25},
+    }
+    save_model(uri, model, model_cfg=cfg, spec=spec, **{**defaults, **kw})
+
+
+@pytest.mark.parametrize(
+    ("cfg", "spec"),
+    [(MLP_CFG, CLS_SPEC), (MLP_CFG, REG_SPEC), (GPT_CFG, GPT_SPEC)],
+    ids=["mlp-classification", "mlp-regression", "gpt"],
+)
+def test_round_trip_gives_identical_predictions(tmp_path: Path, cfg, spec) -> None:
+    model = trained(cfg, spec)
+    uri = str(tmp_path / "model")
+    save(uri, model, cfg, spec)
+    loaded = load_model(uri)
+    x = inputs(spec)
+    with torch.no_grad():
+        expected = model(x)
+    if spec.task == "regression":
+        expected = expected.squeeze(-1)
+    got = predict(loaded, x)  # one batch: BLAS results may differ in the last bit across sizes
+    assert got.shape == expected.shape
+    assert torch.equal(got, expected)
+    assert not loaded.module.training
+    assert sorted(os.listdir(uri)) == ["metrics.json", "model.json", "model.safetensors"]
+
+
+def test_gpt_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path: Path) -> None:
+    uri = str(tmp_path / "gpt")
+    save(uri, trained(GPT_CFG, GPT_SPEC), GPT_CFG, GPT_SPEC)
+    stored = safetensors.torch.load((tmp_path / "gpt" / "model.safetensors").read_bytes())
+    assert "wte.weight" in stored and "lm_head.weight" not in stored
+    module = load_model(uri).module
+    assert module.lm_head.weight is module.wte.weight
+
+
+def test_metadata_records_architecture_data_and_version(tmp_path: Path) -> None:
+    uri = str(tmp_path / "m")
+    schema = {"columns": {"a": {"mean": 0.5, "std": 2.0}}}
+    save(uri, trained(MLP_CFG, CLS_SPEC), MLP_CFG, CLS_SPEC, schema=schema, extra={"run": "r1"})
+    loaded = load_model(uri)
+    meta = json.loads((tmp_path / "m" / "model.json").read_text())
+    assert loaded.meta == meta
+    assert meta["format"] == FORMAT == "gpupipe.model/v1"
+    assert meta["trainer_version"] == __version__
+    assert meta["model"] == to_dict(MLP_CFG)
+    assert meta["spec"] == CLS_SPEC.to_dict()
+    assert (meta["features"], meta["target"], meta["schema"]) == (FEATURES, "label", schema)
+    assert meta["extra"] == {"run": "r1"}
+    created = dt.datetime.fromisoformat(meta["created"])
+    assert abs(dt.datetime.now(dt.UTC) - created) < dt.timedelta(minutes=5)
+    assert loaded.metrics == {"val_loss": 0.25}
+    assert (loaded.spec, loaded.model_cfg) == (CLS_SPEC, MLP_CFG)
+
+
+def test_plugin_model_round_trips(tmp_path: Path) -> None:
+    cfg = ModelConfig(name="tests.plugins.tiny:build")
+    model = trained(cfg, CLS_SPEC)
+    save(str(tmp_path / "p"), model, cfg, CLS_SPEC)
+    x = inputs(CLS_SPEC)
+    with torch.no_grad():
+        assert torch.equal(predict(load_model(str(tmp_path / "p")), x), model(x))
+
+
+def test_compiled_model_is_saved_under_plain_names(tmp_path: Path) -> None:
+    model = trained(MLP_CFG, CLS_SPEC)
+    save(str(tmp_path / "c"), torch.compile(model, backend="eager"), MLP_CFG, CLS_SPEC)
+    stored = safetensors.torch.load((tmp_path / "c" / "model.safetensors").read_bytes())
+    assert set(stored) == set(model.state_dict())
+
+
+def test_ddp_model_is_saved_under_plain_names(tmp_path: Path) -> None:
+    model = trained(MLP_CFG, CLS_SPEC)
+    torch_dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1
+    )
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        save(str(tmp_path / "d"), ddp, MLP_CFG, CLS_SPEC)
+    finally:
+        torch_dist.destroy_process_group()
+    stored = safetensors.torch.load((tmp_path / "d" / "model.safetensors").read_bytes())
+    assert set(stored) == set(model.state_dict())
+
+
+def test_loading_never_unpickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = str(tmp_path / "gpt")
+    save(uri, trained(GPT_CFG, GPT_SPEC), GPT_CFG, GPT_SPEC)
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("load_model must not unpickle")
+
+    monkeypatch.setattr(torch, "load", forbidden)
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(pickle, "load", forbidden)
+    assert load_model(uri).module.lm_head.weight is not None
+
+
+def test_loading_leaves_the_global_random_stream_alone(tmp_path: Path) -> None:
+    uri = str(tmp_path / "gpt")
+    save(uri, trained(GPT_CFG, GPT_SPEC), GPT_CFG, GPT_SPEC)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    load_model(uri)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def _break(model_dir: Path, how: str) -> None:
+    meta = model_dir / "model.json"
+    weights = model_dir / "model.safetensors"
+    if how == "missing-json":
+        meta.unlink()
+    elif how == "garbled-json":
+        meta.write_bytes(b"\xff\xfe{not json")
+    elif how == "truncated-json":
+        meta.write_text(meta.read_text()[:40])
+    elif how == "unknown-format":
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "format": "other/v9"}))
+    elif how == "not-an-object":
+        meta.write_text("[1, 2]")
+    elif how == "bad-model-section":
+        data = json.loads(meta.read_text())
+        data["model"]["n_layers"] = 3
+        meta.write_text(json.dumps(data))
+    elif how == "truncated-weights":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    elif how == "missing-weights":
+        weights.unlink()
+    elif how == "wrong-weights":
+        weights.write_bytes(safetensors.torch.save({"x": torch.zeros(2)}))
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("missing-json", "missing model.json"),
+        ("garbled-json", "model.json is not valid JSON"),
+        ("truncated-json", "model.json is not valid JSON"),
+        ("unknown-format", "model.json has format 'other/v9', expected 'gpupipe.model/v1'"),
+        ("not-an-object", "model.json has format 'list'"),
+        ("bad-model-section", "model.json describes an invalid model: unknown config key n_layers"),
+        ("truncated-weights", "model.safetensors is unreadable"),
+        ("missing-weights", "missing model.safetensors"),
+        ("wrong-weights", "weights do not match the architecture"),
+    ],
+    ids=[
+        "missing-json",
+        "garbled-json",
+        "truncated-json",
+        "unknown-format",
+        "not-an-object",
+        "bad-model-section",
+        "truncated-weights",
+        "missing-weights",
+        "wrong-weights",
+    ],
+)
+def test_broken_artifacts_raise_value_error_naming_the_uri(tmp_path, how, message) -> None:
+    uri = str(tmp_path / "broken")
+    save(uri, trained(GPT_CFG, GPT_SPEC), GPT_CFG, GPT_SPEC)
+    _break(tmp_path / "broken", how)
+    with pytest.raises(ValueError, match=f"^model {uri}: {message}"):
+        load_model(uri)
+
+
+def test_failed_save_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = storage.write_bytes
+
+    def fail_on_metadata(uri: str, data: bytes) -> None:
+        if uri.endswith("model.json"):  # the weights are already written by then
+            raise OSError("disk full")
+        real_write(uri, data)
+
+    monkeypatch.setattr(storage, "write_bytes", fail_on_metadata)
+    with pytest.raises(OSError, match="disk full"):
+        save(str(tmp_path / "model"), trained(MLP_CFG, CLS_SPEC), MLP_CFG, CLS_SPEC)
+    assert os.listdir(tmp_path) == []
+
+
+def test_unserialisable_metadata_fails_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        save(str(tmp_path / "m"), trained(MLP_CFG, CLS_SPEC), MLP_CFG, CLS_SPEC, extra={"x": {1j}})
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_replaces_an_earlier_model(tmp_path: Path) -> None:
+    uri = str(tmp_path / "m")
+    save(uri, trained(MLP_CFG, CLS_SPEC, seed=1), MLP_CFG, CLS_SPEC)
+    newer = trained(MLP_CFG, CLS_SPEC, seed=2)
+    save(uri, newer, MLP_CFG, CLS_SPEC, metrics={"val_loss": 0.1})
+    loaded = load_model(uri)
+    x = inputs(CLS_SPEC)
+    with torch.no_grad():
+        assert torch.equal(predict(loaded, x), newer(x))
+    assert loaded.metrics == {"val_loss": 0.1}
+    assert os.listdir(tmp_path) == ["m"]
+
+
+def test_predict_batches_float64_and_empty_input(tmp_path: Path) -> None:
+    uri = str(tmp_path / "m")
+    model = trained(MLP_CFG, CLS_SPEC)
+    save(uri, model, MLP_CFG, CLS_SPEC)
+    loaded = load_model(uri)
+    x = inputs(CLS_SPEC, n=25)
+    whole = predict(loaded, x, batch_size=8192)
+    torch.testing.assert_close(predict(loaded, x, batch_size=4), whole)
+    torch.testing.assert_close(predict(loaded, x.double(), batch_size=4), whole)
+    assert predict(loaded, x[:0]).shape == (0, 3)
+    with pytest.raises(ValueError, match="batch_size must be > 0, got 0"):
+        predict(loaded, x, batch_size=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_load_onto_gpu_and_predict(tmp_path: Path) -> None:
+    uri = str(tmp_path / "gpt")
+    model = trained(GPT_CFG, GPT_SPEC)
+    save(uri, model, GPT_CFG, GPT_SPEC)
+    loaded = load_model(uri, device="cuda")
+    assert (
+        loaded.module.wte.weight.is_cuda
+        and loaded.module.lm_head.weight is loaded.module.wte.weight
+    )
+    x = inputs(GPT_SPEC)
+    with torch.no_grad():
+        torch.testing.assert_close(predict(loaded, x), model(x), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,354 @@
+"""Tests for the model registry, the MLP, the GPT, losses and FLOP accounting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.config import ModelConfig
+from trainer.models import (
+    GPT,
+    ModelSpec,
+    TabularMLP,
+    build_model,
+    compute_loss,
+    count_params,
+    flops_per_token,
+    unwrap_model,
+)
+
+TINY_GPT = {"name": "gpt", "vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 16}
+LM_SPEC = ModelSpec(task="lm", seq_len=8)
+CLS_SPEC = ModelSpec(task="classification", in_features=5, num_classes=3)
+REG_SPEC = ModelSpec(task="regression", in_features=5)
+
+
+def tiny_gpt(**overrides: object) -> GPT:
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**TINY_GPT, **overrides}), LM_SPEC)  # type: ignore[arg-type]
+    assert isinstance(model, GPT)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# ModelSpec
+# ----------------------------------------------------------------------------------------------
+
+
+def test_spec_round_trips() -> None:
+    for spec in (CLS_SPEC, REG_SPEC, LM_SPEC):
+        assert ModelSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"task": "ranking"}, "spec.task must be one of"),
+        ({"task": "classification", "in_features": 4}, "spec.num_classes must be >= 2"),
+        ({"task": "regression"}, "spec.in_features must be set"),
+        ({"task": "lm"}, "spec.seq_len must be set"),
+        ({"task": "lm", "seq_len": 0}, "spec.seq_len must be a positive integer"),
+        ({"task": "lm", "seq_len": 8, "colour": 1}, "unknown spec key 'colour'"),
+        ({"seq_len": 8}, "missing spec key 'task'"),
+    ],
+    ids=[
+        "bad-task",
+        "no-classes",
+        "no-features",
+        "no-seq-len",
+        "zero-seq-len",
+        "unknown",
+        "no-task",
+    ],
+)
+def test_spec_rejects_bad_input(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.from_dict(data)
+
+
+# ----------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------
+
+
+def test_registry_builds_builtins() -> None:
+    assert isinstance(build_model(ModelConfig(name="mlp"), CLS_SPEC), TabularMLP)
+    assert isinstance(build_model(ModelConfig(**TINY_GPT), LM_SPEC), GPT)  # type: ignore[arg-type]
+
+
+def test_registry_builds_plugin_with_options() -> None:
+    cfg = ModelConfig(name="tests.plugins.tiny:build", options={"bias": False})
+    model = build_model(cfg, CLS_SPEC)
+    assert isinstance(model, nn.Linear)
+    assert model.in_features == 5 and model.out_features == 3 and model.bias is None
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "no_such_pkg.models:build",
+            r"model.name 'no_such_pkg.models:build': cannot import no_such_pkg.models "
+            r"\(No module named 'no_such_pkg'\)",
+        ),
+        (
+            "tests.plugins.tiny:nope",
+            r"model.name 'tests.plugins.tiny:nope': module tests.plugins.tiny has no attribute "
+            r"'nope'",
+        ),
+        (
+            "tests.plugins.tiny:not_a_module",
+            r"model.name 'tests.plugins.tiny:not_a_module': tests.plugins.tiny.not_a_module\(cfg, "
+            r"spec\) must return a torch.nn.Module, got int",
+        ),
+        (
+            "tests.plugins.tiny:NOT_CALLABLE",
+            r"model.name 'tests.plugins.tiny:NOT_CALLABLE': tests.plugins.tiny.NOT_CALLABLE is not "
+            r"callable",
+        ),
+    ],
+    ids=["unimportable", "missing-attr", "not-a-module", "not-callable"],
+)
+def test_registry_rejects_bad_plugins(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_model(ModelConfig(name=name), CLS_SPEC)
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "message"),
+    [
+        ("mlp", LM_SPEC, "model.name 'mlp' needs a tabular task .* got task 'lm'"),
+        ("gpt", CLS_SPEC, "model.name 'gpt' needs task 'lm' .* got task 'classification'"),
+    ],
+    ids=["mlp-on-tokens", "gpt-on-tabular"],
+)
+def test_registry_rejects_task_mismatch(name: str, spec: ModelSpec, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_model(ModelConfig(name=name), spec)
+
+
+# ----------------------------------------------------------------------------------------------
+# MLP
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "num_layers", "shape"),
+    [
+        (CLS_SPEC, 2, (4, 3)),
+        (REG_SPEC, 2, (4, 1)),
+        (CLS_SPEC, 0, (4, 3)),
+    ],
+    ids=["classification", "regression", "linear"],
+)
+def test_mlp_output_shapes(spec: ModelSpec, num_layers: int, shape: tuple[int, int]) -> None:
+    model = build_model(ModelConfig(name="mlp", hidden_dim=8, num_layers=num_layers), spec)
+    assert model(torch.randn(4, 5)).shape == shape
+
+
+def test_linear_mlp_is_one_linear_layer() -> None:
+    model = build_model(ModelConfig(name="mlp", num_layers=0), REG_SPEC)
+    assert [type(m) for m in model.modules() if not isinstance(m, TabularMLP | nn.Sequential)] == [
+        nn.Linear
+    ]
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_same_seed_same_weights(name: str) -> None:
+    cfg = ModelConfig(**TINY_GPT) if name == "gpt" else ModelConfig(name="mlp")  # type: ignore[arg-type]
+    spec = LM_SPEC if name == "gpt" else CLS_SPEC
+    states = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        states.append(build_model(cfg, spec).state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    assert not all(torch.equal(states[0][k], states[2][k]) for k in states[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# GPT
+# ----------------------------------------------------------------------------------------------
+
+
+def test_gpt_logits_shape_and_too_long_input() -> None:
+    model = tiny_gpt()
+    assert model(torch.randint(0, 32, (3, 8))).shape == (3, 8, 32)
+    assert model(torch.randint(0, 32, (3, 5))).shape == (3, 5, 32)
+    with pytest.raises(ValueError, match="sequence length 9 exceeds the model's block size 8"):
+        model(torch.randint(0, 32, (1, 9)))
+
+
+def test_gpt_is_causal() -> None:
+    model = tiny_gpt().eval()
+    idx = torch.randint(0, 32, (2, 8))
+    changed = idx.clone()
+    changed[:, 5] = (changed[:, 5] + 1) % 32
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+def test_gpt_ties_head_to_token_embedding_and_uses_no_bias() -> None:
+    model = tiny_gpt()
+    assert model.lm_head.weight is model.wte.weight
+    assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear | nn.LayerNorm))
+
+
+def test_gpt_residual_projections_use_scaled_init() -> None:
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="gpt", vocab_size=64, n_layer=8, n_head=4, d_model=256)
+    model = build_model(cfg, LM_SPEC)
+    assert isinstance(model, GPT)
+    proj_std = torch.cat([b.mlp.proj.weight.flatten() for b in model.blocks]).std().item()
+    fc_std = torch.cat([b.mlp.fc.weight.flatten() for b in model.blocks]).std().item()
+    assert fc_std == pytest.approx(0.02, rel=0.05)
+    assert proj_std == pytest.approx(0.02 / 4, rel=0.05)  # sqrt(2 * 8) = 4
+
+
+def test_activation_checkpointing_gives_same_loss_and_grads() -> None:
+    idx = torch.randint(0, 32, (2, 8))
+    results = []
+    for ckpt in (False, True):
+        model = tiny_gpt(activation_checkpointing=ckpt, dropout=0.1).train()
+        torch.manual_seed(1)  # same dropout masks in both runs
+        loss = compute_loss("lm", model(idx[:, :-1]), idx[:, 1:])
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], msg=name)
+
+
+def test_gpt_compiles_to_one_graph() -> None:
+    """No graph breaks: the forward has no data-dependent Python control flow."""
+    model = tiny_gpt(activation_checkpointing=True).train()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    idx = torch.randint(0, 32, (2, 8))
+    loss = compute_loss("lm", compiled(idx), idx)
+    loss.backward()
+    assert unwrap_model(compiled) is model
+    assert model.wte.weight.grad is not None
+
+
+def test_gpt_learns_a_repeated_sequence() -> None:
+    model = tiny_gpt().train()
+    seq = torch.arange(9).repeat(4, 1) % 32  # the same sequence, four times
+    x, y = seq[:, :-1], seq[:, 1:]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _ in range(20):
+        loss = compute_loss("lm", model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss, parameter count, FLOPs
+# ----------------------------------------------------------------------------------------------
+
+
+def test_classification_loss_matches_torch() -> None:
+    logits = torch.randn(6, 3, dtype=torch.bfloat16)
+    target = torch.randint(0, 3, (6,))
+    loss = compute_loss("classification", logits, target)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, F.cross_entropy(logits.float(), target))
+
+
+@pytest.mark.parametrize("shape", [(6, 1), (6,)], ids=["column", "flat"])
+def test_regression_loss_matches_torch(shape: tuple[int, ...]) -> None:
+    pred = torch.randn(*shape)
+    target = torch.randn(6, dtype=torch.float64)
+    loss = compute_loss("regression", pred, target)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, F.mse_loss(pred.reshape(6), target.float()))
+
+
+def test_lm_loss_matches_torch() -> None:
+    logits = torch.randn(2, 4, 7)
+    target = torch.randint(0, 7, (2, 4))
+    expected = torch.stack(
+        [
+            F.cross_entropy(logits[b, t : t + 1], target[b, t : t + 1])
+            for b in range(2)
+            for t in range(4)
+        ]
+    ).mean()
+    torch.testing.assert_close(compute_loss("lm", logits, target), expected)
+
+
+def test_unknown_task_loss_is_rejected() -> None:
+    with pytest.raises(ValueError, match="task must be one of"):
+        compute_loss("ranking", torch.zeros(1), torch.zeros(1))
+
+
+def test_count_params_counts_tied_weight_once_and_excludes_position_embedding() -> None:
+    model = tiny_gpt()
+    v, t, d, n_layer = 32, 8, 16, 2
+    per_block = 2 * d + 3 * d * d + d * d + 4 * d * d + 4 * d * d  # 2 LNs, qkv, proj, fc, proj
+    total = v * d + t * d + n_layer * per_block + d  # wte (= lm_head), wpe, blocks, ln_f
+    assert count_params(model) == total
+    assert count_params(model, exclude_embeddings=True) == total - t * d
+    assert count_params(torch.compile(model, backend="eager")) == total
+
+
+def test_count_params_of_mlp() -> None:
+    model = build_model(ModelConfig(name="mlp", hidden_dim=8, num_layers=1), CLS_SPEC)
+    assert (
+        count_params(model) == count_params(model, exclude_embeddings=True) == 5 * 8 + 8 + 8 * 3 + 3
+    )
+
+
+def test_flops_per_token_gpt_by_hand() -> None:
+    cfg = ModelConfig(name="gpt", vocab_size=50304, n_layer=12, n_head=12, d_model=768)
+    spec = ModelSpec(task="lm", seq_len=1024)
+    n = 124_000_000
+    # 6N + 12 * L * H * Q * T with Q = 768 / 12 = 64
+    assert flops_per_token(cfg, spec, n) == 6 * n + 12 * 12 * 12 * 64 * 1024
+
+
+def test_flops_per_token_tabular_is_6n() -> None:
+    assert flops_per_token(ModelConfig(name="mlp"), CLS_SPEC, 1000) == 6000
+
+
+def test_gpt_under_cpu_bf16_autocast_gives_float32_loss() -> None:
+    model = tiny_gpt().train()
+    idx = torch.randint(0, 32, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(idx)
+        loss = compute_loss("lm", logits, idx)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    loss.backward()
+    assert model.wte.weight.grad is not None and model.wte.weight.grad.dtype == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpt_trains_compiled_in_bf16_with_flash_attention_on_cuda() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="gpt", vocab_size=128, n_layer=2, n_head=2, d_model=64)
+    model = build_model(cfg, ModelSpec(task="lm", seq_len=64)).cuda().train()
+    compiled = torch.compile(model, fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    seq = (torch.arange(65, device="cuda") % 16).repeat(8, 1)
+    losses = []
+    # Only the flash kernel allowed: fails loudly if the model's attention cannot use it.
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        for _ in range(30):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = compute_loss("lm", compiled(seq[:, :-1]), seq[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]

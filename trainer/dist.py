@@ -1,0 +1,224 @@
+"""The one place that reads torchrun's environment and owns the process group.
+
+Everything else gets a frozen :class:`DistContext` and the small collective helpers below, so
+there is no ``os.environ["RANK"]`` and no scattered ``if rank == 0`` elsewhere in the package.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+log = logging.getLogger(__name__)
+
+# Control decisions (OOM, stop) travel over a CPU group: agreeing on them never syncs the GPU.
+_control_group: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class DistContext:
+    """Who this process is in the job and which device it drives."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    backend: str | None
+    """``nccl`` or ``gloo`` when a process group is up; ``None`` for a single process."""
+    run_id: str = "local"
+    """torchrun's run id (the PyTorchJob name on a cluster); tags every log line."""
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that writes checkpoints, models and log lines."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.backend is not None
+
+
+def _env_int(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def read_env(env: dict[str, str] | None = None) -> dict[str, int]:
+    """Rank layout from torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` ...).
+
+    A PyTorchJob pod started *without* torchrun has ``RANK`` set to the node index and
+    ``WORLD_SIZE`` to the process count, which would silently mis-shard the data; that case is
+    refused with an explanation.
+
+    Raises:
+        ValueError: inconsistent or non-integer variables, or a PyTorchJob pod without torchrun.
+    """
+    env = dict(os.environ if env is None else env)
+    under_torchrun = "LOCAL_RANK" in env and "TORCHELASTIC_RUN_ID" in env
+    if "PET_NNODES" in env and not under_torchrun:
+        raise ValueError(
+            "PET_NNODES is set but LOCAL_RANK is not: a PyTorchJob pod must run "
+            "`python -m torch.distributed.run ... -m trainer.worker`, not trainer.worker directly"
+        )
+    world = _env_int(env, "WORLD_SIZE", 1)
+    rank = _env_int(env, "RANK", 0)
+    local_rank = _env_int(env, "LOCAL_RANK", 0)
+    local_world = _env_int(env, "LOCAL_WORLD_SIZE", 1 if world == 1 else world)
+    node_rank = _env_int(env, "GROUP_RANK", _env_int(env, "PET_NODE_RANK", 0))
+    if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
+        raise ValueError(
+            f"inconsistent rank layout: RANK={rank} LOCAL_RANK={local_rank} WORLD_SIZE={world} "
+            f"LOCAL_WORLD_SIZE={local_world}"
+        )
+    if world > 1 and "MASTER_ADDR" not in env:
+        raise ValueError(f"WORLD_SIZE={world} but MASTER_ADDR is not set: start with torchrun")
+    return {
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world,
+        "local_world_size": local_world,
+        "node_rank": node_rank,
+    }
+
+
+def run_id(env: dict[str, str] | None = None) -> str:
+    """torchrun's ``TORCHELASTIC_RUN_ID`` (``none`` under --standalone), else ``local``."""
+    env = dict(os.environ if env is None else env)
+    rid = env.get("TORCHELASTIC_RUN_ID", "")
+    return rid if rid and rid != "none" else env.get("GPUPIPE_JOB", "local")
+
+
+def init(backend: str = "auto", timeout_s: int = 1800) -> DistContext:
+    """Pick the device, start the process group (if more than one process) and quiet non-main ranks.
+
+    Args:
+        backend: ``auto`` (NCCL with CUDA, gloo without), ``nccl`` or ``gloo``.
+        timeout_s: collective timeout, so a dead peer fails the job instead of hanging it.
+
+    Returns:
+        The frozen context handed to the rest of the trainer.
+
+    Raises:
+        ValueError: bad environment, or NCCL asked for without CUDA.
+    """
+    layout = read_env()
+    if torch.cuda.is_available():
+        device = torch.device("cuda", layout["local_rank"] % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    chosen: str | None = None
+    if layout["world_size"] > 1:
+        chosen = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
+        if chosen == "nccl" and device.type != "cuda":
+            raise ValueError("dist.backend is 'nccl' but no CUDA device is visible")
+        if not tdist.is_initialized():
+            kwargs: dict[str, Any] = {
+                "backend": chosen,
+                "timeout": datetime.timedelta(seconds=timeout_s),
+            }
+            if chosen == "nccl":
+                kwargs["device_id"] = device
+            tdist.init_process_group(**kwargs)
+        global _control_group
+        _control_group = tdist.new_group(backend="gloo") if chosen == "nccl" else None
+    ctx = DistContext(device=device, backend=chosen, run_id=run_id(), **layout)
+    _quiet_non_main(ctx)
+    return ctx
+
+
+def _quiet_non_main(ctx: DistContext) -> None:
+    """Only rank 0 logs at INFO; other ranks keep warnings and errors (prefixed with the rank)."""
+    level = logging.INFO if ctx.is_main else logging.WARNING
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s [rank{ctx.rank}] %(levelname)s %(name)s: %(message)s")
+        )
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def close(ctx: DistContext) -> None:
+    """Tear the process group down (safe to call twice or after a failure)."""
+    global _control_group
+    if ctx.is_distributed and tdist.is_initialized():
+        tdist.destroy_process_group()
+    _control_group = None
+
+
+@contextmanager
+def session(backend: str = "auto", timeout_s: int = 1800) -> Iterator[DistContext]:
+    """``with dist.session() as ctx:`` — init, run, and always close."""
+    ctx = init(backend, timeout_s)
+    try:
+        yield ctx
+    finally:
+        close(ctx)
+
+
+def control_any(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:
+    """Element-wise "any rank says so" for host-side flags, over the CPU control group.
+
+    Every rank must call this the same number of times; it is the one rendezvous per step that
+    lets a rank that hit an OOM (or saw SIGTERM) tell the others before any gradient collective.
+    """
+    if not ctx.is_distributed:
+        return tuple(flags)
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX, group=_control_group)
+    return tuple(bool(v) for v in t.tolist())
+
+
+def control_barrier(ctx: DistContext) -> None:
+    """Barrier over the CPU control group (waits for rank 0's checkpoint write, for instance)."""
+    if ctx.is_distributed:
+        tdist.barrier(group=_control_group)
+
+
+def all_reduce_sum(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks in place and return it (no-op for one process)."""
+    if ctx.is_distributed:
+        tdist.all_reduce(t, op=tdist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (picklable objects; used for small metadata only)."""
+    if not ctx.is_distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    tdist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(ctx: DistContext, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not ctx.is_distributed:
+        return obj
+    box = [obj]
+    tdist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    """Wait for every rank (no-op for one process)."""
+    if ctx.is_distributed:
+        tdist.barrier()

@@ -1,0 +1,25 @@
+"""The one-line error contract of every step: ``ERROR [<step>] E_<CODE>: <what> (<where>)``."""
+
+from __future__ import annotations
+
+EXIT_BAD_INPUT = 2
+"""Permanent failure under the training operator's ExitCode restart policy (1-127)."""
+EXIT_PREEMPTED = 143
+"""128 + SIGTERM: a checkpoint was written after a preemption; the operator may retry (128-255)."""
+
+
+class InputError(ValueError):
+    """Bad input a person must fix: names what is wrong and where (column, file or field)."""
+
+    def __init__(self, code: str, message: str, where: str) -> None:
+        super().__init__(f"{message} ({where})")
+        self.code = code
+        self.message = message
+        self.where = where
+
+
+def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -> str:
+    """Format ``exc`` as the single stderr line DESIGN.md promises."""
+    code = exc.code if isinstance(exc, InputError) else default_code
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"ERROR [{step}] {code}: {text}"

@@ -1,0 +1,222 @@
+"""The model artifact: a directory of ``model.safetensors``, ``model.json`` and ``metrics.json``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+from torch import nn
+
+from trainer import storage
+from trainer.config import ModelConfig, from_dict, to_dict
+from trainer.models import ModelSpec, build_model, unwrap_model
+from trainer.version import __version__
+
+FORMAT = "gpupipe.model/v1"
+WEIGHTS_FILE = "model.safetensors"
+META_FILE = "model.json"
+METRICS_FILE = "metrics.json"
+
+__all__ = ["FORMAT", "LoadedModel", "load_model", "predict", "save_model"]
+
+
+@dataclass
+class LoadedModel:
+    """A model read back from its artifact, ready for inference."""
+
+    module: nn.Module
+    """The rebuilt model with the saved weights, in eval mode."""
+    meta: dict[str, Any]
+    """The content of ``model.json``."""
+    metrics: dict[str, Any]
+    """The content of ``metrics.json`` (empty if the artifact has none)."""
+    spec: ModelSpec
+    """Task and shapes the model was trained for."""
+    model_cfg: ModelConfig
+    """The architecture it was built from."""
+
+
+def _state_for_safetensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """CPU copies of the state dict with tied tensors stored once.
+
+    safetensors refuses tensors that share memory. A name whose tensor is the very same view as
+    an earlier name's (a tied weight, e.g. the GPT's ``lm_head.weight`` and ``wte.weight``) is
+    left out and recorded as an alias ``{name: earlier_name}``; loading puts it back, and the
+    rebuilt architecture restores the tying itself.
+
+    Returns:
+        The tensors to write and the aliases.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    for name, tensor in model.state_dict().items():
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+            tensor.device,
+        )
+        if tensor.numel() > 0 and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        # copy=True gives every tensor its own storage (partial overlaps included).
+        tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    return tensors, aliases
+
+
+def save_model(
+    uri: str,
+    model: nn.Module,
+    *,
+    model_cfg: ModelConfig,
+    spec: ModelSpec,
+    features: list[str] | None,
+    target: str | None,
+    schema: dict[str, Any] | None,
+    metrics: dict[str, float],
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write the model artifact to directory ``uri``, atomically.
+
+    The directory is built under a temporary sibling name and renamed to ``uri`` only when every
+    file is written, so a failure leaves nothing at ``uri`` (an earlier artifact there is
+    replaced on success). DDP and torch.compile wrappers are unwrapped first, so the weight
+    names are those of the plain model.
+
+    Args:
+        uri: Destination directory (any storage URI).
+        model: The trained model, possibly wrapped.
+        model_cfg: The architecture, recorded so that loading can rebuild the model.
+        spec: Task and shapes of the data.
+        features: Feature columns in input order (tabular), or ``None``.
+        target: Target column (tabular), or ``None``.
+        schema: The preprocess step's ``schema.json`` (fitted statistics) for serving.
+        metrics: Final metrics, written to ``metrics.json``.
+        extra: More JSON-serialisable metadata, stored under ``"extra"`` in ``model.json``.
+    """
+    tensors, aliases = _state_for_safetensors(unwrap_model(model))
+    meta = {
+        "format": FORMAT,
+        "trainer_version": __version__,
+        "model": to_dict(model_cfg),
+        "spec": spec.to_dict(),
+        "features": features,
+        "target": target,
+        "schema": schema,
+        "tied": aliases,
+        "extra": extra or {},
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    # Serialise everything before touching storage: a bad value fails with nothing written.
+    meta_json = json.dumps(meta, indent=2, sort_keys=True) + "\n"
+    metrics_json = json.dumps({k: float(v) for k, v in metrics.items()}, indent=2, sort_keys=True)
+    weights = safetensors.torch.save(tensors, metadata={"format": "pt"})
+    with storage.atomic_dir(uri) as tmp:
+        storage.write_bytes(storage.join(tmp, WEIGHTS_FILE), weights)
+        storage.write_bytes(storage.join(tmp, METRICS_FILE), (metrics_json + "\n").encode())
+        storage.write_bytes(storage.join(tmp, META_FILE), meta_json.encode())
+
+
+def _read_json_file(uri: str, name: str, *, required: bool) -> Any:
+    """Parse ``<uri>/<name>``; errors name the model URI."""
+    try:
+        return json.loads(storage.read_bytes(storage.join(uri, name)))
+    except FileNotFoundError as e:
+        if not required:
+            return None
+        raise ValueError(f"model {uri}: missing {name} (is this a gpupipe model directory?)") from e
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"model {uri}: {name} is not valid JSON ({e})") from e
+
+
+def load_model(uri: str, *, device: str | torch.device = "cpu") -> LoadedModel:
+    """Read a model artifact written by :func:`save_model`.
+
+    Nothing in the artifact is executed: weights come from safetensors (never ``torch.load`` or
+    pickle) and the architecture is rebuilt from ``model.json`` by :func:`build_model`. A plugin
+    model (``package.module:func``) is imported from the running environment, not from the
+    artifact, so that package must be installed where the model is loaded.
+
+    Args:
+        uri: The model directory (any storage URI).
+        device: Where to put the model.
+
+    Returns:
+        The model in eval mode with its metadata.
+
+    Raises:
+        ValueError: If ``model.json`` is missing, not JSON or of an unknown format, or the
+            weights are unreadable or do not match the architecture; the message names ``uri``.
+    """
+    meta = _read_json_file(uri, META_FILE, required=True)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"model {uri}: {META_FILE} has format {found!r}, expected {FORMAT!r}")
+    try:
+        model_cfg = from_dict(ModelConfig, meta["model"])
+        spec = ModelSpec.from_dict(meta["spec"])
+    except KeyError as e:
+        raise ValueError(f"model {uri}: {META_FILE} lacks key {e.args[0]!r}") from e
+    except ValueError as e:
+        raise ValueError(f"model {uri}: {META_FILE} describes an invalid model: {e}") from e
+    metrics = _read_json_file(uri, METRICS_FILE, required=False) or {}
+
+    weights_uri = storage.join(uri, WEIGHTS_FILE)
+    try:
+        tensors = safetensors.torch.load(storage.read_bytes(weights_uri))
+    except FileNotFoundError as e:
+        raise ValueError(f"model {uri}: missing {WEIGHTS_FILE}") from e
+    except safetensors.SafetensorError as e:
+        raise ValueError(f"model {uri}: {WEIGHTS_FILE} is unreadable ({e})") from e
+    for alias, name in (meta.get("tied") or {}).items():
+        if name in tensors:  # else strict loading below reports both names missing
+            tensors[alias] = tensors[name]
+
+    # Building draws random initial weights; keep the caller's random stream untouched.
+    with torch.random.fork_rng(devices=[]):
+        module = build_model(model_cfg, spec)
+    try:
+        module.load_state_dict(tensors, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"model {uri}: weights do not match the architecture: {e}") from e
+    module.to(device).eval()
+    return LoadedModel(module=module, meta=meta, metrics=metrics, spec=spec, model_cfg=model_cfg)
+
+
+def predict(loaded: LoadedModel, x: torch.Tensor, batch_size: int = 8192) -> torch.Tensor:
+    """Run the model over ``x`` in batches, without gradients.
+
+    Args:
+        loaded: A loaded model.
+        x: Float features ``[N, F]`` (tabular) or token ids ``[N, T]`` (lm), on any device.
+        batch_size: Rows per forward pass.
+
+    Returns:
+        On the CPU: class logits ``[N, K]`` (classification), predictions ``[N]``
+        (regression) or next-token logits ``[N, T, V]`` (lm).
+
+    Raises:
+        ValueError: If ``batch_size`` is not positive.
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be > 0, got {batch_size}")
+    module = loaded.module.eval()
+    param = next(module.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    if param is not None and x.is_floating_point() and param.is_floating_point():
+        x = x.to(param.dtype)  # float64 features from numpy meet float32 weights
+    with torch.no_grad():
+        chunks = x.split(batch_size) if x.shape[0] > 0 else (x,)
+        out = torch.cat([module(chunk.to(device)).cpu() for chunk in chunks])
+    if loaded.spec.task == "regression" and out.dim() == 2 and out.shape[-1] == 1:
+        out = out.squeeze(-1)
+    return out

@@ -1,0 +1,705 @@
+"""The training loop: read top to bottom in one sitting.
+
+``train(cfg, ctx)`` builds data, model and optimizer, resumes from the newest complete checkpoint,
+then runs global steps. Each step splits this rank's share of the global batch into micro-batches
+(DDP ``no_sync`` on all but the last), so the effective batch is the same whatever the world size
+or micro-batch. Failure handling lives here too, because it is about the loop's state:
+
+- out of memory: halve the micro-batch (accumulation doubles, effective batch kept), retry the step;
+- NaN/Inf loss: roll back to the last good checkpoint with a lower learning rate, a bounded number
+  of times;
+- SIGTERM: finish the step, write a checkpoint, exit with 143 so the operator may retry.
+
+Decisions that change control flow (OOM, stop) are agreed by all ranks over a small CPU (gloo)
+collective so that no rank is left waiting inside a GPU collective, and without a device sync.
+Loss values stay on the device and are synced only every ``log_every_steps``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import signal
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer import dist, export, storage
+from trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from trainer.config import WorkerConfig, config_hash, to_dict
+from trainer.data import BatchStream, DataPosition, TokenDataset, eval_batches, load_dataset
+from trainer.dist import DistContext
+from trainer.models import ModelSpec, build_model, compute_loss
+from trainer.precision import Precision, configure_backends, resolve_precision
+from trainer.telemetry import Telemetry, gpu_memory_gb
+
+log = logging.getLogger(__name__)
+
+
+class Preempted(Exception):
+    """Raised after a SIGTERM once the checkpoint is safely written."""
+
+    def __init__(self, step: int, checkpoint: str | None) -> None:
+        super().__init__(f"stopped by SIGTERM after step {step}; checkpoint: {checkpoint}")
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports (also written to the model's ``metrics.json``)."""
+
+    steps: int
+    epochs: float
+    metrics: dict[str, float]
+    stopped_early: bool
+    rollbacks: int
+    micro_batch_size: int
+    resumed_from: int | None
+    model_uri: str
+
+
+@dataclass
+class _State:
+    """Mutable loop state that a checkpoint captures (besides model/optimizer tensors)."""
+
+    step: int = 0
+    position: DataPosition = field(default_factory=DataPosition)
+    micro_batch_size: int = 1
+    lr_scale: float = 1.0
+    rollbacks: int = 0
+    best: float | None = None
+    evals_without_improvement: int = 0
+
+
+class StopSignal:
+    """Remembers a SIGTERM so the loop can stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self._previous: Any = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        log.warning("SIGTERM received: finishing the current step, then checkpointing")
+        self.requested.set()
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+def lr_multiplier(step: int, *, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
+    """Learning-rate factor for optimizer step ``step`` (0-based): linear warmup, then decay."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: WorkerConfig, device: torch.device
+) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only; fused on CUDA unless configured otherwise."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    o = cfg.optim
+    fused = o.fused if o.fused is not None else device.type == "cuda"
+    groups = [
+        {"params": decay, "weight_decay": o.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError)
+
+
+def _free_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class _Run:
+    """One training run's objects, built once; methods are the loop's steps."""
+
+    def __init__(self, cfg: WorkerConfig, ctx: DistContext, stop: StopSignal) -> None:
+        self.cfg, self.ctx, self.stop = cfg, ctx, stop
+        t = cfg.train
+        self.precision: Precision = resolve_precision(t.precision, ctx.device)
+        configure_backends(ctx.device, tf32=t.tf32)
+        d = cfg.data
+        max_bytes = d.max_memory_mb * 2**20
+        self.train_ds = load_dataset(
+            d.train_uri,
+            kind=d.kind,
+            target=d.target,
+            features=d.features,
+            task=d.task,
+            seq_len=d.seq_len,
+            max_memory_bytes=max_bytes,
+        )
+        self.val_ds = None
+        if d.val_uri:
+            self.val_ds = load_dataset(
+                d.val_uri,
+                kind=d.kind,
+                target=d.target,
+                features=d.features,
+                task=d.task,
+                seq_len=d.seq_len,
+                max_memory_bytes=max_bytes,
+            )
+        self.features: list[str] | None = None
+        if isinstance(self.train_ds, TokenDataset):
+            self.spec = ModelSpec(task="lm", seq_len=d.seq_len)
+        else:
+            self.features = list(self.train_ds.feature_names)
+            self.spec = ModelSpec(
+                task=d.task, in_features=len(self.features), num_classes=self.train_ds.num_classes
+            )
+            val_features = getattr(self.val_ds, "feature_names", self.features)
+            if list(val_features) != self.features:
+                raise ValueError(
+                    f"data.val_uri {d.val_uri} has features {val_features}, "
+                    f"training data has {self.features}"
+                )
+
+        if t.global_batch_size % ctx.world_size:
+            raise ValueError(
+                f"train.global_batch_size {t.global_batch_size} must divide by the "
+                f"number of processes ({ctx.world_size})"
+            )
+        self.local_batch = t.global_batch_size // ctx.world_size
+        self.stream = BatchStream(
+            self.train_ds,
+            global_batch_size=t.global_batch_size,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            seed=t.seed,
+            shuffle=d.shuffle,
+        )
+        self.steps_per_epoch = self.stream.steps_per_epoch
+        total = t.epochs * self.steps_per_epoch
+        self.total_steps = min(total, t.max_steps) if t.max_steps else total
+
+        seed_everything(t.seed)
+        self.raw_model = build_model(cfg.model, self.spec).to(ctx.device)
+        self.ddp: DDP | None = None
+        if ctx.is_distributed:
+            device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+            self.ddp = DDP(self.raw_model, device_ids=device_ids)
+        model: torch.nn.Module = self.ddp if self.ddp is not None else self.raw_model
+        self.fwd_model: Any = torch.compile(model) if t.compile else model
+        self.optimizer = make_optimizer(self.raw_model, cfg, ctx.device)
+        self.state = _State(
+            micro_batch_size=min(t.micro_batch_size or self.local_batch, self.local_batch)
+        )
+        o = cfg.optim
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: (
+                self.state.lr_scale
+                * lr_multiplier(
+                    s,
+                    total=self.total_steps,
+                    warmup=o.warmup_steps,
+                    schedule=o.schedule,
+                    min_ratio=o.min_lr_ratio,
+                )
+            ),
+        )
+        self.scaler = self.precision.make_scaler()
+        c = cfg.checkpoint
+        self.ckpt = CheckpointManager(c.uri, keep_last=c.keep_last) if c.uri else None
+        self.cfg_hash = config_hash(cfg)
+        self.telemetry = Telemetry(
+            enabled=ctx.is_main,
+            job=ctx.run_id,
+            total_steps=self.total_steps,
+            history_uri=cfg.output.history_uri,
+        )
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.last_checkpoint: str | None = None
+        self.last_grad_norm: torch.Tensor | None = None
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self) -> None:
+        """Rank 0 writes; every rank waits so nobody exits (or moves on) mid-write."""
+        if self.ckpt is None:
+            return
+        rng = dist.all_gather_object(self.ctx, capture_rng_state())
+        if self.ctx.is_main:
+            s = self.state
+            payload = {
+                "model": self.raw_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rng,
+                "data": s.position.to_dict(),
+                "meta": {
+                    "step": s.step,
+                    "micro_batch_size": s.micro_batch_size,
+                    "lr_scale": s.lr_scale,
+                    "rollbacks": s.rollbacks,
+                    "best": s.best,
+                    "evals_without_improvement": s.evals_without_improvement,
+                    "world_size": self.ctx.world_size,
+                    "config_hash": self.cfg_hash,
+                },
+            }
+            self.last_checkpoint = self.ckpt.save(s.step, payload)
+            self.telemetry.emit("checkpoint", step=s.step, uri=self.last_checkpoint)
+        dist.control_barrier(self.ctx)
+
+    def restore_latest(self, *, reason: str) -> int | None:
+        """Load the newest complete checkpoint on every rank; return its step or None."""
+        if self.ckpt is None:
+            return None
+        found = self.ckpt.load_latest() if self.ctx.is_main else None
+        step = dist.broadcast_object(self.ctx, None if found is None else found[0])
+        if step is None:
+            return None
+        payload = found[1] if found is not None else self.ckpt.load(step)
+        self.raw_model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        if self.scaler is not None and payload.get("scaler"):
+            self.scaler.load_state_dict(payload["scaler"])
+        meta = payload["meta"]
+        s = self.state
+        s.step = int(meta["step"])
+        s.position = DataPosition.from_dict(payload["data"])
+        s.micro_batch_size = min(int(meta["micro_batch_size"]), self.local_batch)
+        s.lr_scale = float(meta["lr_scale"])
+        s.rollbacks = max(s.rollbacks, int(meta["rollbacks"]))
+        s.best = meta.get("best")
+        s.evals_without_improvement = int(meta.get("evals_without_improvement", 0))
+        rngs = payload["rng"]
+        if len(rngs) == self.ctx.world_size:
+            restore_rng_state(rngs[self.ctx.rank])
+        else:
+            log.warning(
+                "checkpoint step %d was written by %d processes, this run has %d: "
+                "random streams are re-seeded, so dropout will differ",
+                step,
+                len(rngs),
+                self.ctx.world_size,
+            )
+            seed_everything(self.cfg.train.seed + step)
+        if meta.get("config_hash") != self.cfg_hash:
+            log.warning("checkpoint step %d was written with a different config", step)
+        self.stream = BatchStream(
+            self.train_ds,
+            global_batch_size=self.cfg.train.global_batch_size,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            seed=self.cfg.train.seed,
+            shuffle=self.cfg.data.shuffle,
+            start=s.position,
+        )
+        self.telemetry.emit("restore", step=s.step, reason=reason, epoch=s.position.epoch)
+        return step
+
+    # ---------------------------------------------------------------- one step
+
+    def _micro_batches(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        m = self.state.micro_batch_size
+        return list(zip(x.split(m), y.split(m), strict=True))
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Forward/backward over micro-batches and one optimizer step.
+
+        Returns the step's mean loss (a device tensor, not synced) and whether the ranks agreed
+        to stop after this step. Raises ``torch.OutOfMemoryError`` (on every rank alike) when the
+        micro-batch did not fit, leaving gradients cleared so the caller can retry smaller.
+        """
+        ctx = self.ctx
+        non_blocking = ctx.device.type == "cuda"
+        x = x.to(ctx.device, non_blocking=non_blocking)
+        y = y.to(ctx.device, non_blocking=non_blocking)
+        micro = self._micro_batches(x, y)
+        n_total = x.shape[0]
+        loss_sum = torch.zeros((), device=ctx.device)
+        oom = False
+        pending: torch.Tensor | None = None
+        for i, (mx, my) in enumerate(micro):
+            last = i == len(micro) - 1
+            # DDP syncs gradients in the last micro-batch's backward only.
+            sync = self.ddp.no_sync() if (self.ddp is not None and not last) else nullcontext()
+            try:
+                with sync:
+                    with self.precision.autocast():
+                        out = self.fwd_model(mx)
+                    loss = compute_loss(self.spec.task, out, my) * (mx.shape[0] / n_total)
+                    if last:
+                        pending = loss  # backward only after the ranks agree (below)
+                    else:
+                        self._backward(loss)
+                loss_sum += loss.detach()
+            except torch.OutOfMemoryError:
+                oom = True
+                break
+        # Every rank reaches this point exactly once per step, whatever happened above.
+        oom, stop = dist.control_any(ctx, oom, self.stop.requested.is_set())
+        if oom:
+            del pending
+            self.optimizer.zero_grad(set_to_none=True)
+            _free_memory(ctx.device)
+            raise torch.OutOfMemoryError("micro-batch did not fit")
+        assert pending is not None
+        try:
+            self._backward(pending)
+        except torch.OutOfMemoryError as e:
+            if ctx.is_distributed:
+                raise RuntimeError(
+                    f"out of memory in the gradient-synchronising backward pass at micro-batch "
+                    f"{self.state.micro_batch_size}; multi-process runs cannot recover from this "
+                    f"in place: set train.micro_batch_size lower"
+                ) from e
+            self.optimizer.zero_grad(set_to_none=True)
+            _free_memory(ctx.device)
+            raise
+        self.last_grad_norm = self._optimizer_step()
+        return loss_sum, stop
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _optimizer_step(self) -> torch.Tensor | None:
+        clip = self.cfg.optim.grad_clip
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = None
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def step_with_oom_fallback(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Run a step; on OOM halve the micro-batch (down to the configured floor) and retry."""
+        while True:
+            try:
+                return self.train_step(x, y)
+            except torch.OutOfMemoryError:
+                s, floor = self.state, self.cfg.train.min_micro_batch_size
+                if s.micro_batch_size <= floor:
+                    raise RuntimeError(
+                        f"out of memory at micro-batch {s.micro_batch_size}, which is already "
+                        f"train.min_micro_batch_size={floor}: use a smaller model or more "
+                        f"devices"
+                    ) from None
+                old = s.micro_batch_size
+                s.micro_batch_size = max(floor, old // 2)
+                accum = math.ceil(self.local_batch / s.micro_batch_size)
+                log.warning(
+                    "out of memory at micro-batch %d: retrying step %d with micro-batch "
+                    "%d and %d accumulation steps (effective batch %d kept)",
+                    old,
+                    s.step + 1,
+                    s.micro_batch_size,
+                    accum,
+                    self.cfg.train.global_batch_size,
+                )
+                self.telemetry.emit(
+                    "oom",
+                    step=s.step + 1,
+                    old_micro_batch=old,
+                    micro_batch=s.micro_batch_size,
+                    accumulation=accum,
+                )
+
+    # ---------------------------------------------------------------- evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss (and accuracy or RMSE) over every validation row, summed over ranks."""
+        if self.val_ds is None:
+            return {}
+        self.raw_model.eval()
+        ctx = self.ctx
+        totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, correct, n
+        for x, y, n_valid in eval_batches(
+            self.val_ds,
+            batch_size=self.cfg.data.eval_batch_size,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+        ):
+            x, y = x[:n_valid].to(ctx.device), y[:n_valid].to(ctx.device)
+            if n_valid == 0:
+                continue
+            with self.precision.autocast():
+                out = self.raw_model(x)
+            out = out.float()
+            task = self.spec.task
+            per = compute_loss(task, out, y) * n_valid
+            totals[0] += per.double()
+            if task == "classification":
+                totals[1] += (out.argmax(-1) == y).sum().double()
+            elif task == "regression":
+                totals[1] += ((out.squeeze(-1) - y) ** 2).sum().double()
+            totals[2] += n_valid
+        self.raw_model.train()
+        loss_sum, extra, n = dist.all_reduce_sum(ctx, totals).tolist()
+        n = max(n, 1.0)
+        metrics = {"val_loss": loss_sum / n}
+        if self.spec.task == "classification":
+            metrics["val_accuracy"] = extra / n
+        elif self.spec.task == "regression":
+            metrics["val_rmse"] = math.sqrt(extra / n)
+        else:
+            metrics["val_perplexity"] = math.exp(min(loss_sum / n, 50.0))
+        return metrics
+
+    def early_stop_update(self, metrics: dict[str, float]) -> bool:
+        """Track the best value; keep the best weights; return True when patience is used up."""
+        es = self.cfg.train.early_stopping
+        if es is None:
+            return False
+        if es.metric not in metrics:
+            raise ValueError(
+                f"train.early_stopping.metric {es.metric!r} is not produced for this "
+                f"task; available: {sorted(metrics)}"
+            )
+        value, s = metrics[es.metric], self.state
+        better = s.best is None or (
+            value < s.best - es.min_delta if es.mode == "min" else value > s.best + es.min_delta
+        )
+        if better:
+            s.best, s.evals_without_improvement = value, 0
+            if self.ctx.is_main:
+                self.best_state = {
+                    k: v.detach().to("cpu", copy=True)
+                    for k, v in self.raw_model.state_dict().items()
+                }
+            return False
+        s.evals_without_improvement += 1
+        return s.evals_without_improvement >= es.patience
+
+
+def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -> TrainResult:
+    """Train according to ``cfg`` on this rank; rank 0 writes the model to ``output.model_uri``.
+
+    Raises:
+        ValueError: bad data or config (before any step runs).
+        RuntimeError: NaN rollbacks or OOM fallbacks exhausted.
+        Preempted: SIGTERM arrived; a checkpoint was written.
+    """
+    stop = stop or StopSignal()
+    run = _Run(cfg, ctx, stop)
+    t, s, tel = cfg.train, run.state, run.telemetry
+    resumed = run.restore_latest(reason="resume") if cfg.checkpoint.resume else None
+    tel.emit(
+        "start",
+        step=s.step,
+        total_steps=run.total_steps,
+        world_size=ctx.world_size,
+        steps_per_epoch=run.steps_per_epoch,
+        precision=run.precision.name,
+        micro_batch=s.micro_batch_size,
+        device=str(ctx.device),
+        params=sum(p.numel() for p in run.raw_model.parameters()),
+        resumed_from=resumed,
+    )
+    if resumed is None and run.ckpt is not None:
+        run.save_checkpoint()  # step 0: a NaN before the first periodic save can still roll back
+
+    metrics: dict[str, float] = {}
+    stopped_early = False
+    window = torch.zeros(3, device=ctx.device)  # loss sum, non-finite count, steps
+    window_start, window_samples = time.perf_counter(), 0
+    it = iter(run.stream)
+    while s.step < run.total_steps:
+        position, x, y = next(it)
+        loss, stop_now = run.step_with_oom_fallback(x, y)
+        s.step += 1
+        s.position = position
+        window[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+        window[1] += (~torch.isfinite(loss)).float()
+        if run.last_grad_norm is not None and run.scaler is None:
+            # An Inf gradient with a finite loss poisons the weights: catch it before a save.
+            window[1] += (~torch.isfinite(run.last_grad_norm)).float()
+        window[2] += 1
+        window_samples += t.global_batch_size
+        tel.advance(s.step)
+
+        end_of_epoch = s.position.step == 0 and s.step > 0
+        want_ckpt = run.ckpt is not None and (
+            s.step % cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
+        )
+        want_log = s.step % t.log_every_steps == 0 or s.step == run.total_steps or want_ckpt
+        want_eval = run.val_ds is not None and (
+            (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
+            or (t.eval_every_steps is None and end_of_epoch)
+            or s.step == run.total_steps
+        )
+        if not (want_log or want_eval):
+            continue
+
+        # Sync point: the only place loss values leave the device.
+        loss_total, bad, n = dist.all_reduce_sum(ctx, window.clone()).tolist()
+        if bad > 0:
+            _rollback(run, at_step=s.step)
+            it = iter(run.stream)
+            window.zero_()
+            window_start, window_samples = time.perf_counter(), 0
+            continue
+        elapsed = max(time.perf_counter() - window_start, 1e-9)
+        norm = run.last_grad_norm
+        tel.emit(
+            "step",
+            step=s.step,
+            epoch=round(s.step / run.steps_per_epoch, 4),
+            loss=loss_total / ctx.world_size / max(n, 1.0),
+            lr=run.scheduler.get_last_lr()[0],
+            grad_norm=float(norm) if norm is not None else None,
+            samples_per_s=round(window_samples / elapsed, 1),
+            micro_batch=s.micro_batch_size,
+            gpu_mem_gb=gpu_memory_gb(ctx.device),
+        )
+        metrics["train_loss"] = loss_total / ctx.world_size / max(n, 1.0)
+        window.zero_()
+        window_start, window_samples = time.perf_counter(), 0
+
+        if want_eval:
+            metrics.update(run.evaluate())
+            tel.emit(
+                "eval",
+                step=s.step,
+                epoch=round(s.step / run.steps_per_epoch, 4),
+                **{k: v for k, v in metrics.items() if k.startswith("val_")},
+            )
+            stopped_early = run.early_stop_update(metrics)
+        if want_ckpt or (stopped_early and run.ckpt is not None):
+            run.save_checkpoint()
+        if stop_now:
+            tel.close()
+            raise Preempted(s.step, run.last_checkpoint)
+        if stopped_early:
+            tel.emit(
+                "early_stop",
+                step=s.step,
+                best=s.best,
+                metric=t.early_stopping.metric if t.early_stopping else None,
+            )
+            break
+
+    if run.best_state is not None:
+        run.raw_model.load_state_dict(run.best_state)
+        if t.early_stopping is not None and s.best is not None:
+            metrics[t.early_stopping.metric] = s.best
+    result = TrainResult(
+        steps=s.step,
+        epochs=round(s.step / run.steps_per_epoch, 4),
+        metrics=metrics,
+        stopped_early=stopped_early,
+        rollbacks=s.rollbacks,
+        micro_batch_size=s.micro_batch_size,
+        resumed_from=resumed,
+        model_uri=cfg.output.model_uri,
+    )
+    if ctx.is_main:
+        schema = storage.read_json(cfg.data.schema_uri) if cfg.data.schema_uri else None
+        export.save_model(
+            cfg.output.model_uri,
+            run.raw_model,
+            model_cfg=cfg.model,
+            spec=run.spec,
+            features=run.features,
+            target=cfg.data.target if cfg.data.kind == "tabular" else None,
+            schema=schema,
+            metrics=metrics,
+            extra={
+                "train": {
+                    "steps": s.step,
+                    "epochs": result.epochs,
+                    "rollbacks": s.rollbacks,
+                    "stopped_early": stopped_early,
+                    "world_size": ctx.world_size,
+                    "config": to_dict(cfg),
+                }
+            },
+        )
+        tel.emit("done", step=s.step, model_uri=cfg.output.model_uri, **metrics)
+    tel.close()
+    dist.control_barrier(ctx)
+    return result
+
+
+def _rollback(run: _Run, *, at_step: int) -> None:
+    """Non-finite loss: restore the last good checkpoint with a lower learning rate."""
+    s, t = run.state, run.cfg.train
+    if run.ckpt is None:
+        raise RuntimeError(
+            f"loss became NaN/Inf by step {at_step} and checkpoint.uri is not "
+            f"set, so there is nothing to roll back to: lower optim.lr or enable "
+            f"checkpoints"
+        )
+    if s.rollbacks >= t.max_nan_rollbacks:
+        raise RuntimeError(
+            f"loss became NaN/Inf by step {at_step} after {s.rollbacks} rollbacks "
+            f"(train.max_nan_rollbacks={t.max_nan_rollbacks}); last learning-rate "
+            f"scale {s.lr_scale:g}: lower optim.lr or check the data"
+        )
+    rollbacks, lr_scale = s.rollbacks + 1, s.lr_scale * t.nan_lr_factor
+    step = run.restore_latest(reason="nan")
+    if step is None:
+        raise RuntimeError(
+            f"loss became NaN/Inf by step {at_step} and no complete checkpoint "
+            f"exists under {run.cfg.checkpoint.uri}"
+        )
+    s.rollbacks, s.lr_scale = rollbacks, min(s.lr_scale, lr_scale)
+    # LambdaLR applies lr_scale lazily: recompute the current lr for the restored step.
+    for group, base in zip(run.optimizer.param_groups, run.scheduler.base_lrs, strict=True):
+        group["lr"] = base * run.scheduler.lr_lambdas[0](run.scheduler.last_epoch)
+    log.warning(
+        "loss became NaN/Inf by step %d: rolled back to step %d (rollback %d of %d), "
+        "learning-rate scale now %g",
+        at_step,
+        step,
+        s.rollbacks,
+        t.max_nan_rollbacks,
+        s.lr_scale,
+    )
+    run.telemetry.emit(
+        "rollback", step=step, from_step=at_step, rollbacks=s.rollbacks, lr_scale=s.lr_scale
+    )

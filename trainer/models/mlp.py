@@ -1,0 +1,65 @@
+"""A multilayer perceptron for tabular classification and regression."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+class TabularMLP(nn.Module):
+    """Stacks of ``Linear -> activation -> Dropout`` followed by a linear head.
+
+    With ``num_layers=0`` the model is a plain linear (logistic or least-squares) model. Weights
+    use PyTorch's default ``nn.Linear`` initialisation, drawn from the global generator, so the
+    same ``torch.manual_seed`` gives the same model.
+
+    Args:
+        in_features: Number of input features.
+        out_features: Number of classes for classification, 1 for regression.
+        hidden_dim: Width of each hidden layer.
+        num_layers: Number of hidden layers.
+        dropout: Dropout probability after each hidden activation.
+        activation: ``relu``, ``gelu`` or ``silu``.
+
+    Raises:
+        ValueError: On a non-positive size or an unknown activation.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        hidden_dim: int = 128,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+        activation: str = "gelu",
+    ) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0 or hidden_dim <= 0 or num_layers < 0:
+            raise ValueError(
+                f"TabularMLP sizes must be positive, got in_features={in_features}, "
+                f"out_features={out_features}, hidden_dim={hidden_dim}, num_layers={num_layers}"
+            )
+        if activation not in _ACTIVATIONS:
+            raise ValueError(
+                f"model.activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+            )
+        layers: list[nn.Module] = []
+        width = in_features
+        for _ in range(num_layers):
+            layers += [
+                nn.Linear(width, hidden_dim),
+                _ACTIVATIONS[activation](),
+                nn.Dropout(dropout),
+            ]
+            width = hidden_dim
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, out_features)
+        self.in_features = in_features
+        self.out_features = out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map float features ``[B, in_features]`` to outputs ``[B, out_features]``."""
+        return self.head(self.body(x))

@@ -1,0 +1,88 @@
+"""Structured JSON log lines, an optional progress bar, and the run's metric history."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from typing import Any, TextIO
+
+import torch
+
+from trainer import storage
+
+log = logging.getLogger(__name__)
+
+
+def gpu_memory_gb(device: torch.device) -> float | None:
+    """Peak GPU memory allocated on ``device`` so far, in GiB; ``None`` off GPU."""
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)  # JSON has no NaN; keep the line parseable
+        return round(value, 6)
+    return value
+
+
+class Telemetry:
+    """Emits one JSON object per line on stdout (main rank only) and keeps the history.
+
+    Log lines look like ``{"event": "step", "job": ..., "step": 10, "epoch": 0, "loss": ...}``.
+    A progress bar goes to stderr only when a person is watching a terminal, so container logs
+    stay clean JSON.
+    """
+
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        job: str,
+        total_steps: int,
+        history_uri: str | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.job = job
+        self.history: list[dict[str, Any]] = []
+        self.history_uri = history_uri
+        self._stream = stream or sys.stdout
+        self._bar = None
+        if enabled and sys.stderr.isatty() and self._stream.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Record and (on the main rank) print one event."""
+        if not self.enabled:
+            return
+        record = {"event": event, "job": self.job, "time": round(time.time(), 3)}
+        record.update({k: _clean(v) for k, v in fields.items() if v is not None})
+        self.history.append(record)
+        line = json.dumps(record, sort_keys=False)
+        if self._bar is not None:
+            self._bar.write(line, file=self._stream)
+        else:
+            print(line, file=self._stream, flush=True)
+
+    def advance(self, steps_done: int) -> None:
+        """Move the progress bar to ``steps_done``."""
+        if self._bar is not None:
+            self._bar.n = steps_done
+            self._bar.refresh()
+
+    def close(self) -> None:
+        """Close the bar and write the history as JSON lines, if asked to."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.enabled and self.history_uri:
+            body = "".join(json.dumps(r) + "\n" for r in self.history)
+            storage.write_bytes(self.history_uri, body.encode())
