@@ -212,11 +212,8 @@ class _Run:
         seed_everything(t.seed)
         self.raw_model = build_model(cfg.model, self.spec).to(ctx.device)
         self.ddp: DDP | None = None
-        if ctx.is_distributed:
-            device_ids = [ctx.device] if ctx.device.type == "cuda" else None
-            self.ddp = DDP(self.raw_model, device_ids=device_ids)
-        model: torch.nn.Module = self.ddp if self.ddp is not None else self.raw_model
-        self.fwd_model: Any = torch.compile(model) if t.compile else model
+        self.fwd_model: Any = None
+        self._wrap_model()
         self.optimizer = make_optimizer(self.raw_model, cfg, ctx.device)
         self.state = _State(
             micro_batch_size=min(t.micro_batch_size or self.local_batch, self.local_batch)
@@ -248,6 +245,19 @@ class _Run:
         self.best_state: dict[str, torch.Tensor] | None = None
         self.last_checkpoint: str | None = None
         self.last_grad_norm: torch.Tensor | None = None
+
+    def _wrap_model(self) -> None:
+        """(Re)build the DDP wrapper and the compiled forward around ``raw_model``.
+
+        Rebuilt after an agreed OOM: a rank whose peer failed mid-step may have finished a
+        gradient-syncing forward that the peer abandoned, which leaves DDP's reducer out of step
+        across ranks. A fresh wrapper (its construction is itself a collective) realigns them.
+        """
+        if self.ctx.is_distributed:
+            device_ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
+            self.ddp = DDP(self.raw_model, device_ids=device_ids)
+        model: torch.nn.Module = self.ddp if self.ddp is not None else self.raw_model
+        self.fwd_model = torch.compile(model) if self.cfg.train.compile else model
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -375,6 +385,9 @@ class _Run:
         if oom:
             del pending
             self.optimizer.zero_grad(set_to_none=True)
+            if self.ddp is not None:
+                self.ddp = None
+                self._wrap_model()
             _free_memory(ctx.device)
             raise torch.OutOfMemoryError("micro-batch did not fit")
         assert pending is not None
