@@ -288,6 +288,7 @@ class _Run:
             }
             self.last_checkpoint = self.ckpt.save(s.step, payload)
             self.telemetry.emit("checkpoint", step=s.step, uri=self.last_checkpoint)
+            self.telemetry.flush()
         dist.control_barrier(self.ctx)
 
     def restore_latest(self, *, reason: str) -> int | None:
@@ -541,6 +542,8 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
     run = _Run(cfg, ctx, stop)
     t, s, tel = cfg.train, run.state, run.telemetry
     resumed = run.restore_latest(reason="resume") if cfg.checkpoint.resume else None
+    if resumed is not None:
+        tel.resume(resumed)
     tel.emit(
         "start",
         step=s.step,

@@ -78,11 +78,33 @@ class Telemetry:
             self._bar.n = steps_done
             self._bar.refresh()
 
-    def close(self) -> None:
-        """Close the bar and write the history as JSON lines, if asked to."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+    def resume(self, step: int) -> None:
+        """Keep an earlier attempt's history up to ``step`` (the checkpoint this run resumed).
+
+        Events after that step belong to an abandoned timeline (a killed or rolled-back run)
+        and are dropped, so loss curves show what the final weights actually went through.
+        """
+        if not (self.enabled and self.history_uri and storage.exists(self.history_uri)):
+            return
+        earlier = []
+        for line in storage.read_text(self.history_uri).splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a killed writer
+            if record.get("step", 0) <= step and record.get("event") not in ("start", "done"):
+                earlier.append(record)
+        self.history[:0] = earlier
+
+    def flush(self) -> None:
+        """Write the history so far (atomically) as JSON lines, if a history URI is set."""
         if self.enabled and self.history_uri:
             body = "".join(json.dumps(r) + "\n" for r in self.history)
             storage.write_bytes(self.history_uri, body.encode())
+
+    def close(self) -> None:
+        """Close the bar and write the history."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        self.flush()

@@ -346,7 +346,7 @@ BAD = [
     ("negative-label", "negative", {}, r"must be integer-coded 0\.\.K-1, found -1"),
     ("fractional-label", "fractional", {}, r"must be integer-coded 0\.\.K-1, found 1\.5, 2\.5"),
     ("empty", "empty", {}, r"is empty: 0 rows"),
-    ("empty-folder", "empty-folder", {}, r"is empty: no \.parquet files"),
+    ("empty-folder", "empty-folder", {}, r"holds no \.parquet files"),
 ]
 
 

@@ -1,0 +1,339 @@
+"""Benchmark: step time of trainer.loop against a hand-written PyTorch loop on the same work.
+
+Both contenders train the same model (built by ``build_model`` after the same seed), on the same
+batches (two ``BatchStream`` iterators over one dataset, same seed), with the same AdamW (decay on
+matrices only, same fused flag), the same ``LambdaLR`` warmup-and-cosine schedule, the same
+gradient clipping and the same precision policy, in one process (``dist.init()`` without
+torchrun: world size 1, the CPU unless a GPU is visible).
+
+- **ours** is the real ``trainer.loop._Run``, built from a ``WorkerConfig`` over a Parquet file
+  exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)`` (micro-batch
+  split, control agreement, backward, clip, optimizer and scheduler step), plus the per-step
+  bookkeeping of ``train()``'s loop: the on-device loss window (``nan_to_num``, the non-finite
+  counts, the grad-norm check), the progress-bar advance, the log/eval/checkpoint decisions, and
+  every ``log_every_steps`` the one sync and a JSON log line (written to a throwaway stream).
+  ``train()`` itself is not timed because it cannot be paused to interleave blocks with the other
+  contender and its history holds only windowed, rounded losses, so the step-for-step loss check
+  would be impossible; the bookkeeping here mirrors its loop body line for line.
+- **raw** is a nanoGPT-style loop: ``loss = F.cross_entropy(model(x), y); loss.backward();
+  clip; opt.step(); sched.step(); opt.zero_grad(set_to_none=True)``, with ``loss.item()`` every
+  ``log_every_steps`` as nanoGPT logs.
+
+Blocks of ``--steps`` steps alternate between the two (after warmup blocks that are not
+measured) for ``--repeats`` rounds; every step is timed (the device is synchronised after each
+step on CUDA) and the ratio is median(ours) / median(raw). The losses of the two runs must agree
+step for step; otherwise the benchmark exits with status 1. Run from the repo root:
+
+    .venv/bin/python benchmarks/trainer_overhead.py [--steps 20] [--repeats 9] [--rows ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+
+if __package__ in (None, ""):  # run as a file: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer import dist
+from trainer.config import (
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    OutputConfig,
+    TrainConfig,
+    WorkerConfig,
+)
+from trainer.data import BatchStream
+from trainer.dist import DistContext
+from trainer.loop import StopSignal, _Run, lr_multiplier
+from trainer.models import build_model
+from trainer.telemetry import Telemetry, gpu_memory_gb
+
+SEED = 0
+# Losses are compared with this tolerance; on one CPU process they are in fact bitwise equal.
+RTOL, ATOL = 1e-6, 1e-7
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark row: a model, its data and its batch."""
+
+    name: str
+    model: ModelConfig
+    kind: str  # "tabular" or "tokens"
+    batch: int
+    features: int = 64
+    seq_len: int = 64
+
+
+CASES = {
+    "mlp": Case(
+        "mlp 64->512x4->10, batch 512",
+        ModelConfig(name="mlp", hidden_dim=512, num_layers=4),
+        "tabular",
+        batch=512,
+    ),
+    "mlp-small": Case(
+        "mlp 64->256x2->10, batch 256",
+        ModelConfig(name="mlp", hidden_dim=256, num_layers=2),
+        "tabular",
+        batch=256,
+    ),
+    "gpt": Case(
+        "gpt 2x128 (4 heads), 16x64 tokens",
+        ModelConfig(name="gpt", vocab_size=512, n_layer=2, n_head=4, d_model=128),
+        "tokens",
+        batch=16,
+    ),
+}
+
+
+def write_data(case: Case, path: Path, rows: int) -> None:
+    """Writes the Parquet the trainer reads: features + label, or a flat token column."""
+    rng = np.random.default_rng(SEED)
+    if case.kind == "tabular":
+        x = rng.standard_normal((rows, case.features), dtype=np.float32)
+        cols = {f"f{j}": x[:, j] for j in range(case.features)}
+        cols["label"] = rng.integers(0, 10, rows)
+    else:
+        cols = {"tokens": rng.integers(0, case.model.vocab_size, rows * case.seq_len + 1)}
+    pq.write_table(pa.table(cols), path)
+
+
+def make_config(case: Case, data: Path, out: Path, total_steps: int) -> WorkerConfig:
+    """A config whose schedule spans the whole benchmark (warmup, then cosine decay)."""
+    return WorkerConfig(
+        data=DataConfig(
+            train_uri=str(data),
+            kind=case.kind,  # type: ignore[arg-type]
+            target="label" if case.kind == "tabular" else "tokens",
+            seq_len=case.seq_len,
+        ),
+        output=OutputConfig(model_uri=str(out)),
+        model=case.model,
+        optim=OptimConfig(lr=1e-3, warmup_steps=10, grad_clip=1.0),
+        train=TrainConfig(
+            epochs=10_000, max_steps=total_steps, global_batch_size=case.batch, seed=SEED
+        ),
+    )
+
+
+def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor], _Run]:
+    """The trainer's step: ``_Run.step_with_oom_fallback`` plus ``train()``'s bookkeeping."""
+    run = _Run(cfg, ctx, StopSignal())
+    # Same events as train() would emit, but into a sink so the table stays readable.
+    run.telemetry = Telemetry(
+        enabled=ctx.is_main, job=ctx.run_id, total_steps=run.total_steps, stream=io.StringIO()
+    )
+    t, s, tel = cfg.train, run.state, run.telemetry
+    window = torch.zeros(3, device=ctx.device)
+    clock = {"start": time.perf_counter(), "samples": 0}
+    it = iter(run.stream)
+
+    def step() -> torch.Tensor:
+        position, x, y = next(it)
+        loss, stop_now = run.step_with_oom_fallback(x, y)
+        s.step += 1
+        s.position = position
+        window[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+        window[1] += (~torch.isfinite(loss)).float()
+        if run.last_grad_norm is not None and run.scaler is None:
+            window[1] += (~torch.isfinite(run.last_grad_norm)).float()
+        window[2] += 1
+        clock["samples"] += t.global_batch_size
+        tel.advance(s.step)
+        end_of_epoch = s.position.step == 0 and s.step > 0
+        want_ckpt = run.ckpt is not None and (
+            s.step % cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
+        )
+        want_log = s.step % t.log_every_steps == 0 or s.step == run.total_steps or want_ckpt
+        want_eval = run.val_ds is not None and (
+            (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
+            or (t.eval_every_steps is None and end_of_epoch)
+            or s.step == run.total_steps
+        )
+        if want_log or want_eval:
+            loss_total, bad, n = dist.all_reduce_sum(ctx, window.clone()).tolist()
+            if bad > 0:
+                raise RuntimeError(f"non-finite loss by step {s.step}: the benchmark diverged")
+            elapsed = max(time.perf_counter() - clock["start"], 1e-9)
+            norm = run.last_grad_norm
+            tel.emit(
+                "step",
+                step=s.step,
+                epoch=round(s.step / run.steps_per_epoch, 4),
+                loss=loss_total / ctx.world_size / max(n, 1.0),
+                lr=run.scheduler.get_last_lr()[0],
+                grad_norm=float(norm) if norm is not None else None,
+                samples_per_s=round(clock["samples"] / elapsed, 1),
+                micro_batch=s.micro_batch_size,
+                gpu_mem_gb=gpu_memory_gb(ctx.device),
+            )
+            window.zero_()
+            clock["start"], clock["samples"] = time.perf_counter(), 0
+        return loss
+
+    return step, run
+
+
+def raw(cfg: WorkerConfig, ctx: DistContext, run: _Run) -> Callable[[], torch.Tensor]:
+    """A hand-written loop over the same dataset, model init, optimizer and schedule."""
+    o, t = cfg.optim, cfg.train
+    torch.manual_seed(t.seed)
+    model = build_model(cfg.model, run.spec).to(ctx.device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = o.fused if o.fused is not None else ctx.device.type == "cuda"
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": o.weight_decay},
+            {"params": no_decay, "weight_decay": 0},
+        ],
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        fused=fused,
+    )
+    total = run.total_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: lr_multiplier(
+            s, total=total, warmup=o.warmup_steps, schedule=o.schedule, min_ratio=o.min_lr_ratio
+        ),
+    )
+    dtype = run.precision.autocast_dtype
+    if run.precision.make_scaler() is not None:
+        raise ValueError("the hand-written loop has no gradient scaler: use fp32 or bf16")
+    stream = BatchStream(
+        run.train_ds, global_batch_size=t.global_batch_size, rank=0, world_size=1, seed=t.seed
+    )
+    it: Iterator[tuple[object, torch.Tensor, torch.Tensor]] = iter(stream)
+    counter = {"step": 0}
+
+    def step() -> torch.Tensor:
+        _, x, y = next(it)
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
+            out = model(x)
+        loss = F.cross_entropy(out.float().flatten(0, -2), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        counter["step"] += 1
+        if counter["step"] % t.log_every_steps == 0:
+            loss.item()  # nanoGPT's logging sync
+        return loss
+
+    return step
+
+
+def measure(case: Case, ctx: DistContext, *, rows: int, steps: int, repeats: int, warmup: int):
+    """Interleaved blocks of both loops; returns per-step times and losses of each."""
+    blocks = warmup + repeats
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "train.parquet"
+        write_data(case, data, rows)
+        cfg = make_config(case, data, Path(tmp) / "model", total_steps=blocks * steps)
+        ours_step, run = ours(cfg, ctx)
+        raw_step = raw(cfg, ctx, run)
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    contenders = {"ours": ours_step, "raw": raw_step}
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    losses: dict[str, list[torch.Tensor]] = {k: [] for k in contenders}
+    block_ratios: list[float] = []
+    for b in range(blocks):
+        block_median: dict[str, float] = {}
+        # Alternate which contender goes first so neither always follows the other.
+        order = list(contenders) if b % 2 == 0 else list(reversed(contenders))
+        for name in order:
+            fn, ts = contenders[name], []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                loss = fn()
+                sync()
+                ts.append(time.perf_counter() - t0)
+                if b >= warmup:
+                    losses[name].append(loss.detach())
+            if b >= warmup:
+                times[name].extend(ts)
+                block_median[name] = statistics.median(ts)
+        if b >= warmup:
+            block_ratios.append(block_median["ours"] / block_median["raw"])
+    return times, losses, block_ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs each case, prints a table, and the headline ratio as the last line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="mlp,mlp-small,gpt", help=f"of {','.join(CASES)}")
+    parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    parser.add_argument("--repeats", type=int, default=9, help="measured blocks per contender")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured blocks per contender")
+    parser.add_argument("--rows", type=int, default=32768, help="training rows (sequences)")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.cases.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CASES]
+    if unknown or not names:
+        parser.error(f"--cases must name some of {', '.join(CASES)}, got {args.cases!r}")
+
+    ctx = dist.init()
+    torch.set_grad_enabled(True)
+    print(
+        f"device {ctx.device}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
+        f"{args.repeats} interleaved blocks of {args.steps} steps each (+{args.warmup} warmup)"
+    )
+    print(
+        f"{'case':36s} {'ours ms':>9s} {'raw ms':>9s} {'ratio':>7s} {'blocks':>7s} {'max |dL|':>9s}"
+    )
+    headline: float | None = None
+    failed = False
+    for name in names:
+        case = CASES[name]
+        times, losses, block_ratios = measure(
+            case, ctx, rows=args.rows, steps=args.steps, repeats=args.repeats, warmup=args.warmup
+        )
+        ours_ms = statistics.median(times["ours"]) * 1e3
+        raw_ms = statistics.median(times["raw"]) * 1e3
+        ratio = ours_ms / raw_ms
+        a, b = torch.stack(losses["ours"]).float(), torch.stack(losses["raw"]).float()
+        diff = (a - b).abs().max().item()
+        equal = torch.allclose(a, b, rtol=RTOL, atol=ATOL)
+        failed |= not equal
+        print(
+            f"{case.name:36s} {ours_ms:9.3f} {raw_ms:9.3f} {ratio:7.3f} "
+            f"{statistics.median(block_ratios):7.3f} {diff:9.2e}"
+            + ("" if equal else "  LOSSES DIFFER")
+        )
+        if headline is None:
+            headline = ratio
+    print(
+        "ratio = median step time ours / raw over all measured steps; blocks = median of the "
+        "per-block ratios; max |dL| = largest loss difference over the measured steps"
+    )
+    dist.close(ctx)
+    if failed:
+        print(f"losses differ beyond rtol={RTOL}, atol={ATOL}: the loops do not do the same work")
+        return 1
+    assert headline is not None
+    print(f"trainer_overhead ratio: {headline:.3f} (goal <= 1.03)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""The train step: turn a preprocessed dataset into a worker config and launch the training job.
+
+The job itself is always ``torchrun ... -m trainer.worker --config <uri>``; a :class:`Launcher`
+decides where it runs. :class:`LocalLauncher` runs it as a subprocess on this machine (what
+``kfp.local`` and laptops use); the PyTorchJob launcher runs it on a cluster behind the same
+protocol. Everything the job needs travels as URIs, never as local paths of the launcher.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from trainer import storage
+from trainer.config import (
+    DistConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    WorkerConfig,
+    _require,
+    from_dict,
+    to_dict,
+    to_json,
+)
+from trainer.errors import InputError
+
+log = logging.getLogger(__name__)
+
+_ERROR_LINE = re.compile(r"ERROR \[train\] (E_[A-Z_]+): (.*)$")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainStepConfig:
+    """What the pipeline's train step asks for; data and output locations come from KFP."""
+
+    launcher: Literal["local", "pytorchjob"] = "local"
+    """``local``: torchrun subprocess here; ``pytorchjob``: a Training Operator job."""
+    nproc_per_node: int = 1
+    """Processes per node: GPUs per node on a cluster, CPU processes locally."""
+    nnodes: int = 1
+    """Nodes (PyTorchJob replicas); the local launcher supports 1."""
+    timeout_s: int | None = None
+    """Fail (and stop the job) if training has not finished after this many seconds."""
+    checkpoint_every_steps: int = 100
+    """Checkpoint period; a retried step resumes from the newest checkpoint."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.nproc_per_node > 0, "train.nproc_per_node", "must be > 0", self.nproc_per_node
+        )
+        _require(self.nnodes > 0, "train.nnodes", "must be > 0", self.nnodes)
+        _require(
+            self.timeout_s is None or self.timeout_s > 0,
+            "train.timeout_s",
+            "must be > 0 or null",
+            self.timeout_s,
+        )
+        _require(
+            self.checkpoint_every_steps > 0,
+            "train.checkpoint_every_steps",
+            "must be > 0",
+            self.checkpoint_every_steps,
+        )
+
+
+@dataclass
+class TrainStepResult:
+    """Where the model went and what it reported."""
+
+    model_uri: str
+    metrics: dict[str, float]
+    steps: int
+    job_name: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_uri": self.model_uri,
+            "metrics": self.metrics,
+            "steps": self.steps,
+            "job_name": self.job_name,
+        }
+
+
+class Launcher(Protocol):
+    """Runs ``torchrun ... -m trainer.worker --config <config_uri>`` somewhere and waits."""
+
+    def launch(
+        self,
+        *,
+        job_name: str,
+        config_uri: str,
+        nproc_per_node: int,
+        nnodes: int,
+        timeout_s: int | None,
+    ) -> None:
+        """Return when the job succeeded.
+
+        Raises:
+            InputError: the job rejected its input (the worker's ``ERROR [train] E_...`` line).
+            RuntimeError: the job failed, naming the job and its last log lines.
+            TimeoutError: the deadline passed (the job has been stopped).
+        """
+        ...
+
+
+def torchrun_command(
+    config_uri: str, *, nproc_per_node: int, standalone: bool, python: str = sys.executable
+) -> list[str]:
+    """The one training command, shared by every launcher."""
+    cmd = [python, "-m", "torch.distributed.run"]
+    if standalone:
+        cmd.append("--standalone")
+    cmd += [f"--nproc_per_node={nproc_per_node}", "-m", "trainer.worker", "--config", config_uri]
+    return cmd
+
+
+class LocalLauncher:
+    """torchrun as a child process: output streamed into this step's log, stopped on SIGTERM.
+
+    The child gets its own process group so that stopping it (deadline, cancellation) stops
+    every rank; torchrun forwards SIGTERM to the workers, which checkpoint before exiting.
+    """
+
+    def __init__(
+        self, *, tail_lines: int = 40, grace_s: float = 60.0, env: dict[str, str] | None = None
+    ) -> None:
+        self.tail_lines = tail_lines
+        self.grace_s = grace_s
+        self.env = env
+
+    def launch(
+        self,
+        *,
+        job_name: str,
+        config_uri: str,
+        nproc_per_node: int,
+        nnodes: int,
+        timeout_s: int | None,
+    ) -> None:
+        if nnodes != 1:
+            raise InputError(
+                "E_CONFIG", f"the local launcher runs one node, got nnodes={nnodes}", "train.nnodes"
+            )
+        cmd = torchrun_command(config_uri, nproc_per_node=nproc_per_node, standalone=True)
+        env = dict(os.environ if self.env is None else self.env)
+        env["GPUPIPE_JOB"] = job_name
+        env.setdefault("OMP_NUM_THREADS", "1")
+        log.info("launching %s: %s", job_name, " ".join(cmd))
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
+        tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
+        errors: list[tuple[str, str]] = []
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                tail.append(line.rstrip("\n"))
+                m = _ERROR_LINE.search(line.strip())
+                if m:
+                    errors.append((m.group(1), m.group(2)))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        previous = _forward_sigterm(proc)
+        try:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while proc.poll() is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    self._stop(proc)
+                    raise TimeoutError(
+                        f"training job {job_name} did not finish within "
+                        f"{timeout_s} s (train.timeout_s); it was stopped"
+                    )
+                time.sleep(0.2)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            reader.join(timeout=5)
+        if proc.returncode == 0:
+            return
+        if errors:
+            code, message = errors[0]
+            raise InputError(code, *_split_where(message))
+        last = "\n".join(tail)
+        raise RuntimeError(
+            f"training job {job_name} failed (torchrun exit code "
+            f"{proc.returncode}); last log lines:\n{last}"
+        )
+
+    def _stop(self, proc: subprocess.Popen[str]) -> None:
+        """SIGTERM the whole group (workers checkpoint), then SIGKILL after the grace period."""
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def _forward_sigterm(proc: subprocess.Popen[str]) -> Any:
+    """Pass a SIGTERM of this step (a cancelled run) on to torchrun, which tells the workers."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        log.warning("SIGTERM: stopping the training job (workers write a checkpoint)")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _split_where(message: str) -> tuple[str, str]:
+    """``"what (where)"`` -> ``("what", "where")`` for re-raising a worker's error line."""
+    if message.endswith(")") and " (" in message:
+        what, where = message[:-1].rsplit(" (", 1)
+        return what, where
+    return message, "train"
+
+
+def read_schema(dataset_uri: str) -> dict[str, Any]:
+    """The preprocess step's ``schema.json`` of a dataset directory.
+
+    Raises:
+        InputError: the dataset has no readable schema.
+    """
+    uri = storage.join(dataset_uri, "schema.json")
+    if not storage.exists(uri):
+        raise InputError("E_DATA", "dataset has no schema.json: is it a preprocess output?", uri)
+    schema = storage.read_json(uri)
+    for key in ("target", "task", "features"):
+        if key not in schema:
+            raise InputError("E_DATA", f"schema.json has no {key!r}", uri)
+    return dict(schema)
+
+
+def build_worker_config(
+    cfg: TrainStepConfig, *, dataset_uri: str, model_uri: str, work_uri: str
+) -> WorkerConfig:
+    """The worker config for a preprocessed dataset: splits, schema and target from the data."""
+    schema = read_schema(dataset_uri)
+    val_uri = storage.join(dataset_uri, "val.parquet")
+    return from_dict(
+        WorkerConfig,
+        {
+            "data": {
+                "train_uri": storage.join(dataset_uri, "train.parquet"),
+                "val_uri": val_uri if storage.exists(val_uri) else None,
+                "kind": "tabular",
+                "target": schema["target"],
+                "task": schema["task"],
+                "features": list(schema["features"]),
+                "schema_uri": storage.join(dataset_uri, "schema.json"),
+            },
+            "model": to_dict(cfg.model),
+            "optim": to_dict(cfg.optim),
+            "train": to_dict(cfg.train),
+            "dist": to_dict(cfg.dist),
+            "checkpoint": {
+                "uri": storage.join(work_uri, "checkpoints"),
+                "every_steps": cfg.checkpoint_every_steps,
+            },
+            "output": {
+                "model_uri": model_uri,
+                "history_uri": storage.join(work_uri, "history.jsonl"),
+            },
+        },
+    )
+
+
+def train_step(
+    cfg: TrainStepConfig,
+    *,
+    dataset_uri: str,
+    model_uri: str,
+    work_uri: str,
+    job_name: str,
+    launcher: Launcher | None = None,
+) -> TrainStepResult:
+    """Write the worker config under ``work_uri``, launch the job, return the model's metrics.
+
+    ``work_uri`` must be stable across retries of the step: it holds the checkpoints a retried
+    step resumes from.
+    """
+    worker_cfg = build_worker_config(
+        cfg, dataset_uri=dataset_uri, model_uri=model_uri, work_uri=work_uri
+    )
+    config_uri = storage.join(work_uri, "worker-config.json")
+    storage.write_text(config_uri, to_json(worker_cfg))
+    if launcher is None:
+        if cfg.launcher != "local":
+            raise InputError(
+                "E_CONFIG",
+                f"launcher {cfg.launcher!r} needs a cluster client; pass one or use 'local'",
+                "train.launcher",
+            )
+        launcher = LocalLauncher()
+    launcher.launch(
+        job_name=job_name,
+        config_uri=config_uri,
+        nproc_per_node=cfg.nproc_per_node,
+        nnodes=cfg.nnodes,
+        timeout_s=cfg.timeout_s,
+    )
+    history = storage.join(work_uri, "history.jsonl")
+    if storage.exists(history):
+        storage.write_bytes(storage.join(model_uri, "history.jsonl"), storage.read_bytes(history))
+    metrics = storage.read_json(storage.join(model_uri, "metrics.json"))
+    meta = storage.read_json(storage.join(model_uri, "model.json"))
+    steps = int(meta.get("extra", {}).get("train", {}).get("steps", 0))
+    return TrainStepResult(
+        model_uri=model_uri,
+        metrics={k: float(v) for k, v in metrics.items()},
+        steps=steps,
+        job_name=job_name,
+    )
