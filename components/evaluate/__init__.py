@@ -1,0 +1,59 @@
+"""The evaluate component: scores the test split, writes metrics and a report, decides the gate."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, ClassificationMetrics, Dataset, Input, Metrics, Model, Output
+
+from components.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def evaluate(
+    model: Input[Model],
+    dataset: Input[Dataset],
+    metrics: Output[Metrics],
+    classification: Output[ClassificationMetrics],
+    report: Output[HTML],
+    gate_metric: str = "auto",
+    gate_threshold: float = 0.0,
+    registry_uri: str = "",
+    registered_model_name: str = "gpupipe-model",
+) -> NamedTuple("EvaluateOutputs", [("gate_passed", bool), ("gate_reason", str)]):
+    """Score the candidate (and the registry's champion, if any) on the test split.
+
+    ``gate_threshold`` 0 means no threshold; ``registry_uri`` empty means the default local
+    registry.
+    """
+    from collections import namedtuple
+
+    from trainer.config import from_dict
+    from trainer.steps import run_guarded
+    from trainer.steps.evaluate import EvaluateConfig
+    from trainer.steps.evaluate import evaluate as run
+
+    def body():
+        from trainer.registry import get_champion
+
+        cfg = from_dict(
+            EvaluateConfig, {"gate": {"metric": gate_metric, "threshold": gate_threshold or None}}
+        )
+        champion = get_champion(registry_uri or None, registered_model_name)
+        return run(
+            cfg,
+            model_uri=model.path,
+            dataset_uri=dataset.path,
+            report_uri=report.path,
+            champion_model_uri=champion.local_model_dir if champion else None,
+        )
+
+    result = run_guarded("evaluate", body)
+    for key, value in sorted(result.metrics.items()):
+        metrics.log_metric(key, value)
+    metrics.log_metric("gate_passed", float(result.gate_passed))
+    if result.confusion_matrix is not None and result.labels:
+        classification.log_confusion_matrix(result.labels, result.confusion_matrix)
+    if result.roc:
+        classification.log_roc_curve(result.roc["fpr"], result.roc["tpr"], result.roc["thresholds"])
+    outputs = namedtuple("EvaluateOutputs", ["gate_passed", "gate_reason"])
+    return outputs(result.gate_passed, result.gate_reason)

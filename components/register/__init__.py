@@ -1,0 +1,55 @@
+"""The register component: records the model version in the MLflow registry (idempotent per run)."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Input, Metrics, Model
+
+from components.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def register(
+    model: Input[Model],
+    metrics: Input[Metrics],
+    data_hash: str,
+    gate_passed: bool,
+    pipeline_run_id: str,
+    registry_uri: str = "",
+    registered_model_name: str = "gpupipe-model",
+    params_json: str = "{}",
+) -> NamedTuple("RegisterOutputs", [("version", str), ("model_uri", str)]):
+    """Register ``model`` with its run id, data hash, parameters and evaluation metrics."""
+    import json
+    from collections import namedtuple
+
+    from trainer.steps.register import RegisterConfig
+    from trainer.steps.register import register as run
+
+    from trainer.config import from_dict
+    from trainer.steps import run_guarded
+
+    def body():
+        cfg = from_dict(
+            RegisterConfig,
+            {"model_name": registered_model_name, "tracking_uri": registry_uri or None},
+        )
+        values = {
+            k: float(v)
+            for k, v in metrics.metadata.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        return run(
+            cfg,
+            model_uri=model.path,
+            pipeline_run_id=pipeline_run_id,
+            data_hash=data_hash,
+            params=json.loads(params_json),
+            metrics=values,
+            gate_passed=gate_passed,
+        )
+
+    result = run_guarded("register", body)
+    print(json.dumps({"event": "registered", **result.to_dict()}), flush=True)
+    outputs = namedtuple("RegisterOutputs", ["version", "model_uri"])
+    return outputs(result.version, result.model_uri)

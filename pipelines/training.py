@@ -1,0 +1,176 @@
+"""The training pipeline: preprocess -> train -> evaluate -> (if the gate passed) register.
+
+Cluster settings live here, in one place: GPU limits and accelerator type on the train step,
+CPU and memory on every step, caching (on for preprocess, configurable for train, off for
+register), retries with exponential backoff, a memory-backed ``/dev/shm``, GPU tolerations and
+node selector, and object-store credentials from a Kubernetes secret. ``kfp.local`` ignores the
+Kubernetes settings; the compiled YAML carries them to the cluster.
+"""
+
+from dataclasses import dataclass
+
+from kfp import dsl, kubernetes
+
+from components import evaluate, notify, preprocess, register, train
+
+PIPELINE_NAME = "gpupipe-training"
+
+
+@dataclass(frozen=True, slots=True)
+class StepResources:
+    """CPU and memory of one step's pod (the train step's GPUs come from pipeline parameters)."""
+
+    cpu_request: str
+    cpu_limit: str
+    memory_request: str
+    memory_limit: str
+
+
+RESOURCES = {
+    "preprocess": StepResources("1", "4", "4Gi", "16Gi"),
+    "train": StepResources("4", "16", "16Gi", "64Gi"),
+    "evaluate": StepResources("1", "2", "2Gi", "8Gi"),
+    "register": StepResources("500m", "1", "1Gi", "2Gi"),
+    "notify": StepResources("100m", "500m", "256Mi", "512Mi"),
+}
+
+RETRIES = 2
+"""Retries per step; the train step's retry resumes from the job's newest checkpoint."""
+BACKOFF = {"backoff_duration": "30s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
+SHM_SIZE = "16Gi"
+"""Size of the memory-backed /dev/shm (the 64 MB container default crashes NCCL and loaders)."""
+TRAIN_CACHING = False
+"""Caching of the train step. Off by default: a cached train step would skip training whenever
+the dataset artifact name and parameters repeat, even if the code changed under the same tag."""
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+"""Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
+
+
+def _configure(
+    task: dsl.PipelineTask, step: str, object_store_secret: str, *, retry: bool = True
+) -> dsl.PipelineTask:
+    r = RESOURCES[step]
+    task.set_cpu_request(r.cpu_request).set_cpu_limit(r.cpu_limit)
+    task.set_memory_request(r.memory_request).set_memory_limit(r.memory_limit)
+    if retry:
+        task.set_retry(num_retries=RETRIES, **BACKOFF)
+    kubernetes.use_secret_as_env(
+        task, secret_name=object_store_secret, secret_key_to_env=OBJECT_STORE_ENV
+    )
+    return task
+
+
+@dsl.pipeline(
+    name=PIPELINE_NAME,
+    description="Preprocess a table, train on GPUs (DDP), evaluate against the "
+    "champion, and register the model when it passes the gate.",
+)
+def training_pipeline(
+    data_uri: str,
+    target: str = "churned",
+    task: str = "auto",
+    model_name: str = "mlp",
+    epochs: int = 10,
+    learning_rate: float = 0.001,
+    batch_size: int = 256,
+    seed: int = 0,
+    gpu_type: str = "nvidia.com/gpu",
+    gpus_per_node: int = 1,
+    nodes: int = 1,
+    launcher: str = "local",
+    gpu_node_selector: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
+    hyperparams_json: str = "{}",
+    train_config_json: str = "{}",
+    gate_metric: str = "auto",
+    gate_threshold: float = 0.0,
+    registry_uri: str = "",
+    registered_model_name: str = "gpupipe-model",
+    object_store_secret: str = "mlpipeline-minio-artifact",
+) -> None:
+    """Train and register a model on a table.
+
+    Args:
+        data_uri: Parquet or CSV file or folder (local path, s3://, gs://, minio://).
+        target: target column.
+        task: ``classification``, ``regression`` or ``auto``.
+        model_name: ``mlp`` or a user model ``package.module:build`` baked into the image.
+        epochs: passes over the training split.
+        learning_rate: AdamW peak learning rate.
+        batch_size: global batch (all GPUs and nodes together).
+        seed: split, initialisation and shuffling seed.
+        gpu_type: accelerator resource of the train step (``nvidia.com/gpu``).
+        gpus_per_node: GPUs per node (= processes per node).
+        nodes: nodes of the training job.
+        launcher: ``local`` (torchrun in the train step's pod) or ``pytorchjob``.
+        gpu_node_selector: node labels for the GPU nodes, e.g.
+            ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``.
+        hyperparams_json: dotted trainer overrides, e.g. ``{"optim.weight_decay": 0.1}``.
+        train_config_json: further train-step settings (``TrainStepConfig`` fields).
+        gate_metric: metric that decides registration (``auto``: accuracy or rmse).
+        gate_threshold: the candidate must reach this (0: no threshold).
+        registry_uri: MLflow tracking URI (empty: the embedded local registry).
+        registered_model_name: name of the model in the registry.
+        object_store_secret: Kubernetes secret with the artifact store's credentials.
+    """
+    exit_task = notify(pipeline_name=PIPELINE_NAME)
+    _configure(exit_task, "notify", object_store_secret, retry=False)
+    exit_task.set_caching_options(False)
+
+    with dsl.ExitHandler(exit_task, name="training"):
+        prep = preprocess(data_uri=data_uri, target=target, task=task, seed=seed)
+        _configure(prep, "preprocess", object_store_secret)
+        prep.set_caching_options(True)
+
+        tr = train(
+            dataset=prep.outputs["dataset"],
+            model_name=model_name,
+            epochs=epochs,
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            nproc_per_node=gpus_per_node,
+            nnodes=nodes,
+            launcher=launcher,
+            hyperparams_json=hyperparams_json,
+            config_json=train_config_json,
+            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+        )
+        _configure(tr, "train", object_store_secret)
+        tr.set_caching_options(TRAIN_CACHING)
+        tr.set_accelerator_type(gpu_type).set_accelerator_limit(gpus_per_node)
+        kubernetes.empty_dir_mount(
+            tr, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
+        )
+        kubernetes.add_toleration(tr, **GPU_TOLERATION)
+        kubernetes.add_node_selector_json(tr, gpu_node_selector)
+
+        ev = evaluate(
+            model=tr.outputs["model"],
+            dataset=prep.outputs["dataset"],
+            gate_metric=gate_metric,
+            gate_threshold=gate_threshold,
+            registry_uri=registry_uri,
+            registered_model_name=registered_model_name,
+        )
+        _configure(ev, "evaluate", object_store_secret)
+        ev.set_caching_options(False)  # the champion it compares with can change between runs
+
+        with dsl.If(ev.outputs["gate_passed"] == True, name="gate-passed"):  # noqa: E712
+            reg = register(
+                model=tr.outputs["model"],
+                metrics=ev.outputs["metrics"],
+                data_hash=prep.outputs["data_hash"],
+                gate_passed=True,
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                registry_uri=registry_uri,
+                registered_model_name=registered_model_name,
+                params_json=hyperparams_json,
+            )
+            _configure(reg, "register", object_store_secret)
+            reg.set_caching_options(False)
+
+
+PIPELINES = {PIPELINE_NAME: training_pipeline}
+"""Every pipeline ``gpupipe compile`` writes, by name."""

@@ -1,0 +1,77 @@
+"""trainer.dist's control collectives across two real gloo processes (torch.multiprocessing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from trainer import dist
+
+pytestmark = pytest.mark.integration
+
+WORLD = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, port: int, out: str) -> None:
+    """One rank: set torchrun's variables, init through trainer.dist, record what it sees."""
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(WORLD),
+            "LOCAL_WORLD_SIZE": str(WORLD),
+            "TORCHELASTIC_RUN_ID": "collectives-test",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+    )
+    with dist.session("gloo", timeout_s=60) as ctx:
+        # Each rank raises a different flag; "any" must agree on every rank.
+        any_flags = dist.control_any(ctx, rank == 1, False, rank == 0)
+        nobody = dist.control_any(ctx, False)
+        summed = dist.all_reduce_sum(ctx, torch.tensor([float(rank + 1), 10.0])).tolist()
+        gathered = dist.all_gather_object(ctx, {"rank": rank, "name": f"r{rank}"})
+        broadcast = dist.broadcast_object(ctx, {"from": rank, "step": 100 + rank})
+        dist.control_barrier(ctx)
+        dist.barrier(ctx)
+        record = {
+            "backend": ctx.backend,
+            "world_size": ctx.world_size,
+            "is_main": ctx.is_main,
+            "run_id": ctx.run_id,
+            "any": list(any_flags),
+            "nobody": list(nobody),
+            "sum": summed,
+            "gathered": gathered,
+            "broadcast": broadcast,
+        }
+    record["closed"] = not torch.distributed.is_initialized()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def test_control_collectives_agree_across_two_gloo_ranks(tmp_path: Path) -> None:
+    mp.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    for rank, rec in enumerate(records):
+        assert rec["backend"] == "gloo" and rec["world_size"] == WORLD
+        assert rec["is_main"] is (rank == 0)
+        assert rec["run_id"] == "collectives-test"
+        assert rec["any"] == [True, False, True]
+        assert rec["nobody"] == [False]
+        assert rec["sum"] == [3.0, 20.0]
+        assert rec["gathered"] == [{"rank": 0, "name": "r0"}, {"rank": 1, "name": "r1"}]
+        assert rec["broadcast"] == {"from": 0, "step": 100}
+        assert rec["closed"]
