@@ -1,4 +1,4 @@
-"""The preprocess step: raw Parquet/CSV to validated, encoded, standardised train/val/test splits."""
+"""The preprocess step: raw Parquet/CSV to validated, encoded, standardised data splits."""
 
 from __future__ import annotations
 
@@ -31,9 +31,7 @@ COLUMN_KINDS = ("numeric", "categorical", "drop")
 MAX_AUTO_CLASSES = 20
 # What a number written as text looks like (RE2 syntax); "inf"/"nan" count, so they are caught
 # by the infinite-value check or read as missing instead of being called text.
-_NUMBER_RE = (
-    r"^\s*[-+]?((\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|(?i:inf|infinity|nan))\s*$"
-)
+_NUMBER_RE = r"^\s*[-+]?((\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|(?i:inf|infinity|nan))\s*$"
 _DATA_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt")
 # Fixed writer options: the same table always gives the same bytes.
 _PARQUET_OPTIONS: dict[str, Any] = {
@@ -62,7 +60,7 @@ class PreprocessConfig:
     seed: int = 0
     """Seed of the split; the same input and seed give byte-identical outputs."""
     max_categories: int = 50
-    """Categories kept per categorical column (most frequent in train); the rest -> ``__other__``."""
+    """Categories kept per categorical column (most frequent in train); rarer -> ``__other__``."""
     missing_indicator: bool = True
     """Add a ``<col>__missing`` 0/1 feature for numeric columns with missing values in train."""
     csv_delimiter: str = ","
@@ -78,7 +76,9 @@ class PreprocessConfig:
         )
         if self.columns is not None:
             for name, kind in self.columns.items():
-                _require(kind in COLUMN_KINDS, f"columns.{name}", f"must be one of {COLUMN_KINDS}", kind)
+                _require(
+                    kind in COLUMN_KINDS, f"columns.{name}", f"must be one of {COLUMN_KINDS}", kind
+                )
             _require(
                 self.target not in self.columns,
                 f"columns.{self.target}",
@@ -149,7 +149,11 @@ class _Input:
         i = int(np.searchsorted(self.offsets, row, side="right")) - 1
         local = row - int(self.offsets[i])
         # CSV: line 1 is the header, so data row 0 is on line 2.
-        return f"{self.files[i]} line {local + 2}" if self.is_csv[i] else f"{self.files[i]} row {local + 1}"
+        return (
+            f"{self.files[i]} line {local + 2}"
+            if self.is_csv[i]
+            else f"{self.files[i]} row {local + 1}"
+        )
 
 
 def _input_files(data_uri: str) -> list[str]:
@@ -244,7 +248,9 @@ def _concat(tables: list[pa.Table], files: list[str]) -> pa.Table:
     out = []
     for t in tables:
         if t.schema != schema:
-            t = pa.table([c.cast(f.type) for c, f in zip(t.columns, schema, strict=True)], schema=schema)
+            t = pa.table(
+                [c.cast(f.type) for c, f in zip(t.columns, schema, strict=True)], schema=schema
+            )
         out.append(t)
     return pa.concat_tables(out)
 
@@ -485,7 +491,8 @@ def _target(data: _Input, cfg: PreprocessConfig) -> tuple[np.ndarray, str, list[
         if np.isnan(x).any():
             row = int(np.argmax(np.isnan(x)))
             raise InputError(
-                "E_TARGET", f"target column {name!r} has NaN values; every row needs one",
+                "E_TARGET",
+                f"target column {name!r} has NaN values; every row needs one",
                 data.locate(row),
             )
         task = cfg.task
@@ -620,7 +627,10 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
                 )
             else:
                 assert col.codes is not None and col.values is not None
-                stats[col.name] = {"kind": "categorical", **_categorical_stats(col.codes, col.values)}
+                stats[col.name] = {
+                    "kind": "categorical",
+                    **_categorical_stats(col.codes, col.values),
+                }
                 fit, arrays = encode_categorical(
                     col.name,
                     col.dtype,
@@ -643,7 +653,8 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
     clash = sorted({f for f in features if features.count(f) > 1} | ({cfg.target} & set(features)))
     if clash:
         raise InputError(
-            "E_SCHEMA", f"output feature name {clash[0]!r} is produced twice; rename a column",
+            "E_SCHEMA",
+            f"output feature name {clash[0]!r} is produced twice; rename a column",
             data_uri,
         )
     y_perm = y[perm]

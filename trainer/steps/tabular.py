@@ -1,4 +1,4 @@
-"""The transforms preprocess fits on the training split: seeded split, impute, standardise, one-hot."""
+"""Transforms fitted on the training split: seeded split, impute, standardise, one-hot."""
 
 from __future__ import annotations
 

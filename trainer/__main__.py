@@ -1,0 +1,125 @@
+"""``python -m trainer <step> --config cfg.json [--set key=value] --<input> URI``, in the image.
+
+The same step functions the KFP components call, without KFP: what a PyTorchJob pod, a Katib
+trial or a person at a shell runs. Bad input prints ``ERROR [<step>] E_<CODE>: ...`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from trainer import storage
+from trainer.config import apply_overrides, from_dict
+from trainer.steps import run_guarded
+
+
+def _config(args: argparse.Namespace, cls: type) -> Any:
+    data = storage.read_json(args.config) if args.config else {}
+    return from_dict(cls, apply_overrides(data, args.overrides))
+
+
+def _preprocess(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.steps.preprocess import PreprocessConfig, preprocess
+
+    cfg = _config(args, PreprocessConfig)
+    return preprocess(cfg, data_uri=args.data, output_uri=args.output).to_dict()
+
+
+def _train(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.steps.train import TrainStepConfig, train_step
+
+    cfg = _config(args, TrainStepConfig)
+    return train_step(
+        cfg,
+        dataset_uri=args.dataset,
+        model_uri=args.model,
+        work_uri=args.work or args.model.rstrip("/") + "-work",
+        job_name=args.job_name,
+    ).to_dict()
+
+
+def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.steps.evaluate import EvaluateConfig, evaluate
+
+    cfg = _config(args, EvaluateConfig)
+    return evaluate(
+        cfg,
+        model_uri=args.model,
+        dataset_uri=args.dataset,
+        report_uri=args.report,
+        champion_model_uri=args.champion,
+    ).to_dict()
+
+
+def _register(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.steps.register import RegisterConfig, register
+
+    cfg = _config(args, RegisterConfig)
+    metrics = storage.read_json(storage.join(args.model, "metrics.json"))
+    return register(
+        cfg,
+        model_uri=args.model,
+        pipeline_run_id=args.run_id,
+        data_hash=args.data_hash,
+        params={},
+        metrics=metrics,
+        gate_passed=args.gate_passed,
+    ).to_dict()
+
+
+STEPS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], list[tuple[str, bool]]]] = {
+    "preprocess": (_preprocess, [("--data", True), ("--output", True)]),
+    "train": (
+        _train,
+        [("--dataset", True), ("--model", True), ("--work", False), ("--job-name", False)],
+    ),
+    "evaluate": (
+        _evaluate,
+        [("--model", True), ("--dataset", True), ("--report", True), ("--champion", False)],
+    ),
+    "register": (_register, [("--model", True), ("--run-id", True), ("--data-hash", True)]),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    sub = parser.add_subparsers(dest="step", required=True)
+    for name, (_, flags) in STEPS.items():
+        p = sub.add_parser(name)
+        p.add_argument("--config", help="step config JSON (any URI); defaults when omitted")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config field",
+        )
+        for flag, required in flags:
+            p.add_argument(flag, required=required, metavar="URI")
+        if name == "register":
+            p.add_argument(
+                "--gate-passed",
+                action="store_true",
+                help="the evaluation gate passed: move the champion alias",
+            )
+        if name == "train":
+            p.set_defaults(job_name="gpupipe-train")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one step; print its result as one JSON line on stdout."""
+    args = build_parser().parse_args(argv)
+    fn = STEPS[args.step][0]
+    result = run_guarded(args.step, lambda: fn(args))
+    print(json.dumps(result, sort_keys=True, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""MLflow model-registry helpers shared by evaluate and register: where the store is, the champion."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from trainer.errors import InputError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+__all__ = [
+    "DEFAULT_STORE_DIRNAME",
+    "MODEL_ARTIFACT_PATH",
+    "TAG_DATA_HASH",
+    "TAG_GATE_PASSED",
+    "TAG_PIPELINE_RUN_ID",
+    "TAG_TRAINER_VERSION",
+    "Champion",
+    "alias_version",
+    "artifact_location_for",
+    "default_store_dir",
+    "find_version",
+    "find_version_by_pipeline_run",
+    "get_champion",
+    "mlflow_client",
+    "mlflow_errors",
+    "resolve_tracking_uri",
+    "validate_alias",
+    "validate_model_name",
+    "validate_pipeline_run_id",
+]
+
+TAG_PIPELINE_RUN_ID = "gpupipe.pipeline_run_id"
+"""Tag on the MLflow run and the model version: the KFP run that produced the model."""
+TAG_DATA_HASH = "gpupipe.data_hash"
+"""Tag: hash of the training data the model saw."""
+TAG_TRAINER_VERSION = "gpupipe.trainer_version"
+"""Tag: the trainer version recorded in the model's ``model.json``."""
+TAG_GATE_PASSED = "gpupipe.gate_passed"
+"""Tag: ``true``/``false``, the evaluate step's promotion decision."""
+MODEL_ARTIFACT_PATH = "model"
+"""Run artifact folder holding the gpupipe model directory; model versions point at it."""
+DEFAULT_STORE_DIRNAME = "mlflow"
+"""Folder under ``$GPUPIPE_HOME`` (default ``~/.gpupipe``) that holds the embedded store."""
+
+_MAX_MODEL_NAME_LENGTH = 256  # the registry's name column (VARCHAR(256))
+_MAX_ALIAS_LENGTH = 255
+_ALIAS_RE = re.compile(r"^[\w\-]+$")
+_VERSION_ALIAS_RE = re.compile(r"^[vV]\d+$")  # MLflow reserves v1, v2, ... for versions
+_ERROR_TEXT_MAX = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Champion:
+    """The model version that holds the champion alias, downloaded for comparison."""
+
+    version: str
+    """Model version number, as a string (``"3"``)."""
+    local_model_dir: str
+    """Local gpupipe model directory (``model.json``, ``model.safetensors``, ``metrics.json``)."""
+    metrics: dict[str, float]
+    """Metrics logged on the version's MLflow run (what register was given)."""
+    run_id: str
+    """The MLflow run that holds the version's artifacts."""
+
+
+def default_store_dir() -> Path:
+    """The embedded store's folder: ``$GPUPIPE_HOME/mlflow``, else ``~/.gpupipe/mlflow``."""
+    home = os.environ.get("GPUPIPE_HOME") or os.path.join(os.path.expanduser("~"), ".gpupipe")
+    return Path(home).absolute() / DEFAULT_STORE_DIRNAME
+
+
+def resolve_tracking_uri(tracking_uri: str | None) -> str:
+    """The MLflow tracking URI to use.
+
+    In order: ``tracking_uri`` when given; else the ``MLFLOW_TRACKING_URI`` environment variable
+    (how a cluster points every step at its tracking server); else the embedded store
+    ``sqlite:///<default_store_dir()>/mlflow.db``, whose folder is created here.
+
+    Args:
+        tracking_uri: An explicit URI (``http://mlflow.kubeflow:5000``, ``sqlite:///...``), or None.
+
+    Returns:
+        The URI, never empty.
+    """
+    if tracking_uri and tracking_uri.strip():
+        return tracking_uri.strip()
+    from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if from_env:
+        return from_env
+    store = default_store_dir()
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def artifact_location_for(tracking_uri: str) -> str | None:
+    """Where a new experiment should keep its artifacts, for stores that need telling.
+
+    A SQLite store keeps artifacts in ``artifacts/`` next to its database file; left to
+    MLflow they would land in ``./mlruns`` under whatever the working directory happens to be.
+    A tracking server decides for itself (``--artifacts-destination``): None.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db_path = urlsplit(tracking_uri).path
+    if not db_path or db_path == "/:memory:":
+        return None
+    return (Path(db_path).absolute().parent / "artifacts").as_uri()
+
+
+def validate_model_name(name: str, where: str = "model_name") -> None:
+    """Reject names the MLflow registry refuses, or that would break a search filter.
+
+    Raises:
+        InputError: Naming ``where`` and the value.
+    """
+    problem = None
+    if not name or not name.strip():
+        problem = "must not be empty"
+    elif len(name) > _MAX_MODEL_NAME_LENGTH:
+        problem = f"must be at most {_MAX_MODEL_NAME_LENGTH} characters"
+    elif any(c in name for c in "/:'`\\"):
+        problem = "must not contain '/', ':', quotes, backticks or backslashes"
+    elif name != name.strip() or name in (".", "..") or name.startswith(".."):
+        problem = "must not start with '..', be '.', or have surrounding spaces"
+    if problem:
+        raise InputError("E_CONFIG", f"{where} {problem}, got {name!r}", where)
+
+
+def validate_alias(alias: str, where: str = "champion_alias") -> None:
+    """Reject aliases the MLflow registry refuses (characters, ``latest``, ``v<n>``).
+
+    Raises:
+        InputError: Naming ``where`` and the value.
+    """
+    problem = None
+    if not alias or not _ALIAS_RE.match(alias):
+        problem = "must be non-empty and contain only letters, digits, '_' and '-'"
+    elif len(alias) > _MAX_ALIAS_LENGTH:
+        problem = f"must be at most {_MAX_ALIAS_LENGTH} characters"
+    elif alias.lower() == "latest" or _VERSION_ALIAS_RE.match(alias):
+        problem = "must not be 'latest' or look like a version ('v3'): MLflow reserves those"
+    if problem:
+        raise InputError("E_CONFIG", f"{where} {problem}, got {alias!r}", where)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's text on one line, cut to a readable length."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= _ERROR_TEXT_MAX else text[: _ERROR_TEXT_MAX - 3] + "..."
+
+
+@contextlib.contextmanager
+def mlflow_errors(action: str, tracking_uri: str) -> Iterator[None]:
+    """Turn MLflow and network failures into a one-line RuntimeError naming the tracking URI."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except (MlflowException, OSError) as e:
+        raise RuntimeError(f"MLflow at {tracking_uri}: {action} failed: {_one_line(e)}") from e
+
+
+def _error_code(exc: BaseException) -> str | None:
+    """MLflow's error code (``RESOURCE_DOES_NOT_EXIST``...) of ``exc``, if it carries one."""
+    return getattr(exc, "error_code", None)
+
+
+def mlflow_client(tracking_uri: str) -> MlflowClient:
+    """An MLflow client whose tracking and registry stores are both ``tracking_uri``.
+
+    A client of its own (rather than ``mlflow.set_tracking_uri``) leaves the process-wide
+    MLflow state alone, so two steps in one process cannot point each other elsewhere.
+    """
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def _search_filter(model_name: str, pipeline_run_id: str) -> str:
+    """The search filter for versions of ``model_name`` tagged with ``pipeline_run_id``.
+
+    Names and ids carry no quotes (validated), so plain single quoting is safe. The backticks
+    let the tag key contain dots; checked against the SQLite store and the REST server.
+    """
+    return f"name = '{model_name}' and tags.`{TAG_PIPELINE_RUN_ID}` = '{pipeline_run_id}'"
+
+
+def validate_pipeline_run_id(pipeline_run_id: str, where: str = "pipeline_run_id") -> None:
+    """Reject an empty id, or one whose quotes would break the registry search filter.
+
+    Raises:
+        InputError: Naming ``where`` and the value.
+    """
+    if not pipeline_run_id or not pipeline_run_id.strip() or any(c in pipeline_run_id for c in "'`\\"):
+        raise InputError(
+            "E_CONFIG",
+            f"{where} must be non-empty without quotes or backslashes, got {pipeline_run_id!r}",
+            where,
+        )
+
+
+def find_version(client: MlflowClient, model_name: str, pipeline_run_id: str) -> ModelVersion | None:
+    """The newest version of ``model_name`` registered for ``pipeline_run_id``, or None.
+
+    Raises:
+        MlflowException: If the registry fails (callers wrap it with :func:`mlflow_errors`).
+    """
+    found = client.search_model_versions(filter_string=_search_filter(model_name, pipeline_run_id))
+    # A SQLite store returns int versions, the REST API strings: compare as numbers.
+    return max(found, key=lambda mv: int(mv.version), default=None)
+
+
+def find_version_by_pipeline_run(
+    tracking_uri: str | None, model_name: str, pipeline_run_id: str
+) -> str | None:
+    """The version of ``model_name`` that register created for ``pipeline_run_id``, if any.
+
+    Args:
+        tracking_uri: MLflow tracking URI; None resolves as in :func:`resolve_tracking_uri`.
+        model_name: Registered model name.
+        pipeline_run_id: The KFP run id that register tagged the version with.
+
+    Returns:
+        The version number as a string, or None (also when the model is not registered).
+
+    Raises:
+        InputError: If the name or id is malformed.
+        RuntimeError: If the registry cannot be reached or fails, naming the tracking URI.
+    """
+    validate_model_name(model_name)
+    validate_pipeline_run_id(pipeline_run_id)
+    uri = resolve_tracking_uri(tracking_uri)
+    client = mlflow_client(uri)
+    with mlflow_errors(f"searching versions of model {model_name!r}", uri):
+        mv = find_version(client, model_name, pipeline_run_id)
+    return None if mv is None else str(mv.version)
+
+
+def alias_version(client: MlflowClient, model_name: str, alias: str) -> str | None:
+    """The version that ``alias`` points at, or None if the model or the alias does not exist.
+
+    Raises:
+        MlflowException: For any other registry failure.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = client.get_registered_model(model_name)
+    except MlflowException as e:
+        if _error_code(e) == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    version: Any = (model.aliases or {}).get(alias)
+    return None if version is None else str(version)
+
+
+def get_champion(
+    tracking_uri: str | None,
+    model_name: str,
+    alias: str = "champion",
+    *,
+    dst_dir: str | None = None,
+) -> Champion | None:
+    """Find the version that holds ``alias`` and download its gpupipe model directory.
+
+    Args:
+        tracking_uri: MLflow tracking URI; None resolves as in :func:`resolve_tracking_uri`.
+        model_name: Registered model name.
+        alias: The alias that marks the champion.
+        dst_dir: Local folder to download into; None makes a fresh temporary folder, which the
+            caller owns (and may delete).
+
+    Returns:
+        The champion, or None when the model is not registered or no version holds ``alias``.
+
+    Raises:
+        InputError: If the name or alias is malformed.
+        RuntimeError: If the registry or its artifact store fails, naming the tracking URI and
+            the model version.
+    """
+    validate_model_name(model_name)
+    validate_alias(alias, "alias")
+    uri = resolve_tracking_uri(tracking_uri)
+    client = mlflow_client(uri)
+    with mlflow_errors(f"looking up alias {alias!r} of model {model_name!r}", uri):
+        version = alias_version(client, model_name, alias)
+    if version is None:
+        return None
+
+    import mlflow.artifacts
+
+    what = f"downloading model {model_name!r} version {version}"
+    with mlflow_errors(what, uri):
+        mv = client.get_model_version(model_name, version)
+        dst = dst_dir or tempfile.mkdtemp(prefix="gpupipe-champion-")
+        os.makedirs(dst, exist_ok=True)
+        # The version's source is a run artifact URI (mlflow-artifacts:/..., file:///...);
+        # resolving it against the tracking URI goes through the server's artifact proxy.
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=mv.source, dst_path=dst, tracking_uri=uri
+        )
+        metrics: dict[str, float] = {}
+        if mv.run_id:
+            metrics = {k: float(v) for k, v in client.get_run(mv.run_id).data.metrics.items()}
+    return Champion(
+        version=str(mv.version), local_model_dir=local, metrics=metrics, run_id=mv.run_id or ""
+    )
