@@ -14,6 +14,7 @@ printed too. Run from the repo root:
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import sys
@@ -40,7 +41,7 @@ def write_parquet(path: Path, *, rows: int, features: int, classes: int) -> None
     """Writes `rows` x `features` float32 columns and an int64 `label` column."""
     rng = np.random.default_rng(SEED)
     x = rng.standard_normal((rows, features), dtype=np.float32)
-    columns = {f"f{j}": x[:, j] for j in range(features)}
+    columns: dict[str, np.ndarray] = {f"f{j}": x[:, j] for j in range(features)}
     columns["label"] = rng.integers(0, classes, rows)
     pq.write_table(pa.table(columns), path, row_group_size=128 * 1024)
 
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         for w in (int(s) for s in args.workers.split(",")):
             contenders[f"DataLoader per-row, workers={w}"] = (
                 args.repeats if w == 0 else min(args.repeats, args.worker_repeats),
-                lambda w=w: run_dataloader(path, samples, args.batch_size, w),
+                functools.partial(run_dataloader, path, samples, args.batch_size, w),
             )
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
         run_ours(path, min(samples, 10 * args.batch_size), args.batch_size)  # warm the page cache

@@ -108,6 +108,7 @@ CASES = {
 def write_data(case: Case, path: Path, rows: int) -> None:
     """Writes the Parquet the trainer reads: features + label, or a flat token column."""
     rng = np.random.default_rng(SEED)
+    cols: dict[str, np.ndarray]
     if case.kind == "tabular":
         x = rng.standard_normal((rows, case.features), dtype=np.float32)
         cols = {f"f{j}": x[:, j] for j in range(case.features)}
@@ -234,7 +235,8 @@ def raw(cfg: WorkerConfig, ctx: DistContext, run: _Run) -> Callable[[], torch.Te
             out = model(x)
         loss = F.cross_entropy(out.float().flatten(0, -2), y.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+        if o.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -246,7 +248,9 @@ def raw(cfg: WorkerConfig, ctx: DistContext, run: _Run) -> Callable[[], torch.Te
     return step
 
 
-def measure(case: Case, ctx: DistContext, *, rows: int, steps: int, repeats: int, warmup: int):
+def measure(
+    case: Case, ctx: DistContext, *, rows: int, steps: int, repeats: int, warmup: int
+) -> tuple[dict[str, list[float]], dict[str, list[torch.Tensor]], list[float]]:
     """Interleaved blocks of both loops; returns per-step times and losses of each."""
     blocks = warmup + repeats
     with tempfile.TemporaryDirectory() as tmp:

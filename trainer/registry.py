@@ -1,4 +1,4 @@
-"""MLflow model-registry helpers shared by evaluate and register: where the store is, the champion."""
+"""MLflow registry helpers shared by evaluate and register: where the store is, the champion."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from trainer.errors import InputError
 
@@ -110,12 +109,15 @@ def artifact_location_for(tracking_uri: str) -> str | None:
     MLflow they would land in ``./mlruns`` under whatever the working directory happens to be.
     A tracking server decides for itself (``--artifacts-destination``): None.
     """
-    if not tracking_uri.startswith("sqlite:///"):
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
         return None
-    db_path = urlsplit(tracking_uri).path
-    if not db_path or db_path == "/:memory:":
+    # sqlite:///rel.db is relative to the working directory, sqlite:////abs.db absolute; urlsplit
+    # would turn the latter into "//abs.db", which a URI then reads as a host name.
+    db_path = tracking_uri[len(prefix) :].split("?", 1)[0]
+    if not db_path or db_path == ":memory:":
         return None
-    return (Path(db_path).absolute().parent / "artifacts").as_uri()
+    return str(Path(os.path.abspath(db_path)).parent / "artifacts")
 
 
 def validate_model_name(name: str, where: str = "model_name") -> None:
@@ -202,7 +204,11 @@ def validate_pipeline_run_id(pipeline_run_id: str, where: str = "pipeline_run_id
     Raises:
         InputError: Naming ``where`` and the value.
     """
-    if not pipeline_run_id or not pipeline_run_id.strip() or any(c in pipeline_run_id for c in "'`\\"):
+    if (
+        not pipeline_run_id
+        or not pipeline_run_id.strip()
+        or any(c in pipeline_run_id for c in "'`\\")
+    ):
         raise InputError(
             "E_CONFIG",
             f"{where} must be non-empty without quotes or backslashes, got {pipeline_run_id!r}",
@@ -210,7 +216,9 @@ def validate_pipeline_run_id(pipeline_run_id: str, where: str = "pipeline_run_id
         )
 
 
-def find_version(client: MlflowClient, model_name: str, pipeline_run_id: str) -> ModelVersion | None:
+def find_version(
+    client: MlflowClient, model_name: str, pipeline_run_id: str
+) -> ModelVersion | None:
     """The newest version of ``model_name`` registered for ``pipeline_run_id``, or None.
 
     Raises:

@@ -99,7 +99,7 @@ def make_demo_table(rows: int, *, task: str = "classification", seed: int = 0) -
             + device_effect
             + 0.01 * (age - 45) ** 2 / 10
         )
-        churned = rng.random(rows) < 1.0 / (1.0 + np.exp(-3.0 * logit))
+        churned = rng.random(rows) < 1.0 / (1.0 + np.exp(-1.5 * logit))
         columns["churned"] = _categorical(churned.astype(np.int64), ("no", "yes"), None)
     else:
         spend = (
@@ -109,7 +109,7 @@ def make_demo_table(rows: int, *, task: str = "classification", seed: int = 0) -
             + np.array([0.0, 150.0, 600.0])[plan]
             + 200.0 * region_effect[region]
             - 40.0 * calls
-            + rng.normal(0.0, 120.0, rows)
+            + rng.normal(0.0, 300.0, rows)
         )
         columns["spend"] = pa.array(np.round(spend, 2).astype(np.float32))
     return pa.table(columns)

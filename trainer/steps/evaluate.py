@@ -474,12 +474,14 @@ def evaluate(
     champion_model_uri: str | None = None,
     metrics_uri: str | None = None,
     champion_name: str | None = None,
+    champion_stored_metrics: dict[str, float] | None = None,
 ) -> EvaluateResult:
     """Score the model on a split of the dataset, write the report, and decide the gate.
 
     The champion, if given, is re-scored on the same split so that both models face the same
     rows; when its task, target, features or classes differ (the schema changed), its stored
-    ``metrics.json`` is used instead and the reason says so. Outputs are written only after
+    metrics are used instead (``champion_stored_metrics``, else its ``metrics.json``) and the
+    reason says so. Outputs are written only after
     everything succeeded, each atomically.
 
     Args:
@@ -490,6 +492,8 @@ def evaluate(
         champion_model_uri: The registry's current champion model directory, if any.
         metrics_uri: Where to write :meth:`EvaluateResult.to_dict` as JSON, if wanted.
         champion_name: How the reason names the champion (e.g. ``v3``); defaults to its URI.
+        champion_stored_metrics: The champion's recorded metrics (e.g. from the registry), used
+            when it cannot be re-scored; defaults to its ``metrics.json``.
 
     Returns:
         The metrics, the gate decision and the classification curves.
@@ -526,13 +530,15 @@ def evaluate(
             champion_metrics = _score(champion, ds, cfg.batch_size).metrics
             champion_value = champion_metrics.get(metric)
         else:
+            source = "its metrics.json"
+            stored: dict[str, Any] = champion.metrics
+            if champion_stored_metrics is not None:
+                source, stored = "the registry", champion_stored_metrics
             champion_metrics = {
-                k: float(v)
-                for k, v in champion.metrics.items()
-                if _is_number(v) and math.isfinite(v)
+                k: float(v) for k, v in stored.items() if _is_number(v) and math.isfinite(v)
             }
             champion_value, key = _stored_metric(champion_metrics, metric)
-            champion_note = f"stored {key} from its metrics.json: {why}, so it was not re-scored"
+            champion_note = f"stored {key} from {source}: {why}, so it was not re-scored"
     passed, reason = decide_gate(
         metric=metric,
         value=scored.metrics.get(metric),

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from trainer import storage
@@ -20,8 +18,14 @@ from trainer.steps.tabular import (
     CategoricalFit,
     NoTrainingValues,
     NumericFit,
+    RawInput,
+    dictionary_codes,
+    dtype_name,
     encode_categorical,
     encode_numeric,
+    is_number,
+    is_text,
+    read_input,
     split_indices,
 )
 
@@ -32,7 +36,6 @@ MAX_AUTO_CLASSES = 20
 # What a number written as text looks like (RE2 syntax); "inf"/"nan" count, so they are caught
 # by the infinite-value check or read as missing instead of being called text.
 _NUMBER_RE = r"^\s*[-+]?((\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|(?i:inf|infinity|nan))\s*$"
-_DATA_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt")
 # Fixed writer options: the same table always gives the same bytes.
 _PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "snappy",
@@ -129,185 +132,12 @@ class PreprocessResult:
 
 
 # --------------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Input:
-    """All input files concatenated, with enough bookkeeping to name a row's file and line."""
-
-    uri: str
-    table: pa.Table
-    files: list[str]
-    offsets: np.ndarray  # first global row of each file, plus the total
-    is_csv: list[bool]
-    data_hash: str
-
-    def locate(self, row: int) -> str:
-        """Where global ``row`` is: ``<file> row <n>`` (Parquet) or ``<file> line <n>`` (CSV)."""
-        i = int(np.searchsorted(self.offsets, row, side="right")) - 1
-        local = row - int(self.offsets[i])
-        # CSV: line 1 is the header, so data row 0 is on line 2.
-        return (
-            f"{self.files[i]} line {local + 2}"
-            if self.is_csv[i]
-            else f"{self.files[i]} row {local + 1}"
-        )
-
-
-def _input_files(data_uri: str) -> list[str]:
-    """The data file, or the folder's data files sorted by name."""
-    try:
-        found = storage.exists(data_uri)
-        is_dir = found and storage.is_dir(data_uri)
-    except (OSError, RuntimeError) as e:
-        raise InputError("E_DATA", f"cannot reach the dataset: {e}", data_uri) from e
-    if not found:
-        raise InputError("E_DATA", "dataset not found: no such file or folder", data_uri)
-    if not is_dir:
-        return [data_uri]
-    names = [
-        n
-        for n in storage.list_dir(data_uri)
-        if n.lower().endswith(_DATA_SUFFIXES) and not n.startswith((".", "_"))
-    ]
-    if not names:
-        raise InputError(
-            "E_DATA", f"dataset folder holds no data files ({', '.join(_DATA_SUFFIXES)})", data_uri
-        )
-    return [storage.join(data_uri, n) for n in names]
-
-
-def _read_file(uri: str, blob: bytes, delimiter: str) -> tuple[pa.Table, bool]:
-    """Parse one file (Parquet by its magic bytes, else CSV); returns (table, is_csv)."""
-    if blob[:4] == b"PAR1":
-        try:
-            pf = pq.ParquetFile(pa.BufferReader(blob))
-            text = [
-                f.name
-                for f in pf.schema_arrow
-                if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-            ]
-            # Text read as dictionaries: categories are encoded once per distinct value, not row.
-            return pq.read_table(pa.BufferReader(blob), read_dictionary=text), False
-        except (pa.ArrowException, OSError) as e:
-            raise InputError("E_DATA", f"cannot read Parquet: {e}", uri) from e
-    if not blob.strip():
-        raise InputError("E_EMPTY", "dataset is empty: the file has no header and no rows", uri)
-    try:
-        table = pacsv.read_csv(
-            pa.BufferReader(blob),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            convert_options=pacsv.ConvertOptions(strings_can_be_null=True),
-        )
-    except pa.ArrowException as e:
-        raise InputError("E_DATA", f"cannot parse CSV: {' '.join(str(e).split())}", uri) from e
-    return table, True
-
-
-def _is_text(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-
-
-def _common_type(types: list[pa.DataType]) -> pa.DataType:
-    """One type for a column whose files disagree: text wins, so mixed values get checked."""
-    real = [t for t in types if not pa.types.is_null(t)]
-    if not real:
-        return pa.null()
-    if any(_is_text(t) for t in real):
-        return pa.string()
-    if all(_is_number(t) for t in real):
-        return pa.float64()
-    return real[0]  # e.g. timestamps in every file: reported as unsupported later
-
-
-def _concat(tables: list[pa.Table], files: list[str]) -> pa.Table:
-    """Concatenate per-file tables, checking that every file has the same columns."""
-    names = tables[0].column_names
-    for table, uri in zip(tables[1:], files[1:], strict=True):
-        extra = [n for n in table.column_names if n not in names]
-        lacking = [n for n in names if n not in table.column_names]
-        if extra or lacking:
-            what = f"lacks column {lacking[0]!r}" if lacking else f"has extra column {extra[0]!r}"
-            raise InputError(
-                "E_SCHEMA", f"files disagree on columns: this file {what} (vs {files[0]})", uri
-            )
-    tables = [t.select(names) for t in tables]
-    fields = []
-    for name in names:
-        types = [t.schema.field(name).type for t in tables]
-        fields.append(pa.field(name, types[0] if len(set(types)) == 1 else _common_type(types)))
-    schema = pa.schema(fields)
-    out = []
-    for t in tables:
-        if t.schema != schema:
-            t = pa.table(
-                [c.cast(f.type) for c, f in zip(t.columns, schema, strict=True)], schema=schema
-            )
-        out.append(t)
-    return pa.concat_tables(out)
-
-
-def _read_input(data_uri: str, delimiter: str) -> _Input:
-    """Read every input file once: hash its bytes and parse them."""
-    files = _input_files(data_uri)
-    digest = hashlib.sha256()
-    tables, is_csv = [], []
-    for uri in files:
-        try:
-            blob = storage.read_bytes(uri)
-        except FileNotFoundError as e:
-            raise InputError("E_DATA", "dataset file not found", uri) from e
-        except (OSError, RuntimeError) as e:
-            raise InputError("E_DATA", f"cannot read the dataset file: {e}", uri) from e
-        digest.update(blob)
-        table, csv = _read_file(uri, blob, delimiter)
-        del blob  # parsed: the raw bytes need not outlive this iteration
-        tables.append(table)
-        is_csv.append(csv)
-    table = tables[0] if len(tables) == 1 else _concat(tables, files)
-    offsets = np.cumsum([0, *(t.num_rows for t in tables)])
-    # pandas writes a non-default index as __index_level_N__: never data.
-    keep = [n for n in table.column_names if not n.startswith("__index_level_")]
-    if len(keep) != table.num_columns:
-        table = table.select(keep)
-    return _Input(data_uri, table, files, offsets, is_csv, digest.hexdigest())
-
-
-# --------------------------------------------------------------------------------------------
 # Column typing and validation
 # --------------------------------------------------------------------------------------------
 
 
-def _dtype_name(t: pa.DataType) -> str:
-    return str(t.value_type) if pa.types.is_dictionary(t) else str(t)
-
-
-def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """Dictionary-encode a text column: (int32 codes with -1 for missing, distinct values)."""
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col)
-    # Combining unifies the per-chunk dictionaries into one.
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    codes = pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32)
-    values = [str(v) for v in arr.dictionary.to_pylist()]
-    if len(set(values)) != len(values):  # a dictionary may repeat values: map them together
-        uniq, inverse = np.unique(np.array(values, dtype=object), return_inverse=True)
-        remap = np.append(inverse.astype(np.int32), -1)  # index -1 stays -1
-        codes = remap[codes]
-        values = [str(v) for v in uniq]
-    return codes, values
-
-
 def _text_as_numbers(
-    data: _Input, name: str, codes: np.ndarray, values: list[str], *, declared: bool
+    data: RawInput, name: str, codes: np.ndarray, values: list[str], *, declared: bool
 ) -> np.ndarray | None:
     """float64 values of a text column that holds numbers, or None if it holds words.
 
@@ -341,7 +171,7 @@ def _text_as_numbers(
     )
 
 
-def _numbers(data: _Input, name: str, col: pa.ChunkedArray) -> np.ndarray:
+def _numbers(data: RawInput, name: str, col: pa.ChunkedArray) -> np.ndarray:
     """float64 copy of a numeric column, NaN for missing (null or NaN).
 
     Raises:
@@ -350,13 +180,12 @@ def _numbers(data: _Input, name: str, col: pa.ChunkedArray) -> np.ndarray:
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     if not pa.types.is_float64(arr.type):
         arr = arr.cast(pa.float64())
-    x = arr.to_numpy(zero_copy_only=False)
-    x = x.copy() if not x.flags.writeable else x  # encoders work in place
+    x = arr.to_numpy(zero_copy_only=False)  # may be read-only: encoders get a gathered copy
     _check_finite(data, name, x)
     return x
 
 
-def _check_finite(data: _Input, name: str, x: np.ndarray) -> None:
+def _check_finite(data: RawInput, name: str, x: np.ndarray) -> None:
     inf = np.isinf(x)
     if inf.any():
         row = int(np.argmax(inf))
@@ -380,7 +209,7 @@ class _Column:
     values: list[str] | None = None
 
 
-def _feature_columns(data: _Input, cfg: PreprocessConfig) -> tuple[list[_Column], list[str]]:
+def _feature_columns(data: RawInput, cfg: PreprocessConfig) -> tuple[list[_Column], list[str]]:
     """Type and validate every feature column; returns (columns, dropped column names)."""
     table = data.table
     names = [n for n in table.column_names if n != cfg.target]
@@ -407,17 +236,17 @@ def _feature_columns(data: _Input, cfg: PreprocessConfig) -> tuple[list[_Column]
                 f"column {name!r} has no values (all {len(col)} missing); drop it or fill it",
                 data.uri,
             )
-        kind, dtype = declared, _dtype_name(col.type)
-        if _is_number(col.type):
+        kind, dtype = declared, dtype_name(col.type)
+        if is_number(col.type):
             if declared == "categorical":
                 col = col.cast(pa.string())
-                codes, values = _codes(col)
+                codes, values = dictionary_codes(col)
                 out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
                 continue
             x = _numbers(data, name, col)
             kind = "numeric"
-        elif _is_text(col.type):
-            codes, values = _codes(col)
+        elif is_text(col.type):
+            codes, values = dictionary_codes(col)
             if declared == "categorical":
                 out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
                 continue
@@ -456,7 +285,7 @@ def _label(v: Any) -> str:
     return str(v)
 
 
-def _target(data: _Input, cfg: PreprocessConfig) -> tuple[np.ndarray, str, list[str] | None]:
+def _target(data: RawInput, cfg: PreprocessConfig) -> tuple[np.ndarray, str, list[str] | None]:
     """The target as (int64 class ids or float32 values, task, class labels or None)."""
     table, name = data.table, cfg.target
     if name not in table.column_names:
@@ -475,18 +304,18 @@ def _target(data: _Input, cfg: PreprocessConfig) -> tuple[np.ndarray, str, list[
             f"target column {name!r} has {col.null_count} missing values; every row needs one",
             data.locate(row),
         )
-    if _is_text(col.type):
+    if is_text(col.type):
         if cfg.task == "regression":
             raise InputError(
                 "E_TARGET", f"regression target {name!r} must be numeric, got {col.type}", data.uri
             )
-        codes, values = _codes(col)
+        codes, values = dictionary_codes(col)
         order = np.argsort(np.array(values, dtype=object), kind="stable")
         classes = [values[i] for i in order]
         rank = np.empty(len(values), dtype=np.int64)
         rank[order] = np.arange(len(values))
         y, task = rank[codes], "classification"
-    elif _is_number(col.type):
+    elif is_number(col.type):
         x = _numbers(data, name, col)
         if np.isnan(x).any():
             row = int(np.argmax(np.isnan(x)))
@@ -589,7 +418,7 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
             all-missing column, infinite values, mixed types, a schema that disagrees with the
             data); the message names the file or column and the bad value. Nothing is written.
     """
-    data = _read_input(data_uri, cfg.csv_delimiter)
+    data = read_input(data_uri, cfg.csv_delimiter)
     n = data.table.num_rows
     if n == 0:
         raise InputError("E_EMPTY", "dataset is empty: 0 rows", data_uri)

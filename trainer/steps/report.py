@@ -239,7 +239,7 @@ def render_report(
         split: The split that was scored.
         champion_uri: The champion model, if any.
         champion_rescored: Whether the champion's metrics come from the same split (else from
-            its stored metrics.json).
+            its stored metrics).
         history: The training log's records, or None.
         y_true: Regression: the targets (for the residual plots).
         y_pred: Regression: the predictions.
@@ -296,7 +296,7 @@ def _body(
 ) -> str:
     parts = ["<h2>Metrics</h2>"]
     champion_label = "champion" + (
-        f" ({split} split)" if champion_rescored else " (stored metrics.json)"
+        f" ({split} split)" if champion_rescored else " (stored metrics)"
     )
     parts.append(_metrics_table(result, champion_label))
     if champion_uri is not None and not champion_rescored:

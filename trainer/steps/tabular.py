@@ -1,16 +1,210 @@
-"""Transforms fitted on the training split: seeded split, impute, standardise, one-hot."""
+"""Tabular building blocks of preprocess: read Parquet/CSV, split, impute, standardise, one-hot."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from trainer import storage
+from trainer.errors import InputError
 
 MISSING = "__missing__"
 """The category that a missing categorical value becomes."""
 OTHER = "__other__"
 """The category for values outside the kept top-N, and for values unseen in training."""
+DATA_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt")
+"""Files of a dataset folder that are read (others, and names starting with . or _, are not)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RawInput:
+    """All input files concatenated, with enough bookkeeping to name a row's file and line."""
+
+    uri: str
+    table: pa.Table
+    files: list[str]
+    offsets: np.ndarray  # first global row of each file, plus the total
+    is_csv: list[bool]
+    data_hash: str
+
+    def locate(self, row: int) -> str:
+        """Where global ``row`` is: ``<file> row <n>`` (Parquet) or ``<file> line <n>`` (CSV)."""
+        i = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        local = row - int(self.offsets[i])
+        # CSV: line 1 is the header, so data row 0 is on line 2.
+        return (
+            f"{self.files[i]} line {local + 2}"
+            if self.is_csv[i]
+            else f"{self.files[i]} row {local + 1}"
+        )
+
+
+def _input_files(data_uri: str) -> list[str]:
+    """The data file, or the folder's data files sorted by name."""
+    try:
+        found = storage.exists(data_uri)
+        is_dir = found and storage.is_dir(data_uri)
+    except (OSError, RuntimeError) as e:
+        raise InputError("E_DATA", f"cannot reach the dataset: {e}", data_uri) from e
+    if not found:
+        raise InputError("E_DATA", "dataset not found: no such file or folder", data_uri)
+    if not is_dir:
+        return [data_uri]
+    names = [
+        n
+        for n in storage.list_dir(data_uri)
+        if n.lower().endswith(DATA_SUFFIXES) and not n.startswith((".", "_"))
+    ]
+    if not names:
+        raise InputError(
+            "E_DATA", f"dataset folder holds no data files ({', '.join(DATA_SUFFIXES)})", data_uri
+        )
+    return [storage.join(data_uri, n) for n in names]
+
+
+def _read_file(uri: str, blob: bytes, delimiter: str) -> tuple[pa.Table, bool]:
+    """Parse one file (Parquet by its magic bytes, else CSV); returns (table, is_csv)."""
+    if blob[:4] == b"PAR1":
+        try:
+            pf = pq.ParquetFile(pa.BufferReader(blob))
+            text = [
+                f.name
+                for f in pf.schema_arrow
+                if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            ]
+            # Text read as dictionaries: categories are encoded once per distinct value, not row.
+            return pq.read_table(pa.BufferReader(blob), read_dictionary=text), False
+        except (pa.ArrowException, OSError) as e:
+            raise InputError("E_DATA", f"cannot read Parquet: {e}", uri) from e
+    if not blob.strip():
+        raise InputError("E_EMPTY", "dataset is empty: the file has no header and no rows", uri)
+    try:
+        table = pacsv.read_csv(
+            pa.BufferReader(blob),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            convert_options=pacsv.ConvertOptions(strings_can_be_null=True),
+        )
+    except pa.ArrowException as e:
+        raise InputError("E_DATA", f"cannot parse CSV: {' '.join(str(e).split())}", uri) from e
+    return table, True
+
+
+def is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _common_type(types: list[pa.DataType]) -> pa.DataType:
+    """One type for a column whose files disagree: text wins, so mixed values get checked."""
+    real = [t for t in types if not pa.types.is_null(t)]
+    if not real:
+        return pa.null()
+    if any(is_text(t) for t in real):
+        return pa.string()
+    if all(is_number(t) for t in real):
+        return pa.float64()
+    return real[0]  # e.g. timestamps in every file: reported as unsupported later
+
+
+def _concat(tables: list[pa.Table], files: list[str]) -> pa.Table:
+    """Concatenate per-file tables, checking that every file has the same columns."""
+    names = tables[0].column_names
+    for table, uri in zip(tables[1:], files[1:], strict=True):
+        extra = [n for n in table.column_names if n not in names]
+        lacking = [n for n in names if n not in table.column_names]
+        if extra or lacking:
+            what = f"lacks column {lacking[0]!r}" if lacking else f"has extra column {extra[0]!r}"
+            raise InputError(
+                "E_SCHEMA", f"files disagree on columns: this file {what} (vs {files[0]})", uri
+            )
+    tables = [t.select(names) for t in tables]
+    fields = []
+    for name in names:
+        types = [t.schema.field(name).type for t in tables]
+        fields.append(pa.field(name, types[0] if len(set(types)) == 1 else _common_type(types)))
+    schema = pa.schema(fields)
+    out = []
+    for t in tables:
+        if t.schema != schema:
+            t = pa.table(
+                [c.cast(f.type) for c, f in zip(t.columns, schema, strict=True)], schema=schema
+            )
+        out.append(t)
+    return pa.concat_tables(out)
+
+
+def read_input(data_uri: str, delimiter: str) -> RawInput:
+    """Read every input file once: hash its bytes and parse them."""
+    files = _input_files(data_uri)
+    digest = hashlib.sha256()
+    tables, is_csv = [], []
+    for uri in files:
+        try:
+            blob = storage.read_bytes(uri)
+        except FileNotFoundError as e:
+            raise InputError("E_DATA", "dataset file not found", uri) from e
+        except (OSError, RuntimeError) as e:
+            raise InputError("E_DATA", f"cannot read the dataset file: {e}", uri) from e
+        digest.update(blob)
+        table, csv = _read_file(uri, blob, delimiter)
+        del blob  # parsed: the raw bytes need not outlive this iteration
+        tables.append(table)
+        is_csv.append(csv)
+    table = tables[0] if len(tables) == 1 else _concat(tables, files)
+    offsets = np.cumsum([0, *(t.num_rows for t in tables)])
+    # pandas writes a non-default index as __index_level_N__: never data.
+    keep = [n for n in table.column_names if not n.startswith("__index_level_")]
+    if len(keep) != table.num_columns:
+        table = table.select(keep)
+    return RawInput(data_uri, table, files, offsets, is_csv, digest.hexdigest())
+
+
+# --------------------------------------------------------------------------------------------
+# Column encoding
+# --------------------------------------------------------------------------------------------
+
+
+def dtype_name(t: pa.DataType) -> str:
+    """A column type as schema.json records it (a dictionary column by its value type)."""
+    return str(t.value_type) if pa.types.is_dictionary(t) else str(t)
+
+
+def dictionary_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """Dictionary-encode a text column: (int32 codes with -1 for missing, distinct values)."""
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col)
+    # Combining unifies the per-chunk dictionaries into one.
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    codes = pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32)
+    values = [str(v) for v in arr.dictionary.to_pylist()]
+    if len(set(values)) != len(values):  # a dictionary may repeat values: map them together
+        uniq, inverse = np.unique(np.array(values, dtype=object), return_inverse=True)
+        remap = np.append(inverse.astype(np.int32), -1)  # index -1 stays -1
+        codes = remap[codes]
+        values = [str(v) for v in uniq]
+    return codes, values
+
+
+# --------------------------------------------------------------------------------------------
+# Split and fitted transforms
+# --------------------------------------------------------------------------------------------
 
 
 def _round_half_up(x: np.ndarray) -> np.ndarray:

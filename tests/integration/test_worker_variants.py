@@ -1,0 +1,249 @@
+"""The worker beyond the MLP demo: streamed Parquet, GPT on tokens, a plugin, regression, precision."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from safetensors.torch import load_file
+
+from tests.integration.test_torchrun import ROOT, env, history, torchrun
+from trainer.data import StreamingParquetDataset, load_dataset
+from trainer.demo import make_table
+
+pytestmark = pytest.mark.integration
+
+
+def config(tmp: Path, name: str, cfg: dict[str, Any]) -> Path:
+    run = tmp / name
+    run.mkdir(parents=True, exist_ok=True)
+    base: dict[str, Any] = {
+        "checkpoint": {"uri": str(run / "ckpt"), "every_steps": 1000, "keep_last": 1},
+        "output": {"model_uri": str(run / "model"), "history_uri": str(run / "history.jsonl")},
+    }
+    path = run / "config.json"
+    path.write_text(json.dumps({**base, **cfg}))
+    return path
+
+
+def worker(cfg: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """One plain ``python -m trainer.worker`` process (what torchrun would start, minus torchrun)."""
+    sets = [a for o in overrides for a in ("--set", o)]
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.worker", "--config", str(cfg), *sets],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+
+
+def losses(cfg: Path) -> list[float]:
+    return [r["loss"] for r in history(cfg) if r["event"] == "step"]
+
+
+def tabular(
+    tmp: Path, rows: int, *, task: str = "classification", rg: int = 4096
+) -> tuple[str, str]:
+    table = make_table(rows + 1024, features=8, classes=3, seed=4, task=task)
+    train, val = tmp / f"{task}-train.parquet", tmp / f"{task}-val.parquet"
+    pq.write_table(table.slice(0, rows), train, row_group_size=rg)
+    pq.write_table(table.slice(rows), val)
+    return str(train), str(val)
+
+
+# ---------------------------------------------------------------------------- (a) streaming
+
+
+def test_parquet_larger_than_memory_streams_and_learns(tmp_path: Path) -> None:
+    train, val = tabular(tmp_path, 40_000)  # ~1.6 MB uncompressed, 10 row groups
+    assert isinstance(
+        load_dataset(
+            train, kind="tabular", target="label", task="classification", max_memory_bytes=2**20
+        ),
+        StreamingParquetDataset,
+    )
+    cfg = config(
+        tmp_path,
+        "stream",
+        {
+            "data": {"train_uri": train, "val_uri": val, "max_memory_mb": 1},
+            "model": {"name": "mlp", "hidden_dim": 32, "num_layers": 2},
+            "optim": {"lr": 5e-3, "warmup_steps": 5},
+            "train": {
+                "epochs": 1,
+                "max_steps": 60,
+                "global_batch_size": 256,
+                "log_every_steps": 10,
+            },
+        },
+    )
+    torchrun(cfg, 2)
+    curve = losses(cfg)
+    assert curve[-1] < 0.7 * curve[0], curve
+    evals = [r for r in history(cfg) if r["event"] == "eval"]
+    assert evals[-1]["val_accuracy"] > 0.6
+    start = next(r for r in history(cfg) if r["event"] == "start")
+    assert start["world_size"] == 2
+    # Nothing in the start event says the data is streamed (reported as a suggestion).
+
+
+# ------------------------------------------------------------------------------------ (b) GPT
+
+
+def tokens(path: Path, cycles: int, seed: int = 0) -> str:
+    """A flat token column repeating one 24-token sequence: the next token is always knowable."""
+    cycle = np.random.default_rng(seed).permutation(64)[:24]
+    pq.write_table(pa.table({"tokens": np.tile(cycle, cycles).astype(np.int64)}), path)
+    return str(path)
+
+
+GPT = {"name": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 64}
+
+
+def gpt_config(tmp: Path, name: str, **data: Any) -> Path:
+    train = tokens(tmp / "tok-train.parquet", 400)
+    val = tokens(tmp / "tok-val.parquet", 40)
+    return config(
+        tmp,
+        name,
+        {
+            "data": {"train_uri": train, "val_uri": val, "kind": "tokens", "seq_len": 16, **data},
+            "model": GPT,
+            "optim": {"lr": 3e-3, "warmup_steps": 5, "weight_decay": 0.0},
+            "train": {"epochs": 3, "global_batch_size": 32, "log_every_steps": 5},
+        },
+    )
+
+
+def test_gpt_on_tokens_learns_a_repeating_sequence(tmp_path: Path) -> None:
+    # data.target is set to the token column: see test_gpt_with_the_documented_token_column.
+    cfg = gpt_config(tmp_path, "gpt", target="tokens")
+    torchrun(cfg, 2)
+    curve = losses(cfg)
+    assert curve[-1] < 0.5 * curve[0], curve
+    evals = [r for r in history(cfg) if r["event"] == "eval"]
+    assert evals and evals[-1]["val_perplexity"] < 8.0  # uniform guessing is 64
+    metrics = json.loads((cfg.parent / "model" / "metrics.json").read_text())
+    assert metrics["val_perplexity"] == pytest.approx(evals[-1]["val_perplexity"], rel=1e-4)
+    meta = json.loads((cfg.parent / "model" / "model.json").read_text())
+    assert meta["spec"]["task"] == "lm" and meta["model"]["name"] == "gpt"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="loop._Run passes data.target (default 'label') to load_dataset for tokens instead "
+    "of data.token_column, so the documented config fails with token column 'label' not found",
+)
+def test_gpt_with_the_documented_token_column(tmp_path: Path) -> None:
+    cfg = gpt_config(tmp_path, "gpt-default")
+    proc = worker(cfg, "train.max_steps=2")
+    assert proc.returncode == 0, proc.stderr[-1500:]
+
+
+# --------------------------------------------------------------- (c) plugin and (d) regression
+
+
+def test_user_model_plugin_trains_and_exports(tmp_path: Path) -> None:
+    train, val = tabular(tmp_path, 2048)
+    cfg = config(
+        tmp_path,
+        "plugin",
+        {
+            "data": {"train_uri": train, "val_uri": val},
+            "model": {"name": "tests.plugins.tiny:build", "options": {"bias": False}},
+            "optim": {"lr": 1e-2},
+            "train": {"epochs": 2, "global_batch_size": 128, "log_every_steps": 4},
+        },
+    )
+    proc = worker(cfg)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    weights = load_file(str(cfg.parent / "model" / "model.safetensors"))
+    assert list(weights) == ["weight"] and tuple(weights["weight"].shape) == (3, 8)
+    meta = json.loads((cfg.parent / "model" / "model.json").read_text())
+    assert meta["model"]["name"] == "tests.plugins.tiny:build"
+    curve = losses(cfg)
+    assert curve[-1] < curve[0]
+    from trainer.export import load_model
+
+    loaded = load_model(str(cfg.parent / "model"))
+    assert tuple(loaded.module(np_features(2)).shape) == (2, 3)
+
+
+def np_features(rows: int) -> Any:
+    import torch
+
+    return torch.zeros(rows, 8)
+
+
+def test_regression_reports_val_rmse(tmp_path: Path) -> None:
+    train, val = tabular(tmp_path, 4096, task="regression")
+    cfg = config(
+        tmp_path,
+        "regression",
+        {
+            "data": {"train_uri": train, "val_uri": val, "task": "regression"},
+            "model": {"name": "mlp", "hidden_dim": 32, "num_layers": 2},
+            "optim": {"lr": 5e-3},
+            "train": {"epochs": 3, "global_batch_size": 128, "log_every_steps": 8},
+        },
+    )
+    torchrun(cfg, 1)
+    curve = losses(cfg)
+    assert curve[-1] < 0.5 * curve[0], curve
+    metrics = json.loads((cfg.parent / "model" / "metrics.json").read_text())
+    assert "val_accuracy" not in metrics
+    assert 0 < metrics["val_rmse"] < 1.0
+    assert metrics["val_rmse"] ** 2 == pytest.approx(metrics["val_loss"], rel=1e-3)
+
+
+# ------------------------------------------------------------------------------ (e) precision
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    return tabular(tmp_path_factory.mktemp("small"), 1024)
+
+
+def test_fp16_on_cpu_is_a_one_line_exit_2(tmp_path: Path, small: tuple[str, str]) -> None:
+    cfg = config(tmp_path, "fp16", {"data": {"train_uri": small[0], "val_uri": small[1]}})
+    proc = worker(cfg, "train.precision=fp16")
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
+    assert len(errors) == 1 and errors[0].startswith("ERROR [train] E_")
+    assert "train.precision 'fp16' needs a CUDA device" in errors[0]
+    assert not (cfg.parent / "model").exists()
+
+
+def test_bf16_on_cpu_trains_with_autocast(tmp_path: Path, small: tuple[str, str]) -> None:
+    cfg = config(
+        tmp_path,
+        "bf16",
+        {
+            "data": {"train_uri": small[0], "val_uri": small[1]},
+            "model": {"name": "mlp", "hidden_dim": 32},
+            "optim": {"lr": 5e-3},
+            "train": {
+                "epochs": 3,
+                "global_batch_size": 64,
+                "log_every_steps": 8,
+                "precision": "bf16",
+            },
+        },
+    )
+    proc = worker(cfg)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    start = next(r for r in history(cfg) if r["event"] == "start")
+    assert start["precision"] == "bf16" and start["device"] == "cpu"
+    curve = losses(cfg)
+    assert curve[-1] < 0.8 * curve[0], curve
+    weights = load_file(str(cfg.parent / "model" / "model.safetensors"))
+    assert all(str(t.dtype) == "torch.float32" for t in weights.values())

@@ -1,0 +1,59 @@
+"""The ratio benchmarks run end to end at a tiny size and print their headline last."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from benchmarks import data_loader, trainer_overhead
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger() -> Iterator[None]:
+    """``dist.init()`` (called by the overhead benchmark) sets up the root logger: undo it."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+
+
+TINY_OVERHEAD = ["--steps", "2", "--repeats", "2", "--warmup", "1", "--rows", "2048"]
+
+
+@pytest.mark.parametrize("case", ["mlp-small", "gpt"], ids=["mlp", "gpt"])
+def test_trainer_overhead_prints_ratio_and_losses_match(
+    case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = trainer_overhead.main([*TINY_OVERHEAD, "--cases", case])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, "\n".join(lines)
+    assert re.fullmatch(r"trainer_overhead ratio: \d+\.\d{3} \(goal <= 1\.03\)", lines[-1])
+    row = next(line for line in lines if line.startswith(trainer_overhead.CASES[case].name))
+    assert "LOSSES DIFFER" not in row
+    assert float(row.split()[-1]) == 0.0  # one CPU process: the two loops agree bitwise
+
+
+def test_trainer_overhead_fails_when_losses_differ(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the hand-written loop reads this module's lr_multiplier: its schedule now differs.
+    monkeypatch.setattr(trainer_overhead, "lr_multiplier", lambda step, **_: 2.0)
+    rc = trainer_overhead.main([*TINY_OVERHEAD, "--cases", "mlp-small"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "LOSSES DIFFER" in out
+    assert "trainer_overhead ratio" not in out
+
+
+def test_data_loader_prints_speedup(capsys: pytest.CaptureFixture[str]) -> None:
+    data_loader.main(["--rows", "20000", "--repeats", "1", "--workers", "0"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "(one epoch)" in lines[0]
+    assert any(line.startswith("serve-only speedup") for line in lines)
+    assert re.fullmatch(r"data_loader speedup: \d+\.\dx \(goal >= 10x\)", lines[-1])

@@ -1,0 +1,327 @@
+"""Tests for the register step and registry helpers against an embedded SQLite MLflow store."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainer import registry
+from trainer.errors import InputError
+from trainer.export import WEIGHTS_FILE, load_model
+from trainer.steps.register import RegisterConfig, flatten_params, register
+
+pytest_plugins = ["tests.fixtures.mlflow_server"]
+
+PARAMS = {"optim": {"lr": 0.001, "schedule": "cosine"}, "train": {"epochs": 3}, "tags": [1, 2]}
+METRICS = {"accuracy": 0.91, "log_loss": 0.2}
+
+
+@pytest.fixture(scope="session")
+def _migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow SQLite database, migrated once: migrations take seconds, a copy none."""
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    registry.mlflow_client(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def gpupipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _migrated_db: Path) -> Path:
+    """``$GPUPIPE_HOME`` holding a ready store; MLFLOW_TRACKING_URI unset; cwd elsewhere."""
+    home = tmp_path / "home"
+    (home / "mlflow").mkdir(parents=True)
+    shutil.copy(_migrated_db, home / "mlflow" / "mlflow.db")
+    monkeypatch.setenv("GPUPIPE_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return home
+
+
+@pytest.fixture
+def tracking_uri(gpupipe_home: Path) -> str:
+    """An explicit SQLite tracking URI (a copy of the migrated template)."""
+    return f"sqlite:///{gpupipe_home / 'mlflow' / 'mlflow.db'}"
+
+
+@pytest.fixture
+def cfg(tracking_uri: str) -> RegisterConfig:
+    return RegisterConfig(model_name="churn", tracking_uri=tracking_uri)
+
+
+def _register(cfg: RegisterConfig, model_dir: str, run: str, gate: bool, **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "model_uri": model_dir,
+        "pipeline_run_id": run,
+        "data_hash": f"sha256:{run}",
+        "params": PARAMS,
+        "metrics": METRICS,
+        "gate_passed": gate,
+    }
+    return register(cfg, **{**args, **kw})
+
+
+def test_register_creates_a_version_carrying_run_data_params_and_metrics(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str], gpupipe_home: Path
+) -> None:
+    result = _register(cfg, make_model_dir(), "kfp-run-1", gate=True)
+
+    assert result.to_dict() == {
+        "model_name": "churn",
+        "version": "1",
+        "created": True,
+        "champion": True,
+        "model_uri": "models:/churn/1",
+        "run_id": result.run_id,
+    }
+    client = registry.mlflow_client(cfg.tracking_uri or "")
+    mv = client.get_model_version("churn", "1")
+    assert mv.tags[registry.TAG_PIPELINE_RUN_ID] == "kfp-run-1"
+    assert mv.tags[registry.TAG_DATA_HASH] == "sha256:kfp-run-1"
+    assert mv.tags[registry.TAG_GATE_PASSED] == "true"
+    assert mv.tags[registry.TAG_TRAINER_VERSION]
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[registry.TAG_PIPELINE_RUN_ID] == "kfp-run-1"
+    assert run.data.params == {
+        "optim.lr": "0.001",
+        "optim.schedule": "cosine",
+        "train.epochs": "3",
+        "tags": "[1, 2]",
+    }
+    assert run.data.metrics == METRICS
+    # Artifacts live next to the database, not in ./mlruns of whatever directory we ran in.
+    assert list((gpupipe_home / "mlflow" / "artifacts").rglob(WEIGHTS_FILE))
+    assert not (Path.cwd() / "mlruns").exists()
+
+
+def test_rerun_for_the_same_pipeline_run_returns_the_same_version(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str]
+) -> None:
+    model = make_model_dir()
+    first = _register(cfg, model, "kfp-run-1", gate=False)
+    again = _register(cfg, model, "kfp-run-1", gate=False)
+
+    assert (again.version, again.created, again.run_id) == (first.version, False, first.run_id)
+    assert registry.find_version_by_pipeline_run(cfg.tracking_uri, "churn", "kfp-run-1") == "1"
+    assert registry.find_version_by_pipeline_run(cfg.tracking_uri, "churn", "kfp-run-9") is None
+    assert len(registry.mlflow_client(cfg.tracking_uri or "").search_model_versions()) == 1
+
+
+@pytest.mark.parametrize(
+    ("gate", "champion"), [(True, "1"), (False, None)], ids=["gate-passed", "gate-failed"]
+)
+def test_alias_moves_only_when_the_gate_passed(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str], gate: bool, champion: str | None
+) -> None:
+    result = _register(cfg, make_model_dir(), "kfp-run-1", gate=gate)
+
+    assert result.champion is gate
+    client = registry.mlflow_client(cfg.tracking_uri or "")
+    assert registry.alias_version(client, "churn", "champion") == champion
+
+
+def test_a_later_passing_version_takes_the_alias_and_a_failing_one_does_not(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str]
+) -> None:
+    _register(cfg, make_model_dir("m1", seed=1), "kfp-run-1", gate=True)
+    second = _register(cfg, make_model_dir("m2", seed=2), "kfp-run-2", gate=True)
+    third = _register(cfg, make_model_dir("m3", seed=3), "kfp-run-3", gate=False)
+
+    assert (second.version, second.champion) == ("2", True)
+    assert (third.version, third.champion) == ("3", False)
+    champion = registry.get_champion(cfg.tracking_uri, "churn")
+    assert champion is not None and champion.version == "2"
+
+
+def test_rerun_with_the_gate_passed_moves_the_alias_to_the_existing_version(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str]
+) -> None:
+    model = make_model_dir()
+    _register(cfg, model, "kfp-run-1", gate=False)
+    again = _register(cfg, model, "kfp-run-1", gate=True)
+
+    assert (again.version, again.created, again.champion) == ("1", False, True)
+
+
+def test_get_champion_downloads_a_model_that_loads(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str], tmp_path: Path
+) -> None:
+    model_dir = make_model_dir(seed=5)
+    result = _register(cfg, model_dir, "kfp-run-1", gate=True)
+
+    champion = registry.get_champion(cfg.tracking_uri, "churn", dst_dir=str(tmp_path / "dl"))
+
+    assert champion is not None
+    assert (champion.version, champion.run_id, champion.metrics) == ("1", result.run_id, METRICS)
+    assert champion.local_model_dir.startswith(str(tmp_path / "dl"))
+    loaded, original = load_model(champion.local_model_dir), load_model(model_dir)
+    x = torch.randn(4, 3)
+    assert torch.equal(loaded.module(x), original.module(x))
+
+
+@pytest.mark.parametrize(
+    ("model_name", "alias"),
+    [("never-registered", "champion"), ("churn", "other-alias")],
+    ids=["unknown-model", "alias-unset"],
+)
+def test_get_champion_is_none_without_a_champion(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str], model_name: str, alias: str
+) -> None:
+    _register(cfg, make_model_dir(), "kfp-run-1", gate=True)
+
+    assert registry.get_champion(cfg.tracking_uri, model_name, alias) is None
+
+
+def test_default_store_is_sqlite_under_gpupipe_home(
+    gpupipe_home: Path, make_model_dir: Callable[..., str]
+) -> None:
+    result = _register(RegisterConfig(), make_model_dir(), "kfp-run-1", gate=True)
+
+    assert result.model_uri == "models:/gpupipe-model/1"
+    assert registry.get_champion(None, "gpupipe-model") is not None
+    assert list((gpupipe_home / "mlflow" / "artifacts").rglob(WEIGHTS_FILE))
+
+
+@pytest.mark.parametrize(
+    ("given", "env", "expected"),
+    [
+        ("http://mlflow:5000", "http://from-env:5000", "http://mlflow:5000"),
+        (None, "http://from-env:5000", "http://from-env:5000"),
+        (None, None, "sqlite:///{home}/mlflow/mlflow.db"),
+    ],
+    ids=["explicit", "env", "embedded-default"],
+)
+def test_resolve_tracking_uri(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    given: str | None,
+    env: str | None,
+    expected: str,
+) -> None:
+    monkeypatch.setenv("GPUPIPE_HOME", str(tmp_path))
+    if env is None:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
+
+    assert registry.resolve_tracking_uri(given) == expected.format(home=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"model_name": "team/model"}, "register.model_name"),
+        ({"model_name": "a:b"}, "register.model_name"),
+        ({"model_name": "it's"}, "register.model_name"),
+        ({"model_name": ""}, "register.model_name"),
+        ({"model_name": ".."}, "register.model_name"),
+        ({"champion_alias": "latest"}, "register.champion_alias"),
+        ({"champion_alias": "v3"}, "register.champion_alias"),
+        ({"champion_alias": "best model"}, "register.champion_alias"),
+        ({"experiment": " "}, "register.experiment"),
+        ({"tracking_uri": ""}, "register.tracking_uri"),
+    ],
+    ids=[
+        "name-slash",
+        "name-colon",
+        "name-quote",
+        "name-empty",
+        "name-dotdot",
+        "alias-latest",
+        "alias-version",
+        "alias-space",
+        "experiment-blank",
+        "uri-empty",
+    ],
+)
+def test_bad_config_names_the_field(fields: dict[str, Any], where: str) -> None:
+    with pytest.raises(InputError) as info:
+        RegisterConfig(**fields)
+
+    assert info.value.where == where
+    assert repr(next(iter(fields.values()))) in str(info.value)
+
+
+def test_missing_model_dir_names_it(cfg: RegisterConfig, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-model")
+
+    with pytest.raises(InputError, match="model directory not found") as info:
+        _register(cfg, missing, "kfp-run-1", gate=True)
+
+    assert (info.value.code, info.value.where) == ("E_MODEL", missing)
+
+
+def test_model_dir_without_weights_names_the_missing_file(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str]
+) -> None:
+    model_dir = make_model_dir()
+    (Path(model_dir) / WEIGHTS_FILE).unlink()
+
+    with pytest.raises(InputError, match=f"{WEIGHTS_FILE} is missing") as info:
+        _register(cfg, model_dir, "kfp-run-1", gate=True)
+
+    assert info.value.where == model_dir
+    assert registry.mlflow_client(cfg.tracking_uri or "").search_model_versions() == []
+
+
+@pytest.mark.parametrize(
+    ("run", "extra", "where"),
+    [
+        ("", {}, "pipeline_run_id"),
+        ("run' or '1'='1", {}, "pipeline_run_id"),
+        ("kfp-run-1", {"metrics": {"accuracy": "high"}}, "metrics.accuracy"),
+    ],
+    ids=["run-id-empty", "run-id-quote", "metric-not-a-number"],
+)
+def test_bad_arguments_name_the_argument(
+    cfg: RegisterConfig,
+    make_model_dir: Callable[..., str],
+    run: str,
+    extra: dict[str, Any],
+    where: str,
+) -> None:
+    with pytest.raises(InputError) as info:
+        _register(cfg, make_model_dir(), run, gate=True, **extra)
+
+    assert info.value.where == where
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"a": {"b": {"c": 1}}}, {"a.b.c": "1"}),
+        ({"flag": True, "none": None, "s": "text"}, {"flag": "true", "none": "null", "s": "text"}),
+        ({"bad key!": 1}, {"bad key_": "1"}),
+        ({"long": "x" * 7000}, {"long": "x" * 6000}),
+        ({"empty": {}}, {"empty": "{}"}),
+    ],
+    ids=["nested", "json-scalars", "bad-key-chars", "long-value", "empty-dict"],
+)
+def test_flatten_params(params: dict[str, Any], expected: dict[str, str]) -> None:
+    assert flatten_params(params) == expected
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("sqlite:////srv/mlflow/mlflow.db", "/srv/mlflow/artifacts"),
+        ("sqlite:///rel/mlflow.db", "{cwd}/rel/artifacts"),
+        ("sqlite:///:memory:", None),
+        ("http://mlflow:5000", None),
+    ],
+    ids=["sqlite-absolute", "sqlite-relative", "sqlite-memory", "server"],
+)
+def test_artifacts_sit_next_to_a_sqlite_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uri: str, expected: str | None
+) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    found = registry.artifact_location_for(uri)
+
+    assert found == (expected.format(cwd=tmp_path) if expected else None)

@@ -1,0 +1,351 @@
+"""The register step: put a trained model into an MLflow model registry, once per pipeline run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainer import registry, storage
+from trainer.errors import InputError
+from trainer.export import META_FILE, WEIGHTS_FILE
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+__all__ = ["RegisterConfig", "RegisterResult", "flatten_params", "register"]
+
+# MLflow's limits (mlflow.utils.validation): longer keys are refused, longer values truncated
+# with a warning; truncating here keeps the warning out of the step's log.
+_MAX_KEY_LENGTH = 250
+_MAX_PARAM_VALUE_LENGTH = 6000
+_MAX_PARAMS_PER_BATCH = 100
+# Model-version tags may hold 100k characters on current servers but only 5000 on MLflow 2.x:
+# the JSON copy of the params on the version is skipped when larger (the run keeps them all).
+_MAX_VERSION_TAG_LENGTH = 5000
+_BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+@dataclass(kw_only=True, slots=True)
+class RegisterConfig:
+    """Which registry, which model name, which alias marks the champion."""
+
+    model_name: str = "gpupipe-model"
+    """Registered model name: no ``/``, ``:``, quotes or backslashes, at most 256 characters."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI (``http://mlflow.kubeflow:5000`` on a cluster). ``None``: the
+    ``MLFLOW_TRACKING_URI`` environment variable if set, else the embedded SQLite store
+    ``sqlite:///$GPUPIPE_HOME/mlflow/mlflow.db`` (``GPUPIPE_HOME`` defaults to ``~/.gpupipe``)
+    with artifacts in ``artifacts/`` next to the database."""
+    experiment: str = "gpupipe"
+    """MLflow experiment that holds the registration runs (created if absent)."""
+    champion_alias: str = "champion"
+    """Alias moved to the new version when the gate passed: letters, digits, ``_``, ``-``;
+    not ``latest`` and not ``v<n>``."""
+
+    def __post_init__(self) -> None:
+        registry.validate_model_name(self.model_name, "register.model_name")
+        if self.tracking_uri is not None and not self.tracking_uri.strip():
+            raise InputError(
+                "E_CONFIG",
+                f"register.tracking_uri must be a URI or null, got {self.tracking_uri!r}",
+                "register.tracking_uri",
+            )
+        if not self.experiment.strip():
+            raise InputError(
+                "E_CONFIG",
+                f"register.experiment must not be empty, got {self.experiment!r}",
+                "register.experiment",
+            )
+        registry.validate_alias(self.champion_alias, "register.champion_alias")
+
+
+@dataclass(kw_only=True, slots=True)
+class RegisterResult:
+    """What register did."""
+
+    model_name: str
+    """Registered model name."""
+    version: str
+    """Model version number, as a string."""
+    created: bool
+    """False when the pipeline run had already registered this version (a re-run)."""
+    champion: bool
+    """Whether the version holds the champion alias after this call."""
+    model_uri: str
+    """``models:/<name>/<version>``, loadable by MLflow's artifact API."""
+    run_id: str
+    """The MLflow run holding the artifacts, params and metrics."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-serialisable dict."""
+        return asdict(self)
+
+
+def _clean_key(key: str) -> str:
+    """A key MLflow accepts: unsupported characters become ``_``, cut to MLflow's limit."""
+    return _BAD_KEY_CHARS.sub("_", key)[:_MAX_KEY_LENGTH]
+
+
+def _param_text(value: Any) -> str:
+    """A param value as MLflow stores it (a string), JSON for anything but strings."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text[:_MAX_PARAM_VALUE_LENGTH]
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Flatten nested params to ``{"optim.lr": "0.001"}`` within MLflow's key and value limits.
+
+    Nested mappings become dotted keys; lists, numbers, booleans and None become JSON text;
+    characters MLflow refuses in keys become ``_``; values longer than 6000 characters are cut.
+    """
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten_params(value, f"{full}."))
+        else:
+            out[_clean_key(full)] = _param_text(value)
+    return out
+
+
+def _checked_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Metrics as floats under clean keys; a non-number is bad input naming its key."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InputError(
+                "E_CONFIG", f"metric {key!r} must be a number, got {value!r}", f"metrics.{key}"
+            )
+        out[_clean_key(str(key))] = float(value)
+    return out
+
+
+@contextlib.contextmanager
+def _staged_model(model_uri: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield a local copy of the gpupipe model directory and its ``model.json``.
+
+    Local directories are used in place; object-store URIs are copied to a temporary folder
+    that is removed afterwards (MLflow uploads from local files only).
+
+    Raises:
+        InputError: If the directory is missing or is not a gpupipe model directory.
+    """
+    if not storage.exists(model_uri) or not storage.is_dir(model_uri):
+        raise InputError("E_MODEL", "model directory not found", model_uri)
+    with contextlib.ExitStack() as stack:
+        local = storage.local_path(model_uri)
+        if local is None:
+            local = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpupipe-register-"))
+            storage.copy_tree(model_uri, local)
+        for name in (META_FILE, WEIGHTS_FILE):
+            if not storage.exists(storage.join(local, name)):
+                raise InputError(
+                    "E_MODEL", f"not a gpupipe model directory: {name} is missing", model_uri
+                )
+        try:
+            meta = json.loads(storage.read_bytes(storage.join(local, META_FILE)))
+        except ValueError as e:
+            raise InputError("E_MODEL", f"{META_FILE} is not valid JSON ({e})", model_uri) from e
+        if not isinstance(meta, dict):
+            raise InputError("E_MODEL", f"{META_FILE} must hold a JSON object", model_uri)
+        yield local, meta
+
+
+def _ensure_experiment(client: MlflowClient, name: str, tracking_uri: str) -> str:
+    """The id of experiment ``name``, created (with a fixed artifact folder) if absent."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return str(exp.experiment_id)
+    try:
+        return str(
+            client.create_experiment(
+                name, artifact_location=registry.artifact_location_for(tracking_uri)
+            )
+        )
+    except MlflowException as e:
+        # Another register created it between our look-up and create: use theirs.
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return str(exp.experiment_id)
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    """Create registered model ``name`` unless it exists (racing creators are fine)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name, description="Registered by the gpupipe register step.")
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+
+def _log_run(
+    client: MlflowClient,
+    run_id: str,
+    *,
+    params: dict[str, str],
+    metrics: dict[str, float],
+    model_dir: str,
+) -> None:
+    """Log params (in MLflow-sized batches), metrics and the model directory to the run."""
+    from mlflow.entities import Metric, Param
+
+    now_ms = int(time.time() * 1000)
+    items = sorted(params.items())
+    for start in range(0, len(items), _MAX_PARAMS_PER_BATCH):
+        chunk = items[start : start + _MAX_PARAMS_PER_BATCH]
+        client.log_batch(run_id, params=[Param(k, v) for k, v in chunk])
+    if metrics:
+        client.log_batch(run_id, metrics=[Metric(k, v, now_ms, 0) for k, v in metrics.items()])
+    client.log_artifacts(run_id, model_dir, artifact_path=registry.MODEL_ARTIFACT_PATH)
+
+
+def _json_or_none(values: Mapping[str, Any]) -> str | None:
+    """Compact JSON of ``values`` if it fits a model-version tag, else None."""
+    safe = {
+        k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+        for k, v in values.items()
+    }
+    text = json.dumps(safe, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= _MAX_VERSION_TAG_LENGTH else None
+
+
+def _move_alias(client: MlflowClient, cfg: RegisterConfig, version: str) -> bool:
+    """Point the champion alias at ``version`` unless it already does; return True."""
+    if registry.alias_version(client, cfg.model_name, cfg.champion_alias) != version:
+        client.set_registered_model_alias(cfg.model_name, cfg.champion_alias, version)
+    return True
+
+
+def register(
+    cfg: RegisterConfig,
+    *,
+    model_uri: str,
+    pipeline_run_id: str,
+    data_hash: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    gate_passed: bool,
+) -> RegisterResult:
+    """Register the model at ``model_uri`` as a new version of ``cfg.model_name``.
+
+    The gpupipe model directory (safetensors + JSON, no pickle, no MLflow flavor) is logged as
+    the artifacts of a new MLflow run in ``cfg.experiment``, together with the params, metrics
+    and ``gpupipe.*`` tags; the model version is created from that artifact folder and carries
+    the same tags. The champion alias moves to the version only when ``gate_passed``.
+
+    Re-running for the same ``pipeline_run_id`` (a retried KFP task) finds the version that
+    run registered and returns it with ``created=False`` instead of adding a second version;
+    with ``gate_passed`` it still makes sure the alias points there.
+
+    Args:
+        cfg: Registry, model name, experiment and alias.
+        model_uri: The gpupipe model directory (any storage URI).
+        pipeline_run_id: The KFP run id; the idempotency key.
+        data_hash: Hash of the training data, recorded as a tag.
+        params: Training parameters; nested dicts are flattened to dotted keys.
+        metrics: Evaluation metrics (numbers).
+        gate_passed: The evaluate step's decision; only then does the champion alias move.
+
+    Returns:
+        The version, whether it was created now, and whether it is the champion.
+
+    Raises:
+        InputError: If the model directory is missing or malformed, or an argument is bad.
+        RuntimeError: If MLflow fails or cannot be reached, naming the tracking URI and model.
+    """
+    registry.validate_pipeline_run_id(pipeline_run_id)
+    checked_metrics = _checked_metrics(metrics)
+    flat_params = flatten_params(params)
+    uri = registry.resolve_tracking_uri(cfg.tracking_uri)
+    client = registry.mlflow_client(uri)
+    name = cfg.model_name
+
+    with _staged_model(model_uri) as (local_dir, meta):
+        with registry.mlflow_errors(f"searching versions of model {name!r}", uri):
+            existing = registry.find_version(client, name, pipeline_run_id)
+        if existing is not None:
+            version = str(existing.version)
+            champion = False
+            with registry.mlflow_errors(f"setting alias of model {name!r} version {version}", uri):
+                if gate_passed:
+                    champion = _move_alias(client, cfg, version)
+                else:
+                    champion = registry.alias_version(client, name, cfg.champion_alias) == version
+            return RegisterResult(
+                model_name=name,
+                version=version,
+                created=False,
+                champion=champion,
+                model_uri=f"models:/{name}/{version}",
+                run_id=existing.run_id or "",
+            )
+
+        tags = {
+            registry.TAG_PIPELINE_RUN_ID: pipeline_run_id,
+            registry.TAG_DATA_HASH: data_hash,
+            registry.TAG_TRAINER_VERSION: str(meta.get("trainer_version", "unknown")),
+            registry.TAG_GATE_PASSED: "true" if gate_passed else "false",
+        }
+        version_tags = dict(tags)
+        for key, values in (("gpupipe.metrics", checked_metrics), ("gpupipe.params", flat_params)):
+            text = _json_or_none(values)
+            if text is not None:
+                version_tags[key] = text
+
+        with registry.mlflow_errors(f"creating a run in experiment {cfg.experiment!r}", uri):
+            experiment_id = _ensure_experiment(client, cfg.experiment, uri)
+            run = client.create_run(
+                experiment_id, tags=tags, run_name=f"register-{pipeline_run_id}"[:250]
+            )
+        run_id = run.info.run_id
+        try:
+            with registry.mlflow_errors(f"logging MLflow run {run_id}", uri):
+                _log_run(
+                    client, run_id, params=flat_params, metrics=checked_metrics, model_dir=local_dir
+                )
+            with registry.mlflow_errors(f"creating a version of model {name!r}", uri):
+                _ensure_registered_model(client, name)
+                mv = client.create_model_version(
+                    name,
+                    source=f"{run.info.artifact_uri.rstrip('/')}/{registry.MODEL_ARTIFACT_PATH}",
+                    run_id=run_id,
+                    tags=version_tags,
+                    description=f"KFP run {pipeline_run_id}, data {data_hash}",
+                )
+            version = str(mv.version)
+            champion = False
+            if gate_passed:
+                with registry.mlflow_errors(
+                    f"setting alias of model {name!r} version {version}", uri
+                ):
+                    champion = _move_alias(client, cfg, version)
+        except BaseException:
+            # Mark the half-done run failed so nobody mistakes it for a registration; the
+            # original error is what matters, so a failure to mark it is not reported.
+            with contextlib.suppress(Exception):
+                client.set_terminated(run_id, status="FAILED")
+            raise
+        with registry.mlflow_errors(f"finishing MLflow run {run_id}", uri):
+            client.set_terminated(run_id, status="FINISHED")
+    return RegisterResult(
+        model_name=name,
+        version=version,
+        created=True,
+        champion=champion,
+        model_uri=f"models:/{name}/{version}",
+        run_id=run_id,
+    )
