@@ -39,12 +39,16 @@ def evaluate(
             EvaluateConfig, {"gate": {"metric": gate_metric, "threshold": gate_threshold or None}}
         )
         champion = get_champion(registry_uri or None, registered_model_name)
+        if champion is None:
+            return run(cfg, model_uri=model.path, dataset_uri=dataset.path, report_uri=report.path)
         return run(
             cfg,
             model_uri=model.path,
             dataset_uri=dataset.path,
             report_uri=report.path,
-            champion_model_uri=champion.local_model_dir if champion else None,
+            champion_model_uri=champion.local_model_dir,
+            champion_name=f"{registered_model_name} v{champion.version}",
+            champion_stored_metrics=champion.metrics,
         )
 
     result = run_guarded("evaluate", body)

@@ -1,4 +1,4 @@
-"""The pipeline steps, one function each, reached from KFP components, ``python -m trainer`` and tests."""
+"""The pipeline steps: one function each, for KFP components, ``python -m trainer`` and tests."""
 
 from __future__ import annotations
 
