@@ -1,4 +1,4 @@
-"""The worker beyond the MLP demo: streamed Parquet, GPT on tokens, a plugin, regression, precision."""
+"""The worker beyond the MLP demo: streamed Parquet, GPT, a plugin, regression, precision."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from tests.integration.test_torchrun import ROOT, env, history, torchrun
 from trainer.data import StreamingParquetDataset, load_dataset
 from trainer.demo import make_table
+from trainer.export import load_model
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +36,7 @@ def config(tmp: Path, name: str, cfg: dict[str, Any]) -> Path:
 
 
 def worker(cfg: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    """One plain ``python -m trainer.worker`` process (what torchrun would start, minus torchrun)."""
+    """One plain ``python -m trainer.worker`` process: what torchrun starts, minus torchrun."""
     sets = [a for o in overrides for a in ("--set", o)]
     return subprocess.run(
         [sys.executable, "-m", "trainer.worker", "--config", str(cfg), *sets],
@@ -55,7 +57,7 @@ def tabular(
 ) -> tuple[str, str]:
     table = make_table(rows + 1024, features=8, classes=3, seed=4, task=task)
     train, val = tmp / f"{task}-train.parquet", tmp / f"{task}-val.parquet"
-    pq.write_table(table.slice(0, rows), train, row_group_size=rg)
+    pq.write_table(table.slice(0, rows), train, row_group_size=4096)
     pq.write_table(table.slice(rows), val)
     return str(train), str(val)
 
@@ -172,16 +174,8 @@ def test_user_model_plugin_trains_and_exports(tmp_path: Path) -> None:
     assert meta["model"]["name"] == "tests.plugins.tiny:build"
     curve = losses(cfg)
     assert curve[-1] < curve[0]
-    from trainer.export import load_model
-
     loaded = load_model(str(cfg.parent / "model"))
-    assert tuple(loaded.module(np_features(2)).shape) == (2, 3)
-
-
-def np_features(rows: int) -> Any:
-    import torch
-
-    return torch.zeros(rows, 8)
+    assert tuple(loaded.module(torch.zeros(2, 8)).shape) == (2, 3)
 
 
 def test_regression_reports_val_rmse(tmp_path: Path) -> None:

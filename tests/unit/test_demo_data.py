@@ -52,7 +52,7 @@ def test_write_demo_data_writes_one_file_of_the_right_format(tmp_path: Path, nam
 
 
 def test_churn_is_learnable_but_not_trivially(tmp_path: Path) -> None:
-    from sklearn.linear_model import LogisticRegression
+    linear_model = pytest.importorskip("sklearn.linear_model")
 
     write_demo_data(str(tmp_path / "demo.parquet"), rows=8000, task="classification", seed=0)
     preprocess(
@@ -62,7 +62,9 @@ def test_churn_is_learnable_but_not_trivially(tmp_path: Path) -> None:
     )
     train = pq.read_table(tmp_path / "out" / "train.parquet").to_pandas()
     val = pq.read_table(tmp_path / "out" / "val.parquet").to_pandas()
-    model = LogisticRegression(max_iter=500).fit(train.drop(columns="churned"), train.churned)
+    model = linear_model.LogisticRegression(max_iter=500).fit(
+        train.drop(columns="churned"), train.churned
+    )
     accuracy = model.score(val.drop(columns="churned"), val.churned)
     majority = max(np.mean(val.churned), 1 - np.mean(val.churned))
 

@@ -214,6 +214,23 @@ def test_auto_task_follows_the_target(
     assert (result.task, result.classes) == (task, classes)
 
 
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [
+        (["1", "2.5", " 3", "-4e2", "5", None], "numeric"),
+        (["a", "b", "c", "d", "7", None], "categorical"),
+    ],
+    ids=["numbers-as-text", "words-with-a-number"],
+)
+def test_text_columns_are_typed_by_their_values(
+    tmp_path: Path, values: list[str | None], kind: str
+) -> None:
+    _run(_write_parquet_file(tmp_path, _table(v=values)), tmp_path / "out")
+
+    schema = json.loads((tmp_path / "out" / "schema.json").read_text())
+    assert {c["name"]: c["kind"] for c in schema["columns"]}["v"] == kind
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 

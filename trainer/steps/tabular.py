@@ -240,12 +240,14 @@ def split_indices(
     if classes is None:
         n_test = int(_round_half_up(np.array(n * test_fraction)))
         n_val = int(_round_half_up(np.array(n * val_fraction)))
-        test, val, train = order[:n_test], order[n_test : n_test + n_val], order[n_test + n_val :]
+        test, val = order[:n_test], order[n_test : n_test + n_val]
     else:
         # Group the shuffled rows by class (stable, so each group stays in shuffled order), then
         # hand out each group's first rows to test and validation: no Python loop over rows.
-        grouped = order[np.argsort(classes[order], kind="stable")]
         counts = np.bincount(classes, minlength=int(classes.max()) + 1 if n else 0)
+        # A narrow key lets the stable argsort use radix sort: several times faster than int64.
+        key = classes[order].astype(np.min_scalar_type(max(len(counts) - 1, 0)))
+        grouped = order[np.argsort(key, kind="stable")]
         starts = np.cumsum(counts) - counts
         cls = np.repeat(np.arange(len(counts)), counts)
         rank = np.arange(n) - starts[cls]
@@ -254,8 +256,11 @@ def split_indices(
         is_test = rank < n_test_c[cls]
         is_val = ~is_test & (rank < (n_test_c + n_val_c)[cls])
         test, val = grouped[is_test], grouped[is_val]
-        train = grouped[~(is_test | is_val)]
-    return np.sort(train), np.sort(val), np.sort(test)
+    # Sorted by a pass over a split label per row (linear) rather than by sorting each split.
+    label = np.zeros(n, dtype=np.int8)
+    label[val] = 1
+    label[test] = 2
+    return np.flatnonzero(label == 0), np.flatnonzero(label == 1), np.flatnonzero(label == 2)
 
 
 @dataclass(slots=True)
