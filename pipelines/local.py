@@ -118,9 +118,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"run_dir": str(run_dir)}
     ev = _executor_output(run_dir / "evaluate")
     params = ev.get("parameterValues", {})
-    if params:
-        out["gate_passed"] = bool(params.get("gate_passed"))
-        out["gate_reason"] = params.get("gate_reason", "")
+    if "Output" in params:
+        out["gate_passed"] = bool(params["Output"])
+    for artifact in ev.get("artifacts", {}).get("report", {}).get("artifacts", []):
+        out["gate_reason"] = artifact.get("metadata", {}).get("gate_reason", "")
     for artifact in ev.get("artifacts", {}).get("metrics", {}).get("artifacts", []):
         out["metrics"] = {
             k: v

@@ -136,6 +136,9 @@ def training_pipeline(
             config_json=train_config_json,
             pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+            # An input, not only a resource setting: KFP 2.17 passes channels that only
+            # set_accelerator_type reads into no sub-DAG (the exit handler's), so the run fails.
+            gpu_type=gpu_type,
         )
         _configure(tr, "train", object_store_secret)
         tr.set_caching_options(TRAIN_CACHING)
@@ -157,7 +160,7 @@ def training_pipeline(
         _configure(ev, "evaluate", object_store_secret)
         ev.set_caching_options(False)  # the champion it compares with can change between runs
 
-        with dsl.If(ev.outputs["gate_passed"] == True, name="gate-passed"):  # noqa: E712
+        with dsl.If(ev.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
             reg = register(
                 model=tr.outputs["model"],
                 metrics=ev.outputs["metrics"],

@@ -1,7 +1,5 @@
 """The evaluate component: scores the test split, writes metrics and a report, decides the gate."""
 
-from typing import NamedTuple
-
 from kfp import dsl
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Input, Metrics, Model, Output
 
@@ -19,14 +17,13 @@ def evaluate(
     gate_threshold: float = 0.0,
     registry_uri: str = "",
     registered_model_name: str = "gpupipe-model",
-) -> NamedTuple("EvaluateOutputs", [("gate_passed", bool), ("gate_reason", str)]):
+) -> bool:
     """Score the candidate (and the registry's champion, if any) on the test split.
 
-    ``gate_threshold`` 0 means no threshold; ``registry_uri`` empty means the default local
-    registry.
+    Returns whether the gate passed: the step's single output, which the pipeline's condition
+    reads (the reason is in the report's metadata, ``gate_reason``). ``gate_threshold`` 0 means
+    no threshold; ``registry_uri`` empty means the default local registry.
     """
-    from collections import namedtuple
-
     from trainer.config import from_dict
     from trainer.steps import run_guarded
     from trainer.steps.evaluate import EvaluateConfig
@@ -59,5 +56,11 @@ def evaluate(
         classification.log_confusion_matrix(result.labels, result.confusion_matrix)
     if result.roc:
         classification.log_roc_curve(result.roc["fpr"], result.roc["tpr"], result.roc["thresholds"])
-    outputs = namedtuple("EvaluateOutputs", ["gate_passed", "gate_reason"])
-    return outputs(result.gate_passed, result.gate_reason)
+    report.metadata.update(
+        {
+            "gate_passed": result.gate_passed,
+            "gate_reason": result.gate_reason,
+            "gate_metric": result.gate_metric,
+        }
+    )
+    return result.gate_passed

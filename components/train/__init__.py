@@ -22,12 +22,15 @@ def train(
     config_json: str = "{}",
     pipeline_run_id: str = "",
     task_name: str = "train",
+    gpu_type: str = "nvidia.com/gpu",
 ):
     """Train on the preprocessed dataset (see trainer.steps.train).
 
     ``hyperparams_json`` takes dotted overrides (``{"optim.lr": 0.01}``), e.g. tune's best
     parameters; ``config_json`` any further TrainStepConfig fields. The job is named from the
     KFP run id and task name, and resumes from its checkpoints when the step is retried.
+    ``gpu_type`` is the accelerator the pipeline asked for; it is recorded in the model's
+    metadata (and, being an input, it reaches the step's sub-DAG on every backend).
     """
     import json
 
@@ -62,6 +65,7 @@ def train(
     metrics.log_metric("steps", result.steps)
     model.metadata.update(
         {
+            "accelerator": gpu_type,
             "framework": "pytorch",
             "format": "safetensors",
             "model": model_name,

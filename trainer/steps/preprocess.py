@@ -237,7 +237,7 @@ def _feature_columns(data: RawInput, cfg: PreprocessConfig) -> tuple[list[_Colum
                 f"column {name!r} has no values (all {len(col)} missing); drop it or fill it",
                 data.uri,
             )
-        kind, dtype = declared, dtype_name(col.type)
+        dtype = dtype_name(col.type)
         if is_number(col.type):
             if declared == "categorical":
                 col = col.cast(pa.string())
@@ -245,7 +245,6 @@ def _feature_columns(data: RawInput, cfg: PreprocessConfig) -> tuple[list[_Colum
                 out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
                 continue
             x = _numbers(data, name, col)
-            kind = "numeric"
         elif is_text(col.type):
             codes, values = dictionary_codes(col)
             if declared == "categorical":
@@ -255,7 +254,7 @@ def _feature_columns(data: RawInput, cfg: PreprocessConfig) -> tuple[list[_Colum
             if maybe is None:
                 out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
                 continue
-            x, kind = maybe, "numeric"
+            x = maybe
             _check_finite(data, name, x)
         else:
             raise InputError(
@@ -269,7 +268,7 @@ def _feature_columns(data: RawInput, cfg: PreprocessConfig) -> tuple[list[_Colum
                 f"column {name!r} has no values (all {len(x)} missing or NaN); drop it or fill it",
                 data.uri,
             )
-        out.append(_Column(name, kind, dtype, numbers=x))
+        out.append(_Column(name, "numeric", dtype, numbers=x))
     if not out:
         raise InputError("E_SCHEMA", f"no feature columns besides target {cfg.target!r}", data.uri)
     return out, dropped
