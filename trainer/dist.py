@@ -73,7 +73,8 @@ def read_env(env: dict[str, str] | None = None) -> dict[str, int]:
     under_torchrun = "LOCAL_RANK" in env and "TORCHELASTIC_RUN_ID" in env
     if "PET_NNODES" in env and not under_torchrun:
         raise ValueError(
-            "PET_NNODES is set but LOCAL_RANK is not: a PyTorchJob pod must run "
+            "PET_NNODES is set but torchrun's LOCAL_RANK/TORCHELASTIC_RUN_ID are not: a "
+            "PyTorchJob pod must run "
             "`python -m torch.distributed.run ... -m trainer.worker`, not trainer.worker directly"
         )
     world = _env_int(env, "WORLD_SIZE", 1)

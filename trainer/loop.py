@@ -34,7 +34,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import dist, export, storage
 from trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from trainer.config import WorkerConfig, config_hash, to_dict
-from trainer.data import BatchStream, DataPosition, TokenDataset, eval_batches, load_dataset
+from trainer.data import (
+    BatchStream,
+    DataPosition,
+    StreamingParquetDataset,
+    TokenDataset,
+    eval_batches,
+    load_dataset,
+)
 from trainer.dist import DistContext
 from trainer.models import ModelSpec, build_model, compute_loss
 from trainer.precision import Precision, configure_backends, resolve_precision
@@ -77,6 +84,9 @@ class _State:
     rollbacks: int = 0
     best: float | None = None
     evals_without_improvement: int = 0
+    stopped_early: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    best_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class StopSignal:
@@ -155,27 +165,20 @@ class _Run:
         self.precision: Precision = resolve_precision(t.precision, ctx.device)
         configure_backends(ctx.device, tf32=t.tf32)
         d = cfg.data
-        max_bytes = d.max_memory_mb * 2**20
-        self.train_ds = load_dataset(
-            d.train_uri,
-            kind=d.kind,
-            target=d.target,
-            features=d.features,
-            task=d.task,
-            seq_len=d.seq_len,
-            max_memory_bytes=max_bytes,
-        )
-        self.val_ds = None
-        if d.val_uri:
-            self.val_ds = load_dataset(
-                d.val_uri,
+
+        def load(uri: str) -> Any:
+            return load_dataset(
+                uri,
                 kind=d.kind,
-                target=d.target,
+                target=d.target if d.kind == "tabular" else d.token_column,
                 features=d.features,
                 task=d.task,
                 seq_len=d.seq_len,
-                max_memory_bytes=max_bytes,
+                max_memory_bytes=d.max_memory_mb * 2**20,
             )
+
+        self.train_ds = load(d.train_uri)
+        self.val_ds = load(d.val_uri) if d.val_uri else None
         self.features: list[str] | None = None
         if isinstance(self.train_ds, TokenDataset):
             self.spec = ModelSpec(task="lm", seq_len=d.seq_len)
@@ -275,6 +278,8 @@ class _Run:
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "rng": rng,
                 "data": s.position.to_dict(),
+                # The best weights so far, so a rerun of an early-stopped run exports them.
+                "best_model": self.best_state,
                 "meta": {
                     "step": s.step,
                     "micro_batch_size": s.micro_batch_size,
@@ -282,6 +287,9 @@ class _Run:
                     "rollbacks": s.rollbacks,
                     "best": s.best,
                     "evals_without_improvement": s.evals_without_improvement,
+                    "stopped_early": s.stopped_early,
+                    "metrics": dict(s.metrics),
+                    "best_metrics": dict(s.best_metrics),
                     "world_size": self.ctx.world_size,
                     "config_hash": self.cfg_hash,
                 },
@@ -314,6 +322,11 @@ class _Run:
         s.rollbacks = max(s.rollbacks, int(meta["rollbacks"]))
         s.best = meta.get("best")
         s.evals_without_improvement = int(meta.get("evals_without_improvement", 0))
+        s.stopped_early = bool(meta.get("stopped_early", False))
+        s.metrics = {k: float(v) for k, v in meta.get("metrics", {}).items()}
+        s.best_metrics = {k: float(v) for k, v in meta.get("best_metrics", {}).items()}
+        if self.ctx.is_main:
+            self.best_state = payload.get("best_model")
         rngs = payload["rng"]
         if len(rngs) == self.ctx.world_size:
             restore_rng_state(rngs[self.ctx.rank])
@@ -520,6 +533,7 @@ class _Run:
         )
         if better:
             s.best, s.evals_without_improvement = value, 0
+            s.best_metrics = {k: v for k, v in metrics.items() if k.startswith("val_")}
             if self.ctx.is_main:
                 self.best_state = {
                     k: v.detach().to("cpu", copy=True)
@@ -555,16 +569,17 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
         device=str(ctx.device),
         params=sum(p.numel() for p in run.raw_model.parameters()),
         resumed_from=resumed,
+        # Parquet over data.max_memory_mb is read row group by row group: say so.
+        streaming=isinstance(run.train_ds, StreamingParquetDataset),
     )
     if resumed is None and run.ckpt is not None:
         run.save_checkpoint()  # step 0: a NaN before the first periodic save can still roll back
 
-    metrics: dict[str, float] = {}
-    stopped_early = False
+    metrics = s.metrics  # restored from the checkpoint on resume, so a re-export keeps them
     window = torch.zeros(3, device=ctx.device)  # loss sum, non-finite count, steps
     window_start, window_samples = time.perf_counter(), 0
     it = iter(run.stream)
-    while s.step < run.total_steps:
+    while s.step < run.total_steps and not s.stopped_early:
         position, x, y = next(it)
         loss, stop_now = run.step_with_oom_fallback(x, y)
         s.step += 1
@@ -582,7 +597,9 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
         want_ckpt = run.ckpt is not None and (
             s.step % cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
         )
-        want_log = s.step % t.log_every_steps == 0 or s.step == run.total_steps or want_ckpt
+        want_log = (
+            s.step % t.log_every_steps == 0 or s.step == run.total_steps or want_ckpt or stop_now
+        )
         want_eval = run.val_ds is not None and (
             (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
             or (t.eval_every_steps is None and end_of_epoch)
@@ -624,13 +641,13 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
                 epoch=round(s.step / run.steps_per_epoch, 4),
                 **{k: v for k, v in metrics.items() if k.startswith("val_")},
             )
-            stopped_early = run.early_stop_update(metrics)
-        if want_ckpt or (stopped_early and run.ckpt is not None):
+            s.stopped_early = run.early_stop_update(metrics)
+        if want_ckpt or (s.stopped_early and run.ckpt is not None):
             run.save_checkpoint()
         if stop_now:
             tel.close()
             raise Preempted(s.step, run.last_checkpoint)
-        if stopped_early:
+        if s.stopped_early:
             tel.emit(
                 "early_stop",
                 step=s.step,
@@ -640,14 +657,14 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
             break
 
     if run.best_state is not None:
+        # Early stopping exports the best weights, with the validation metrics they scored.
         run.raw_model.load_state_dict(run.best_state)
-        if t.early_stopping is not None and s.best is not None:
-            metrics[t.early_stopping.metric] = s.best
+        metrics.update(s.best_metrics)
     result = TrainResult(
         steps=s.step,
         epochs=round(s.step / run.steps_per_epoch, 4),
         metrics=metrics,
-        stopped_early=stopped_early,
+        stopped_early=s.stopped_early,
         rollbacks=s.rollbacks,
         micro_batch_size=s.micro_batch_size,
         resumed_from=resumed,
@@ -669,7 +686,7 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
                     "steps": s.step,
                     "epochs": result.epochs,
                     "rollbacks": s.rollbacks,
-                    "stopped_early": stopped_early,
+                    "stopped_early": s.stopped_early,
                     "world_size": ctx.world_size,
                     "config": to_dict(cfg),
                 }

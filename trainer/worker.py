@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_worker_config(args.config, args.overrides)
         ctx = dist.init(cfg.dist.backend, cfg.dist.timeout_s)
     except (ValueError, FileNotFoundError) as e:
-        print(error_line("train", e), file=sys.stderr, flush=True)
+        stop.uninstall()
+        code = "E_CONFIG" if isinstance(e, FileNotFoundError) else "E_INVALID"
+        print(error_line("train", e, code), file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     try:
         train(cfg, ctx, stop)

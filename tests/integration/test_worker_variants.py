@@ -140,11 +140,6 @@ def test_gpt_on_tokens_learns_a_repeating_sequence(tmp_path: Path) -> None:
     assert meta["spec"]["task"] == "lm" and meta["model"]["name"] == "gpt"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="loop._Run passes data.target (default 'label') to load_dataset for tokens instead "
-    "of data.token_column, so the documented config fails with token column 'label' not found",
-)
 def test_gpt_with_the_documented_token_column(tmp_path: Path) -> None:
     cfg = gpt_config(tmp_path, "gpt-default")
     proc = worker(cfg, "train.max_steps=2")

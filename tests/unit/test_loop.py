@@ -277,11 +277,6 @@ def test_early_stopping_keeps_the_best_weights(
     assert any(not torch.equal(v, last[k]) for k, v in exported.items())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an early-stopped run's rerun resumes training from its last checkpoint and exports "
-    "the last weights, not the best (best weights and the stop are not checkpointed; reported)",
-)
 def test_rerunning_an_early_stopped_run_keeps_the_best_weights(
     tmp_path: Path, noise: tuple[str, str], ctx: dist.DistContext
 ) -> None:
@@ -314,11 +309,6 @@ def test_resuming_a_finished_run_just_re_exports(
         assert torch.equal(first[k], second[k]), k
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="loop.train starts `metrics` empty on resume, so a finished run's re-export "
-    "overwrites metrics.json with {} (reported)",
-)
 def test_resuming_a_finished_run_keeps_its_metrics(
     tmp_path: Path, data: tuple[str, str], ctx: dist.DistContext
 ) -> None:
@@ -386,11 +376,6 @@ def test_loss_that_is_nan_from_the_start_fails_without_checkpoints(
     assert not (tmp_path / "model").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with checkpoint.uri unset, a stop request is only acted on at the next log step "
-    "(want_log ignores stop_now; reported)",
-)
 def test_stop_without_checkpoints_still_stops_after_one_step(
     tmp_path: Path, data: tuple[str, str], ctx: dist.DistContext
 ) -> None:

@@ -197,11 +197,6 @@ def test_missing_config_argument_is_a_usage_error(capsys: pytest.CaptureFixture[
     assert "--config" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker.main returns on a bad config before its finally, leaving its SIGTERM "
-    "handler installed (reported)",
-)
 def test_bad_config_leaves_the_sigterm_handler_as_it_was(
     tmp_path: Path, data: tuple[str, str]
 ) -> None:
