@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 RUN_DIR ?= .runs/demo
 NPROC ?= 2
+RUN_ARGS ?= --param epochs=10
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -27,11 +28,21 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 setup: $(VENV)/.installed ## create .venv and install everything (pinned by constraints.txt)
 
 .PHONY: run
-run: setup ## set up, make a demo dataset, train on it with $(NPROC) local processes
-	$(BIN)/python -m trainer.demo --out $(RUN_DIR)
+run: setup ## set up, make demo data, run the whole pipeline locally (kfp.local), print a summary
+	$(BIN)/gpupipe demo-data --out $(RUN_DIR)/data/churn.parquet --rows 10000
+	$(BIN)/gpupipe run --local --root $(RUN_DIR) --data $(RUN_DIR)/data/churn.parquet \
+	    --target churned $(RUN_ARGS)
+
+.PHONY: train-demo
+train-demo: setup ## only the trainer: demo table, torchrun with $(NPROC) local processes (gloo)
+	$(BIN)/python -m trainer.demo --out $(RUN_DIR)/trainer
 	$(BIN)/python -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) \
-	    -m trainer.worker --config $(RUN_DIR)/config.json
-	$(BIN)/python -m trainer.demo --summarize $(RUN_DIR)
+	    -m trainer.worker --config $(RUN_DIR)/trainer/config.json
+	$(BIN)/python -m trainer.demo --summarize $(RUN_DIR)/trainer
+
+.PHONY: compile
+compile: setup ## compile pipelines and components to YAML (the committed golden files)
+	$(BIN)/gpupipe compile
 
 .PHONY: test
 test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster)
