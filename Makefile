@@ -25,7 +25,12 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	@touch $@
 
 .PHONY: setup
-setup: $(VENV)/.installed ## create .venv and install everything (pinned by constraints.txt)
+setup: $(VENV)/.installed shellcheck ## create .venv and install everything (pinned by constraints.txt)
+
+.PHONY: shellcheck
+shellcheck: ## install shellcheck from Debian if it is missing (make lint and the tests need it)
+	@command -v shellcheck >/dev/null || { echo ">> installing shellcheck (apt-get)"; \
+	    apt-get update -qq && apt-get install -y -qq shellcheck; }
 
 .PHONY: run
 run: setup ## set up, make demo data, run the whole pipeline locally (kfp.local), print a summary
@@ -57,10 +62,12 @@ test-all: setup ## every test, slow ones too (GPU and cluster tests skip where a
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: setup ## ruff (lint + format check) and mypy on trainer/
+lint: setup ## ruff (lint + format check), mypy on trainer/, hadolint on images/, shellcheck on hack/
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/hadolint images/*/Dockerfile
+	shellcheck hack/*.sh
 
 .PHONY: fmt
 fmt: setup ## apply ruff's formatting and safe fixes
@@ -70,6 +77,22 @@ fmt: setup ## apply ruff's formatting and safe fixes
 .PHONY: bench
 bench: setup ## run the ratio benchmarks (each prints its ratio last)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+.PHONY: images
+images: ## build both images, tagged <registry>/trainer-{cpu,cuda}:<version> (GPUPIPE_IMAGE_REGISTRY)
+	hack/build-images.sh all
+
+.PHONY: kind-up
+kind-up: setup ## kind cluster with KFP 2.17.0, training operator, Katib, RBAC, MLflow, CPU image
+	hack/kind-up.sh
+
+.PHONY: e2e
+e2e: setup ## on the kind cluster: the pipeline with launcher=pytorchjob (gloo, 2 nodes)
+	hack/e2e.sh
+
+.PHONY: kind-down
+kind-down: ## delete the kind cluster
+	hack/kind-down.sh
 
 .PHONY: clean
 clean: ## remove run outputs and caches (keeps .venv)

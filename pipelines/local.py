@@ -49,7 +49,9 @@ def run_local(
     """
     from kfp import local
 
-    from pipelines.training import PIPELINE_NAME, training_pipeline
+    from pipelines.training import PIPELINE_NAME, build_training_pipeline
+
+    training_pipeline = build_training_pipeline(retries=0)
 
     _check_params(params)
     root = root.resolve()

@@ -8,6 +8,7 @@ Kubernetes settings; the compiled YAML carries them to the cluster.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from kfp import dsl, kubernetes
 
@@ -49,131 +50,143 @@ OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_A
 
 
 def _configure(
-    task: dsl.PipelineTask, step: str, object_store_secret: str, *, retry: bool = True
+    task: dsl.PipelineTask, step: str, object_store_secret: str, *, retries: int
 ) -> dsl.PipelineTask:
     r = RESOURCES[step]
     task.set_cpu_request(r.cpu_request).set_cpu_limit(r.cpu_limit)
     task.set_memory_request(r.memory_request).set_memory_limit(r.memory_limit)
-    if retry:
-        task.set_retry(num_retries=RETRIES, **BACKOFF)
+    if retries > 0:
+        task.set_retry(num_retries=retries, **BACKOFF)
     kubernetes.use_secret_as_env(
         task, secret_name=object_store_secret, secret_key_to_env=OBJECT_STORE_ENV
     )
     return task
 
 
-@dsl.pipeline(
-    name=PIPELINE_NAME,
-    description="Preprocess a table, train on GPUs (DDP), evaluate against the "
-    "champion, and register the model when it passes the gate.",
-)
-def training_pipeline(
-    data_uri: str,
-    target: str = "churned",
-    task: str = "auto",
-    model_name: str = "mlp",
-    epochs: int = 10,
-    learning_rate: float = 0.001,
-    batch_size: int = 256,
-    seed: int = 0,
-    gpu_type: str = "nvidia.com/gpu",
-    gpus_per_node: int = 1,
-    nodes: int = 1,
-    launcher: str = "local",
-    gpu_node_selector: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
-    hyperparams_json: str = "{}",
-    train_config_json: str = "{}",
-    gate_metric: str = "auto",
-    gate_threshold: float = 0.0,
-    registry_uri: str = "",
-    registered_model_name: str = "gpupipe-model",
-    object_store_secret: str = "mlpipeline-minio-artifact",
-) -> None:
-    """Train and register a model on a table.
+def build_training_pipeline(*, retries: int = RETRIES) -> Any:
+    """Build the pipeline; ``retries`` per step (0 for local runs, see ``pipelines/local.py``).
 
-    Args:
-        data_uri: Parquet or CSV file or folder (local path, s3://, gs://, minio://).
-        target: target column.
-        task: ``classification``, ``regression`` or ``auto``.
-        model_name: ``mlp`` or a user model ``package.module:build`` baked into the image.
-        epochs: passes over the training split.
-        learning_rate: AdamW peak learning rate.
-        batch_size: global batch (all GPUs and nodes together).
-        seed: split, initialisation and shuffling seed.
-        gpu_type: accelerator resource of the train step (``nvidia.com/gpu``).
-        gpus_per_node: GPUs per node (= processes per node).
-        nodes: nodes of the training job.
-        launcher: ``local`` (torchrun in the train step's pod) or ``pytorchjob``.
-        gpu_node_selector: node labels for the GPU nodes, e.g.
-            ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``.
-        hyperparams_json: dotted trainer overrides, e.g. ``{"optim.weight_decay": 0.1}``.
-        train_config_json: further train-step settings (``TrainStepConfig`` fields).
-        gate_metric: metric that decides registration (``auto``: accuracy or rmse).
-        gate_threshold: the candidate must reach this (0: no threshold).
-        registry_uri: MLflow tracking URI (empty: the embedded local registry).
-        registered_model_name: name of the model in the registry.
-        object_store_secret: Kubernetes secret with the artifact store's credentials.
+    KFP's retry policy cannot tell a permanent failure (bad input, exit code 2) from a transient
+    one, so a local run, where transient failures are rare and a person is waiting, fails at once.
     """
-    exit_task = notify(pipeline_name=PIPELINE_NAME)
-    _configure(exit_task, "notify", object_store_secret, retry=False)
-    exit_task.set_caching_options(False)
 
-    with dsl.ExitHandler(exit_task, name="training"):
-        prep = preprocess(data_uri=data_uri, target=target, task=task, seed=seed)
-        _configure(prep, "preprocess", object_store_secret)
-        prep.set_caching_options(True)
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="Preprocess a table, train on GPUs (DDP), evaluate against the "
+        "champion, and register the model when it passes the gate.",
+    )
+    def training_pipeline(
+        data_uri: str,
+        target: str = "churned",
+        task: str = "auto",
+        model_name: str = "mlp",
+        epochs: int = 10,
+        learning_rate: float = 0.001,
+        batch_size: int = 256,
+        seed: int = 0,
+        gpu_type: str = "nvidia.com/gpu",
+        gpus_per_node: int = 1,
+        nodes: int = 1,
+        launcher: str = "local",
+        gpu_node_selector: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
+        hyperparams_json: str = "{}",
+        train_config_json: str = "{}",
+        gate_metric: str = "auto",
+        gate_threshold: float = 0.0,
+        registry_uri: str = "",
+        registered_model_name: str = "gpupipe-model",
+        object_store_secret: str = "mlpipeline-minio-artifact",
+    ) -> None:
+        """Train and register a model on a table.
 
-        tr = train(
-            dataset=prep.outputs["dataset"],
-            model_name=model_name,
-            epochs=epochs,
-            learning_rate=learning_rate,
-            batch_size=batch_size,
-            nproc_per_node=gpus_per_node,
-            nnodes=nodes,
-            launcher=launcher,
-            hyperparams_json=hyperparams_json,
-            config_json=train_config_json,
-            pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-            # An input, not only a resource setting: KFP 2.17 passes channels that only
-            # set_accelerator_type reads into no sub-DAG (the exit handler's), so the run fails.
-            gpu_type=gpu_type,
-        )
-        _configure(tr, "train", object_store_secret)
-        tr.set_caching_options(TRAIN_CACHING)
-        tr.set_accelerator_type(gpu_type).set_accelerator_limit(gpus_per_node)
-        kubernetes.empty_dir_mount(
-            tr, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
-        )
-        kubernetes.add_toleration(tr, **GPU_TOLERATION)
-        kubernetes.add_node_selector_json(tr, gpu_node_selector)
+        Args:
+            data_uri: Parquet or CSV file or folder (local path, s3://, gs://, minio://).
+            target: target column.
+            task: ``classification``, ``regression`` or ``auto``.
+            model_name: ``mlp`` or a user model ``package.module:build`` baked into the image.
+            epochs: passes over the training split.
+            learning_rate: AdamW peak learning rate.
+            batch_size: global batch (all GPUs and nodes together).
+            seed: split, initialisation and shuffling seed.
+            gpu_type: accelerator resource of the train step (``nvidia.com/gpu``).
+            gpus_per_node: GPUs per node (= processes per node).
+            nodes: nodes of the training job.
+            launcher: ``local`` (torchrun in the train step's pod) or ``pytorchjob``.
+            gpu_node_selector: node labels for the GPU nodes, e.g.
+                ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``.
+            hyperparams_json: dotted trainer overrides, e.g. ``{"optim.weight_decay": 0.1}``.
+            train_config_json: further train-step settings (``TrainStepConfig`` fields).
+            gate_metric: metric that decides registration (``auto``: accuracy or rmse).
+            gate_threshold: the candidate must reach this (0: no threshold).
+            registry_uri: MLflow tracking URI (empty: the embedded local registry).
+            registered_model_name: name of the model in the registry.
+            object_store_secret: Kubernetes secret with the artifact store's credentials.
+        """
+        exit_task = notify(pipeline_name=PIPELINE_NAME)
+        _configure(exit_task, "notify", object_store_secret, retries=0)
+        exit_task.set_caching_options(False)
 
-        ev = evaluate(
-            model=tr.outputs["model"],
-            dataset=prep.outputs["dataset"],
-            gate_metric=gate_metric,
-            gate_threshold=gate_threshold,
-            registry_uri=registry_uri,
-            registered_model_name=registered_model_name,
-        )
-        _configure(ev, "evaluate", object_store_secret)
-        ev.set_caching_options(False)  # the champion it compares with can change between runs
+        with dsl.ExitHandler(exit_task, name="training"):
+            prep = preprocess(data_uri=data_uri, target=target, task=task, seed=seed)
+            _configure(prep, "preprocess", object_store_secret, retries=retries)
+            prep.set_caching_options(True)
 
-        with dsl.If(ev.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
-            reg = register(
-                model=tr.outputs["model"],
-                metrics=ev.outputs["metrics"],
-                data_hash=prep.outputs["data_hash"],
-                gate_passed=True,
+            tr = train(
+                dataset=prep.outputs["dataset"],
+                model_name=model_name,
+                epochs=epochs,
+                learning_rate=learning_rate,
+                batch_size=batch_size,
+                nproc_per_node=gpus_per_node,
+                nnodes=nodes,
+                launcher=launcher,
+                hyperparams_json=hyperparams_json,
+                config_json=train_config_json,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+                # An input, not only a resource setting: KFP 2.17 passes channels that only
+                # set_accelerator_type reads into no sub-DAG (the exit handler's), so the run fails.
+                gpu_type=gpu_type,
+            )
+            _configure(tr, "train", object_store_secret, retries=retries)
+            tr.set_caching_options(TRAIN_CACHING)
+            tr.set_accelerator_type(gpu_type).set_accelerator_limit(gpus_per_node)
+            kubernetes.empty_dir_mount(
+                tr, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
+            )
+            kubernetes.add_toleration(tr, **GPU_TOLERATION)
+            kubernetes.add_node_selector_json(tr, gpu_node_selector)
+
+            ev = evaluate(
+                model=tr.outputs["model"],
+                dataset=prep.outputs["dataset"],
+                gate_metric=gate_metric,
+                gate_threshold=gate_threshold,
                 registry_uri=registry_uri,
                 registered_model_name=registered_model_name,
-                params_json=hyperparams_json,
             )
-            _configure(reg, "register", object_store_secret)
-            reg.set_caching_options(False)
+            _configure(ev, "evaluate", object_store_secret, retries=retries)
+            ev.set_caching_options(False)  # the champion it compares with can change between runs
 
+            with dsl.If(ev.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
+                reg = register(
+                    model=tr.outputs["model"],
+                    metrics=ev.outputs["metrics"],
+                    data_hash=prep.outputs["data_hash"],
+                    gate_passed=True,
+                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                    registry_uri=registry_uri,
+                    registered_model_name=registered_model_name,
+                    params_json=hyperparams_json,
+                )
+                _configure(reg, "register", object_store_secret, retries=retries)
+                reg.set_caching_options(False)
+
+    return training_pipeline
+
+
+training_pipeline = build_training_pipeline()
+"""The pipeline as compiled for clusters (retries with exponential backoff on every step)."""
 
 PIPELINES = {PIPELINE_NAME: training_pipeline}
 """Every pipeline ``gpupipe compile`` writes, by name."""

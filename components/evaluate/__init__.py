@@ -25,7 +25,7 @@ def evaluate(
     no threshold; ``registry_uri`` empty means the default local registry.
     """
     from trainer.config import from_dict
-    from trainer.steps import run_guarded
+    from trainer.steps import run_guarded, write_metadata_file
     from trainer.steps.evaluate import EvaluateConfig
     from trainer.steps.evaluate import evaluate as run
 
@@ -63,4 +63,6 @@ def evaluate(
             "gate_metric": result.gate_metric,
         }
     )
+    write_metadata_file(metrics.path, dict(metrics.metadata))
+    write_metadata_file(classification.path, dict(classification.metadata))
     return result.gate_passed

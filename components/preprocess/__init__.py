@@ -22,11 +22,10 @@ def preprocess(
     import json
     from collections import namedtuple
 
+    from trainer.config import apply_overrides, from_dict
+    from trainer.steps import run_guarded, write_metadata_file
     from trainer.steps.preprocess import PreprocessConfig
     from trainer.steps.preprocess import preprocess as run
-
-    from trainer.config import apply_overrides, from_dict
-    from trainer.steps import run_guarded
 
     def body():
         base = {"target": target, "task": task, "seed": seed}
@@ -40,5 +39,6 @@ def preprocess(
     dataset.metadata.update(
         {"task": result.task, "data_hash": result.data_hash, "features": len(result.features)}
     )
+    write_metadata_file(stats.path, dict(stats.metadata))
     outputs = namedtuple("PreprocessOutputs", ["data_hash", "task"])
     return outputs(result.data_hash, result.task)

@@ -35,13 +35,15 @@ def train(
     import json
 
     from trainer.config import apply_overrides, from_dict
-    from trainer.steps import run_guarded
+    from trainer.launchers.jobspec import job_name
+    from trainer.steps import run_guarded, write_metadata_file
     from trainer.steps.train import TrainStepConfig, train_step
 
     def body():
         base = {
             "launcher": launcher,
-            "nproc_per_node": nproc_per_node,
+            # 0 GPUs per node (a CPU cluster, kind) still means one (gloo) process per node.
+            "nproc_per_node": max(nproc_per_node, 1),
             "nnodes": nnodes,
             "model": {"name": model_name},
             "optim": {"lr": learning_rate},
@@ -56,7 +58,7 @@ def train(
             dataset_uri=dataset.path,
             model_uri=model.path,
             work_uri=model.path + "-work",
-            job_name=f"{pipeline_run_id or 'local'}-{task_name}",
+            job_name=job_name(pipeline_run_id or "local", task_name),
         )
 
     result = run_guarded("train", body)
@@ -72,3 +74,4 @@ def train(
             "job": result.job_name,
         }
     )
+    write_metadata_file(metrics.path, dict(metrics.metadata))

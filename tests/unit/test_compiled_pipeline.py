@@ -332,9 +332,7 @@ def test_golden_files_cover_everything_compiled(fresh: dict[str, bytes]) -> None
     assert committed == set(fresh), f"{STALE} (missing or extra files: {committed ^ set(fresh)})"
 
 
-@pytest.mark.parametrize(
-    "path", COMMITTED, ids=[p.relative_to(REPO).as_posix() for p in COMMITTED]
-)
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.relative_to(REPO).as_posix() for p in COMMITTED])
 def test_golden_file_is_fresh(fresh: dict[str, bytes], path: Path) -> None:
     rel = path.relative_to(REPO).as_posix()
     assert rel in fresh, f"{STALE} ({rel} is no longer compiled)"

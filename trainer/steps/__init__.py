@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from trainer.errors import EXIT_BAD_INPUT, error_line
 
@@ -21,3 +23,14 @@ def run_guarded(step: str, fn: Callable[[], T]) -> T:
     except (ValueError, FileNotFoundError) as e:
         print(error_line(step, e), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def write_metadata_file(path: str, metadata: dict[str, Any]) -> None:
+    """Give a metrics-style KFP output artifact a file: its metadata as JSON.
+
+    ``Metrics.log_metric`` only fills metadata; an output artifact with no file counts as
+    missing to kfp.local's cache, which then never serves the step from cache.
+    """
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(metadata, f, sort_keys=True, indent=2, default=str)

@@ -1,0 +1,160 @@
+"""``gpupipe render pytorchjob``: the PyTorchJob the train step would create, as YAML, offline."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from components.images import CPU_IMAGE, CUDA_IMAGE
+from pipelines.training import (
+    GPU_TOLERATION,
+    OBJECT_STORE_ENV,
+    RESOURCES,
+    SHM_SIZE,
+    training_pipeline,
+)
+from trainer.config import apply_overrides, from_dict
+from trainer.errors import InputError
+from trainer.launchers.jobspec import JobSpec, SecretEnv, build_pytorchjob, job_name
+from trainer.steps.train import TrainStepConfig
+
+DEFAULT_NAMESPACE = "kubeflow"
+"""Where KFP standalone runs its pipelines (multi-user installs use the profile's namespace)."""
+CONFIG_URI_PLACEHOLDER = (
+    "minio://mlpipeline/v2/artifacts/<run-id>/train/model-work/worker-config.json"
+)
+"""Stands for the worker config the train step writes next to its model artifact."""
+
+
+def pipeline_defaults() -> dict[str, Any]:
+    """The training pipeline's parameters and their defaults (``None`` where there is none)."""
+    return {name: spec.default for name, spec in training_pipeline.component_spec.inputs.items()}
+
+
+def _as_dict(value: Any, name: str) -> dict[str, str]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value or "{}")
+        except json.JSONDecodeError as e:
+            raise InputError("E_PARAM", f"{name} must be a JSON object: {e}", name) from None
+    if not isinstance(value, dict):
+        raise InputError("E_PARAM", f"{name} must be a mapping, got {value!r}", name)
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _as_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise InputError("E_PARAM", f"{name} must be an integer, got {value!r}", name)
+    return int(value)
+
+
+def _json_object(value: Any, name: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as e:
+        raise InputError("E_PARAM", f"{name} must be a JSON object: {e}", name) from None
+    if not isinstance(data, dict):
+        raise InputError("E_PARAM", f"{name} must be a JSON object, got {value!r}", name)
+    return data
+
+
+def train_job_spec(
+    params: dict[str, Any],
+    *,
+    run_id: str = "render",
+    namespace: str = DEFAULT_NAMESPACE,
+    config_uri: str = CONFIG_URI_PLACEHOLDER,
+) -> JobSpec:
+    """The job spec of the train step for these pipeline parameters (``launcher`` is ignored:
+    this is what ``launcher=pytorchjob`` creates).
+
+    The step's settings are merged as the train component merges them (base parameters, then
+    ``train_config_json``, then ``hyperparams_json``), so ``nnodes``, ``nproc_per_node`` and
+    ``timeout_s`` overrides show up in the job.
+
+    Args:
+        params: training pipeline parameters by name; missing ones take the pipeline's defaults.
+        run_id: the KFP run id that names the job.
+        namespace: namespace of the job.
+        config_uri: URI of the worker config.
+
+    Raises:
+        InputError: an unknown parameter (the message lists the valid ones) or a bad value.
+    """
+    defaults = pipeline_defaults()
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise InputError(
+            "E_PARAM",
+            f"unknown pipeline parameter(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(defaults))}",
+            "--param",
+        )
+    p = {**defaults, **params}
+    gpus = _as_int(p["gpus_per_node"], "gpus_per_node")
+    base = {
+        "launcher": "pytorchjob",
+        # Without GPUs (a CPU cluster, kind) the job runs one gloo process per node by default.
+        "nproc_per_node": gpus if gpus > 0 else 1,
+        "nnodes": _as_int(p["nodes"], "nodes"),
+        "model": {"name": p["model_name"]},
+        "optim": {"lr": p["learning_rate"]},
+        "train": {"epochs": p["epochs"], "global_batch_size": p["batch_size"]},
+    }
+    merged = apply_overrides(
+        apply_overrides(base, _json_object(p["train_config_json"], "train_config_json")),
+        _json_object(p["hyperparams_json"], "hyperparams_json"),
+    )
+    step = from_dict(TrainStepConfig, merged)
+    res = RESOURCES["train"]
+    secret = str(p["object_store_secret"])
+    return JobSpec(
+        name=job_name(run_id, "train"),
+        namespace=namespace,
+        image=CUDA_IMAGE if gpus > 0 else CPU_IMAGE,
+        config_uri=config_uri,
+        nnodes=step.nnodes,
+        nproc_per_node=step.nproc_per_node,
+        gpus_per_node=gpus,
+        gpu_resource=str(p["gpu_type"]),
+        cpu_request=res.cpu_request,
+        cpu_limit=res.cpu_limit,
+        memory_request=res.memory_request,
+        memory_limit=res.memory_limit,
+        shm_size=SHM_SIZE,
+        tolerations=[dict(GPU_TOLERATION)] if gpus > 0 else [],
+        node_selector=_as_dict(p["gpu_node_selector"], "gpu_node_selector"),
+        secret_env=[
+            SecretEnv(env=env, secret=secret, key=key) for key, env in OBJECT_STORE_ENV.items()
+        ],
+        active_deadline_s=step.timeout_s,
+    )
+
+
+def render_pytorchjob(
+    params: dict[str, Any],
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    config_uri: str = CONFIG_URI_PLACEHOLDER,
+) -> str:
+    """YAML of the PyTorchJob the train step would create for these pipeline parameters.
+
+    The job is complete and valid (``kubectl apply -f -`` accepts it); its name comes from a
+    placeholder run id and its config URI is a placeholder, since both exist only in a real run.
+
+    Args:
+        params: training pipeline parameters by name (``nodes``, ``gpus_per_node``,
+            ``gpu_type``, ``gpu_node_selector``, ``object_store_secret``, ...).
+        namespace: namespace of the job.
+        config_uri: URI of the worker config.
+
+    Returns:
+        The PyTorchJob as a YAML document.
+
+    Raises:
+        InputError: an unknown parameter (the message lists the valid ones) or a bad value.
+    """
+    spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
+    return yaml.safe_dump(build_pytorchjob(spec), sort_keys=False)

@@ -1,0 +1,1 @@
+"""Fakes of external systems that tests talk to over their real protocols."""

@@ -1,0 +1,613 @@
+"""A fake Kubernetes API server on 127.0.0.1 that plays the Training Operator for PyTorchJobs.
+
+It serves the REST paths the PyTorchJob launcher calls with the JSON a real API server returns
+(Status bodies for errors, text/plain logs), so the real ``kubernetes`` client can be pointed at
+it. The operator is simulated lazily from each job's age: Created, a Pending master pod, Running
+with log lines appearing over time, then Succeeded or Failed as the job's :class:`Scenario`
+says. Faults (error statuses with ``Retry-After``, slow answers) can be injected per path, and
+every request is recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+_JOBS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs$")
+_JOB = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs/([^/]+)$")
+_PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+_EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+_REASONS = {
+    400: "BadRequest",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "AlreadyExists",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    502: "BadGateway",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def rfc3339(t: float, *, nanos: bool = False) -> str:
+    """``t`` (epoch seconds) as the API writes times: seconds, or nanoseconds for log lines."""
+    dt = datetime.fromtimestamp(t, UTC)
+    if not nanos:
+        return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{round((t % 1) * 1e9) % 10**9:09d}Z"
+
+
+@dataclass(kw_only=True)
+class Scenario:
+    """What the simulated operator does with a job, on a clock that starts at its creation."""
+
+    pending_s: float = 0.1
+    """The master pod is Pending (container creating, no log) until then, then Running."""
+    lines: list[str] = field(default_factory=lambda: [f"step {i} loss {1 / i:.3f}" for i in (1, 2)])
+    """The master's log, one line per ``line_every_s`` once Running."""
+    line_every_s: float = 0.05
+    outcome: Literal["Succeeded", "Failed"] | None = "Succeeded"
+    """``None``: the job runs forever."""
+    finish_s: float | None = None
+    """When the outcome arrives; ``None``: just after the last line."""
+    reason: str | None = None
+    """Reason of the final condition; ``None``: the operator's (``PyTorchJobFailed`` ...)."""
+    message: str | None = None
+    exit_code: int | None = None
+    """The master container's exit code; ``None``: 0 on success, 1 on failure."""
+    pod_events: list[tuple[str, str, str]] = field(default_factory=list)
+    """(type, reason, message) events about the master pod, emitted as it is created."""
+
+    def finish_at(self) -> float:
+        if self.finish_s is not None:
+            return self.finish_s
+        return self.pending_s + len(self.lines) * self.line_every_s + 0.05
+
+    def line_times(self) -> list[float]:
+        """Seconds after creation at which each line is logged."""
+        return [self.pending_s + (i + 0.5) * self.line_every_s for i in range(len(self.lines))]
+
+
+@dataclass
+class Request:
+    """One request as the server saw it."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass
+class _Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int | None
+    times: int
+    retry_after: str | None = None
+    delay_s: float = 0.0
+    message: str | None = None
+
+
+@dataclass
+class _Job:
+    body: dict[str, Any]
+    scenario: Scenario
+    created: float
+    frozen_at: float | None = None
+    gone_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    def age(self, now: float) -> float:
+        return (self.frozen_at if self.frozen_at is not None else now) - self.created
+
+    def finished(self, now: float) -> bool:
+        sc = self.scenario
+        return sc.outcome is not None and self.age(now) >= sc.finish_at()
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+class FakeKubeApi:
+    """The fake API server; use as a context manager or call :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, scenario: Scenario | None = None) -> None:
+        self.scenario = scenario or Scenario()
+        """What jobs created through the API do."""
+        self.requests: list[Request] = []
+        self.created: list[str] = []
+        """``namespace/name`` of every job created through the API (409s excluded)."""
+        self._jobs: dict[tuple[str, str], _Job] = {}
+        self._faults: list[_Fault] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # Life cycle
+
+    def start(self) -> FakeKubeApi:
+        fake = self
+
+        class Handler(_Handler):
+            api = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def __enter__(self) -> FakeKubeApi:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the fake first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # Arranging
+
+    def add_job(
+        self,
+        name: str,
+        *,
+        namespace: str = "team-a",
+        scenario: Scenario | None = None,
+        age_s: float = 0.0,
+        suspended: bool = False,
+        deleting_for_s: float | None = None,
+        owners: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """A job that exists already (an earlier attempt's), ``age_s`` seconds into its life."""
+        now = time.time()
+        body = minimal_job(name, namespace)
+        if owners:
+            body["metadata"]["ownerReferences"] = owners
+        job = self._store(body, scenario or self.scenario, now - age_s)
+        if suspended:
+            job.body["spec"].setdefault("runPolicy", {})["suspend"] = True
+            job.frozen_at = now
+        if deleting_for_s is not None:
+            job.body["metadata"]["deletionTimestamp"] = rfc3339(now)
+            job.gone_at = now + deleting_for_s
+
+    def fail(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        *,
+        times: int = 1,
+        retry_after: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Answer the next ``times`` requests matching ``method`` and regex ``path`` with
+        ``status`` (a Status body; ``Retry-After`` when given)."""
+        self._faults.append(
+            _Fault(
+                method,
+                re.compile(path),
+                status,
+                times,
+                None if retry_after is None else f"{retry_after:g}",
+                message=message,
+            )
+        )
+
+    def delay(self, method: str, path: str, seconds: float, *, times: int = 1) -> None:
+        """Answer the next ``times`` matching requests only after ``seconds`` (but do serve
+        them: a create the client gave up on still creates, as on a real server)."""
+        self._faults.append(_Fault(method, re.compile(path), None, times, delay_s=seconds))
+
+    # Inspecting
+
+    def job(self, name: str, namespace: str = "team-a") -> dict[str, Any] | None:
+        """The job as ``GET`` would return it, or ``None``."""
+        with self._lock:
+            job = self._live(namespace, name)
+            return None if job is None else self._render(job, time.time())
+
+    def calls(self, method: str, path: str = "") -> list[Request]:
+        """Recorded requests with ``method`` whose path matches regex ``path``."""
+        with self._lock:
+            return [r for r in self.requests if r.method == method and re.search(path, r.path)]
+
+    # Serving
+
+    def handle(
+        self, method: str, raw_path: str, headers: dict[str, str], raw: bytes
+    ) -> tuple[int, str, bytes, dict[str, str]]:
+        """One request -> (status, content type, body, extra headers)."""
+        url = urlsplit(raw_path)
+        query = parse_qs(url.query)
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+        with self._lock:
+            self.requests.append(Request(method, url.path, query, body, headers))
+            fault = next(
+                (f for f in self._faults if f.method == method and f.path.search(url.path)), None
+            )
+            if fault is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self._faults.remove(fault)
+        try:
+            if fault is not None:
+                time.sleep(fault.delay_s)
+                if fault.status is not None:
+                    extra = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                    raise _HttpError(
+                        fault.status, fault.message or f"injected {fault.status}", extra
+                    )
+            with self._lock:
+                return self._route(method, url.path, query, headers, body)
+        except _HttpError as e:
+            status_body = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": e.message,
+                "reason": _REASONS.get(e.status, "Unknown"),
+                "code": e.status,
+            }
+            return e.status, "application/json", json.dumps(status_body).encode(), e.headers
+
+    def _route(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        headers: dict[str, str],
+        body: Any,
+    ) -> tuple[int, str, bytes, dict[str, str]]:
+        now = time.time()
+        if (m := _JOBS.match(path)) and method == "POST":
+            return self._json(201, self._create(m.group(1), body, now))
+        if m := _JOB.match(path):
+            ns, name = m.groups()
+            job = self._live(ns, name)
+            if job is None:
+                raise _HttpError(404, f'pytorchjobs.kubeflow.org "{name}" not found')
+            if method == "GET":
+                return self._json(200, self._render(job, now))
+            if method == "DELETE":
+                del self._jobs[(ns, name)]
+                return self._json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+            if method == "PATCH":
+                if headers.get("content-type") != "application/merge-patch+json":
+                    raise _HttpError(415, f"unsupported patch type {headers.get('content-type')}")
+                return self._json(200, self._patch(job, body, now))
+        if (m := _PODS.match(path)) and method == "GET":
+            return self._json(200, self._pods(m.group(1), query, now))
+        if (m := _LOG.match(path)) and method == "GET":
+            return 200, "text/plain", self._log(*m.groups(), query, now).encode(), {}
+        if (m := _EVENTS.match(path)) and method == "GET":
+            return self._json(200, self._events(m.group(1), query, now))
+        raise _HttpError(404, "the server could not find the requested resource")
+
+    @staticmethod
+    def _json(status: int, obj: Any) -> tuple[int, str, bytes, dict[str, str]]:
+        return status, "application/json", json.dumps(obj).encode(), {}
+
+    # The simulated operator
+
+    def _store(self, body: dict[str, Any], scenario: Scenario, created: float) -> _Job:
+        body = copy.deepcopy(body)
+        meta = body["metadata"]
+        meta.update(uid=str(uuid.uuid4()), resourceVersion="1", creationTimestamp=rfc3339(created))
+        job = _Job(body, scenario, created)
+        self._jobs[(job.namespace, job.name)] = job
+        return job
+
+    def _live(self, namespace: str, name: str) -> _Job | None:
+        job = self._jobs.get((namespace, name))
+        if job is not None and job.gone_at is not None and time.time() >= job.gone_at:
+            del self._jobs[(namespace, name)]
+            return None
+        return job
+
+    def _create(self, namespace: str, body: Any, now: float) -> dict[str, Any]:
+        name = str(((body or {}).get("metadata") or {}).get("name") or "")
+        if not name:
+            raise _HttpError(422, "PyTorchJob.kubeflow.org is invalid: metadata.name: Required")
+        if self._live(namespace, name) is not None:
+            raise _HttpError(409, f'pytorchjobs.kubeflow.org "{name}" already exists')
+        body = copy.deepcopy(body)
+        body["metadata"]["namespace"] = namespace
+        job = self._store(body, self.scenario, now)
+        self.created.append(f"{namespace}/{name}")
+        return self._render(job, now)
+
+    def _patch(self, job: _Job, patch: Any, now: float) -> dict[str, Any]:
+        was = bool(job.body["spec"].get("runPolicy", {}).get("suspend"))
+        _merge(job.body, patch)
+        suspended = bool(job.body["spec"].get("runPolicy", {}).get("suspend"))
+        if suspended and not was:
+            job.frozen_at = now
+        elif was and not suspended and job.frozen_at is not None:
+            # Resuming restarts the clock where it stopped (a real job restarts its pods).
+            job.created += now - job.frozen_at
+            job.frozen_at = None
+        return self._render(job, now)
+
+    def _render(self, job: _Job, now: float) -> dict[str, Any]:
+        out = copy.deepcopy(job.body)
+        age, sc, name = job.age(now), job.scenario, job.name
+        stamp = rfc3339(job.created)
+        conds: list[dict[str, Any]] = [
+            _cond("Created", "True", "PyTorchJobCreated", f"PyTorchJob {name} is created.", stamp)
+        ]
+        finished = job.finished(now)
+        if age >= sc.pending_s:
+            running = "False" if finished or job.frozen_at is not None else "True"
+            conds.append(
+                _cond(
+                    "Running", running, "PyTorchJobRunning", f"PyTorchJob {name} is running.", stamp
+                )
+            )
+        if job.frozen_at is not None and not finished:
+            conds.append(
+                _cond(
+                    "Suspended",
+                    "True",
+                    "PyTorchJobSuspended",
+                    f"PyTorchJob {name} is suspended.",
+                    stamp,
+                )
+            )
+        if finished and sc.outcome is not None:
+            default = (
+                f"PyTorchJob {job.namespace}/{name} successfully completed."
+                if sc.outcome == "Succeeded"
+                else f"PyTorchJob {job.namespace}/{name} is failed because 1 Master replica(s) "
+                "failed."
+            )
+            conds.append(
+                _cond(
+                    sc.outcome,
+                    "True",
+                    sc.reason or f"PyTorchJob{sc.outcome}",
+                    sc.message or default,
+                    stamp,
+                )
+            )
+        out["status"] = {"conditions": conds, "startTime": stamp}
+        return out
+
+    def _master(self, job: _Job, now: float) -> dict[str, Any] | None:
+        if job.frozen_at is not None and not job.finished(now):
+            return None  # Suspended: the operator deleted the pods.
+        age, sc = job.age(now), job.scenario
+        if sc.outcome is not None and age >= sc.finish_at():
+            code = sc.exit_code if sc.exit_code is not None else int(sc.outcome == "Failed")
+            phase, state = (
+                "Succeeded" if code == 0 else "Failed",
+                {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}},
+            )
+        elif age >= sc.pending_s:
+            phase, state = "Running", {"running": {"startedAt": rfc3339(job.created)}}
+        else:
+            phase, state = "Pending", {"waiting": {"reason": "ContainerCreating"}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{job.name}-master-0",
+                "namespace": job.namespace,
+                "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, job.body["metadata"]["uid"])),
+                "creationTimestamp": rfc3339(job.created),
+                "labels": {
+                    "training.kubeflow.org/job-name": job.name,
+                    "training.kubeflow.org/operator-name": "pytorchjob-controller",
+                    "training.kubeflow.org/replica-type": "master",
+                    "training.kubeflow.org/replica-index": "0",
+                    "training.kubeflow.org/job-role": "master",
+                },
+            },
+            "spec": {"containers": [{"name": "pytorch", "image": "gpupipe:test"}]},
+            "status": {
+                "phase": phase,
+                "containerStatuses": [
+                    {
+                        "name": "pytorch",
+                        "image": "gpupipe:test",
+                        "imageID": "",
+                        "ready": phase == "Running",
+                        "restartCount": 0,
+                        "state": state,
+                    }
+                ],
+            },
+        }
+
+    def _pods(self, ns: str, query: dict[str, list[str]], now: float) -> dict[str, Any]:
+        want = dict(
+            kv.split("=", 1) for kv in (query.get("labelSelector") or [""])[0].split(",") if kv
+        )
+        items = []
+        for (job_ns, name), _ in list(self._jobs.items()):
+            job = self._live(job_ns, name)
+            pod = None if job is None or job_ns != ns else self._master(job, now)
+            if pod and all(pod["metadata"]["labels"].get(k) == v for k, v in want.items()):
+                items.append(pod)
+        return {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+
+    def _log(self, ns: str, pod_name: str, query: dict[str, list[str]], now: float) -> str:
+        job = self._live(ns, pod_name.removesuffix("-master-0"))
+        pod = None if job is None else self._master(job, now)
+        if job is None or pod is None:
+            raise _HttpError(404, f'pods "{pod_name}" not found')
+        if pod["status"]["phase"] == "Pending":
+            raise _HttpError(
+                400,
+                f'container "pytorch" in pod "{pod_name}" is waiting to start: ContainerCreating',
+            )
+        age = job.age(now)
+        lines = [
+            (job.created + t, line)
+            for t, line in zip(job.scenario.line_times(), job.scenario.lines, strict=True)
+            if t <= age
+        ]
+        if "sinceSeconds" in query:
+            cutoff = now - int(query["sinceSeconds"][0])
+            lines = [(t, line) for t, line in lines if t >= cutoff]
+        if "tailLines" in query:
+            lines = lines[len(lines) - int(query["tailLines"][0]) :] if lines else []
+        # Like the API server (Go strconv.ParseBool), "True" counts: the Python client sends that.
+        stamps = (query.get("timestamps") or ["false"])[0].lower() in ("true", "1", "t")
+        return "".join(
+            (f"{rfc3339(t, nanos=True)} " if stamps else "") + line + "\n" for t, line in lines
+        )
+
+    def _events(self, ns: str, query: dict[str, list[str]], now: float) -> dict[str, Any]:
+        selector = (query.get("fieldSelector") or [""])[0]
+        want = selector.removeprefix("involvedObject.name=")
+        items = []
+        for (job_ns, name), _ in list(self._jobs.items()):
+            job = self._live(job_ns, name)
+            if job is None or job_ns != ns:
+                continue
+            pod = f"{name}-master-0"
+            happened = [
+                ("PyTorchJob", name, "Normal", "SuccessfulCreatePod", f"Created pod: {pod}", 0.0),
+                *(("Pod", pod, *e, 0.01) for e in job.scenario.pod_events),
+            ]
+            if job.finished(now) and job.scenario.outcome == "Failed":
+                happened.append(
+                    (
+                        "PyTorchJob",
+                        name,
+                        "Warning",
+                        "PyTorchJobFailed",
+                        f"PyTorchJob {name} is failed because 1 Master replica(s) failed.",
+                        job.scenario.finish_at(),
+                    )
+                )
+            for i, (kind, obj, typ, reason, message, at) in enumerate(happened):
+                if obj != want:
+                    continue
+                stamp = rfc3339(job.created + at)
+                items.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Event",
+                        "metadata": {
+                            "name": f"{obj}.{i}",
+                            "namespace": ns,
+                            "creationTimestamp": stamp,
+                        },
+                        "involvedObject": {"kind": kind, "name": obj, "namespace": ns},
+                        "type": typ,
+                        "reason": reason,
+                        "message": message,
+                        "count": 1,
+                        "firstTimestamp": stamp,
+                        "lastTimestamp": stamp,
+                        "source": {"component": "pytorchjob-controller"},
+                    }
+                )
+        return {"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": items}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    api: FakeKubeApi
+
+    def _serve(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {k.lower(): v.split(";")[0].strip() for k, v in self.headers.items()}
+        status, ctype, body, extra = self.api.handle(self.command, self.path, headers, raw)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in extra.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # The client gave up (a request timeout): as on a real server, no matter.
+
+    do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def minimal_job(name: str, namespace: str = "team-a") -> dict[str, Any]:
+    """A small valid PyTorchJob (tests that do not need the full spec builder)."""
+    template = {
+        "spec": {"containers": [{"name": "pytorch", "image": "gpupipe:test", "command": ["true"]}]}
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nprocPerNode": "1",
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}
+            },
+            "runPolicy": {"cleanPodPolicy": "None"},
+        },
+    }
+
+
+def _cond(kind: str, status: str, reason: str, message: str, stamp: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastUpdateTime": stamp,
+        "lastTransitionTime": stamp,
+    }
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """RFC 7386 JSON merge patch, in place."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)

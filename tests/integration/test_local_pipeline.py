@@ -1,0 +1,162 @@
+"""The whole pipeline under kfp.local through the real ``gpupipe`` command, as a user runs it."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["tests.fixtures.mlflow_server"]
+pytestmark = pytest.mark.integration
+
+GPUPIPE = Path(sys.executable).with_name("gpupipe")
+RUN_TIMEOUT_S = 240
+EPOCHS = "3"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The last stdout line, which ``--json`` promises is the summary."""
+        lines = self.stdout.strip().splitlines()
+        assert lines, f"no stdout; stderr tail:\n{self.stderr[-3000:]}"
+        return json.loads(lines[-1])
+
+    def executed(self, task: str) -> bool:
+        """Whether kfp.local started the task's process in this run (not served from cache)."""
+        return f"Executing task '{task}'" in _ANSI.sub("", self.stderr)
+
+
+def gpupipe(*args: str, cwd: Path) -> Run:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [str(GPUPIPE), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_local(root: Path, *params: str) -> Run:
+    argv = ["run", "--local", "--root", str(root), "--json", "--param", f"epochs={EPOCHS}"]
+    for p in params:
+        argv += ["--param", p]
+    return gpupipe(*argv, cwd=root.parent)
+
+
+@dataclass
+class TwoRuns:
+    root: Path
+    first: Run
+    second: Run
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> TwoRuns:
+    """Two runs in one root: the second meets the first's model as champion and its cache."""
+    root = tmp_path_factory.mktemp("local-pipeline") / "root"
+    first = run_local(root)
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = run_local(root)
+    return TwoRuns(root, first, second)
+
+
+def test_first_run_trains_evaluates_and_registers(two_runs: TwoRuns) -> None:
+    s = two_runs.first.summary
+    assert s["state"] == "SUCCEEDED"
+    assert s["metrics"]["accuracy"] > 0.7, s["metrics"]
+    assert s["metrics"]["roc_auc"] > 0.75, s["metrics"]
+    assert s["gate_passed"] is True, s["gate_reason"]
+    assert "no champion" in s["gate_reason"]
+    model = Path(s["model_uri"])
+    for name in ("model.safetensors", "model.json", "metrics.json"):
+        assert (model / name).is_file(), f"{name} missing from {model}"
+    report = Path(s["report"]).read_text()
+    assert report.lstrip().lower().startswith("<!doctype html")
+    assert html.escape(s["gate_reason"]) in report or s["gate_reason"] in report
+    assert s["registered_version"] == "1"
+    assert Path(s["registry_uri"].removeprefix("sqlite:///")).parent == two_runs.root
+
+
+def test_second_run_meets_the_champion(two_runs: TwoRuns) -> None:
+    assert two_runs.second.returncode == 0, two_runs.second.stderr[-4000:]
+    s = two_runs.second.summary
+    assert s["state"] == "SUCCEEDED"
+    assert "champion gpupipe-model v1" in s["gate_reason"]
+    # Registered (as version 2) exactly when the gate passed.
+    assert s.get("registered_version") == ("2" if s["gate_passed"] else None)
+    assert (Path(s["run_dir"]) / "register").exists() is s["gate_passed"]
+
+
+def test_second_run_serves_preprocess_from_cache(two_runs: TwoRuns) -> None:
+    first, second = two_runs.first, two_runs.second
+    assert first.executed("preprocess") and first.executed("train")
+    # kfp.local 2.17 logs its cache hit at INFO on the root logger, which is not shown: a cached
+    # task is one that kfp.local never starts and that gets no folder in the new run.
+    assert second.executed("train"), "train must not be cached"
+    assert not second.executed("preprocess"), "preprocess ran again instead of coming from cache"
+    assert not (Path(second.summary["run_dir"]) / "preprocess").exists()
+
+
+def test_run_registers_in_mlflow_server(two_runs: TwoRuns, mlflow_server: str) -> None:
+    import mlflow
+
+    name = "gpupipe-local-pipeline-it"
+    run = run_local(two_runs.root, f"registry_uri={mlflow_server}", f"registered_model_name={name}")
+    assert run.returncode == 0, run.stderr[-4000:]
+    s = run.summary
+    assert s["registry_uri"] == mlflow_server
+    assert s["gate_passed"] is True and s["registered_version"] == "1", s
+
+    version = mlflow.MlflowClient(tracking_uri=mlflow_server).get_model_version(name, "1")
+    run_id = version.tags.get("gpupipe.pipeline_run_id")
+    assert run_id, version.tags
+    train_out = json.loads((Path(s["run_dir"]) / "train" / "executor_output.json").read_text())
+    (model_artifact,) = train_out["artifacts"]["model"]["artifacts"]
+    assert model_artifact["metadata"]["job"] == f"{run_id}-train"
+
+
+def test_missing_data_fails_with_one_error_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-table.parquet"
+    run = gpupipe(
+        "run", "--local", "--root", str(tmp_path / "root"), "--json",
+        "--data", str(missing), "--target", "x", cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert run.summary["state"] == "FAILED"
+    errors = [
+        line.strip()
+        for line in (run.stdout + run.stderr).splitlines()
+        if line.strip().startswith("ERROR [preprocess] E_")
+    ]
+    assert len(errors) == 1, "\n".join(errors) or run.stderr[-3000:]
+    assert str(missing) in errors[0]
+
+
+def test_unknown_parameter_exits_2(tmp_path: Path) -> None:
+    run = gpupipe("run", "--local", "--root", str(tmp_path / "root"), "--param", "nosuch=1",
+                  cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.splitlines() if line.startswith("ERROR [")]
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("ERROR [gpupipe run] E_PARAM: unknown pipeline parameter 'nosuch'")
+    assert not (tmp_path / "root").exists()

