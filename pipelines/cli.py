@@ -64,6 +64,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if summary["state"] == "SUCCEEDED" else 1
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    from pipelines.render import render_pytorchjob
+
+    print(render_pytorchjob(_params(args.param), namespace=args.namespace), end="")
+    return 0
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     print()
     print(f"pipeline run {s['run_dir']}: {s['state']}")
@@ -105,6 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder whose <name>/component.yaml files are (re)written",
     )
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("render", help="print a resource the pipeline would create, as YAML")
+    p.add_argument("kind", choices=["pytorchjob"], help="what to render")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="pipeline parameter, e.g. nodes=2 (repeatable)",
+    )
+    p.add_argument("--namespace", default="kubeflow", help="namespace of the resource")
+    p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("run", help="run the training pipeline")
     p.add_argument("--local", action="store_true", help="run here with kfp.local (no cluster)")

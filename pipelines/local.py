@@ -51,7 +51,7 @@ def run_local(
 
     from pipelines.training import PIPELINE_NAME, build_training_pipeline
 
-    training_pipeline = build_training_pipeline(retries=0)
+    training_pipeline = build_training_pipeline(retries=0, cluster=False)
 
     _check_params(params)
     root = root.resolve()

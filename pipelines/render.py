@@ -8,17 +8,11 @@ from typing import Any
 import yaml
 
 from components.images import CPU_IMAGE, CUDA_IMAGE
-from pipelines.training import (
-    GPU_TOLERATION,
-    OBJECT_STORE_ENV,
-    RESOURCES,
-    SHM_SIZE,
-    training_pipeline,
-)
+from pipelines.training import training_pipeline
 from trainer.config import apply_overrides, from_dict
 from trainer.errors import InputError
-from trainer.launchers.jobspec import JobSpec, SecretEnv, build_pytorchjob, job_name
-from trainer.steps.train import TrainStepConfig
+from trainer.launchers.jobspec import JobSpec, build_pytorchjob, job_name
+from trainer.steps.train import TrainStepConfig, job_spec
 
 DEFAULT_NAMESPACE = "kubeflow"
 """Where KFP standalone runs its pipelines (multi-user installs use the profile's namespace)."""
@@ -96,40 +90,28 @@ def train_job_spec(
     gpus = _as_int(p["gpus_per_node"], "gpus_per_node")
     base = {
         "launcher": "pytorchjob",
-        # Without GPUs (a CPU cluster, kind) the job runs one gloo process per node by default.
+        # Without GPUs (a CPU cluster, kind) the job runs one gloo process per node.
         "nproc_per_node": gpus if gpus > 0 else 1,
         "nnodes": _as_int(p["nodes"], "nodes"),
         "model": {"name": p["model_name"]},
         "optim": {"lr": p["learning_rate"]},
         "train": {"epochs": p["epochs"], "global_batch_size": p["batch_size"]},
+        "cluster": {
+            "namespace": namespace,
+            "image": CUDA_IMAGE if gpus > 0 else CPU_IMAGE,
+            "gpus_per_node": gpus,
+            "gpu_resource": str(p["gpu_type"]),
+            "node_selector": _as_dict(p["gpu_node_selector"], "gpu_node_selector"),
+            "object_store_secret": str(p["object_store_secret"]),
+        },
     }
     merged = apply_overrides(
         apply_overrides(base, _json_object(p["train_config_json"], "train_config_json")),
         _json_object(p["hyperparams_json"], "hyperparams_json"),
     )
     step = from_dict(TrainStepConfig, merged)
-    res = RESOURCES["train"]
-    secret = str(p["object_store_secret"])
-    return JobSpec(
-        name=job_name(run_id, "train"),
-        namespace=namespace,
-        image=CUDA_IMAGE if gpus > 0 else CPU_IMAGE,
-        config_uri=config_uri,
-        nnodes=step.nnodes,
-        nproc_per_node=step.nproc_per_node,
-        gpus_per_node=gpus,
-        gpu_resource=str(p["gpu_type"]),
-        cpu_request=res.cpu_request,
-        cpu_limit=res.cpu_limit,
-        memory_request=res.memory_request,
-        memory_limit=res.memory_limit,
-        shm_size=SHM_SIZE,
-        tolerations=[dict(GPU_TOLERATION)] if gpus > 0 else [],
-        node_selector=_as_dict(p["gpu_node_selector"], "gpu_node_selector"),
-        secret_env=[
-            SecretEnv(env=env, secret=secret, key=key) for key, env in OBJECT_STORE_ENV.items()
-        ],
-        active_deadline_s=step.timeout_s,
+    return job_spec(
+        step, name=job_name(run_id, "train"), namespace=namespace, config_uri=config_uri
     )
 
 

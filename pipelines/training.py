@@ -13,6 +13,8 @@ from typing import Any
 from kfp import dsl, kubernetes
 
 from components import evaluate, notify, preprocess, register, train
+from components.images import CPU_IMAGE, CUDA_IMAGE
+from trainer.steps.train import GPU_TOLERATION, OBJECT_STORE_ENV
 
 PIPELINE_NAME = "gpupipe-training"
 
@@ -30,6 +32,7 @@ class StepResources:
 RESOURCES = {
     "preprocess": StepResources("1", "4", "4Gi", "16Gi"),
     "train": StepResources("4", "16", "16Gi", "64Gi"),
+    "train-launcher": StepResources("250m", "1", "512Mi", "2Gi"),
     "evaluate": StepResources("1", "2", "2Gi", "8Gi"),
     "register": StepResources("500m", "1", "1Gi", "2Gi"),
     "notify": StepResources("100m", "500m", "256Mi", "512Mi"),
@@ -44,9 +47,13 @@ TRAIN_CACHING = False
 """Caching of the train step. Off by default: a cached train step would skip training whenever
 the dataset artifact name and parameters repeat, even if the code changed under the same tag."""
 
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
-"""Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
+DOWNWARD_API_ENV = {
+    "POD_NAME": "metadata.name",
+    "POD_NAMESPACE": "metadata.namespace",
+    "POD_UID": "metadata.uid",
+}
+"""The PyTorchJob launcher's own pod: the job's namespace and its ownerReference (a deleted
+run then takes the job with it)."""
 
 
 def _configure(
@@ -63,11 +70,13 @@ def _configure(
     return task
 
 
-def build_training_pipeline(*, retries: int = RETRIES) -> Any:
-    """Build the pipeline; ``retries`` per step (0 for local runs, see ``pipelines/local.py``).
+def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> Any:
+    """Build the pipeline: ``retries`` per step; ``cluster`` adds the PyTorchJob branch.
 
-    KFP's retry policy cannot tell a permanent failure (bad input, exit code 2) from a transient
-    one, so a local run, where transient failures are rare and a person is waiting, fails at once.
+    Local runs (``pipelines/local.py``) use ``retries=0, cluster=False``: KFP's retry policy
+    cannot tell a permanent failure (bad input, exit code 2) from a transient one, and a person
+    is waiting; and the PyTorchJob launcher needs a cluster, while kfp.local 2.17 cannot join
+    the two train branches (``dsl.OneOf`` over artifacts inside the exit handler fails there).
     """
 
     @dsl.pipeline(
@@ -131,34 +140,61 @@ def build_training_pipeline(*, retries: int = RETRIES) -> Any:
             _configure(prep, "preprocess", object_store_secret, retries=retries)
             prep.set_caching_options(True)
 
-            tr = train(
-                dataset=prep.outputs["dataset"],
-                model_name=model_name,
-                epochs=epochs,
-                learning_rate=learning_rate,
-                batch_size=batch_size,
-                nproc_per_node=gpus_per_node,
-                nnodes=nodes,
-                launcher=launcher,
-                hyperparams_json=hyperparams_json,
-                config_json=train_config_json,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-                # An input, not only a resource setting: KFP 2.17 passes channels that only
-                # set_accelerator_type reads into no sub-DAG (the exit handler's), so the run fails.
-                gpu_type=gpu_type,
-            )
-            _configure(tr, "train", object_store_secret, retries=retries)
-            tr.set_caching_options(TRAIN_CACHING)
-            tr.set_accelerator_type(gpu_type).set_accelerator_limit(gpus_per_node)
-            kubernetes.empty_dir_mount(
-                tr, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
-            )
-            kubernetes.add_toleration(tr, **GPU_TOLERATION)
-            kubernetes.add_node_selector_json(tr, gpu_node_selector)
+            def train_task() -> dsl.PipelineTask:
+                return train(
+                    dataset=prep.outputs["dataset"],
+                    model_name=model_name,
+                    epochs=epochs,
+                    learning_rate=learning_rate,
+                    batch_size=batch_size,
+                    gpus_per_node=gpus_per_node,
+                    nnodes=nodes,
+                    launcher=launcher,
+                    hyperparams_json=hyperparams_json,
+                    config_json=train_config_json,
+                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                    task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+                    # An input, not only a resource setting: KFP 2.17 passes a channel that only
+                    # set_accelerator_type reads into no sub-DAG, and the run fails.
+                    gpu_type=gpu_type,
+                    gpu_node_selector=gpu_node_selector,
+                    object_store_secret=object_store_secret,
+                    cuda_image=CUDA_IMAGE,
+                    cpu_image=CPU_IMAGE,
+                )
+
+            def train_in_step() -> dsl.PipelineTask:
+                tr = train_task().set_display_name("train")
+                _configure(tr, "train", object_store_secret, retries=retries)
+                tr.set_caching_options(TRAIN_CACHING)
+                tr.set_accelerator_type(gpu_type).set_accelerator_limit(gpus_per_node)
+                kubernetes.empty_dir_mount(
+                    tr,
+                    volume_name="dshm",
+                    mount_path="/dev/shm",
+                    medium="Memory",
+                    size_limit=SHM_SIZE,
+                )
+                kubernetes.add_toleration(tr, **GPU_TOLERATION)
+                kubernetes.add_node_selector_json(tr, gpu_node_selector)
+                return tr
+
+            if not cluster:
+                model = train_in_step().outputs["model"]
+            else:
+                with dsl.If(launcher == "pytorchjob", name="train-on-cluster"):
+                    # This pod only creates and watches the PyTorchJob: no GPU for it.
+                    job = train_task().set_display_name("train (PyTorchJob)")
+                    _configure(job, "train-launcher", object_store_secret, retries=retries)
+                    job.set_caching_options(TRAIN_CACHING)
+                    for env, path in DOWNWARD_API_ENV.items():
+                        kubernetes.use_field_path_as_env(job, env_name=env, field_path=path)
+                with dsl.Else(name="train-in-step"):
+                    tr = train_in_step()
+                model = dsl.OneOf(job.outputs["model"], tr.outputs["model"])
 
             ev = evaluate(
-                model=tr.outputs["model"],
+                model=model,
                 dataset=prep.outputs["dataset"],
                 gate_metric=gate_metric,
                 gate_threshold=gate_threshold,
@@ -170,7 +206,7 @@ def build_training_pipeline(*, retries: int = RETRIES) -> Any:
 
             with dsl.If(ev.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
                 reg = register(
-                    model=tr.outputs["model"],
+                    model=model,
                     metrics=ev.outputs["metrics"],
                     data_hash=prep.outputs["data_hash"],
                     gate_passed=True,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 EXIT_BAD_INPUT = 2
 """Permanent failure under the training operator's ExitCode restart policy (1-127)."""
 EXIT_PREEMPTED = 143
@@ -23,3 +25,22 @@ def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -
     code = exc.code if isinstance(exc, InputError) else default_code
     text = " ".join(str(exc).split()) or type(exc).__name__
     return f"ERROR [{step}] {code}: {text}"
+
+
+_ERROR_LINE = re.compile(r"ERROR \[(?P<step>[\w -]+)\] (?P<code>E_[A-Z_]+): (?P<text>.*)$")
+
+
+def parse_error_line(line: str, step: str = "train") -> InputError | None:
+    """The :class:`InputError` a child process reported with :func:`error_line`, if ``line`` is one.
+
+    Launchers use it to fail their step the way the job failed: a job that rejected its input
+    makes the step exit 2 with the same message. A prefix (torchrun's ``[rank0]:``) is allowed.
+    """
+    m = _ERROR_LINE.search(line.strip())
+    if m is None or m.group("step") != step:
+        return None
+    text = m.group("text")
+    if text.endswith(")") and " (" in text:
+        what, where = text[:-1].rsplit(" (", 1)
+        return InputError(m.group("code"), what, where)
+    return InputError(m.group("code"), text, step)

@@ -15,7 +15,7 @@ def train(
     epochs: int = 10,
     learning_rate: float = 0.001,
     batch_size: int = 256,
-    nproc_per_node: int = 1,
+    gpus_per_node: int = 1,
     nnodes: int = 1,
     launcher: str = "local",
     hyperparams_json: str = "{}",
@@ -23,6 +23,10 @@ def train(
     pipeline_run_id: str = "",
     task_name: str = "train",
     gpu_type: str = "nvidia.com/gpu",
+    gpu_node_selector: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
+    object_store_secret: str = "",
+    cuda_image: str = "",
+    cpu_image: str = "",
 ):
     """Train on the preprocessed dataset (see trainer.steps.train).
 
@@ -31,9 +35,16 @@ def train(
     KFP run id and task name, and resumes from its checkpoints when the step is retried.
     ``gpu_type`` is the accelerator the pipeline asked for; it is recorded in the model's
     metadata (and, being an input, it reaches the step's sub-DAG on every backend).
+
+    With ``launcher="pytorchjob"`` this pod only launches and watches: the job's pods (GPU
+    limits, node selector, object-store secret from here) cannot see this pod's files, so they
+    get URIs, and rank 0 writes the model straight into KFP's artifact store. The job runs
+    ``cuda_image`` (GPUs) or ``cpu_image``; the pipeline passes this package version's images
+    (KFP re-runs this function's source, so defaults here can only be literals).
     """
     import json
 
+    from trainer import storage
     from trainer.config import apply_overrides, from_dict
     from trainer.launchers.jobspec import job_name
     from trainer.steps import run_guarded, write_metadata_file
@@ -43,23 +54,37 @@ def train(
         base = {
             "launcher": launcher,
             # 0 GPUs per node (a CPU cluster, kind) still means one (gloo) process per node.
-            "nproc_per_node": max(nproc_per_node, 1),
+            "nproc_per_node": max(gpus_per_node, 1),
             "nnodes": nnodes,
             "model": {"name": model_name},
             "optim": {"lr": learning_rate},
             "train": {"epochs": epochs, "global_batch_size": batch_size},
         }
+        remote = launcher == "pytorchjob"
+        if remote:
+            base["cluster"] = {
+                "image": cuda_image if gpus_per_node > 0 else cpu_image,
+                "gpus_per_node": gpus_per_node,
+                "gpu_resource": gpu_type,
+                "node_selector": dict(gpu_node_selector),
+                "object_store_secret": object_store_secret or None,
+            }
         merged = apply_overrides(
             apply_overrides(base, json.loads(config_json)), json.loads(hyperparams_json)
         )
         cfg = from_dict(TrainStepConfig, merged)
-        return train_step(
+        model_uri = model.uri if remote else model.path
+        result = train_step(
             cfg,
-            dataset_uri=dataset.path,
-            model_uri=model.path,
-            work_uri=model.path + "-work",
+            dataset_uri=dataset.uri if remote else dataset.path,
+            model_uri=model_uri,
+            work_uri=model_uri.rstrip("/") + "-work",
             job_name=job_name(pipeline_run_id or "local", task_name),
         )
+        if remote and model.uri != model.path:
+            # KFP uploads model.path when the step ends: give it the files the job wrote.
+            storage.copy_tree(model.uri, model.path)
+        return result
 
     result = run_guarded("train", body)
     for key, value in sorted(result.metrics.items()):

@@ -54,11 +54,11 @@ def rfc3339(t: float, *, nanos: bool = False) -> str:
 class Scenario:
     """What the simulated operator does with a job, on a clock that starts at its creation."""
 
-    pending_s: float = 0.1
+    pending_s: float = 0.05
     """The master pod is Pending (container creating, no log) until then, then Running."""
     lines: list[str] = field(default_factory=lambda: [f"step {i} loss {1 / i:.3f}" for i in (1, 2)])
     """The master's log, one line per ``line_every_s`` once Running."""
-    line_every_s: float = 0.05
+    line_every_s: float = 0.03
     outcome: Literal["Succeeded", "Failed"] | None = "Succeeded"
     """``None``: the job runs forever."""
     finish_s: float | None = None
@@ -159,7 +159,10 @@ class FakeKubeApi:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        # A short poll interval: shutdown() waits for it, once per test.
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

@@ -481,7 +481,7 @@ def _rbac(method: str, path: str) -> tuple[str, str, str]:
     group = "kubeflow.org" if path.startswith("/apis/kubeflow.org/") else ""
     parts = path.split("/namespaces/", 1)[1].split("/")[1:]
     resource = "/".join(parts[::2])  # pods/<name>/log -> pods/log
-    named = len(parts) % 2 == 0
+    named = len(parts) >= 2
     verb = {
         "POST": "create",
         "DELETE": "delete",
@@ -510,3 +510,11 @@ def test_importing_the_launcher_does_not_import_kubernetes() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+def test_without_a_cluster_the_default_api_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+
+    with pytest.raises(RuntimeError, match="no Kubernetes API to talk to"):
+        launch(PyTorchJobLauncher(namespace=NS, spec_factory=spec_factory))

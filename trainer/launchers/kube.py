@@ -104,6 +104,9 @@ class KubeApi:
         self._core = client.CoreV1Api(api_client)
         self.retry = retry or RetryPolicy()
         self.request_timeout_s = request_timeout_s
+        # (connect, read): the client silently ignores a float, and an int is a total timeout
+        # that would also cut a long log download short.
+        self._timeout = (request_timeout_s, request_timeout_s)
         self._sleep = sleep
 
     @classmethod
@@ -146,7 +149,7 @@ class KubeApi:
                     namespace,
                     PLURAL,
                     body,
-                    _request_timeout=self.request_timeout_s,
+                    _request_timeout=self._timeout,
                 ),
             )
         except KubeApiError as e:
@@ -162,7 +165,7 @@ class KubeApi:
                 namespace,
                 name,
                 lambda: self._custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.request_timeout_s
+                    GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self._timeout
                 ),
             )
         except KubeApiError as e:
@@ -184,7 +187,7 @@ class KubeApi:
                     PLURAL,
                     name,
                     propagation_policy="Background",
-                    _request_timeout=self.request_timeout_s,
+                    _request_timeout=self._timeout,
                 ),
             )
         except KubeApiError as e:
@@ -207,7 +210,7 @@ class KubeApi:
                     PLURAL,
                     name,
                     patch,
-                    _request_timeout=self.request_timeout_s,
+                    _request_timeout=self._timeout,
                 ),
             )
         except KubeApiError as e:
@@ -227,7 +230,7 @@ class KubeApi:
             namespace,
             job_name,
             lambda: self._core.list_namespaced_pod(
-                namespace, label_selector=selector, _request_timeout=self.request_timeout_s
+                namespace, label_selector=selector, _request_timeout=self._timeout
             ),
         )
         return list(self._client.sanitize_for_serialization(pods).get("items") or [])
@@ -261,7 +264,7 @@ class KubeApi:
                     pod,
                     namespace,
                     _preload_content=False,
-                    _request_timeout=self.request_timeout_s,
+                    _request_timeout=self._timeout,
                     **kwargs,
                 ),
             )
@@ -280,7 +283,7 @@ class KubeApi:
             lambda: self._core.list_namespaced_event(
                 namespace,
                 field_selector=f"involvedObject.name={involved_name}",
-                _request_timeout=self.request_timeout_s,
+                _request_timeout=self._timeout,
             ),
         )
         return list(self._client.sanitize_for_serialization(events).get("items") or [])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from trainer.errors import InputError
+from trainer.errors import InputError, parse_error_line
 from trainer.launchers.kube import API_CALLS, KubeApi, KubeApiError
 
 __all__ = ["API_CALLS", "LaunchCancelled", "PodRef", "PyTorchJobLauncher", "job_state"]
@@ -28,11 +28,12 @@ SpecFactory = Callable[[str, str, int, int], dict[str, Any]]
 OnExit = Literal["delete", "keep", "suspend"]
 
 TERMINAL = ("Succeeded", "Failed")
-_ERROR_LINE = re.compile(r"ERROR \[train\] (E_[A-Z_]+): (.*)$")
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
 _LOG_OVERLAP_S = 5
 """Extra seconds each log poll reaches back: lines seen twice are dropped, lines missed are not."""
 _EVENTS_SHOWN = 10
+_GONE_WAIT_S = 600.0
+"""Longest wait for an earlier attempt's job to finish being deleted (a stuck finalizer)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,8 +112,7 @@ class _MasterLog:
         self.api = api
         self.namespace = namespace
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
-        self.errors: list[tuple[str, str]] = []
-        self.printed = 0
+        self.errors: list[InputError] = []
         # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
         self._first_tail: int | None = tail if reattached else None
         self._last: tuple[int, int] | None = None
@@ -159,10 +159,9 @@ class _MasterLog:
 
     def _emit(self, line: str) -> None:
         sys.stdout.write(line + "\n")
-        self.printed += 1
         self.tail.append(line)
-        if m := _ERROR_LINE.search(line.strip()):
-            self.errors.append((m.group(1), m.group(2)))
+        if err := parse_error_line(line):
+            self.errors.append(err)
 
     def last_lines(self, pod: Mapping[str, Any] | None) -> list[str]:
         """The master's last lines: those streamed, else (a job found finished) from the API."""
@@ -173,8 +172,8 @@ class _MasterLog:
         )
         for line in (text or "").splitlines():
             self.tail.append(line)
-            if m := _ERROR_LINE.search(line.strip()):
-                self.errors.append((m.group(1), m.group(2)))
+            if err := parse_error_line(line):
+                self.errors.append(err)
         return list(self.tail)
 
 
@@ -364,9 +363,8 @@ class _Run:
         diagnosis = self.diagnose(job)
         done = self.apply_on_exit()
         if self.master.errors:
-            code, message = self.master.errors[0]
             log.error("%s\n%s", diagnosis, done)
-            raise InputError(code, *_split_where(message))
+            raise self.master.errors[0]
         raise RuntimeError(f"{diagnosis}\n{done}")
 
     # Phases
@@ -374,6 +372,7 @@ class _Run:
     def start(self, body: dict[str, Any]) -> dict[str, Any]:
         """The job: the existing one of that name (re-attached), else a new one."""
         races = 0
+        gone_by = time.monotonic() + _GONE_WAIT_S
         while True:
             self.check()
             job = self.api.get_job(self.ns, self.name)
@@ -391,6 +390,11 @@ class _Run:
             if (job.get("metadata") or {}).get("deletionTimestamp"):
                 # An earlier attempt's job on its way out: wait, then start afresh.
                 log.info("PyTorchJob %s is being deleted; creating it anew once gone", self.ref)
+                if time.monotonic() > gone_by:
+                    raise RuntimeError(
+                        f"PyTorchJob {self.ref} has been deleting for over {_GONE_WAIT_S:.0f} s "
+                        "(a finalizer that nothing removes?); the step cannot start its job"
+                    )
                 self.sleep(self.launcher.poll_s)
                 continue
             self.have_job = True
@@ -564,11 +568,3 @@ def _event_time(event: Mapping[str, Any]) -> str:
         or meta.get("creationTimestamp")
         or ""
     )
-
-
-def _split_where(message: str) -> tuple[str, str]:
-    """``"what (where)"`` -> ``("what", "where")`` for re-raising a worker's error line."""
-    if message.endswith(")") and " (" in message:
-        what, where = message[:-1].rsplit(" (", 1)
-        return what, where
-    return message, "train"

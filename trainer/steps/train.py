@@ -12,7 +12,6 @@ import collections
 import contextlib
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,11 +32,51 @@ from trainer.config import (
     to_dict,
     to_json,
 )
-from trainer.errors import InputError
+from trainer.errors import InputError, parse_error_line
+from trainer.launchers.jobspec import JobSpec, SecretEnv
+
+OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+"""Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+"""Lets GPU pods onto nodes tainted for GPU work (the common cloud setup)."""
 
 log = logging.getLogger(__name__)
 
-_ERROR_LINE = re.compile(r"ERROR \[train\] (E_[A-Z_]+): (.*)$")
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    """Where and how the ``pytorchjob`` launcher runs the job (ignored by the local launcher)."""
+
+    namespace: str | None = None
+    """Namespace of the PyTorchJob; ``None``: the launcher pod's own (downward API)."""
+    image: str = ""
+    """Image of the job's pods (the component sets the package's CUDA or CPU image)."""
+    gpus_per_node: int = 0
+    """GPUs each job pod requests (and processes per node when > 0)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource that counts GPUs."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels of the GPU nodes, e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``."""
+    object_store_secret: str | None = None
+    """Secret with ``accesskey``/``secretkey`` of the artifact store, as AWS_* env vars."""
+    cpu_request: str | None = "4"
+    cpu_limit: str | None = "16"
+    memory_request: str | None = "16Gi"
+    memory_limit: str | None = "64Gi"
+    shm_size: str = "16Gi"
+    """Memory-backed /dev/shm (the 64 MB container default crashes NCCL and data loaders)."""
+    on_exit: Literal["delete", "keep", "suspend"] = "delete"
+    """What happens to the job when the step fails, times out or is cancelled."""
+    service_account: str | None = None
+    """Service account of the job's pods (none needed for reading the object store by secret)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.gpus_per_node >= 0,
+            "train.cluster.gpus_per_node",
+            "must be >= 0",
+            self.gpus_per_node,
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,8 +97,16 @@ class TrainStepConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
+        if self.launcher == "pytorchjob":
+            _require(
+                bool(self.cluster.image),
+                "train.cluster.image",
+                "must be set for launcher 'pytorchjob'",
+                self.cluster.image,
+            )
         _require(
             self.nproc_per_node > 0, "train.nproc_per_node", "must be > 0", self.nproc_per_node
         )
@@ -171,7 +218,7 @@ class LocalLauncher:
             start_new_session=True,
         )
         tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
-        errors: list[tuple[str, str]] = []
+        errors: list[InputError] = []
 
         def pump() -> None:
             assert proc.stdout is not None
@@ -179,9 +226,8 @@ class LocalLauncher:
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 tail.append(line.rstrip("\n"))
-                m = _ERROR_LINE.search(line.strip())
-                if m:
-                    errors.append((m.group(1), m.group(2)))
+                if err := parse_error_line(line):
+                    errors.append(err)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
@@ -203,8 +249,7 @@ class LocalLauncher:
         if proc.returncode == 0:
             return
         if errors:
-            code, message = errors[0]
-            raise InputError(code, *_split_where(message))
+            raise errors[0]
         last = "\n".join(tail)
         raise RuntimeError(
             f"training job {job_name} failed (torchrun exit code "
@@ -234,14 +279,6 @@ def _forward_sigterm(proc: subprocess.Popen[str]) -> Any:
             os.killpg(proc.pid, signal.SIGTERM)
 
     return signal.signal(signal.SIGTERM, handler)
-
-
-def _split_where(message: str) -> tuple[str, str]:
-    """``"what (where)"`` -> ``("what", "where")`` for re-raising a worker's error line."""
-    if message.endswith(")") and " (" in message:
-        what, where = message[:-1].rsplit(" (", 1)
-        return what, where
-    return message, "train"
 
 
 def read_schema(dataset_uri: str) -> dict[str, Any]:
@@ -314,13 +351,7 @@ def train_step(
     config_uri = storage.join(work_uri, "worker-config.json")
     storage.write_text(config_uri, to_json(worker_cfg))
     if launcher is None:
-        if cfg.launcher != "local":
-            raise InputError(
-                "E_CONFIG",
-                f"launcher {cfg.launcher!r} needs a cluster client; pass one or use 'local'",
-                "train.launcher",
-            )
-        launcher = LocalLauncher()
+        launcher = make_launcher(cfg)
     launcher.launch(
         job_name=job_name,
         config_uri=config_uri,
@@ -339,4 +370,61 @@ def train_step(
         metrics={k: float(v) for k, v in metrics.items()},
         steps=steps,
         job_name=job_name,
+    )
+
+
+def job_spec(cfg: TrainStepConfig, *, name: str, namespace: str, config_uri: str) -> JobSpec:
+    """The PyTorchJob spec of a train step: one mapping, shared with ``gpupipe render``."""
+    c = cfg.cluster
+    secret_env = []
+    if c.object_store_secret:
+        secret_env = [
+            SecretEnv(env=env, secret=c.object_store_secret, key=key)
+            for key, env in OBJECT_STORE_ENV.items()
+        ]
+    return JobSpec(
+        name=name,
+        namespace=namespace,
+        image=c.image,
+        config_uri=config_uri,
+        nnodes=cfg.nnodes,
+        nproc_per_node=cfg.nproc_per_node,
+        gpus_per_node=c.gpus_per_node,
+        gpu_resource=c.gpu_resource,
+        cpu_request=c.cpu_request,
+        cpu_limit=c.cpu_limit,
+        memory_request=c.memory_request,
+        memory_limit=c.memory_limit,
+        shm_size=c.shm_size,
+        tolerations=[dict(GPU_TOLERATION)] if c.gpus_per_node > 0 else [],
+        node_selector=dict(c.node_selector),
+        secret_env=secret_env,
+        service_account=c.service_account,
+        active_deadline_s=cfg.timeout_s,
+    )
+
+
+def make_launcher(cfg: TrainStepConfig) -> Launcher:
+    """The launcher ``cfg.launcher`` names, configured from the step's cluster settings."""
+    if cfg.launcher == "local":
+        return LocalLauncher()
+    from trainer.launchers.jobspec import build_pytorchjob
+    from trainer.launchers.pytorchjob import PyTorchJobLauncher
+
+    namespace = cfg.cluster.namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        raise InputError(
+            "E_CONFIG",
+            "the pytorchjob launcher needs a namespace: set "
+            "train.cluster.namespace or POD_NAMESPACE (downward API)",
+            "train.cluster.namespace",
+        )
+
+    def factory(name: str, config_uri: str, nproc: int, nnodes: int) -> dict[str, Any]:
+        return build_pytorchjob(
+            job_spec(cfg, name=name, namespace=namespace, config_uri=config_uri)
+        )
+
+    return PyTorchJobLauncher.from_environment(
+        spec_factory=factory, namespace=namespace, on_exit=cfg.cluster.on_exit
     )
