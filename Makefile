@@ -41,7 +41,7 @@ run: setup ## set up, make demo data, run the whole pipeline locally (kfp.local)
 .PHONY: train-demo
 train-demo: setup ## only the trainer: demo table, torchrun with $(NPROC) local processes (gloo)
 	$(BIN)/python -m trainer.demo --out $(RUN_DIR)/trainer
-	$(BIN)/python -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) \
+	$(BIN)/python -m trainer.launch --standalone --nproc_per_node=$(NPROC) \
 	    -m trainer.worker --config $(RUN_DIR)/trainer/config.json
 	$(BIN)/python -m trainer.demo --summarize $(RUN_DIR)/trainer
 

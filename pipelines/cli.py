@@ -1,15 +1,19 @@
-"""The ``gpupipe`` command: demo data, compile, and run the pipeline locally (``kfp.local``)."""
+"""The ``gpupipe`` command: demo data, compile, run locally (``kfp.local``) or on a KFP cluster."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import parse_value
 from trainer.errors import InputError, error_line
+
+if TYPE_CHECKING:
+    from pipelines.cluster import KfpCluster
 
 DEFAULT_ROOT = ".runs/local"
 
@@ -44,9 +48,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.local and args.host:
+        raise InputError("E_PARAM", "pick one of --local and --host", "gpupipe run")
+    if args.host:
+        return _run_on_cluster(args)
     if not args.local:
         raise InputError(
-            "E_PARAM", "only local runs are available in this version: add --local", "gpupipe run"
+            "E_PARAM",
+            "say where to run: --local (kfp.local, here) or --host URL (a KFP cluster)",
+            "gpupipe run",
         )
     from pipelines.local import run_local
 
@@ -62,6 +72,188 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary)
     return 0 if summary["state"] == "SUCCEEDED" else 1
+
+
+def _cluster(args: argparse.Namespace) -> KfpCluster:
+    from pipelines.cluster import KfpCluster, resolve_auth
+
+    return KfpCluster(args.host, auth=resolve_auth(args.token), namespace=args.namespace)
+
+
+def _default_pipeline() -> str:
+    from pipelines.training import PIPELINE_NAME
+
+    return PIPELINE_NAME
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from pipelines.cluster import compile_training_pipeline
+
+    compiled = compile_training_pipeline()
+    cluster = _cluster(args)
+    pipeline = args.pipeline or compiled.name
+    up = cluster.upload(compiled, pipeline=pipeline, version=args.version)
+    if up.version_created:
+        what = "created pipeline and version" if up.pipeline_created else "added version"
+    else:
+        what = "unchanged: this YAML is already uploaded as version"
+    print(f"{what} {up.version_name!r} of pipeline {pipeline!r}")
+    print(f"  pipeline id  {up.pipeline_id}")
+    print(f"  version id   {up.version_id}")
+    print(f"  {cluster.pipeline_link(up.pipeline_id, up.version_id)}")
+    return 0
+
+
+def _cluster_params(args: argparse.Namespace) -> dict[str, Any]:
+    """``--param`` (plus ``--data``/``--target``), typed and checked before any API call."""
+    from pipelines.cluster import typed_parameters
+
+    pairs = list(args.param)
+    if getattr(args, "data", None):
+        pairs.append(f"data_uri={args.data}")
+    if getattr(args, "target", None):
+        pairs.append(f"target={args.target}")
+    return typed_parameters(pairs)
+
+
+def _run_on_cluster(args: argparse.Namespace) -> int:
+    from pipelines.cluster import compile_training_pipeline, failed_tasks
+
+    params = _cluster_params(args)
+    if args.compiled and args.version:
+        raise InputError(
+            "E_PARAM", "--version names an uploaded version: drop --compiled", "--version"
+        )
+    if args.timeout <= 0:
+        raise InputError("E_PARAM", f"--timeout must be > 0, got {args.timeout}", "--timeout")
+    compiled = compile_training_pipeline() if args.compiled else None
+    cluster = _cluster(args)
+    pipeline = args.pipeline or _default_pipeline()
+    version = None if compiled else cluster.resolve_version(pipeline, args.version)
+    experiment_id = cluster.experiment_id(args.experiment)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    run_id = cluster.start_run(
+        display_name=args.run_name or f"{pipeline}-{stamp}",
+        experiment_id=experiment_id,
+        parameters=params,
+        version=version,
+        pipeline_spec=compiled.pipeline_spec() if compiled else None,
+    )
+    source = "freshly compiled YAML" if compiled else f"pipeline {pipeline!r} version {version[1]}"
+    print(f"started run {run_id} of {source} in experiment {args.experiment!r}")
+    print(f"  {cluster.run_link(run_id)}")
+    if not args.wait:
+        return 0
+    run = cluster.wait(
+        run_id, timeout_s=args.timeout, on_state=lambda s: print(f"  run {run_id}: {s}", flush=True)
+    )
+    if run.state == "SUCCEEDED":
+        print(f"run {run_id} SUCCEEDED")
+        return 0
+    tasks = failed_tasks(run)
+    detail = f"failed task: {'; '.join(tasks)}" if tasks else "no failed task reported"
+    print(
+        f"ERROR [gpupipe run] E_RUN_{run.state}: run {run_id} {run.state}, {detail} "
+        f"({cluster.run_link(run_id)})",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from pipelines import cron as cronlib
+    from pipelines.cluster import parse_time, same_schedule, schedule_body
+
+    for action in ("enable", "disable", "delete"):
+        if name := getattr(args, action):
+            cluster = _cluster(args)
+            found = cluster.find_schedule(name)
+            if found is None:
+                raise InputError(
+                    "E_NOT_FOUND", f"no recurring run named {name!r} on {args.host}", f"--{action}"
+                )
+            cluster.set_schedule(found.recurring_run_id, action)
+            print(f"{action}d recurring run {name!r} ({found.recurring_run_id})")
+            return 0
+    if args.list:
+        _print_schedules(_cluster(args).list_schedules())
+        return 0
+    # Create or update: everything a person can get wrong is checked before the first call.
+    if not args.cron:
+        raise InputError("E_CRON", "--cron is required to create a schedule", "--cron")
+    cronlib.parse(args.cron)
+    params = _cluster_params(args)
+    if args.max_concurrency < 1:
+        raise InputError(
+            "E_PARAM",
+            f"--max-concurrency must be >= 1, got {args.max_concurrency}",
+            "--max-concurrency",
+        )
+    start = parse_time(args.start, "--start") if args.start else None
+    end = parse_time(args.end, "--end") if args.end else None
+    if start and end and end <= start:
+        raise InputError("E_TIME", f"--end {args.end} is not after --start {args.start}", "--end")
+    cluster = _cluster(args)
+    pipeline = args.pipeline or _default_pipeline()
+    name = args.name or f"{pipeline}-schedule"
+    body = schedule_body(
+        name=name,
+        cron=args.cron,
+        experiment_id=cluster.experiment_id(args.experiment),
+        version=cluster.resolve_version(pipeline, args.version),
+        parameters=params,
+        max_concurrency=args.max_concurrency,
+        no_catchup=args.no_catchup,
+        start=start,
+        end=end,
+    )
+    old = cluster.find_schedule(name)
+    if old is not None and same_schedule(old, body):
+        print(
+            f"unchanged: recurring run {name!r} ({old.recurring_run_id}) already has these settings"
+        )
+        return 0
+    # KFP v2beta1 cannot update a recurring run: create the new one, then delete the old one,
+    # so a schedule exists at every moment.
+    new_id = cluster.create_schedule(body)
+    if old is not None:
+        cluster.set_schedule(old.recurring_run_id, "delete")
+    print(f"{'replaced' if old else 'created'} recurring run {name!r} ({new_id}): {args.cron} UTC")
+    print(f"  {cluster.recurring_run_link(new_id)}")
+    return 0
+
+
+def _print_schedules(runs: list[Any]) -> None:
+    from pipelines import cron as cronlib
+    from pipelines.cluster import _utc
+
+    now = datetime.now(UTC)
+    rows = [("NAME", "MODE", "CRON", "NEXT FIRE (UTC)", "ID")]
+    for r in runs:
+        cs = r.trigger.cron_schedule if r.trigger else None
+        mode = str(r.mode or "ENABLE")
+        if cs is None or not cs.cron:
+            expr, nxt = "(periodic)", "-"
+        else:
+            expr = cs.cron
+            start, end = _utc(cs.start_time), _utc(cs.end_time)
+            try:
+                t = cronlib.next_fire(cronlib.parse(cs.cron), max(now, start or now))
+            except ValueError:
+                t = None
+            if mode != "ENABLE":
+                nxt = "- (disabled)"
+            elif t is None or (end is not None and t > end):
+                nxt = "- (no more runs)"
+            else:
+                nxt = t.strftime("%Y-%m-%dT%H:%M:%SZ")
+        rows.append((str(r.display_name), mode, expr, nxt, str(r.recurring_run_id)))
+    if len(rows) == 1:
+        print("no recurring runs")
+        return
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -138,8 +330,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--root", default=DEFAULT_ROOT, help="where outputs, cache and registry go")
     p.add_argument("--json", action="store_true", help="last stdout line: the summary as JSON")
+    _cluster_args(p, required=False)
+    p.add_argument("--version", help="uploaded version name (default: the newest)")
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="run freshly compiled YAML (sent inline) instead of an uploaded version",
+    )
+    p.add_argument("--experiment", default="gpupipe", help="experiment (created when missing)")
+    p.add_argument("--run-name", help="display name of the run (default: <pipeline>-<UTC time>)")
+    p.add_argument("--wait", action="store_true", help="follow the run; exit 1 if it fails")
+    p.add_argument(
+        "--timeout", type=float, default=6 * 3600, help="seconds --wait waits (default 6 h)"
+    )
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("upload", help="upload the training pipeline to KFP (idempotent)")
+    _cluster_args(p, required=True)
+    p.add_argument("--version", help="version name (default: v-<sha256 of the YAML>[:12])")
+    p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser("schedule", help="create, update, list, enable, disable or delete schedules")
+    _cluster_args(p, required=True)
+    p.add_argument("--cron", help="six fields, UTC: 'sec min hour day-of-month month day-of-week'")
+    p.add_argument("--name", help="display name (default: <pipeline>-schedule)")
+    p.add_argument("--version", help="uploaded version name (default: the newest)")
+    p.add_argument("--experiment", default="gpupipe", help="experiment (created when missing)")
+    p.add_argument("--max-concurrency", type=int, default=1, help="runs at once (default 1)")
+    p.add_argument("--no-catchup", action="store_true", help="skip runs missed while paused")
+    p.add_argument("--start", help="ISO 8601 time of the first possible run (UTC if no zone)")
+    p.add_argument("--end", help="ISO 8601 time after which nothing runs")
+    p.add_argument(
+        "--param", action="append", default=[], metavar="NAME=VALUE", help="pipeline parameter"
+    )
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--enable", metavar="NAME", help="enable the recurring run NAME")
+    action.add_argument("--disable", metavar="NAME", help="disable the recurring run NAME")
+    action.add_argument("--delete", metavar="NAME", help="delete the recurring run NAME")
+    action.add_argument("--list", action="store_true", help="list schedules and next fire times")
+    p.set_defaults(func=cmd_schedule)
     return parser
+
+
+def _cluster_args(p: argparse.ArgumentParser, *, required: bool) -> None:
+    p.add_argument(
+        "--host",
+        required=required,
+        help="KFP endpoint, e.g. http://localhost:8080 (a port-forward of svc/ml-pipeline-ui)",
+    )
+    p.add_argument(
+        "--token",
+        help="bearer token (default: $KF_PIPELINES_SA_TOKEN_PATH, then the in-cluster token)",
+    )
+    p.add_argument("--namespace", help="profile namespace (multi-user KFP)")
+    p.add_argument("--pipeline", help="pipeline name (default: gpupipe-training)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(error_line(f"gpupipe {args.command}", e), file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from pipelines.cluster import ClusterError
+
+        if not isinstance(e, ClusterError):  # a bug or an unexpected failure: keep the trace
+            raise
+        print(error_line(f"gpupipe {args.command}", e, default_code=e.code), file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

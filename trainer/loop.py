@@ -23,6 +23,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -544,8 +545,23 @@ class _Run:
         return s.evals_without_improvement >= es.patience
 
 
-def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -> TrainResult:
+def train(
+    cfg: WorkerConfig,
+    ctx: DistContext,
+    stop: StopSignal | None = None,
+    *,
+    on_eval: Callable[[int, dict[str, float]], bool] | None = None,
+) -> TrainResult:
     """Train according to ``cfg`` on this rank; rank 0 writes the model to ``output.model_uri``.
+
+    Args:
+        cfg: The worker config.
+        ctx: This process's distributed context.
+        stop: SIGTERM flag (a fresh one when omitted).
+        on_eval: Called on the main rank after each evaluation with the optimizer step and the
+            metrics so far (``val_*`` and ``train_loss``); returning True stops the run the way
+            early stopping does (a tuning study pruning a trial). Under DDP pass it on every
+            rank: rank 0's answer is broadcast, so all ranks stop at the same step.
 
     Raises:
         ValueError: bad data or config (before any step runs).
@@ -642,6 +658,9 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
                 **{k: v for k, v in metrics.items() if k.startswith("val_")},
             )
             s.stopped_early = run.early_stop_update(metrics)
+            if on_eval is not None and _ask_to_stop(ctx, on_eval, s.step, metrics):
+                s.stopped_early = True
+                tel.emit("stop_requested", step=s.step)
         if want_ckpt or (s.stopped_early and run.ckpt is not None):
             run.save_checkpoint()
         if stop_now:
@@ -696,6 +715,31 @@ def train(cfg: WorkerConfig, ctx: DistContext, stop: StopSignal | None = None) -
     tel.close()
     dist.control_barrier(ctx)
     return result
+
+
+def _ask_to_stop(
+    ctx: DistContext,
+    on_eval: Callable[[int, dict[str, float]], bool],
+    step: int,
+    metrics: dict[str, float],
+) -> bool:
+    """Rank 0 asks ``on_eval``; every rank gets its answer (or learns that it failed).
+
+    A callback that raises on rank 0 must not leave the other ranks waiting in the broadcast,
+    so its failure travels as an answer too and every rank raises.
+    """
+    answer, error = "go", None
+    if ctx.is_main:
+        try:
+            answer = "stop" if on_eval(step, dict(metrics)) else "go"
+        except Exception as e:  # re-raised below, after the other ranks are told
+            answer, error = "error", e
+    answer = dist.broadcast_object(ctx, answer)
+    if error is not None:
+        raise error
+    if answer == "error":
+        raise RuntimeError(f"the on_eval callback failed on rank 0 at step {step}")
+    return bool(answer == "stop")
 
 
 def _rollback(run: _Run, *, at_step: int) -> None:

@@ -11,8 +11,8 @@ import argparse
 import logging
 import sys
 
-from trainer import dist
-from trainer.config import load_worker_config
+from trainer import dist, launch
+from trainer.config import WorkerConfig, load_worker_config
 from trainer.errors import EXIT_BAD_INPUT, EXIT_PREEMPTED, error_line
 from trainer.loop import Preempted, StopSignal, train
 
@@ -41,7 +41,20 @@ def main(argv: list[str] | None = None) -> int:
         stop.uninstall()
         code = "E_CONFIG" if isinstance(e, FileNotFoundError) else "E_INVALID"
         print(error_line("train", e, code), file=sys.stderr, flush=True)
+        launch.record_exit_code(EXIT_BAD_INPUT, None)
         return EXIT_BAD_INPUT
+    try:
+        exit_code = _train(cfg, ctx, stop)
+    finally:
+        dist.close(ctx)
+        stop.uninstall()
+    # torchrun reports every failure as 1: tell the trainer.launch wrapper what really happened.
+    launch.record_exit_code(exit_code, ctx.rank)
+    return exit_code
+
+
+def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
+    """Train and turn the outcome into the worker's exit code."""
     try:
         train(cfg, ctx, stop)
         return 0
@@ -57,9 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("training failed", exc_info=True)
         print(error_line("train", e, "E_TRAIN"), file=sys.stderr, flush=True)
         return 1
-    finally:
-        dist.close(ctx)
-        stop.uninstall()
 
 
 if __name__ == "__main__":

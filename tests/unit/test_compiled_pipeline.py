@@ -1,4 +1,9 @@
-"""The committed pipeline YAML carries every cluster setting, read the way KFP stores it."""
+"""The committed pipeline YAML carries every cluster setting, read the way KFP stores it.
+
+Steps are found by their display names (what the KFP UI shows) and checked to run the
+component they claim to, so KFP's generated task and executor names (``train-2``,
+``exec-train-2``) are nobody's contract.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,23 @@ from trainer.version import __version__
 
 REPO = Path(__file__).resolve().parents[2]
 COMPILED = REPO / "pipelines" / "compiled" / "gpupipe-training.yaml"
-STEPS = ("preprocess", "train", "evaluate", "register", "notify")
-RETRIED_STEPS = ("preprocess", "train", "evaluate", "register")
+TRAIN_ON_CLUSTER = "train (PyTorchJob)"
+"""The PyTorchJob branch's train task: it only creates and watches the job."""
+TRAIN_IN_STEP = "train"
+"""The in-step branch's train task: torchrun on the step's own GPUs."""
+TRAINS = (TRAIN_ON_CLUSTER, TRAIN_IN_STEP)
+STEPS = ("preprocess", *TRAINS, "evaluate", "register", "notify")
+RETRIED_STEPS = ("preprocess", *TRAINS, "evaluate", "register")
+NO_GPU_STEPS = tuple(s for s in STEPS if s != TRAIN_IN_STEP)
 EXIT_HANDLER = "notify"
+STEP_FUNCTION = {step: "train" if step in TRAINS else step for step in STEPS}
+"""The component function each step runs."""
+DOWNWARD_API_ENV = {
+    "POD_NAME": "metadata.name",
+    "POD_NAMESPACE": "metadata.namespace",
+    "POD_UID": "metadata.uid",
+}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ROOT = "<root>"
 _PLACEHOLDER = re.compile(r"^\{\{\$\.inputs\.parameters\['([^']+)'\]\}\}$")
 _UNITS = {"": 1, "m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -31,11 +50,21 @@ def _quantity(text: str) -> float:
 
 @dataclass
 class Compiled:
-    """The two YAML documents of a compiled pipeline, with lookups that follow KFP's wiring."""
+    """The two YAML documents of a compiled pipeline, with lookups that follow KFP's wiring.
+
+    A *step* is a task's display name (``taskInfo.name``); DAG tasks (exit handler,
+    conditions) are addressed by their task names.
+    """
 
     spec: dict[str, Any]
     platform: dict[str, Any]
     text: str
+
+    @classmethod
+    def load(cls, text: str) -> Compiled:
+        docs = list(yaml.safe_load_all(text))
+        assert len(docs) == 2, "expected the pipeline spec and the platform spec"
+        return cls(spec=docs[0], platform=docs[1], text=text)
 
     def _dags(self) -> dict[str, dict[str, Any]]:
         dags = {ROOT: self.spec["root"]["dag"]}
@@ -44,14 +73,37 @@ class Compiled:
                 dags[name] = comp["dag"]
         return dags
 
-    def owner(self, task_name: str) -> str:
-        """The DAG (component name, or ROOT) that holds the task."""
-        owners = [d for d, dag in self._dags().items() if task_name in dag["tasks"]]
-        assert len(owners) == 1, f"task {task_name!r} found in {owners}"
-        return owners[0]
+    def executor_tasks(self) -> dict[str, tuple[str, str]]:
+        """Display name -> (owner DAG, task name) of every task that runs a container."""
+        out: dict[str, tuple[str, str]] = {}
+        for dag_name, dag in self._dags().items():
+            for name, task in dag["tasks"].items():
+                if "executorLabel" not in self.spec["components"][task["componentRef"]["name"]]:
+                    continue
+                step = task.get("taskInfo", {}).get("name", name)
+                assert step not in out, f"two tasks are displayed as {step!r}"
+                out[step] = (dag_name, name)
+        return out
 
-    def task(self, task_name: str) -> dict[str, Any]:
-        return self._dags()[self.owner(task_name)]["tasks"][task_name]
+    def _locate(self, step: str) -> tuple[str, str]:
+        """(owner DAG, task name) of a step, or of a DAG task by its task name."""
+        tasks = self.executor_tasks()
+        if step in tasks:
+            return tasks[step]
+        owners = [d for d, dag in self._dags().items() if step in dag["tasks"]]
+        assert len(owners) == 1, f"no step displayed as {step!r} (have {sorted(tasks)})"
+        return owners[0], step
+
+    def owner(self, step: str) -> str:
+        """The DAG (component name, or ROOT) that holds the task."""
+        return self._locate(step)[0]
+
+    def task_name(self, step: str) -> str:
+        return self._locate(step)[1]
+
+    def task(self, step: str) -> dict[str, Any]:
+        owner, name = self._locate(step)
+        return self._dags()[owner]["tasks"][name]
 
     def parent(self, dag_component: str) -> tuple[str, str]:
         """(owner DAG, task name) of the task that runs ``dag_component``."""
@@ -61,9 +113,9 @@ class Compiled:
                     return owner, name
         raise AssertionError(f"no task runs {dag_component!r}")
 
-    def ancestors(self, task_name: str) -> list[str]:
+    def ancestors(self, step: str) -> list[str]:
         """Names of the DAG tasks (exit handler, condition) enclosing a task, innermost first."""
-        out, owner = [], self.owner(task_name)
+        out, owner = [], self.owner(step)
         while owner != ROOT:
             owner, name = self.parent(owner)
             out.append(name)
@@ -81,57 +133,144 @@ class Compiled:
         assert channel in self.spec["root"]["inputDefinitions"]["parameters"], channel
         return channel
 
-    def task_input_source(self, task_name: str, name: str) -> str:
+    def task_input_source(self, step: str, name: str) -> str:
         """The pipeline parameter behind one input parameter of a task."""
-        source = self.task(task_name)["inputs"]["parameters"][name]
-        assert "componentInputParameter" in source, f"{task_name}.{name} is {source}"
-        return self.root_parameter(self.owner(task_name), source["componentInputParameter"])
+        source = self.task(step)["inputs"]["parameters"][name]
+        assert "componentInputParameter" in source, f"{step}.{name} is {source}"
+        return self.root_parameter(self.owner(step), source["componentInputParameter"])
 
-    def executor_label(self, task_name: str) -> str:
-        component = self.task(task_name)["componentRef"]["name"]
+    def artifact_producers(self, step: str, name: str) -> tuple[set[str], set[tuple[str, str]]]:
+        """Where input artifact ``name`` of a task comes from.
+
+        Returns:
+            The DAG components the artifact passes out of on its way (a ``dsl.OneOf`` is a
+            condition-branches DAG output), and the (step, output key) pairs that produce it.
+        """
+        dag, task = self.owner(step), self.task(step)
+        source = task["inputs"]["artifacts"][name]
+        while "componentInputArtifact" in source:  # up to the DAG that wires it in
+            channel = source["componentInputArtifact"]
+            dag, parent_task = self.parent(dag)
+            source = self._dags()[dag]["tasks"][parent_task]["inputs"]["artifacts"][channel]
+        via: set[str] = set()
+        producers: set[tuple[str, str]] = set()
+        pending = [(dag, source["taskOutputArtifact"])]
+        while pending:  # down through DAG outputs to the container tasks
+            dag, out = pending.pop()
+            producer = self._dags()[dag]["tasks"][out["producerTask"]]
+            component = producer["componentRef"]["name"]
+            if "dag" not in self.spec["components"][component]:
+                step_name = producer.get("taskInfo", {}).get("name", out["producerTask"])
+                producers.add((step_name, out["outputArtifactKey"]))
+                continue
+            via.add(component)
+            outputs = self.spec["components"][component]["dag"]["outputs"]["artifacts"]
+            for selector in outputs[out["outputArtifactKey"]]["artifactSelectors"]:
+                pending.append(
+                    (
+                        component,
+                        {
+                            "producerTask": selector["producerSubtask"],
+                            "outputArtifactKey": selector["outputArtifactKey"],
+                        },
+                    )
+                )
+        return via, producers
+
+    def executor_label(self, step: str) -> str:
+        component = self.task(step)["componentRef"]["name"]
         return self.spec["components"][component]["executorLabel"]
 
-    def container(self, task_name: str) -> dict[str, Any]:
+    def container(self, step: str) -> dict[str, Any]:
         executors = self.spec["deploymentSpec"]["executors"]
-        return executors[self.executor_label(task_name)]["container"]
+        return executors[self.executor_label(step)]["container"]
 
-    def k8s(self, task_name: str) -> dict[str, Any]:
+    def function(self, step: str) -> str:
+        """The Python function a lightweight component's container runs."""
+        args = self.container(step)["args"]
+        return args[args.index("--function_to_execute") + 1]
+
+    def k8s(self, step: str) -> dict[str, Any]:
         executors = self.platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-        return executors.get(self.executor_label(task_name), {})
+        return executors.get(self.executor_label(step), {})
 
 
 @pytest.fixture(scope="module")
 def compiled() -> Compiled:
-    text = COMPILED.read_text()
-    docs = list(yaml.safe_load_all(text))
-    assert len(docs) == 2, "expected the pipeline spec and the platform spec"
-    return Compiled(spec=docs[0], platform=docs[1], text=text)
+    return Compiled.load(COMPILED.read_text())
 
 
-@pytest.mark.parametrize(
-    ("name", "parameter_type", "required"),
-    [
-        ("data_uri", "STRING", True),
-        ("target", "STRING", False),
-        ("task", "STRING", False),
-        ("model_name", "STRING", False),
-        ("epochs", "NUMBER_INTEGER", False),
-        ("gpu_type", "STRING", False),
-        ("gpus_per_node", "NUMBER_INTEGER", False),
-        ("nodes", "NUMBER_INTEGER", False),
-        ("gpu_node_selector", "STRUCT", False),
-        ("object_store_secret", "STRING", False),
-    ],
-    ids=lambda v: str(v),
-)
-def test_pipeline_parameters(
-    compiled: Compiled, name: str, parameter_type: str, required: bool
+@pytest.fixture(scope="module")
+def local_compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
+    """The pipeline ``pipelines/local.py`` runs: no retries, one train task."""
+    from kfp import compiler
+
+    from pipelines.training import build_training_pipeline
+
+    out = tmp_path_factory.mktemp("local") / "local.yaml"
+    compiler.Compiler().compile(build_training_pipeline(retries=0, cluster=False), str(out))
+    return Compiled.load(out.read_text())
+
+
+# --- structure ------------------------------------------------------------------------------
+
+
+def test_every_step_runs_its_component(compiled: Compiled) -> None:
+    steps = compiled.executor_tasks()
+    assert set(steps) == set(STEPS), f"steps (by display name): {sorted(steps)}"
+    assert {s: compiled.function(s) for s in STEPS} == STEP_FUNCTION
+
+
+def test_both_train_tasks_run_the_same_train_component(compiled: Compiled) -> None:
+    on_cluster, in_step = (compiled.container(s) for s in TRAINS)
+    for key in ("image", "command", "args"):
+        assert on_cluster[key] == in_step[key], f"the train tasks differ in {key}"
+    definitions = [
+        compiled.spec["components"][compiled.task(s)["componentRef"]["name"]]["inputDefinitions"]
+        for s in TRAINS
+    ]
+    assert definitions[0] == definitions[1]
+
+
+def _branch_condition(compiled: Compiled, step: str) -> tuple[str, str, str]:
+    """(condition-branches DAG, condition, pipeline parameter it reads) of a train task."""
+    branch_dag, branch_task = compiled.parent(compiled.owner(step))
+    task = compiled._dags()[branch_dag]["tasks"][branch_task]
+    condition = task.get("triggerPolicy", {}).get("condition", "")
+    match = re.search(r"inputs\.parameter_values\['([^']+)'\]", condition)
+    assert match, f"{step} is not under a condition on a parameter: {condition!r}"
+    channel = task["inputs"]["parameters"][match.group(1)]["componentInputParameter"]
+    return branch_dag, condition, compiled.root_parameter(branch_dag, channel)
+
+
+def test_train_branches_are_conditions_on_the_launcher_parameter(compiled: Compiled) -> None:
+    on_cluster = _branch_condition(compiled, TRAIN_ON_CLUSTER)
+    in_step = _branch_condition(compiled, TRAIN_IN_STEP)
+    assert on_cluster[2] == in_step[2] == "launcher"
+    assert on_cluster[0] == in_step[0], "the train tasks are not branches of one If/Else"
+    assert on_cluster[0].startswith("comp-condition-branches"), on_cluster[0]
+    assert re.fullmatch(r"inputs\.parameter_values\['[^']+'\] == 'pytorchjob'", on_cluster[1])
+    assert in_step[1] == f"!({on_cluster[1]})", "the in-step branch is not the Else"
+
+
+@pytest.mark.parametrize("step", ["evaluate", "register"], ids=str)
+def test_downstream_steps_consume_the_oneof_of_both_train_branches(
+    compiled: Compiled, step: str
 ) -> None:
-    params = compiled.spec["root"]["inputDefinitions"]["parameters"]
-    assert name in params, f"pipeline parameter {name!r} missing; have {sorted(params)}"
-    assert params[name]["parameterType"] == parameter_type
-    assert params[name].get("isOptional", False) is not required
-    assert params[name].get("description"), f"parameter {name!r} has no description in the UI"
+    via, producers = compiled.artifact_producers(step, "model")
+    assert producers == {(TRAIN_ON_CLUSTER, "model"), (TRAIN_IN_STEP, "model")}
+    assert any(c.startswith("comp-condition-branches") for c in via), via
+    branches = {_branch_condition(compiled, s)[0] for s in TRAINS}
+    assert branches <= via, f"{step} reads the model past the branches' OneOf ({via})"
+
+
+def test_evaluate_waits_for_the_train_branches(compiled: Compiled) -> None:
+    (branches,) = {_branch_condition(compiled, s)[0] for s in TRAINS}
+    _, branches_task = compiled.parent(branches)
+    assert branches_task in compiled.task("evaluate").get("dependentTasks", [])
+
+
+# --- resources ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -142,25 +281,44 @@ def test_pipeline_parameters(
 def test_train_accelerator_comes_from_pipeline_parameters(
     compiled: Compiled, field: str, parameter: str
 ) -> None:
-    accelerator = compiled.container("train")["resources"]["accelerator"]
+    accelerator = compiled.container(TRAIN_IN_STEP)["resources"]["accelerator"]
     match = _PLACEHOLDER.match(str(accelerator[field]))
     assert match, f"accelerator {field} is a constant ({accelerator[field]!r}), not a parameter"
-    assert compiled.task_input_source("train", match.group(1)) == parameter
+    assert compiled.task_input_source(TRAIN_IN_STEP, match.group(1)) == parameter
 
 
+@pytest.mark.parametrize("step", TRAINS, ids=str)
 @pytest.mark.parametrize(
     ("task_input", "parameter"),
-    [("nproc_per_node", "gpus_per_node"), ("nnodes", "nodes"), ("gpu_type", "gpu_type")],
-    ids=["processes-per-node", "nodes", "gpu-type"],
+    [
+        ("gpus_per_node", "gpus_per_node"),
+        ("nnodes", "nodes"),
+        ("gpu_type", "gpu_type"),
+        ("gpu_node_selector", "gpu_node_selector"),
+        ("object_store_secret", "object_store_secret"),
+        ("launcher", "launcher"),
+    ],
+    ids=["gpus-per-node", "nodes", "gpu-type", "node-selector", "secret", "launcher"],
 )
 def test_train_job_shape_follows_the_gpu_parameters(
-    compiled: Compiled, task_input: str, parameter: str
+    compiled: Compiled, step: str, task_input: str, parameter: str
 ) -> None:
-    assert compiled.task_input_source("train", task_input) == parameter
+    assert compiled.task_input_source(step, task_input) == parameter
 
 
-@pytest.mark.parametrize("step", [s for s in STEPS if s != "train"], ids=str)
-def test_only_train_asks_for_gpus(compiled: Compiled, step: str) -> None:
+@pytest.mark.parametrize("step", TRAINS, ids=str)
+@pytest.mark.parametrize(
+    ("task_input", "image"), [("cuda_image", "trainer-cuda"), ("cpu_image", "trainer-cpu")]
+)
+def test_train_job_images_pinned_to_package_version(
+    compiled: Compiled, step: str, task_input: str, image: str
+) -> None:
+    ref = compiled.task(step)["inputs"]["parameters"][task_input]["runtimeValue"]["constant"]
+    assert re.fullmatch(rf"[\w.\-/:]+/{image}:{re.escape(__version__)}", ref), ref
+
+
+@pytest.mark.parametrize("step", NO_GPU_STEPS, ids=str)
+def test_only_the_in_step_train_asks_for_gpus(compiled: Compiled, step: str) -> None:
     assert "accelerator" not in compiled.container(step).get("resources", {})
 
 
@@ -174,11 +332,22 @@ def test_cpu_and_memory_requests_and_limits(compiled: Compiled, step: str) -> No
         assert _quantity(request) <= _quantity(limit), f"{step}: {kind} {request} > {limit}"
 
 
+@pytest.mark.parametrize("kind", ["Cpu", "Memory"])
+def test_the_job_launcher_reserves_less_than_in_step_training(
+    compiled: Compiled, kind: str
+) -> None:
+    launcher, trainer = (compiled.container(s)["resources"] for s in TRAINS)
+    for bound in ("Request", "Limit"):
+        key = f"resource{kind}{bound}"
+        assert _quantity(launcher[key]) < _quantity(trainer[key]), f"{key}: {launcher[key]}"
+
+
 @pytest.mark.parametrize(
     ("step", "enabled"),
     [
         ("preprocess", True),
-        ("train", False),
+        (TRAIN_ON_CLUSTER, False),
+        (TRAIN_IN_STEP, False),
         ("evaluate", False),
         ("register", False),
         ("notify", False),
@@ -204,32 +373,36 @@ def test_exit_handler_is_not_retried(compiled: Compiled) -> None:
 
 
 def test_train_has_memory_backed_dev_shm(compiled: Compiled) -> None:
-    mounts = compiled.k8s("train").get("emptyDirMounts", [])
+    mounts = compiled.k8s(TRAIN_IN_STEP).get("emptyDirMounts", [])
     shm = [m for m in mounts if m["mountPath"] == "/dev/shm"]
     assert len(shm) == 1, f"train emptyDirMounts: {mounts}"
     assert shm[0]["medium"] == "Memory"
     # A memory-backed emptyDir counts against the container's memory limit.
-    limit = compiled.container("train")["resources"]["resourceMemoryLimit"]
+    limit = compiled.container(TRAIN_IN_STEP)["resources"]["resourceMemoryLimit"]
     assert _quantity(shm[0]["sizeLimit"]) < _quantity(limit)
 
 
 def test_train_tolerates_gpu_taint(compiled: Compiled) -> None:
-    tolerations = compiled.k8s("train").get("tolerations", [])
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert GPU_TOLERATION in compiled.k8s(TRAIN_IN_STEP).get("tolerations", [])
 
 
 def test_train_node_selector_from_parameter(compiled: Compiled) -> None:
-    selector = compiled.k8s("train").get("nodeSelector", {})
+    selector = compiled.k8s(TRAIN_IN_STEP).get("nodeSelector", {})
     source = selector.get("nodeSelectorJson", {}).get("componentInputParameter")
     assert source, f"train nodeSelector is not read from a parameter: {selector}"
-    assert compiled.root_parameter(compiled.owner("train"), source) == "gpu_node_selector"
+    assert compiled.root_parameter(compiled.owner(TRAIN_IN_STEP), source) == "gpu_node_selector"
 
 
-@pytest.mark.parametrize("step", [s for s in STEPS if s != "train"], ids=str)
+@pytest.mark.parametrize("step", NO_GPU_STEPS, ids=str)
 def test_gpu_scheduling_only_on_train(compiled: Compiled, step: str) -> None:
     k8s = compiled.k8s(step)
     assert not k8s.get("tolerations") and not k8s.get("nodeSelector")
     assert not k8s.get("emptyDirMounts")
+
+
+def test_job_launcher_knows_its_own_pod(compiled: Compiled) -> None:
+    env = compiled.k8s(TRAIN_ON_CLUSTER).get("fieldPathAsEnv", [])
+    assert {e["name"]: e["fieldPath"] for e in env} == DOWNWARD_API_ENV
 
 
 @pytest.mark.parametrize("step", STEPS, ids=str)
@@ -250,8 +423,9 @@ def test_register_runs_only_when_evaluate_passes_the_gate(compiled: Compiled) ->
     match = re.search(r"parameter_values\['([^']+)'\]\s*==\s*true", condition)
     assert match, f"register is not under a condition on a boolean: {condition!r}"
     source = task["inputs"]["parameters"][match.group(1)]["taskOutputParameter"]
-    assert source == {"producerTask": "evaluate", "outputParameterKey": "Output"}
-    assert "evaluate" in task.get("dependentTasks", [])
+    evaluate = compiled.task_name("evaluate")
+    assert source == {"producerTask": evaluate, "outputParameterKey": "Output"}
+    assert evaluate in task.get("dependentTasks", [])
 
 
 def test_notify_is_the_exit_handler_with_final_status(compiled: Compiled) -> None:
@@ -272,7 +446,8 @@ def test_notify_is_the_exit_handler_with_final_status(compiled: Compiled) -> Non
     ("step", "image"),
     [
         ("preprocess", "trainer-cpu"),
-        ("train", "trainer-cuda"),
+        (TRAIN_ON_CLUSTER, "trainer-cuda"),
+        (TRAIN_IN_STEP, "trainer-cuda"),
         ("evaluate", "trainer-cpu"),
         ("register", "trainer-cpu"),
         ("notify", "trainer-cpu"),
@@ -282,6 +457,30 @@ def test_notify_is_the_exit_handler_with_final_status(compiled: Compiled) -> Non
 def test_image_pinned_to_package_version(compiled: Compiled, step: str, image: str) -> None:
     ref = compiled.container(step)["image"]
     assert re.fullmatch(rf"[\w.\-/:]+/{image}:{re.escape(__version__)}", ref), ref
+
+
+# --- the local pipeline ---------------------------------------------------------------------
+
+
+def test_local_pipeline_has_no_retries(local_compiled: Compiled) -> None:
+    assert "retryPolicy" not in local_compiled.text
+    for dag in local_compiled._dags().values():
+        for name, task in dag["tasks"].items():
+            assert "retryPolicy" not in task, f"{name} is retried in the local pipeline"
+
+
+def test_local_pipeline_trains_in_one_task(local_compiled: Compiled) -> None:
+    steps = local_compiled.executor_tasks()
+    trains = [s for s in steps if local_compiled.function(s) == "train"]
+    assert trains == [TRAIN_IN_STEP]
+    branches = [c for c in local_compiled.spec["components"] if "condition-branches" in c]
+    assert not branches, f"the local pipeline has train branches: {branches}"
+    for step in ("evaluate", "register"):
+        assert local_compiled.artifact_producers(step, "model") == (
+            set(),
+            {(TRAIN_IN_STEP, "model")},
+        )
+    assert "accelerator" in local_compiled.container(TRAIN_IN_STEP)["resources"]
 
 
 _SECRET_PATTERNS = {

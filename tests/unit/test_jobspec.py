@@ -265,7 +265,7 @@ def test_every_replica_runs_torchrun_on_the_operators_pet_variables(job: dict[st
         assert c["command"] == [
             "python",
             "-m",
-            "torch.distributed.run",
+            "trainer.launch",
             "-m",
             "trainer.worker",
             "--config",

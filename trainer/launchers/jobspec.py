@@ -7,9 +7,11 @@ operator sees it, with an :class:`~trainer.errors.InputError` naming the ``job.<
 
 Decisions worth knowing:
 
-- The container command is ``python -m torch.distributed.run -m trainer.worker --config <uri>``
-  without ``--nnodes``/``--nproc_per_node``: torchrun reads the ``PET_*`` variables the operator
-  injects from ``spec.nprocPerNode`` and the replica counts, so the counts live in one place.
+- The container command is ``python -m trainer.launch -m trainer.worker --config <uri>``: torchrun
+  inside a wrapper that maps the exit code (2 bad input, 143 preempted) so that
+  ``restartPolicy: ExitCode`` can tell them apart (torchrun alone reports every failure as 1). No
+  ``--nnodes``/``--nproc_per_node``: torchrun reads the ``PET_*`` variables the operator injects
+  from ``spec.nprocPerNode`` and the replica counts, so the counts live in one place.
 - With GPUs, one process per GPU: ``nproc_per_node`` defaults to ``gpus_per_node`` and any other
   value is an error (fewer processes idle GPUs that were paid for; more make NCCL fail on
   duplicate devices).
@@ -41,8 +43,8 @@ ISTIO_INJECT = "sidecar.istio.io/inject"
 """An Istio sidecar keeps a finished pod running (the job never completes) and blocks NCCL ports."""
 MAX_JOB_NAME_LEN = 48
 """What :func:`job_name` produces at most: 63 minus ``-worker-`` minus up to 7 index digits."""
-WORKER_COMMAND = ["python", "-m", "torch.distributed.run", "-m", "trainer.worker", "--config"]
-"""The training command of every replica; the config URI follows."""
+WORKER_COMMAND = ["python", "-m", "trainer.launch", "-m", "trainer.worker", "--config"]
+"""The training command of every replica (torchrun via :mod:`trainer.launch`); the URI follows."""
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -21,6 +21,22 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
+KATIB_VERSION = "v1beta1"
+EXPERIMENTS = "experiments"
+TRIALS = "trials"
+EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
+"""Label Katib puts on each Trial of an Experiment."""
+
+KATIB_API_CALLS: list[tuple[str, str, str]] = [
+    (GROUP, EXPERIMENTS, "create"),
+    (GROUP, EXPERIMENTS, "get"),
+    (GROUP, EXPERIMENTS, "patch"),
+    (GROUP, EXPERIMENTS, "delete"),
+    (GROUP, TRIALS, "get"),
+    (GROUP, TRIALS, "list"),
+]
+"""The calls of the Katib (tune) launcher: Experiments and their Trials."""
+
 API_CALLS: list[tuple[str, str, str]] = [
     (GROUP, PLURAL, "create"),
     (GROUP, PLURAL, "get"),
@@ -29,6 +45,7 @@ API_CALLS: list[tuple[str, str, str]] = [
     ("", "pods", "list"),
     ("", "pods/log", "get"),
     ("", "events", "list"),
+    *KATIB_API_CALLS,
 ]
 """(API group, resource, verb) of every call :class:`KubeApi` makes: what RBAC must grant."""
 
@@ -211,6 +228,132 @@ class KubeApi:
                     name,
                     patch,
                     _request_timeout=self._timeout,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    # Katib Experiments and Trials
+
+    def create_experiment(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the Katib Experiment ``body``; ``None`` when one of that name already exists."""
+        name = str(body.get("metadata", {}).get("name", "?"))
+        try:
+            return self._call(
+                (GROUP, EXPERIMENTS, "create"),
+                namespace,
+                name,
+                lambda: self._custom.create_namespaced_custom_object(
+                    GROUP,
+                    KATIB_VERSION,
+                    namespace,
+                    EXPERIMENTS,
+                    body,
+                    _request_timeout=self._timeout,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def get_experiment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Experiment, or ``None`` when there is none of that name."""
+        try:
+            return self._call(
+                (GROUP, EXPERIMENTS, "get"),
+                namespace,
+                name,
+                lambda: self._custom.get_namespaced_custom_object(
+                    GROUP,
+                    KATIB_VERSION,
+                    namespace,
+                    EXPERIMENTS,
+                    name,
+                    _request_timeout=self._timeout,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_experiment(
+        self, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """JSON-merge-patch the Experiment; ``None`` when it is gone."""
+        try:
+            return self._call(
+                (GROUP, EXPERIMENTS, "patch"),
+                namespace,
+                name,
+                lambda: self._custom.patch_namespaced_custom_object(
+                    GROUP,
+                    KATIB_VERSION,
+                    namespace,
+                    EXPERIMENTS,
+                    name,
+                    patch,
+                    _request_timeout=self._timeout,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete_experiment(self, namespace: str, name: str) -> bool:
+        """Delete the Experiment; its Trials and their jobs go with it (owner references).
+        ``False`` if it was already gone."""
+        try:
+            self._call(
+                (GROUP, EXPERIMENTS, "delete"),
+                namespace,
+                name,
+                lambda: self._custom.delete_namespaced_custom_object(
+                    GROUP,
+                    KATIB_VERSION,
+                    namespace,
+                    EXPERIMENTS,
+                    name,
+                    propagation_policy="Background",
+                    _request_timeout=self._timeout,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def list_trials(self, namespace: str, experiment: str) -> list[dict[str, Any]]:
+        """The Trials of ``experiment`` (by Katib's experiment label)."""
+        out = self._call(
+            (GROUP, TRIALS, "list"),
+            namespace,
+            experiment,
+            lambda: self._custom.list_namespaced_custom_object(
+                GROUP,
+                KATIB_VERSION,
+                namespace,
+                TRIALS,
+                label_selector=f"{EXPERIMENT_LABEL}={experiment}",
+                _request_timeout=self._timeout,
+            ),
+        )
+        return list(out.get("items") or [])
+
+    def get_trial(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Trial, or ``None`` when there is none of that name."""
+        try:
+            return self._call(
+                (GROUP, TRIALS, "get"),
+                namespace,
+                name,
+                lambda: self._custom.get_namespaced_custom_object(
+                    GROUP, KATIB_VERSION, namespace, TRIALS, name, _request_timeout=self._timeout
                 ),
             )
         except KubeApiError as e:

@@ -168,8 +168,12 @@ class Launcher(Protocol):
 def torchrun_command(
     config_uri: str, *, nproc_per_node: int, standalone: bool, python: str = sys.executable
 ) -> list[str]:
-    """The one training command, shared by every launcher."""
-    cmd = [python, "-m", "torch.distributed.run"]
+    """The one training command, shared by every launcher.
+
+    torchrun runs inside :mod:`trainer.launch`, which turns torchrun's blanket exit code 1 back
+    into the workers' own codes (2 bad input, 143 preempted).
+    """
+    cmd = [python, "-m", "trainer.launch"]
     if standalone:
         cmd.append("--standalone")
     cmd += [f"--nproc_per_node={nproc_per_node}", "-m", "trainer.worker", "--config", config_uri]

@@ -1,0 +1,719 @@
+"""Upload, run and schedule the training pipeline on a KFP cluster through its v2beta1 REST API.
+
+The calls go through ``kfp_server_api`` (the client that ``kfp.Client`` wraps) rather than
+``kfp.Client`` itself: the client writes ``~/.config/kfp/context.json``, retries health checks
+for 25 s on an unreachable host and has no hook for one-line errors. Here every call is one
+typed function; :meth:`KfpCluster._call` turns transport and HTTP errors into a
+:class:`ClusterError` a person can act on (with credentials redacted) and retries 5xx answers a
+bounded number of times.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kfp_server_api as kapi
+import urllib3
+import yaml
+
+from trainer.errors import InputError
+
+TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
+"""Env var naming a token file (what ``kfp.Client`` reads too)."""
+IN_CLUSTER_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+"""The projected service-account token KFP mounts into pods (audience pipelines.kubeflow.org)."""
+PORT_FORWARD_HINT = (
+    "is the port-forward running? kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80"
+)
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"})
+_FILTER_EQUALS = 1
+"""``V2beta1PredicateOperation.EQUALS`` as ``kfp.Client`` sends it in list filters."""
+
+T = TypeVar("T")
+
+
+class ClusterError(RuntimeError):
+    """A KFP API call failed: one line naming the host, what was attempted and what to do."""
+
+    def __init__(self, code: str, message: str, *, status: int = 0, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    """Where the bearer token comes from; the token itself never appears in ``repr``."""
+
+    source: str
+    token: str | None = None
+    path: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Auth(source={self.source!r}, path={self.path!r})"
+
+    def read(self) -> str | None:
+        """The current token: a file is re-read on every call (projected tokens rotate)."""
+        if self.path is not None:
+            return Path(self.path).read_text().strip() or None
+        return self.token
+
+
+def resolve_auth(token: str | None, env: dict[str, str] | None = None) -> Auth:
+    """Pick the credentials as KFP users have them, first match wins.
+
+    ``--token``, then the file named by ``KF_PIPELINES_SA_TOKEN_PATH``, then the in-cluster
+    token KFP mounts into pipeline pods, else no token (a port-forward to a single-user KFP).
+
+    Raises:
+        InputError: ``KF_PIPELINES_SA_TOKEN_PATH`` names a file that does not exist.
+    """
+    env = dict(os.environ) if env is None else env
+    if token:
+        return Auth(source="--token", token=token)
+    if path := env.get(TOKEN_PATH_ENV):
+        if not Path(path).is_file():
+            raise InputError("E_AUTH", f"token file {path} does not exist", TOKEN_PATH_ENV)
+        return Auth(source=TOKEN_PATH_ENV, path=path)
+    if Path(IN_CLUSTER_TOKEN_PATH).is_file():
+        return Auth(source="in-cluster service account", path=IN_CLUSTER_TOKEN_PATH)
+    return Auth(source="none")
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """The training pipeline compiled to YAML, with the digest of its canonical form."""
+
+    name: str
+    yaml_text: str
+    digest: str
+    description: str
+
+    @property
+    def version_name(self) -> str:
+        """The default version name: the same YAML always gets the same name."""
+        return f"v-{self.digest[:12]}"
+
+    def pipeline_spec(self) -> dict[str, Any]:
+        """The ``pipeline_spec`` of a run body, as ``kfp.Client`` builds it from a package."""
+        docs = [d for d in yaml.safe_load_all(self.yaml_text) if d]
+        platform: dict[str, Any] = {}
+        for doc in docs[1:]:
+            platform.update(doc)
+        return {"pipeline_spec": docs[0], "platform_spec": platform} if platform else docs[0]
+
+
+def content_digest(yaml_text: str) -> str:
+    """sha256 of the YAML's documents as sorted JSON: formatting and key order do not count."""
+    docs = list(yaml.safe_load_all(yaml_text))
+    canonical = json.dumps(docs, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def compile_training_pipeline() -> Compiled:
+    """Compile ``pipelines.training.training_pipeline`` (the cluster build) in a temp folder."""
+    from kfp import compiler
+
+    from pipelines.training import PIPELINE_NAME, training_pipeline
+
+    with tempfile.TemporaryDirectory(prefix="gpupipe-") as tmp:
+        path = Path(tmp) / f"{PIPELINE_NAME}.yaml"
+        compiler.Compiler().compile(training_pipeline, str(path))
+        text = path.read_text()
+    info = (next(yaml.safe_load_all(text)) or {}).get("pipelineInfo", {})
+    return Compiled(
+        name=PIPELINE_NAME,
+        yaml_text=text,
+        digest=content_digest(text),
+        description=str(info.get("description", "")),
+    )
+
+
+def parameter_types() -> dict[str, tuple[str, Any, bool]]:
+    """Each pipeline parameter's KFP type (``String``, ``Integer`` ...), default and optionality."""
+    from pipelines.local import pipeline_parameters
+    from pipelines.training import training_pipeline
+
+    inputs = training_pipeline.component_spec.inputs
+    return {
+        name: (str(inputs[name].type), default, bool(inputs[name].optional))
+        for name, default in pipeline_parameters().items()
+    }
+
+
+def _typed(name: str, kind: str, text: str) -> Any:
+    try:
+        if kind == "Integer":
+            return int(text)
+        if kind == "Float":
+            return float(text)
+        if kind == "Boolean":
+            lowered = text.strip().lower()
+            if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(text)
+            return lowered in ("true", "1", "yes")
+        if kind in ("Dict", "Struct"):
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError(text)
+            return value
+        if kind in ("List", "JsonArray"):
+            value = json.loads(text)
+            if not isinstance(value, list):
+                raise ValueError(text)
+            return value
+    except ValueError as e:
+        raise InputError(
+            "E_PARAM", f"parameter {name} must be {kind.lower()}, got {text!r}", "--param"
+        ) from e
+    return text
+
+
+def typed_parameters(pairs: list[str], *, require: bool = True) -> dict[str, Any]:
+    """``["epochs=3"]`` -> ``{"epochs": 3}``, checked and typed against the compiled pipeline.
+
+    Args:
+        pairs: ``name=value`` strings from ``--param``.
+        require: also insist on every parameter without a default (``data_uri``).
+
+    Raises:
+        InputError: ``E_PARAM`` for a malformed pair, an unknown name (listing the valid ones),
+            a value of the wrong type, or a missing required parameter.
+    """
+    types = parameter_types()
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InputError(
+                "E_PARAM", f"parameter must look like name=value, got {pair!r}", "--param"
+            )
+        if key not in types:
+            raise InputError(
+                "E_PARAM",
+                f"unknown pipeline parameter {key!r}; known: {', '.join(sorted(types))}",
+                "--param",
+            )
+        out[key] = _typed(key, types[key][0], value)
+    missing = [n for n, (_, default, optional) in types.items() if default is None and not optional]
+    if require and (absent := sorted(set(missing) - set(out))):
+        raise InputError("E_PARAM", f"missing required pipeline parameter {absent[0]!r}", "--param")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    """What :meth:`KfpCluster.upload` did."""
+
+    pipeline_id: str
+    version_id: str
+    version_name: str
+    pipeline_created: bool
+    version_created: bool
+
+
+def _name_filter(key: str, value: str) -> str:
+    return json.dumps(
+        {"predicates": [{"operation": _FILTER_EQUALS, "key": key, "stringValue": value}]}
+    )
+
+
+def _error_text(e: kapi.ApiException) -> str:
+    body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else (e.body or "")
+    try:
+        data = json.loads(body)
+        text = data.get("message") or data.get("error") or body
+    except (ValueError, AttributeError):
+        text = body or (e.reason or "")
+    return " ".join(str(text).split())[:300]
+
+
+class KfpCluster:
+    """One KFP API server: pipelines, versions, experiments, runs and recurring runs.
+
+    Args:
+        host: base URL, e.g. ``http://localhost:8080`` (the UI proxy) or the API service.
+        auth: where the bearer token comes from.
+        namespace: the profile namespace in multi-user KFP (``None``: single-user).
+        retries: extra attempts after a 5xx answer.
+        backoff_s: first wait between retries and between run polls; it grows 1.5x per wait.
+        max_poll_s: the longest wait between two polls of a run.
+        sleep: how to wait (tests pass a fast one).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        *,
+        auth: Auth,
+        namespace: str | None = None,
+        retries: int = 3,
+        backoff_s: float = 1.0,
+        max_poll_s: float = 15.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not host.startswith(("http://", "https://")):
+            raise InputError(
+                "E_HOST", f"host must start with http:// or https://, got {host!r}", "--host"
+            )
+        self.host = host.rstrip("/")
+        self.auth = auth
+        self.namespace = namespace or None
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_poll_s = max_poll_s
+        self.sleep = sleep
+        config = kapi.Configuration(host=self.host)
+        config.retries = 0
+        if auth.source != "none":
+            config.api_key_prefix["authorization"] = "Bearer"
+            config.api_key["authorization"] = "unset"
+            config.refresh_api_key_hook = self._refresh_token
+        client = kapi.ApiClient(config)
+        self.pipelines = kapi.PipelineServiceApi(client)
+        self.uploads = kapi.PipelineUploadServiceApi(client)
+        self.experiments = kapi.ExperimentServiceApi(client)
+        self.runs = kapi.RunServiceApi(client)
+        self.recurring = kapi.RecurringRunServiceApi(client)
+
+    def _refresh_token(self, config: kapi.Configuration) -> None:
+        config.api_key["authorization"] = self.auth.read() or ""
+
+    def redact(self, text: str) -> str:
+        """``text`` with the token (if any) replaced by ``***``."""
+        token = self.auth.token
+        if token is None and self.auth.path is not None:
+            try:
+                token = self.auth.read()
+            except OSError:
+                token = None
+        return text.replace(token, "***") if token else text
+
+    # -- links -----------------------------------------------------------------------------------
+    def pipeline_link(self, pipeline_id: str, version_id: str) -> str:
+        """The KFP UI page of a pipeline version."""
+        return f"{self.host}/#/pipelines/details/{pipeline_id}/version/{version_id}"
+
+    def run_link(self, run_id: str) -> str:
+        """The KFP UI page of a run."""
+        return f"{self.host}/#/runs/details/{run_id}"
+
+    def recurring_run_link(self, recurring_run_id: str) -> str:
+        """The KFP UI page of a recurring run."""
+        return f"{self.host}/#/recurringrun/details/{recurring_run_id}"
+
+    # -- the one place API errors are translated -------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except urllib3.exceptions.HTTPError as e:
+                reason = getattr(e, "reason", None) or e
+                raise ClusterError(
+                    "E_UNREACHABLE",
+                    self.redact(
+                        f"cannot reach KFP at {self.host}: {_short(reason)} ({PORT_FORWARD_HINT})"
+                    ),
+                ) from e
+            except kapi.ApiException as e:
+                if e.status == 0:
+                    raise ClusterError(
+                        "E_UNREACHABLE",
+                        self.redact(f"cannot reach KFP at {self.host}: {_short(e.reason)}"),
+                    ) from e
+                if e.status >= 500 and attempt < self.retries:
+                    self.sleep(delay)
+                    delay *= 1.5
+                    continue
+                raise self._api_error(what, e, attempts=attempt + 1) from e
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _api_error(self, what: str, e: kapi.ApiException, *, attempts: int) -> ClusterError:
+        text = _error_text(e)
+        ns = self.namespace or "(none: single-user)"
+        if e.status == 401:
+            how = (
+                "no token was sent: pass --token or set KF_PIPELINES_SA_TOKEN_PATH"
+                if self.auth.source == "none"
+                else f"the token from {self.auth.source} was refused (expired, or the wrong "
+                "audience: create one with --audience=pipelines.kubeflow.org)"
+            )
+            code, msg, exit_code = "E_AUTH", f"KFP at {self.host} cannot {what}: 401 {how}", 2
+        elif e.status == 403:
+            code, exit_code = "E_FORBIDDEN", 2
+            msg = (
+                f"not allowed to {what} in namespace {ns} (403: {text}); ask the namespace's "
+                "owner to add you as a contributor, or pass --namespace of a profile you can edit"
+            )
+        elif e.status == 404:
+            code, msg, exit_code = "E_NOT_FOUND", f"cannot {what}: not found (404: {text})", 2
+        elif e.status == 409:
+            code, msg, exit_code = "E_CONFLICT", f"cannot {what}: already exists (409: {text})", 2
+        elif e.status >= 500:
+            code, exit_code = "E_SERVER", 1
+            msg = f"KFP at {self.host} failed to {what}: {e.status} {text} (after {attempts} tries)"
+        else:
+            code, msg, exit_code = "E_REJECTED", f"KFP refused to {what}: {e.status} {text}", 2
+        return ClusterError(code, self.redact(msg), status=e.status, exit_code=exit_code)
+
+    # -- pipelines and versions ------------------------------------------------------------------
+    def find_pipeline(self, name: str) -> kapi.V2beta1Pipeline | None:
+        """The pipeline called ``name`` in this namespace (or the shared ones), if any."""
+        kwargs: dict[str, Any] = {"filter": _name_filter("display_name", name), "page_size": 10}
+        if self.namespace:
+            kwargs["namespace"] = self.namespace
+        res = self._call(
+            f"list pipelines named {name!r}",
+            self.pipelines.pipeline_service_list_pipelines,
+            **kwargs,
+        )
+        matches = [p for p in res.pipelines or [] if name in (p.display_name, p.name)]
+        return matches[0] if matches else None
+
+    def _versions(self, pipeline_id: str) -> Iterator[kapi.V2beta1PipelineVersion]:
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"page_size": 100, "sort_by": "created_at desc"}
+            if token:
+                kwargs["page_token"] = token
+            res = self._call(
+                f"list versions of pipeline {pipeline_id}",
+                self.pipelines.pipeline_service_list_pipeline_versions,
+                pipeline_id,
+                **kwargs,
+            )
+            yield from res.pipeline_versions or []
+            token = res.next_page_token
+            if not token:
+                return
+
+    def find_version(self, pipeline_id: str, name: str) -> kapi.V2beta1PipelineVersion | None:
+        """The version called ``name`` of a pipeline, if any."""
+        return next(
+            (v for v in self._versions(pipeline_id) if name in (v.name, v.display_name)), None
+        )
+
+    def upload(self, compiled: Compiled, *, pipeline: str, version: str | None = None) -> Uploaded:
+        """Create ``pipeline`` if needed and add the compiled YAML as a version, idempotently.
+
+        The version's description records the content digest, so the same YAML under the same
+        version name is recognised and left alone.
+
+        Raises:
+            InputError: ``E_CONFLICT`` when ``version`` exists with different content.
+            ClusterError: the API failed.
+        """
+        name = version or compiled.version_name
+        found = self.find_pipeline(pipeline)
+        created = found is None
+        if found is None:
+            body = kapi.V2beta1Pipeline(
+                name=pipeline,
+                display_name=pipeline,
+                description=compiled.description,
+                namespace=self.namespace,
+            )
+            try:
+                found = self._call(
+                    f"create pipeline {pipeline!r}",
+                    self.pipelines.pipeline_service_create_pipeline,
+                    body,
+                )
+            except ClusterError as e:
+                if e.status != 409 or (found := self.find_pipeline(pipeline)) is None:
+                    raise
+                created = False
+        pid = found.pipeline_id
+        existing = self.find_version(pid, name)
+        if existing is None:
+            with tempfile.TemporaryDirectory(prefix="gpupipe-") as tmp:
+                path = Path(tmp) / f"{pipeline}.yaml"
+                path.write_text(compiled.yaml_text)
+                try:
+                    v = self._call(
+                        f"upload version {name!r} of pipeline {pipeline!r}",
+                        self.uploads.upload_pipeline_version,
+                        str(path),
+                        name=name,
+                        display_name=name,
+                        pipelineid=pid,
+                        description=f"sha256:{compiled.digest} (uploaded by gpupipe)",
+                    )
+                    return Uploaded(pid, v.pipeline_version_id, name, created, True)
+                except ClusterError as e:
+                    if e.status != 409 or (existing := self.find_version(pid, name)) is None:
+                        raise
+        if f"sha256:{compiled.digest}" not in (existing.description or ""):
+            raise InputError(
+                "E_CONFLICT",
+                f"version {name!r} of pipeline {pipeline!r} exists with different content; "
+                "pick another --version or leave it out (the default is the content hash)",
+                "--version",
+            )
+        return Uploaded(pid, existing.pipeline_version_id, name, created, False)
+
+    def resolve_version(self, pipeline: str, version: str | None) -> tuple[str, str]:
+        """``(pipeline_id, version_id)`` of ``version`` (default: the newest) of ``pipeline``.
+
+        Raises:
+            InputError: ``E_NOT_FOUND`` when the pipeline or version does not exist.
+        """
+        found = self.find_pipeline(pipeline)
+        where = f" in namespace {self.namespace}" if self.namespace else ""
+        if found is None:
+            raise InputError(
+                "E_NOT_FOUND",
+                f"no pipeline {pipeline!r}{where} on {self.host}; run `gpupipe upload` first or "
+                "pass --compiled",
+                "--pipeline",
+            )
+        if version:
+            v = self.find_version(found.pipeline_id, version)
+        else:
+            v = next(self._versions(found.pipeline_id), None)
+        if v is None:
+            raise InputError(
+                "E_NOT_FOUND",
+                f"pipeline {pipeline!r} has no version {version or '(none uploaded)'!r}",
+                "--version",
+            )
+        return found.pipeline_id, v.pipeline_version_id
+
+    # -- experiments and runs --------------------------------------------------------------------
+    def experiment_id(self, name: str) -> str:
+        """The id of experiment ``name`` in this namespace, created when missing."""
+        kwargs: dict[str, Any] = {"filter": _name_filter("display_name", name), "page_size": 10}
+        if self.namespace:
+            kwargs["namespace"] = self.namespace
+        for _ in range(2):
+            res = self._call(
+                f"list experiments named {name!r}",
+                self.experiments.experiment_service_list_experiments,
+                **kwargs,
+            )
+            for e in res.experiments or []:
+                if e.display_name == name:
+                    return str(e.experiment_id)
+            body = kapi.V2beta1Experiment(display_name=name, namespace=self.namespace)
+            try:
+                made = self._call(
+                    f"create experiment {name!r}",
+                    self.experiments.experiment_service_create_experiment,
+                    body,
+                )
+                return str(made.experiment_id)
+            except ClusterError as e:
+                if e.status != 409:
+                    raise
+        raise ClusterError(
+            "E_CONFLICT", f"experiment {name!r} exists but cannot be listed", exit_code=2
+        )
+
+    def start_run(
+        self,
+        *,
+        display_name: str,
+        experiment_id: str,
+        parameters: dict[str, Any],
+        version: tuple[str, str] | None = None,
+        pipeline_spec: dict[str, Any] | None = None,
+    ) -> str:
+        """Create a run of an uploaded ``(pipeline_id, version_id)`` or of an inline spec."""
+        body = kapi.V2beta1Run(
+            display_name=display_name,
+            experiment_id=experiment_id,
+            runtime_config=kapi.V2beta1RuntimeConfig(parameters=parameters),
+        )
+        if version is not None:
+            body.pipeline_version_reference = kapi.V2beta1PipelineVersionReference(
+                pipeline_id=version[0], pipeline_version_id=version[1]
+            )
+        else:
+            body.pipeline_spec = pipeline_spec
+        run = self._call(f"start run {display_name!r}", self.runs.run_service_create_run, body)
+        return str(run.run_id)
+
+    def get_run(self, run_id: str) -> kapi.V2beta1Run:
+        """The run with its state and task details."""
+        return self._call(f"get run {run_id}", self.runs.run_service_get_run, run_id)
+
+    def wait(
+        self, run_id: str, *, timeout_s: float, on_state: Callable[[str], None] | None = None
+    ) -> kapi.V2beta1Run:
+        """Poll a run (backoff from ``backoff_s`` to ``max_poll_s``) until it finishes.
+
+        Raises:
+            ClusterError: ``E_TIMEOUT`` when it is still going after ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        delay, last = self.backoff_s, None
+        while True:
+            run = self.get_run(run_id)
+            state = str(run.state or "PENDING")
+            if state != last and on_state is not None:
+                on_state(state)
+            last = state
+            if state in TERMINAL_STATES:
+                return run
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterError(
+                    "E_TIMEOUT",
+                    f"run {run_id} is still {state} after {timeout_s:g} s; it keeps running: "
+                    f"{self.run_link(run_id)}",
+                )
+            self.sleep(min(delay, left))
+            delay = min(delay * 1.5, self.max_poll_s)
+
+    # -- recurring runs --------------------------------------------------------------------------
+    def list_schedules(self) -> list[kapi.V2beta1RecurringRun]:
+        """Every recurring run in this namespace."""
+        out: list[kapi.V2beta1RecurringRun] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"page_size": 100}
+            if self.namespace:
+                kwargs["namespace"] = self.namespace
+            if token:
+                kwargs["page_token"] = token
+            res = self._call(
+                "list recurring runs",
+                self.recurring.recurring_run_service_list_recurring_runs,
+                **kwargs,
+            )
+            out.extend(res.recurring_runs or [])
+            token = res.next_page_token
+            if not token:
+                return out
+
+    def find_schedule(self, name: str) -> kapi.V2beta1RecurringRun | None:
+        """The recurring run whose display name is ``name``, if any."""
+        return next((r for r in self.list_schedules() if r.display_name == name), None)
+
+    def create_schedule(self, body: kapi.V2beta1RecurringRun) -> str:
+        """Create a recurring run; returns its id."""
+        made = self._call(
+            f"create recurring run {body.display_name!r}",
+            self.recurring.recurring_run_service_create_recurring_run,
+            body,
+        )
+        return str(made.recurring_run_id)
+
+    def set_schedule(self, recurring_run_id: str, action: str) -> None:
+        """``enable``, ``disable`` or ``delete`` a recurring run."""
+        fn = {
+            "enable": self.recurring.recurring_run_service_enable_recurring_run,
+            "disable": self.recurring.recurring_run_service_disable_recurring_run,
+            "delete": self.recurring.recurring_run_service_delete_recurring_run,
+        }[action]
+        self._call(f"{action} recurring run {recurring_run_id}", fn, recurring_run_id)
+
+
+def _short(reason: object) -> str:
+    text = " ".join(str(reason).split())
+    for known in ("Connection refused", "Name or service not known", "timed out"):
+        if known in text:
+            return known.lower()
+    return text[:200]
+
+
+def failed_tasks(run: kapi.V2beta1Run) -> list[str]:
+    """``"train: <error>"`` for each failed leaf task of a run (DAGs and drivers left out)."""
+    tasks = (run.run_details.task_details if run.run_details else None) or []
+    failed = [t for t in tasks if str(t.state) == "FAILED"]
+    leaves = [t for t in failed if not t.child_tasks] or failed
+    out = []
+    for t in leaves:
+        name = t.display_name or t.task_id or "?"
+        message = t.error.message if t.error is not None and t.error.message else ""
+        out.append(f"{name}: {message}" if message else str(name))
+    return out
+
+
+def schedule_body(
+    *,
+    name: str,
+    cron: str,
+    experiment_id: str,
+    version: tuple[str, str],
+    parameters: dict[str, Any],
+    max_concurrency: int,
+    no_catchup: bool,
+    start: datetime | None,
+    end: datetime | None,
+) -> kapi.V2beta1RecurringRun:
+    """The request body of a cron-triggered recurring run of an uploaded version."""
+    return kapi.V2beta1RecurringRun(
+        display_name=name,
+        description=f"gpupipe schedule: {cron} (UTC)",
+        experiment_id=experiment_id,
+        pipeline_version_reference=kapi.V2beta1PipelineVersionReference(
+            pipeline_id=version[0], pipeline_version_id=version[1]
+        ),
+        runtime_config=kapi.V2beta1RuntimeConfig(parameters=parameters),
+        max_concurrency=str(max_concurrency),
+        no_catchup=no_catchup,
+        mode="ENABLE",
+        trigger=kapi.V2beta1Trigger(
+            cron_schedule=kapi.V2beta1CronSchedule(cron=cron, start_time=start, end_time=end)
+        ),
+    )
+
+
+def same_schedule(a: kapi.V2beta1RecurringRun, b: kapi.V2beta1RecurringRun) -> bool:
+    """Whether two recurring runs would start the same runs at the same times."""
+
+    def key(r: kapi.V2beta1RecurringRun) -> tuple[Any, ...]:
+        cs = r.trigger.cron_schedule if r.trigger else None
+        ref = r.pipeline_version_reference
+        return (
+            cs.cron if cs else None,
+            _utc(cs.start_time) if cs else None,
+            _utc(cs.end_time) if cs else None,
+            ref.pipeline_id if ref else None,
+            ref.pipeline_version_id if ref else None,
+            json.dumps(
+                (r.runtime_config.parameters if r.runtime_config else None) or {}, sort_keys=True
+            ),
+            str(r.max_concurrency or "1"),
+            bool(r.no_catchup),
+            r.experiment_id,
+        )
+
+    return key(a) == key(b)
+
+
+def _utc(t: datetime | str | None) -> datetime | None:
+    if isinstance(t, str):
+        t = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    if t is None:
+        return None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def parse_time(text: str, flag: str) -> datetime:
+    """An ISO 8601 time; without a zone it is UTC.
+
+    Raises:
+        InputError: ``E_TIME`` when it does not parse.
+    """
+    try:
+        return _utc(text) or datetime.now(UTC)
+    except ValueError as e:
+        raise InputError(
+            "E_TIME",
+            f"{flag} must be an ISO 8601 time like 2026-12-01T02:00:00Z, got {text!r}",
+            flag,
+        ) from e

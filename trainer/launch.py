@@ -1,0 +1,170 @@
+"""``python -m trainer.launch [torchrun args]``: torchrun with exit codes the operator can act on.
+
+torchrun reports every failed worker as exit code 1, so a PyTorchJob's ``restartPolicy: ExitCode``
+(1-127 permanent, 128-255 retried) could never retry a preemption nor stop retrying bad input.
+This wrapper runs ``python -m torch.distributed.run <args>`` as a child, forwards SIGTERM and
+SIGINT to it (torchrun passes them on to the workers, which checkpoint), and maps the result using
+the code each worker left in ``$GPUPIPE_EXIT_DIR/rank-<rank>.code``:
+
+- torchrun exited 0: 0;
+- any worker exited 2 (bad input): 2, permanent;
+- this wrapper got SIGTERM, or workers exited 143 (checkpointed after SIGTERM) and none reported
+  another failure: 143, retryable;
+- otherwise torchrun's own code (1).
+
+A worker that crashed (exit 1) makes torchrun SIGTERM its peers, which then checkpoint and exit
+143; that crash must stay permanent, hence "none reported another failure" above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+
+from trainer.errors import EXIT_BAD_INPUT, EXIT_PREEMPTED
+
+log = logging.getLogger(__name__)
+
+EXIT_DIR_ENV = "GPUPIPE_EXIT_DIR"
+"""Directory in which each worker records its exit code; set by this wrapper for torchrun."""
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1
+
+
+def record_exit_code(code: int, rank: int | None) -> None:
+    """Leave this worker's exit code for the wrapper; a no-op unless ``GPUPIPE_EXIT_DIR`` is set.
+
+    The file is written under a temporary name and renamed, so the wrapper never reads half a
+    number. Failing to write it only loses the mapping (the job then gets torchrun's code), so
+    errors are logged, never raised.
+
+    Args:
+        code: the worker's exit code.
+        rank: the global rank from the ``DistContext``; ``None`` when the worker failed before it
+            had one (the file is then named after the process id).
+    """
+    directory = os.environ.get(EXIT_DIR_ENV)
+    if not directory:
+        return
+    name = f"rank-{rank}.code" if rank is not None else f"rank-unknown-{os.getpid()}.code"
+    target = os.path.join(directory, name)
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"{code}\n")
+        os.replace(tmp, target)
+    except OSError as e:
+        log.warning("could not record exit code %d in %s: %s", code, target, e)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def read_exit_codes(directory: str | os.PathLike[str]) -> dict[str, int]:
+    """The codes the workers recorded, keyed ``"<rank>"`` or ``"unknown-<pid>"``.
+
+    Unreadable or malformed files are skipped: the mapping is best effort by design.
+    """
+    codes: dict[str, int] = {}
+    for path in Path(directory).glob("rank-*.code"):
+        try:
+            codes[path.name.removeprefix("rank-").removesuffix(".code")] = int(path.read_text())
+        except (OSError, ValueError):
+            log.warning("ignoring unreadable worker exit code file %s", path)
+    return codes
+
+
+def resolve_exit_code(
+    torchrun_code: int, worker_codes: Mapping[str, int], *, terminated: bool
+) -> int:
+    """The exit code that tells the training operator whether to retry (see the module docstring).
+
+    Args:
+        torchrun_code: torchrun's return code (negative when a signal killed it).
+        worker_codes: what :func:`read_exit_codes` found.
+        terminated: whether this wrapper received SIGTERM.
+    """
+    if torchrun_code == 0:
+        return 0
+    codes = set(worker_codes.values())
+    if EXIT_BAD_INPUT in codes:
+        return EXIT_BAD_INPUT
+    if terminated:
+        return EXIT_PREEMPTED
+    if EXIT_PREEMPTED in codes and codes <= {0, EXIT_PREEMPTED}:
+        return EXIT_PREEMPTED
+    return torchrun_code if torchrun_code > 0 else 128 - torchrun_code
+
+
+def _format_codes(codes: Mapping[str, int]) -> str:
+    def order(key: str) -> tuple[int, int, str]:
+        return (0, int(key), "") if key.isdigit() else (1, 0, key)
+
+    return "{" + ", ".join(f"{k}: {codes[k]}" for k in sorted(codes, key=order)) + "}"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM torchrun if this wrapper is SIGKILLed (Linux only)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run torchrun with ``argv`` (default: this process's arguments); returns the mapped code."""
+    args = sys.argv[1:] if argv is None else argv
+    received: list[int] = []
+    proc: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+
+    exit_dir = tempfile.mkdtemp(prefix="gpupipe-exit-")
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    try:
+        env = dict(os.environ)
+        env[EXIT_DIR_ENV] = exit_dir
+        # Own process group: a terminal's Ctrl-C reaches torchrun once, through forward().
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *args],
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        for signum in received:  # arrived between installing the handler and starting torchrun
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+        torchrun_code = proc.wait()
+        worker_codes = read_exit_codes(exit_dir)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(exit_dir, ignore_errors=True)
+    terminated = signal.SIGTERM in received
+    code = resolve_exit_code(torchrun_code, worker_codes, terminated=terminated)
+    if code != torchrun_code:
+        kind = "permanent" if 0 < code < 128 else "retryable"
+        after = " after SIGTERM" if terminated else ""
+        print(
+            f"gpupipe launch: worker exit codes {_format_codes(worker_codes)}{after} "
+            f"-> {code} ({kind})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
