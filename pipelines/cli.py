@@ -55,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.local:
         raise InputError(
             "E_PARAM",
-            "say where to run: --local (kfp.local, here) or --host URL (a KFP cluster)",
+            "only local runs (--local, kfp.local here) or cluster runs (--host URL) exist: add one",
             "gpupipe run",
         )
     from pipelines.local import run_local
@@ -257,9 +257,10 @@ def _print_schedules(runs: list[Any]) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from pipelines.render import render_pytorchjob
+    from pipelines.render import render_experiment, render_pytorchjob
 
-    print(render_pytorchjob(_params(args.param), namespace=args.namespace), end="")
+    render = render_pytorchjob if args.kind == "pytorchjob" else render_experiment
+    print(render(_params(args.param), namespace=args.namespace), end="")
     return 0
 
 
@@ -306,7 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("render", help="print a resource the pipeline would create, as YAML")
-    p.add_argument("kind", choices=["pytorchjob"], help="what to render")
+    p.add_argument(
+        "kind",
+        choices=["pytorchjob", "experiment"],
+        help="pytorchjob: the train step's job; experiment: the tune step's Katib Experiment",
+    )
     p.add_argument(
         "--param",
         action="append",

@@ -35,6 +35,10 @@ PORT_FORWARD_HINT = (
     "is the port-forward running? kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80"
 )
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"})
+BACKOFF_S = 1.0
+"""First wait between retries of a 5xx answer and between polls of a run; grows 1.5x."""
+MAX_POLL_S = 15.0
+"""The longest wait between two polls of a run."""
 _FILTER_EQUALS = 1
 """``V2beta1PredicateOperation.EQUALS`` as ``kfp.Client`` sends it in list filters."""
 
@@ -247,9 +251,9 @@ class KfpCluster:
         auth: where the bearer token comes from.
         namespace: the profile namespace in multi-user KFP (``None``: single-user).
         retries: extra attempts after a 5xx answer.
-        backoff_s: first wait between retries and between run polls; it grows 1.5x per wait.
-        max_poll_s: the longest wait between two polls of a run.
-        sleep: how to wait (tests pass a fast one).
+        backoff_s: first wait between retries and between run polls (default ``BACKOFF_S``).
+        max_poll_s: the longest wait between two polls (default ``MAX_POLL_S``).
+        sleep: how to wait (default ``time.sleep``).
     """
 
     def __init__(
@@ -259,9 +263,9 @@ class KfpCluster:
         auth: Auth,
         namespace: str | None = None,
         retries: int = 3,
-        backoff_s: float = 1.0,
-        max_poll_s: float = 15.0,
-        sleep: Callable[[float], None] = time.sleep,
+        backoff_s: float | None = None,
+        max_poll_s: float | None = None,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         if not host.startswith(("http://", "https://")):
             raise InputError(
@@ -271,9 +275,9 @@ class KfpCluster:
         self.auth = auth
         self.namespace = namespace or None
         self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_poll_s = max_poll_s
-        self.sleep = sleep
+        self.backoff_s = BACKOFF_S if backoff_s is None else backoff_s
+        self.max_poll_s = MAX_POLL_S if max_poll_s is None else max_poll_s
+        self.sleep = sleep or time.sleep
         config = kapi.Configuration(host=self.host)
         config.retries = 0
         if auth.source != "none":

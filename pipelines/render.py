@@ -140,3 +140,47 @@ def render_pytorchjob(
     """
     spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
     return yaml.safe_dump(build_pytorchjob(spec), sort_keys=False)
+
+
+TRIAL_URI_PLACEHOLDER = "minio://mlpipeline/v2/artifacts/<run-id>/tune/trials"
+"""Stands for the tune step's working folder, under which each trial gets its own folders."""
+
+
+def render_experiment(
+    params: dict[str, Any],
+    *,
+    space: dict[str, Any] | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    config_uri: str = CONFIG_URI_PLACEHOLDER,
+) -> str:
+    """YAML of the Katib Experiment the tune step would create for these pipeline parameters.
+
+    Each trial is the PyTorchJob of :func:`render_pytorchjob` for the same parameters, with the
+    searched fields passed as ``--set`` overrides.
+
+    Args:
+        params: training pipeline parameters by name (as for :func:`render_pytorchjob`).
+        space: the search space in Katib's terms; ``None``: the example space for the MLP.
+        namespace: namespace of the Experiment.
+        config_uri: URI of the worker config the trials start from.
+
+    Raises:
+        InputError: an unknown parameter, a bad value or an invalid search space.
+    """
+    from trainer.config import WorkerConfig
+    from trainer.tune.katib import build_experiment, experiment_name
+    from trainer.tune.space import config_fields, example_space, load_space
+
+    spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
+    searched = load_space(
+        space if space is not None else example_space(), config_fields=config_fields(WorkerConfig)
+    )
+    experiment = build_experiment(
+        searched,
+        name=experiment_name("render", "tune"),
+        namespace=namespace,
+        trial_job=build_pytorchjob(spec),
+        base_overrides={},
+        trial_uri=TRIAL_URI_PLACEHOLDER,
+    )
+    return yaml.safe_dump(experiment, sort_keys=False)

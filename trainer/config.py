@@ -241,6 +241,9 @@ class TrainConfig:
     """A NaN/Inf loss rolls back to the last checkpoint this many times before the run fails."""
     nan_lr_factor: float = 0.5
     """Each rollback multiplies the learning rate by this factor."""
+    metrics_stdout: bool = False
+    """After each evaluation, also print one ``name=value`` line per metric (``val_loss=0.123``)
+    on stdout, for Katib's StdOut metrics collector (Katib trials set it)."""
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "train.epochs", "must be > 0", self.epochs)

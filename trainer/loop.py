@@ -245,6 +245,7 @@ class _Run:
             job=ctx.run_id,
             total_steps=self.total_steps,
             history_uri=cfg.output.history_uri,
+            metrics_stdout=cfg.train.metrics_stdout,
         )
         self.best_state: dict[str, torch.Tensor] | None = None
         self.last_checkpoint: str | None = None

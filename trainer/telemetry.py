@@ -47,8 +47,19 @@ class Telemetry:
         total_steps: int,
         history_uri: str | None = None,
         stream: TextIO | None = None,
+        metrics_stdout: bool = False,
     ) -> None:
+        """Args:
+        enabled: print and record (the main rank only).
+        job: the job id in every line.
+        total_steps: length of the progress bar.
+        history_uri: JSON-lines file that :meth:`flush` writes.
+        stream: where lines go (default stdout).
+        metrics_stdout: after each ``eval`` event, also print ``name=value`` lines for
+            Katib's StdOut metrics collector.
+        """
         self.enabled = enabled
+        self.metrics_stdout = metrics_stdout
         self.job = job
         self.history: list[dict[str, Any]] = []
         self.history_uri = history_uri
@@ -71,6 +82,20 @@ class Telemetry:
             self._bar.write(line, file=self._stream)
         else:
             print(line, file=self._stream, flush=True)
+        if event == "eval" and self.metrics_stdout:
+            for name, value in fields.items():
+                # Katib's default filter reads ``name=<number>``: no booleans, NaN or Inf.
+                if (
+                    isinstance(value, int | float)
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                    and name not in ("step", "epoch")
+                ):
+                    text = f"{name}={value!r}"  # full precision, e.g. val_loss=0.1234
+                    if self._bar is not None:
+                        self._bar.write(text, file=self._stream)
+                    else:
+                        print(text, file=self._stream, flush=True)
 
     def advance(self, steps_done: int) -> None:
         """Move the progress bar to ``steps_done``."""

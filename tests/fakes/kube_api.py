@@ -1,11 +1,14 @@
-"""A fake Kubernetes API server on 127.0.0.1 that plays the Training Operator for PyTorchJobs.
+"""A fake Kubernetes API server on 127.0.0.1 that plays the Training Operator for PyTorchJobs
+and Katib for Experiments (with their Trials).
 
 It serves the REST paths the PyTorchJob launcher calls with the JSON a real API server returns
 (Status bodies for errors, text/plain logs), so the real ``kubernetes`` client can be pointed at
 it. The operator is simulated lazily from each job's age: Created, a Pending master pod, Running
 with log lines appearing over time, then Succeeded or Failed as the job's :class:`Scenario`
 says. Faults (error statuses with ``Retry-After``, slow answers) can be injected per path, and
-every request is recorded.
+every request is recorded. Katib is simulated the same way: an Experiment's trials start and end
+on a clock from its creation as its :class:`ExperimentScenario` says, and its status (conditions,
+trial counts, ``currentOptimalTrial``) follows Katib's own rules.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ _JOB = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs/([^/]
 _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 _LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+_EXPS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments$")
+_EXP = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments/([^/]+)$")
+_TRIALS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials$")
+_TRIAL = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials/([^/]+)$")
 _REASONS = {
     400: "BadRequest",
     403: "Forbidden",
@@ -127,6 +134,93 @@ class _Job:
         return sc.outcome is not None and self.age(now) >= sc.finish_at()
 
 
+@dataclass(kw_only=True)
+class TrialPlan:
+    """One trial of a simulated Experiment; ``None`` fields are filled in from the Experiment."""
+
+    outcome: Literal["Succeeded", "Failed", "EarlyStopped"] = "Succeeded"
+    value: float | None = None
+    """The objective metric it reports; ``None``: ``1 / (index + 2)``."""
+    assignments: dict[str, str] | None = None
+    """Katib parameter name -> value; ``None``: spread over each parameter's feasible space."""
+    start_s: float | None = None
+    """Seconds after the Experiment's creation; ``None``: in waves of ``parallelTrialCount``."""
+    duration_s: float | None = None
+    """``None``: the scenario's ``trial_s``."""
+    message: str = ""
+
+
+@dataclass(kw_only=True)
+class ExperimentScenario:
+    """What the simulated Katib does with an Experiment."""
+
+    trials: list[TrialPlan] | None = None
+    """``None``: ``maxTrialCount`` successful trials."""
+    trial_s: float = 0.03
+    outcome: Literal["auto", "Failed"] | None = "auto"
+    """``auto``: Katib's rules (failed > maxFailedTrialCount fails it, all trials done succeeds
+    it); ``Failed``: fails once the trials are done; ``None``: runs forever."""
+    reason: str = "ExperimentFailed"
+    message: str = "Experiment has failed because max failed count has reached"
+
+
+@dataclass
+class _Experiment:
+    body: dict[str, Any]
+    scenario: ExperimentScenario
+    created: float
+    gone_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    def plans(self) -> list[tuple[str, TrialPlan, float, float]]:
+        """(trial name, plan, start, end) in seconds after creation, filled in."""
+        spec = self.body.get("spec") or {}
+        n = int(spec.get("maxTrialCount") or 3)
+        par = int(spec.get("parallelTrialCount") or 1)
+        sc = self.scenario
+        plans = sc.trials if sc.trials is not None else [TrialPlan() for _ in range(n)]
+        out = []
+        for i, plan in enumerate(plans):
+            start = plan.start_s if plan.start_s is not None else (i // par) * sc.trial_s
+            end = start + (plan.duration_s if plan.duration_s is not None else sc.trial_s)
+            name = f"{self.name}-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.name}/{i}').hex[:8]}"
+            out.append((name, plan, start, end))
+        return out
+
+    def finish_at(self) -> float | None:
+        sc = self.scenario
+        if sc.outcome is None:
+            return None
+        plans = self.plans()
+        ends = sorted(end for *_, end in plans)
+        if sc.outcome == "auto":
+            max_failed = int(self.body["spec"].get("maxFailedTrialCount") or 0)
+            failed = sorted(end for _, p, _, end in plans if p.outcome == "Failed")
+            if len(failed) > max_failed:
+                return failed[max_failed]
+        return (ends[-1] if ends else 0.0) + 0.01
+
+    def failed_early(self) -> bool:
+        max_failed = int(self.body["spec"].get("maxFailedTrialCount") or 0)
+        return sum(p.outcome == "Failed" for _, p, *_ in self.plans()) > max_failed
+
+
+def _assignments(spec: dict[str, Any], i: int, n: int) -> dict[str, str]:
+    out = {}
+    for p in spec.get("parameters") or []:
+        fs = p.get("feasibleSpace") or {}
+        if fs.get("list"):
+            out[p["name"]] = str(fs["list"][i % len(fs["list"])])
+        else:
+            lo, hi = float(fs["min"]), float(fs["max"])
+            v = lo + (hi - lo) * (i + 1) / (n + 1)
+            out[p["name"]] = str(round(v)) if p["parameterType"] == "int" else f"{v:.6g}"
+    return out
+
+
 class _HttpError(Exception):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -145,6 +239,11 @@ class FakeKubeApi:
         self.created: list[str] = []
         """``namespace/name`` of every job created through the API (409s excluded)."""
         self._jobs: dict[tuple[str, str], _Job] = {}
+        self.experiment_scenario = ExperimentScenario()
+        """What Experiments created through the API do."""
+        self.created_experiments: list[str] = []
+        """``namespace/name`` of every Experiment created through the API (409s excluded)."""
+        self._experiments: dict[tuple[str, str], _Experiment] = {}
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -235,7 +334,33 @@ class FakeKubeApi:
         them: a create the client gave up on still creates, as on a real server)."""
         self._faults.append(_Fault(method, re.compile(path), None, times, delay_s=seconds))
 
+    def add_experiment(
+        self,
+        body: dict[str, Any],
+        *,
+        scenario: ExperimentScenario | None = None,
+        age_s: float = 0.0,
+        deleting_for_s: float | None = None,
+    ) -> None:
+        """An Experiment that exists already (an earlier attempt's), ``age_s`` into its life."""
+        now = time.time()
+        body = copy.deepcopy(body)
+        meta = body["metadata"]
+        meta.update(uid=str(uuid.uuid4()), resourceVersion="1", creationTimestamp=rfc3339(now))
+        exp = _Experiment(body, scenario or self.experiment_scenario, now - age_s)
+        if deleting_for_s is not None:
+            meta["deletionTimestamp"] = rfc3339(now)
+            exp.gone_at = now + deleting_for_s
+        with self._lock:
+            self._experiments[(meta["namespace"], meta["name"])] = exp
+
     # Inspecting
+
+    def experiment(self, name: str, namespace: str = "team-a") -> dict[str, Any] | None:
+        """The Experiment as ``GET`` would return it, or ``None``."""
+        with self._lock:
+            exp = self._live_experiment(namespace, name)
+            return None if exp is None else self._render_experiment(exp, time.time())
 
     def job(self, name: str, namespace: str = "team-a") -> dict[str, Any] | None:
         """The job as ``GET`` would return it, or ``None``."""
@@ -324,6 +449,8 @@ class FakeKubeApi:
             return 200, "text/plain", self._log(*m.groups(), query, now).encode(), {}
         if (m := _EVENTS.match(path)) and method == "GET":
             return self._json(200, self._events(m.group(1), query, now))
+        if _EXPS.match(path) or _EXP.match(path) or _TRIALS.match(path) or _TRIAL.match(path):
+            return self._katib(method, path, query, headers, body, now)
         raise _HttpError(404, "the server could not find the requested resource")
 
     @staticmethod
@@ -548,6 +675,206 @@ class FakeKubeApi:
                     }
                 )
         return {"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": items}
+
+    # The simulated Katib
+
+    def _live_experiment(self, namespace: str, name: str) -> _Experiment | None:
+        exp = self._experiments.get((namespace, name))
+        if exp is not None and exp.gone_at is not None and time.time() >= exp.gone_at:
+            del self._experiments[(namespace, name)]
+            return None
+        return exp
+
+    def _katib(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        headers: dict[str, str],
+        body: Any,
+        now: float,
+    ) -> tuple[int, str, bytes, dict[str, str]]:
+        if (m := _EXPS.match(path)) and method == "POST":
+            ns = m.group(1)
+            name = str(((body or {}).get("metadata") or {}).get("name") or "")
+            if not name:
+                raise _HttpError(422, "Experiment.kubeflow.org is invalid: metadata.name: Required")
+            if self._live_experiment(ns, name) is not None:
+                raise _HttpError(409, f'experiments.kubeflow.org "{name}" already exists')
+            body = copy.deepcopy(body)
+            meta = body["metadata"]
+            meta.update(
+                namespace=ns,
+                uid=str(uuid.uuid4()),
+                resourceVersion="1",
+                creationTimestamp=rfc3339(now),
+            )
+            exp = _Experiment(body, self.experiment_scenario, now)
+            self._experiments[(ns, name)] = exp
+            self.created_experiments.append(f"{ns}/{name}")
+            return self._json(201, self._render_experiment(exp, now))
+        if m := _EXP.match(path):
+            ns, name = m.groups()
+            exp = self._live_experiment(ns, name)
+            if exp is None:
+                raise _HttpError(404, f'experiments.kubeflow.org "{name}" not found')
+            if method == "GET":
+                return self._json(200, self._render_experiment(exp, now))
+            if method == "DELETE":
+                del self._experiments[(ns, name)]
+                return self._json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+            if method == "PATCH":
+                if headers.get("content-type") != "application/merge-patch+json":
+                    raise _HttpError(415, f"unsupported patch type {headers.get('content-type')}")
+                _merge(exp.body, body)
+                return self._json(200, self._render_experiment(exp, now))
+        if (m := _TRIALS.match(path)) and method == "GET":
+            ns = m.group(1)
+            selector = (query.get("labelSelector") or [""])[0]
+            want = selector.removeprefix("katib.kubeflow.org/experiment=")
+            items = []
+            for (exp_ns, name), _ in list(self._experiments.items()):
+                exp = self._live_experiment(exp_ns, name)
+                if exp is not None and exp_ns == ns and name == want:
+                    items += self._trials(exp, now)
+            return self._json(
+                200,
+                {
+                    "apiVersion": "kubeflow.org/v1beta1",
+                    "kind": "TrialList",
+                    "metadata": {},
+                    "items": items,
+                },
+            )
+        if (m := _TRIAL.match(path)) and method == "GET":
+            ns, name = m.groups()
+            for (exp_ns, exp_name), _ in list(self._experiments.items()):
+                exp = self._live_experiment(exp_ns, exp_name)
+                if exp is None or exp_ns != ns:
+                    continue
+                for trial in self._trials(exp, now):
+                    if trial["metadata"]["name"] == name:
+                        return self._json(200, trial)
+            raise _HttpError(404, f'trials.kubeflow.org "{name}" not found')
+        raise _HttpError(405, f"method {method} not allowed")
+
+    def _trials(self, exp: _Experiment, now: float) -> list[dict[str, Any]]:
+        age = now - exp.created
+        finish = exp.finish_at()
+        spec = exp.body["spec"]
+        metric = spec["objective"]["objectiveMetricName"]
+        plans = exp.plans()
+        out = []
+        for i, (name, plan, start, end) in enumerate(plans):
+            if start > age or (finish is not None and start >= finish):
+                continue
+            assignments = plan.assignments or _assignments(spec, i, len(plans))
+            stamp = rfc3339(exp.created + start)
+            conds = [_cond("Created", "True", "TrialCreated", "Trial is created", stamp)]
+            observation = None
+            if age >= end:
+                state = plan.outcome
+                reason = {
+                    "Succeeded": "TrialSucceeded",
+                    "Failed": "TrialFailed",
+                    "EarlyStopped": "TrialEarlyStopped",
+                }[state]
+                conds.append(_cond("Running", "False", reason, "", stamp))
+                conds.append(_cond(state, "True", reason, plan.message or f"Trial {state}", stamp))
+                if state != "Failed":
+                    value = plan.value if plan.value is not None else 1 / (i + 2)
+                    v = f"{value}"
+                    observation = {"metrics": [{"name": metric, "min": v, "max": v, "latest": v}]}
+            elif finish is not None and age >= finish:
+                conds.append(_cond("Killed", "True", "TrialKilled", "Trial is killed", stamp))
+            else:
+                conds.append(_cond("Running", "True", "TrialRunning", "Trial is running", stamp))
+            trial = {
+                "apiVersion": "kubeflow.org/v1beta1",
+                "kind": "Trial",
+                "metadata": {
+                    "name": name,
+                    "namespace": exp.body["metadata"]["namespace"],
+                    "labels": {"katib.kubeflow.org/experiment": exp.name},
+                    "creationTimestamp": stamp,
+                },
+                "spec": {
+                    "objective": spec["objective"],
+                    "parameterAssignments": [
+                        {"name": k, "value": v} for k, v in assignments.items()
+                    ],
+                },
+                "status": {"conditions": conds},
+            }
+            if observation is not None:
+                trial["status"]["observation"] = observation
+            out.append(trial)
+        return out
+
+    def _render_experiment(self, exp: _Experiment, now: float) -> dict[str, Any]:
+        out = copy.deepcopy(exp.body)
+        stamp = rfc3339(exp.created)
+        trials = self._trials(exp, now)
+        lists: dict[str, list[str]] = {
+            k: [] for k in ("Succeeded", "Failed", "EarlyStopped", "Killed", "Running")
+        }
+        minimize = out["spec"]["objective"].get("type") != "maximize"
+        best: dict[str, Any] | None = None
+        for t in trials:
+            state = next(
+                c["type"] for c in reversed(t["status"]["conditions"]) if c["status"] == "True"
+            )
+            lists.setdefault(state, []).append(t["metadata"]["name"])
+            obs = t["status"].get("observation")
+            if obs is None:
+                continue
+            v = float(obs["metrics"][0]["latest"])
+            if best is None or (v < best["v"] if minimize else v > best["v"]):
+                best = {"v": v, "t": t}
+        conds = [_cond("Created", "True", "ExperimentCreated", "Experiment is created", stamp)]
+        finish = exp.finish_at()
+        if finish is not None and now - exp.created >= finish:
+            conds.append(_cond("Running", "False", "ExperimentRunning", "", stamp))
+            sc = exp.scenario
+            if sc.outcome == "Failed" or exp.failed_early():
+                conds.append(_cond("Failed", "True", sc.reason, sc.message, stamp))
+            else:
+                conds.append(
+                    _cond(
+                        "Succeeded",
+                        "True",
+                        "ExperimentMaxTrialsReached",
+                        "Experiment has succeeded because max trial count has reached",
+                        stamp,
+                    )
+                )
+        else:
+            conds.append(
+                _cond("Running", "True", "ExperimentRunning", "Experiment is running", stamp)
+            )
+        status: dict[str, Any] = {
+            "startTime": stamp,
+            "conditions": conds,
+            "trials": len(trials),
+            "trialsSucceeded": len(lists["Succeeded"]),
+            "trialsFailed": len(lists["Failed"]),
+            "trialsEarlyStopped": len(lists["EarlyStopped"]),
+            "trialsKilled": len(lists["Killed"]),
+            "trialsRunning": len(lists["Running"]),
+            "trialsPending": 0,
+            "succeededTrialList": lists["Succeeded"],
+            "failedTrialList": lists["Failed"],
+            "runningTrialList": lists["Running"],
+        }
+        if best is not None:
+            t = best["t"]
+            status["currentOptimalTrial"] = {
+                "bestTrialName": t["metadata"]["name"],
+                "parameterAssignments": t["spec"]["parameterAssignments"],
+                "observation": t["status"]["observation"],
+            }
+        out["status"] = status
+        return out
 
 
 class _Handler(BaseHTTPRequestHandler):

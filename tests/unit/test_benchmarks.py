@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,17 @@ def test_data_loader_prints_speedup(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(one epoch)" in lines[0]
     assert any(line.startswith("serve-only speedup") for line in lines)
     assert re.fullmatch(r"data_loader speedup: \d+\.\dx \(goal >= 10x\)", lines[-1])
+
+
+def test_tune_efficiency_prints_ratio_and_saves_curves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("optuna")
+    from benchmarks import tune_efficiency
+
+    plot = tmp_path / "anytime.png"
+    args = ["--seeds", "1", "--trials", "3", "--epochs", "2", "--rows", "200"]
+    assert tune_efficiency.main([*args, "--plot", str(plot)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert plot.is_file() and plot.stat().st_size > 0
+    assert re.fullmatch(r"tune_efficiency ratio: \d+\.\d\d \(goal >= 3\)", lines[-1])

@@ -21,6 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from trainer.tune.katib import KATIB_API_CALLS
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 K8S_VERSION = "1.30"
@@ -41,15 +43,8 @@ CLUSTER_SCOPED_KINDS = {
 REMOTE = re.compile(r"^(https?://|git@|github\.com/)")
 EXACT_TAG = re.compile(r"^v?\d+\.\d+\.\d+$")
 
-# Katib calls of the tune step (its module comes in the tune issue; move this list there then).
-KATIB_CALLS = {
-    ("kubeflow.org", "experiments", "create"),
-    ("kubeflow.org", "experiments", "get"),
-    ("kubeflow.org", "experiments", "patch"),
-    ("kubeflow.org", "experiments", "delete"),
-    ("kubeflow.org", "trials", "get"),
-    ("kubeflow.org", "trials", "list"),
-}
+# Katib calls of the tune step.
+KATIB_CALLS = set(KATIB_API_CALLS)
 
 
 @dataclass

@@ -37,7 +37,7 @@ KATIB_API_CALLS: list[tuple[str, str, str]] = [
 ]
 """The calls of the Katib (tune) launcher: Experiments and their Trials."""
 
-API_CALLS: list[tuple[str, str, str]] = [
+PYTORCHJOB_API_CALLS: list[tuple[str, str, str]] = [
     (GROUP, PLURAL, "create"),
     (GROUP, PLURAL, "get"),
     (GROUP, PLURAL, "delete"),
@@ -45,8 +45,10 @@ API_CALLS: list[tuple[str, str, str]] = [
     ("", "pods", "list"),
     ("", "pods/log", "get"),
     ("", "events", "list"),
-    *KATIB_API_CALLS,
 ]
+"""The calls of the PyTorchJob (train) launcher."""
+
+API_CALLS: list[tuple[str, str, str]] = [*PYTORCHJOB_API_CALLS, *KATIB_API_CALLS]
 """(API group, resource, verb) of every call :class:`KubeApi` makes: what RBAC must grant."""
 
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})

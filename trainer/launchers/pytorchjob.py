@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from trainer.errors import InputError, parse_error_line
-from trainer.launchers.kube import API_CALLS, KubeApi, KubeApiError
+from trainer.launchers.kube import PYTORCHJOB_API_CALLS as API_CALLS
+from trainer.launchers.kube import KubeApi, KubeApiError
 
 __all__ = ["API_CALLS", "LaunchCancelled", "PodRef", "PyTorchJobLauncher", "job_state"]
 

@@ -256,7 +256,7 @@ class LocalLauncher:
             raise errors[0]
         last = "\n".join(tail)
         raise RuntimeError(
-            f"training job {job_name} failed (torchrun exit code "
+            f"training job {job_name} failed (exit code "
             f"{proc.returncode}); last log lines:\n{last}"
         )
 

@@ -1,0 +1,462 @@
+"""``gpupipe upload | run --host | schedule`` against a fake KFP v2beta1 API server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from pipelines import cluster, cron
+from pipelines.cli import main
+from tests.fakes.kfp_api import FakeKfp, RunScript, check_model, serve
+
+TOKEN = "s3cr3t-token-value"
+
+
+@pytest.fixture
+def kfp(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKfp]:
+    monkeypatch.setattr(cluster, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(cluster, "MAX_POLL_S", 0.02)
+    monkeypatch.delenv(cluster.TOKEN_PATH_ENV, raising=False)
+    yield from serve()
+
+
+def _gp(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _body(fake: FakeKfp, method: str, path: str) -> dict:
+    return json.loads(fake.calls(method, path)[-1].body)
+
+
+@pytest.fixture
+def uploaded(kfp: FakeKfp, capsys: pytest.CaptureFixture[str]) -> FakeKfp:
+    assert _gp(capsys, "upload", "--host", kfp.url)[0] == 0
+    return kfp
+
+
+# -- upload ----------------------------------------------------------------------------------------
+
+
+def test_upload_creates_pipeline_and_content_named_version(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _gp(capsys, "upload", "--host", kfp.url)
+    assert code == 0
+    (pipeline,) = kfp.pipelines.values()
+    (version,) = kfp.versions[pipeline.pipeline_id]
+    digest = cluster.compile_training_pipeline().digest
+    assert version.name == f"v-{digest[:12]}"
+    assert version.description.startswith(f"sha256:{digest}")
+    assert "created pipeline and version" in out
+    assert (
+        f"/#/pipelines/details/{pipeline.pipeline_id}/version/{version.pipeline_version_id}" in out
+    )
+    upload = kfp.calls("POST", "/apis/v2beta1/pipelines/upload_version")[-1]
+    assert upload.query["pipelineid"] == pipeline.pipeline_id
+
+
+def test_upload_same_yaml_twice_is_a_no_op(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _gp(capsys, "upload", "--host", uploaded.url)
+    assert code == 0
+    assert out.startswith("unchanged: this YAML is already uploaded")
+    assert len(uploaded.calls("POST", "/apis/v2beta1/pipelines/upload_version")) == 1
+    assert sum(len(v) for v in uploaded.versions.values()) == 1
+
+
+def _changed() -> cluster.Compiled:
+    c = _real_compile()
+    text = c.yaml_text.replace("sdkVersion: kfp-", "sdkVersion: kfp-changed-", 1)
+    assert text != c.yaml_text
+    return dataclasses.replace(c, yaml_text=text, digest=cluster.content_digest(text))
+
+
+_real_compile = cluster.compile_training_pipeline
+
+
+def test_upload_changed_content_adds_a_version(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster, "compile_training_pipeline", _changed)
+    code, out, _ = _gp(capsys, "upload", "--host", uploaded.url)
+    assert code == 0
+    assert out.startswith("added version")
+    (versions,) = uploaded.versions.values()
+    assert len({v.name for v in versions}) == 2
+
+
+def test_upload_explicit_version_with_other_content_is_refused(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _gp(capsys, "upload", "--host", uploaded.url, "--version", "prod")[0] == 0
+    monkeypatch.setattr(cluster, "compile_training_pipeline", _changed)
+    code, _, err = _gp(capsys, "upload", "--host", uploaded.url, "--version", "prod")
+    assert code == 2
+    assert err.startswith("ERROR [gpupipe upload] E_CONFLICT: version 'prod'")
+
+
+# -- run -------------------------------------------------------------------------------------------
+
+
+def test_run_sends_typed_parameters_and_version_reference(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _gp(
+        capsys, "run", "--host", uploaded.url, "--experiment", "nightly",
+        "--param", "data_uri=s3://b/churn.parquet", "--param", "epochs=3",
+        "--param", "learning_rate=0.01", "--param", "target=123",
+        "--param", 'gpu_node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"}',
+    )  # fmt: skip
+    assert code == 0
+    body = _body(uploaded, "POST", "/apis/v2beta1/runs")
+    check_model(body, "V2beta1Run")
+    assert body["runtime_config"]["parameters"] == {
+        "data_uri": "s3://b/churn.parquet",
+        "epochs": 3,
+        "learning_rate": 0.01,
+        "target": "123",
+        "gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+    }
+    (pipeline,) = uploaded.pipelines.values()
+    (version,) = uploaded.versions[pipeline.pipeline_id]
+    assert body["pipeline_version_reference"] == {
+        "pipeline_id": pipeline.pipeline_id,
+        "pipeline_version_id": version.pipeline_version_id,
+    }
+    (experiment,) = uploaded.experiments.values()
+    assert (experiment.display_name, body["experiment_id"]) == ("nightly", experiment.experiment_id)
+    (run_id,) = uploaded.runs
+    assert f"/#/runs/details/{run_id}" in out
+
+
+def test_run_compiled_sends_the_spec_inline(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, _ = _gp(capsys, "run", "--host", kfp.url, "--compiled", "--data", "s3://b/d.parquet")
+    assert code == 0
+    body = _body(kfp, "POST", "/apis/v2beta1/runs")
+    assert "pipeline_version_reference" not in body
+    assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "gpupipe-training"
+    assert "platform_spec" in body["pipeline_spec"]
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "expected"),
+    [
+        (RunScript(states=["PENDING", "RUNNING", "SUCCEEDED"]), 0, "SUCCEEDED"),
+        (
+            RunScript(states=["PENDING", "RUNNING", "FAILED"], failed_task="train", error="OOM"),
+            1,
+            "failed task: train: OOM",
+        ),
+    ],
+    ids=["succeeded", "failed-names-task"],
+)
+def test_run_wait_follows_the_run(
+    uploaded: FakeKfp,
+    capsys: pytest.CaptureFixture[str],
+    script: RunScript,
+    code: int,
+    expected: str,
+) -> None:
+    uploaded.run_script = script
+    rc, out, err = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "30"
+    )
+    assert rc == code
+    assert "RUNNING" in out
+    assert expected in (out if code == 0 else err)
+    if code:
+        assert err.startswith("ERROR [gpupipe run] E_RUN_FAILED:")
+        assert "preprocess" not in err and "root" not in err
+    assert len(uploaded.calls("GET", "/apis/v2beta1/runs/")) >= 3
+
+
+def test_run_wait_timeout_is_one_line(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uploaded.run_script = RunScript(states=["RUNNING"])
+    code, _, err = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "0.1"
+    )
+    assert code == 1
+    assert err.startswith("ERROR [gpupipe run] E_TIMEOUT: run ")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (["data_uri=x", "epochz=3"], "unknown pipeline parameter 'epochz'; known: batch_size,"),
+        (["data_uri=x", "epochs=three"], "parameter epochs must be integer, got 'three'"),
+        (["data_uri=x", "gpu_node_selector=[1]"], "gpu_node_selector must be"),
+        (["epochs=3"], "missing required pipeline parameter 'data_uri'"),
+    ],
+    ids=["unknown", "wrong-type", "not-a-dict", "missing-required"],
+)
+def test_bad_params_exit_2_before_any_request(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], params: list[str], message: str
+) -> None:
+    argv = ["run", "--host", kfp.url]
+    for p in params:
+        argv += ["--param", p]
+    code, _, err = _gp(capsys, *argv)
+    assert code == 2
+    assert err.startswith("ERROR [gpupipe run] E_PARAM: ")
+    assert message in err
+    assert kfp.requests == []
+
+
+def test_run_of_unknown_pipeline_says_upload_first(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _gp(capsys, "run", "--host", kfp.url, "--param", "data_uri=x")
+    assert code == 2
+    assert "E_NOT_FOUND: no pipeline 'gpupipe-training'" in err
+    assert "gpupipe upload" in err
+
+
+# -- schedule --------------------------------------------------------------------------------------
+
+
+def test_schedule_create_sends_the_trigger_and_limits(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _gp(
+        capsys, "schedule", "--host", uploaded.url, "--cron", "0 0 2 * * *", "--name", "nightly",
+        "--max-concurrency", "2", "--no-catchup", "--param", "data_uri=s3://b/d", "--param",
+        "nodes=2", "--start", "2030-01-01T00:00:00Z", "--end", "2030-12-31T00:00:00",
+    )  # fmt: skip
+    assert code == 0, out
+    body = _body(uploaded, "POST", "/apis/v2beta1/recurringruns")
+    check_model(body, "V2beta1RecurringRun")
+    assert body["display_name"] == "nightly"
+    assert body["max_concurrency"] == "2"
+    assert body["no_catchup"] is True
+    assert body["mode"] == "ENABLE"
+    cs = body["trigger"]["cron_schedule"]
+    assert cs["cron"] == "0 0 2 * * *"
+    assert datetime.fromisoformat(cs["start_time"]) == datetime(2030, 1, 1, tzinfo=UTC)
+    assert datetime.fromisoformat(cs["end_time"]) == datetime(2030, 12, 31, tzinfo=UTC)
+    assert body["runtime_config"]["parameters"] == {"data_uri": "s3://b/d", "nodes": 2}
+    assert "pipeline_version_id" in body["pipeline_version_reference"]
+    assert out.startswith("created recurring run 'nightly'")
+
+
+def test_schedule_again_is_unchanged_and_a_change_replaces_it(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["schedule", "--host", uploaded.url, "--cron", "0 0 2 * * *", "--param", "data_uri=x"]
+    assert _gp(capsys, *argv)[0] == 0
+    (first,) = uploaded.recurring
+    code, out, _ = _gp(capsys, *argv)
+    assert (code, list(uploaded.recurring)) == (0, [first])
+    assert out.startswith("unchanged")
+    code, out, _ = _gp(capsys, *argv[:-1], "data_uri=y")
+    assert code == 0 and out.startswith("replaced")
+    (second,) = uploaded.recurring.values()
+    assert second.recurring_run_id != first
+    assert second.runtime_config.parameters == {"data_uri": "y"}
+
+
+@pytest.mark.parametrize(
+    ("expr", "field"),
+    [
+        ("0 0 2 * *", "six fields"),
+        ("60 0 2 * * *", "field 1 (seconds) '60': out of range 0-59"),
+        ("0 0 25 * * *", "field 3 (hours) '25'"),
+        ("0 0 2 0 * *", "field 4 (day-of-month) '0'"),
+        ("0 0 2 * FOO *", "field 5 (month) 'FOO'"),
+        ("0 0 2 * * 1-9", "field 6 (day-of-week) '9'"),
+        ("0 */0 2 * * *", "field 2 (minutes) '*/0': step"),
+        ("? 0 2 * * *", "field 1 (seconds) '?'"),
+        ("0 0 5-2 * * *", "field 3 (hours) '5-2': range start"),
+    ],
+    ids=[
+        "five-fields",
+        "seconds",
+        "hours",
+        "dom",
+        "month-name",
+        "dow",
+        "step",
+        "question",
+        "range",
+    ],
+)
+def test_invalid_cron_exits_2_naming_the_field_without_requests(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], expr: str, field: str
+) -> None:
+    code, _, err = _gp(
+        capsys, "schedule", "--host", kfp.url, "--cron", expr, "--param", "data_uri=x"
+    )
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("ERROR [gpupipe schedule] E_CRON: ")
+    assert field in err
+    assert kfp.requests == []
+
+
+@pytest.mark.parametrize(
+    ("expr", "after", "expected"),
+    [
+        ("0 0 2 * * *", "2030-01-01T00:00:00", "2030-01-01T02:00:00"),
+        ("0 0 2 * * *", "2030-01-01T02:00:00", "2030-01-02T02:00:00"),
+        ("*/20 * * * * *", "2030-01-01T00:00:41", "2030-01-01T00:01:00"),
+        ("0 30 9 ? * MON-FRI", "2030-01-04T10:00:00", "2030-01-07T09:30:00"),
+        ("0 0 0 1 JAN,JUL ?", "2030-02-01T00:00:00", "2030-07-01T00:00:00"),
+        ("0 0 0 13 * 5", "2030-01-01T00:00:00", "2030-01-04T00:00:00"),
+        ("0 0 12 29 2 *", "2030-03-01T00:00:00", "2032-02-29T12:00:00"),
+    ],
+    ids=["daily", "strictly-after", "step", "weekdays", "month-list", "dom-or-dow", "leap-day"],
+)
+def test_next_fire(expr: str, after: str, expected: str) -> None:
+    t = cron.next_fire(cron.parse(expr), datetime.fromisoformat(after))
+    assert t == datetime.fromisoformat(expected)
+
+
+def test_schedule_enable_disable_delete_and_list(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["schedule", "--host", uploaded.url]
+    assert _gp(capsys, *base, "--cron", "0 0 2 * * *", "--name", "nightly",
+               "--start", "2030-01-01T00:00:00Z", "--param", "data_uri=x")[0] == 0  # fmt: skip
+    (rid,) = uploaded.recurring
+    code, out, _ = _gp(capsys, *base, "--list")
+    assert code == 0
+    assert "2030-01-01T02:00:00Z" in out and "nightly" in out and rid in out
+    assert _gp(capsys, *base, "--disable", "nightly")[0] == 0
+    assert uploaded.recurring[rid].mode == "DISABLE"
+    assert "- (disabled)" in _gp(capsys, *base, "--list")[1]
+    assert _gp(capsys, *base, "--enable", "nightly")[0] == 0
+    assert uploaded.recurring[rid].mode == "ENABLE"
+    assert uploaded.calls("POST", f"/apis/v2beta1/recurringruns/{rid}:enable")
+    assert _gp(capsys, *base, "--delete", "nightly")[0] == 0
+    assert uploaded.recurring == {}
+    assert _gp(capsys, *base, "--list")[1].strip() == "no recurring runs"
+    code, _, err = _gp(capsys, *base, "--enable", "nightly")
+    assert code == 2 and "E_NOT_FOUND: no recurring run named 'nightly'" in err
+
+
+# -- auth and errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["flag", "env-file"], ids=["--token", "KF_PIPELINES_SA_TOKEN_PATH"])
+def test_token_is_sent_as_bearer_and_never_printed(
+    kfp: FakeKfp,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    how: str,
+) -> None:
+    kfp.token = TOKEN
+    extra: list[str] = []
+    if how == "flag":
+        extra = ["--token", TOKEN]
+    else:
+        path = tmp_path / "token"
+        path.write_text(TOKEN + "\n")
+        monkeypatch.setenv(cluster.TOKEN_PATH_ENV, str(path))
+    code, out, err = _gp(capsys, "upload", "--host", kfp.url, *extra)
+    assert code == 0, err
+    assert {r.headers.get("authorization") for r in kfp.requests} == {f"Bearer {TOKEN}"}
+    upload = kfp.calls("POST", "/apis/v2beta1/pipelines/upload_version")[-1]
+    assert TOKEN.encode() not in upload.body  # the compiled YAML carries no credential
+    kfp.token = "another"
+    code, out2, err2 = _gp(capsys, "upload", "--host", kfp.url, *extra)
+    assert code == 2
+    assert "E_AUTH" in err2 and "401" in err2
+    assert TOKEN not in out + err + out2 + err2
+
+
+def test_missing_token_401_says_how_to_pass_one(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kfp.token = TOKEN
+    code, _, err = _gp(capsys, "upload", "--host", kfp.url)
+    assert code == 2
+    assert "no token was sent: pass --token or set KF_PIPELINES_SA_TOKEN_PATH" in err
+    assert "authorization" not in kfp.requests[0].headers
+
+
+def test_unreachable_host_is_one_line_with_port_forward_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    code, _, err = _gp(capsys, "upload", "--host", f"http://127.0.0.1:{port}")
+    assert code == 1
+    assert err.strip() == (
+        f"ERROR [gpupipe upload] E_UNREACHABLE: cannot reach KFP at http://127.0.0.1:{port}: "
+        "connection refused (is the port-forward running? "
+        "kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80)"
+    )
+
+
+def test_forbidden_namespace_names_it(kfp: FakeKfp, capsys: pytest.CaptureFixture[str]) -> None:
+    kfp.forbidden_namespaces = {"team-b"}
+    code, _, err = _gp(capsys, "upload", "--host", kfp.url, "--namespace", "team-b")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert (
+        "E_FORBIDDEN: not allowed to list pipelines named 'gpupipe-training' in namespace team-b"
+        in err
+    )
+    assert "contributor" in err
+
+
+@pytest.mark.parametrize(("failures", "code"), [(2, 0), (4, 1)], ids=["recovers", "gives-up"])
+def test_server_errors_are_retried_a_bounded_number_of_times(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], failures: int, code: int
+) -> None:
+    kfp.fail("GET", r"/pipelines$", 503, times=failures)
+    rc, _, err = _gp(capsys, "upload", "--host", kfp.url)
+    assert rc == code
+    if code:
+        assert "E_SERVER" in err and "503" in err and "after 4 tries" in err
+    assert len(kfp.calls("GET", "/apis/v2beta1/pipelines")) >= min(failures, 4)
+
+
+def test_namespace_reaches_pipeline_experiment_and_schedule_listing(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ns = ["--namespace", "team-a"]
+    assert _gp(capsys, "upload", "--host", kfp.url, *ns)[0] == 0
+    assert _gp(capsys, "run", "--host", kfp.url, *ns, "--param", "data_uri=x")[0] == 0
+    assert _gp(capsys, "schedule", "--host", kfp.url, *ns, "--list")[0] == 0
+    (pipeline,) = kfp.pipelines.values()
+    (experiment,) = kfp.experiments.values()
+    assert (pipeline.namespace, experiment.namespace) == ("team-a", "team-a")
+    assert kfp.calls("GET", "/apis/v2beta1/recurringruns")[-1].query["namespace"] == "team-a"
+
+
+@pytest.mark.parametrize(
+    ("body", "type_name", "error"),
+    [
+        ({"display_name": "x", "bogus": 1}, "V2beta1Run", 'unknown field "bogus"'),
+        ({"max_concurrency": 2}, "V2beta1RecurringRun", "expected str"),
+        ({"state": "DONE"}, "V2beta1Run", "invalid value 'DONE'"),
+        (
+            {"trigger": {"cron_schedule": {"start_time": "tomorrow"}}},
+            "V2beta1RecurringRun",
+            "bad time",
+        ),
+    ],
+    ids=["unknown-field", "wrong-type", "bad-enum", "bad-time"],
+)
+def test_fake_rejects_bodies_the_models_do_not_allow(
+    body: dict, type_name: str, error: str
+) -> None:
+    from tests.fakes.kfp_api import ApiError
+
+    with pytest.raises(ApiError, match=error):
+        check_model(body, type_name)

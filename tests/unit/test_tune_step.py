@@ -1,0 +1,132 @@
+"""The tune step and component: best parameters, metrics and a report with pictures."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("optuna")
+
+from tests.unit.test_tune_local import LR, MEDIAN, write_dataset
+from trainer.config import from_dict
+from trainer.errors import InputError
+from trainer.steps.tune import TuneConfig, tune
+
+
+def _cfg(**over) -> TuneConfig:
+    data = {
+        "runner": "in_process",
+        "trial_epochs": 2,
+        "train": {
+            "model": {"hidden_dim": 16},
+            "train": {"global_batch_size": 100, "log_every_steps": 1000},
+        },
+        "space": {
+            "parameters": [LR],
+            "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
+            "algorithm": {"algorithmName": "tpe"},
+            "earlyStopping": MEDIAN,
+            "maxTrialCount": 5,
+            "parallelTrialCount": 1,
+            "maxFailedTrialCount": 1,
+        },
+    }
+    data.update(over)
+    return from_dict(TuneConfig, data)
+
+
+def test_tune_step_writes_best_params_metrics_and_report(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    result = tune(
+        _cfg(),
+        dataset_uri=str(data),
+        work_uri=str(out / "work"),
+        output_uri=str(out / "best.json"),
+        report_uri=str(out / "report.html"),
+        metrics_uri=str(out / "metrics.json"),
+    )
+    best = json.loads((out / "best.json").read_text())
+    assert set(best) == {"optim.lr"} and best == result.best_params
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best_val_loss"] == pytest.approx(result.best_value)
+    total = metrics["trials_completed"] + metrics["trials_pruned"] + metrics["trials_failed"]
+    assert total == 5
+    html = (out / "report.html").read_text()
+    assert len(re.findall(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]+"', html)) == 2
+    assert "Optimisation history" in html and "Parameter importances" in html
+    assert "<script" not in html and "http" not in html.split("<body>")[1].split("work area")[0]
+    # The trials ran the train step's worker config: schema columns, trial epochs.
+    cfg = json.loads((out / "work" / "trials" / "0" / "model" / "model.json").read_text())
+    assert cfg["extra"]["train"]["config"]["train"]["epochs"] == 2
+
+
+def test_report_escapes_text(tmp_path: Path) -> None:
+    from trainer.steps.tune import TuneStepResult, render_tune_report
+
+    result = TuneStepResult(
+        engine="local", objective_metric="val_<b>", direction="minimize",
+        best_params={"model.name": "<script>x</script>"}, best_value=0.5,
+        trials_completed=1, trials_pruned=0, trials_failed=0, stopped_reason="a & b",
+    )  # fmt: skip
+    html = render_tune_report(result, None, dataset_uri="d", work_uri="w")
+    assert "<script>x" not in html and "&lt;script&gt;x" in html and "a &amp; b" in html
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"space": {**_cfg().space, "parameters": [{**LR, "name": "optim.learning_rate"}]}},
+         "tune.space.parameters[0].name maps to no trainer config field"),
+        ({"space": {**_cfg().space, "parameters": [{**LR, "name": "data.train_uri"}]}},
+         "maps to no trainer config field"),
+        ({"train": {"optim": {"lr": -1}}}, "optim.lr must be > 0"),
+        ({"trial_epochs": 0}, "tune.trial_epochs must be > 0"),
+    ],
+    ids=["unknown-field", "not-tunable", "bad-base", "trial-epochs"],
+)  # fmt: skip
+def test_bad_config_fails_before_any_trial(over: dict, message: str) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        _cfg(**over)
+
+
+def test_study_name_is_stable_when_trial_counts_change() -> None:
+    a = _cfg()
+    b = _cfg(space={**a.space, "maxTrialCount": 9})
+    c = _cfg(space={**a.space, "algorithm": {"algorithmName": "random"}})
+    assert a.study_name() == b.study_name() != c.study_name()
+
+
+def test_katib_engine_needs_an_image(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "data", rows=40)
+    with pytest.raises(InputError, match=r"tune\.train\.cluster\.image"):
+        tune(
+            _cfg(engine="katib"),
+            dataset_uri=str(data),
+            work_uri="s3://bucket/work",
+            output_uri=str(tmp_path / "b.json"),
+            report_uri=str(tmp_path / "r.html"),
+        )
+
+
+def test_component_compiles_with_typed_outputs(tmp_path: Path) -> None:
+    import yaml
+    from kfp import compiler
+
+    from components.tune import tune as component
+
+    path = tmp_path / "tune.yaml"
+    compiler.Compiler().compile(component, str(path))
+    spec = yaml.safe_load(path.read_text())
+    outputs = spec["root"]["outputDefinitions"]
+    assert outputs["parameters"] == {
+        "best_hyperparams": {"parameterType": "STRUCT"},
+        "best_hyperparams_json": {"parameterType": "STRING"},
+    }
+    kinds = {k: v["artifactType"]["schemaTitle"] for k, v in outputs["artifacts"].items()}
+    assert kinds == {
+        "best_params": "system.Artifact",
+        "metrics": "system.Metrics",
+        "report": "system.HTML",
+    }

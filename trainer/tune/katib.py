@@ -1,0 +1,796 @@
+"""The Katib engine: a search space -> a ``kubeflow.org/v1beta1`` Experiment, launched and watched.
+
+Decisions worth knowing:
+
+- **Names.** Katib parameter and trial-parameter names are DNS-like, so a dotted config field maps
+  to a lowercase, dash-separated name (``optim.lr`` -> ``optim-lr``, ``model.hidden_dim`` ->
+  ``model-hidden-dim``, see :func:`katib_name`). Two fields that map to one name are an error. The
+  mapping travels with the Experiment as the annotation :data:`PARAMETERS_ANNOTATION`, and the
+  launcher maps the best trial's values back to dotted names.
+- **Trials.** The trial template is the train launcher's own PyTorchJob (same image, /dev/shm,
+  GPU limits, Istio annotation, security context) with Katib's required changes: no
+  ``metadata.name``/``namespace`` (Katib names each trial's job), and every replica's command
+  extended by ``--set <field>=${trialParameters.<name>}`` per parameter, the step's own
+  overrides, and ``--set train.metrics_stdout=true`` so that the worker prints ``name=value``
+  lines for Katib's StdOut collector. A trial parameter ``trial-name`` (``${trialSpec.Name}``)
+  names each trial's job in logs and labels and, when ``trial_uri`` is given, gives each trial
+  its own checkpoint and output folders (trials must never resume from each other).
+- **Conditions.** A trial succeeds on the PyTorchJob condition ``Succeeded`` and fails on
+  ``Failed`` (the Training Operator's condition types); the metrics collector is injected into
+  the master pod only (``training.kubeflow.org/job-role: master``), the rank that prints metrics.
+- **retain: false.** Katib deletes each finished trial's PyTorchJob (its pods and their logs go
+  too) so that a long search does not pile up finished jobs; the Trial objects, with their
+  parameters and metrics, stay until the Experiment is deleted.
+- **Launcher.** As the train launcher: a deterministic name (:func:`experiment_name`), re-attach
+  on retry (also after a 409), an owner reference to the launcher's pod, a deadline and SIGTERM
+  that delete the Experiment, and a failure when the Experiment fails or more trials failed than
+  ``maxFailedTrialCount`` allows (Katib's own rule: failed > max). A succeeded Experiment is
+  kept for Katib's UI.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trainer.config import parse_value
+from trainer.errors import InputError
+from trainer.launchers.kube import KATIB_API_CALLS, KubeApi, KubeApiError
+from trainer.launchers.pytorchjob import LaunchCancelled, PodRef, job_state
+from trainer.tune.space import SearchSpace, sample_value
+
+__all__ = [
+    "KATIB_API_CALLS",
+    "KatibLauncher",
+    "TuneResult",
+    "build_experiment",
+    "experiment_name",
+    "katib_name",
+    "trial_template_errors",
+]
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "kubeflow.org/v1beta1"
+KIND = "Experiment"
+PRIMARY_CONTAINER = "pytorch"
+MASTER_POD_LABELS = {"training.kubeflow.org/job-role": "master"}
+"""The Training Operator's label of the master pod: the one pod whose stdout carries metrics."""
+SUCCESS_CONDITION = 'status.conditions.#(type=="Succeeded")#|#(status=="True")#'
+FAILURE_CONDITION = 'status.conditions.#(type=="Failed")#|#(status=="True")#'
+TRIAL_NAME_PARAM = "trial-name"
+"""Trial parameter that Katib fills with the trial's (and its PyTorchJob's) name."""
+PARAMETERS_ANNOTATION = "gpupipe.dev/parameters"
+"""JSON ``{katib name: dotted config field}`` on the Experiment."""
+MAX_EXPERIMENT_NAME_LEN = 39
+"""Trial jobs are ``<experiment>-<8 chars>`` and their pods ``<job>-worker-<i>`` (63 at most);
+Katib's suggestion service ``<experiment>-<algorithm>`` must fit too."""
+_PLACEHOLDER = re.compile(r"\$\{trialParameters\.[^}]*\}")
+_META_REFERENCE = re.compile(
+    r"^\$\{trialSpec\.(Name|Namespace|Kind|APIVersion|(Labels|Annotations)\[[^\]]+\])\}$"
+)
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_GONE_WAIT_S = 600.0
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+# --------------------------------------------------------------------------------------------
+
+
+def katib_name(dotted: str) -> str:
+    """The Katib parameter name of a dotted config field: ``model.hidden_dim`` ->
+    ``model-hidden-dim``."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", dotted.lower())).strip("-")
+
+
+def parameter_names(space: SearchSpace) -> dict[str, str]:
+    """``{dotted field: Katib name}`` for every parameter of ``space``.
+
+    Raises:
+        InputError: two fields map to the same Katib name, or one maps to the reserved
+            ``trial-name``.
+    """
+    out: dict[str, str] = {}
+    seen: dict[str, str] = {TRIAL_NAME_PARAM: "(reserved)"}
+    for i, p in enumerate(space.parameters):
+        name = katib_name(p.name)
+        if name in seen or not _NAME.match(name):
+            raise InputError(
+                "E_CONFIG",
+                f"tune.parameters[{i}].name maps to Katib name {name!r}, which is invalid or "
+                f"taken by {seen.get(name)!r}, got {p.name!r}",
+                f"tune.parameters[{i}].name",
+            )
+        seen[name] = p.name
+        out[p.name] = name
+    return out
+
+
+def experiment_name(run_id: str, task_name: str, prefix: str = "gpupipe") -> str:
+    """The Experiment name of one task of one run: same inputs, same name (safe to retry).
+
+    ``<prefix>-<task>-<run id start>-<10 hex digits of sha256(run id, task)>``, at most
+    :data:`MAX_EXPERIMENT_NAME_LEN` characters.
+
+    Raises:
+        InputError: ``run_id`` or ``task_name`` is empty.
+    """
+    for what, value in (("run_id", run_id), ("task_name", task_name)):
+        if not value:
+            raise InputError("E_CONFIG", f"{what} must not be empty, got {value!r}", what)
+    digest = hashlib.sha256(f"{run_id}\x00{task_name}".encode()).hexdigest()[:10]
+    readable = "-".join(
+        p for p in (katib_name(prefix), katib_name(task_name), katib_name(run_id)[:6]) if p
+    )
+    if not readable[:1].isalpha():
+        readable = f"e-{readable}".rstrip("-")
+    readable = readable[: MAX_EXPERIMENT_NAME_LEN - len(digest) - 1].rstrip("-")
+    return f"{readable}-{digest}"
+
+
+# --------------------------------------------------------------------------------------------
+# The Experiment
+# --------------------------------------------------------------------------------------------
+
+
+def _override_text(value: Any) -> str:
+    """``value`` as the worker's ``--set`` parses it back (JSON, else the plain string)."""
+    if isinstance(value, str) and parse_value(value) == value:
+        return value
+    return json.dumps(value)
+
+
+def _trial_spec(trial_job: dict[str, Any], args: list[str], trial_name_ref: str) -> dict[str, Any]:
+    """The PyTorchJob as a trial template: no name or namespace or owners, args appended."""
+    job = copy.deepcopy(trial_job)
+    if job.get("apiVersion") != "kubeflow.org/v1" or job.get("kind") != "PyTorchJob":
+        raise InputError(
+            "E_CONFIG",
+            f"trial_job must be a kubeflow.org/v1 PyTorchJob, got {job.get('apiVersion')!r} "
+            f"{job.get('kind')!r}",
+            "trial_job",
+        )
+    meta = job.get("metadata") or {}
+    for key in ("name", "namespace", "ownerReferences", "uid", "resourceVersion"):
+        meta.pop(key, None)
+    job["metadata"] = meta
+    for labels in [meta.get("labels") or {}]:
+        if "gpupipe.dev/job" in labels:
+            labels["gpupipe.dev/job"] = trial_name_ref
+    replicas = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    if "Master" not in replicas:
+        raise InputError("E_CONFIG", "trial_job has no Master replica", "trial_job")
+    for rtype, rspec in replicas.items():
+        template = rspec.get("template") or {}
+        tlabels = (template.get("metadata") or {}).get("labels") or {}
+        if "gpupipe.dev/job" in tlabels:
+            tlabels["gpupipe.dev/job"] = trial_name_ref
+        containers = (template.get("spec") or {}).get("containers") or []
+        main = [c for c in containers if c.get("name") == PRIMARY_CONTAINER]
+        if not main or not main[0].get("command"):
+            raise InputError(
+                "E_CONFIG",
+                f"trial_job {rtype} has no container {PRIMARY_CONTAINER!r} with a command",
+                "trial_job",
+            )
+        # The StdOut collector wraps the container's command: extend it, not args.
+        main[0]["command"] = [*main[0]["command"], *args]
+        for env in main[0].get("env") or []:
+            if env.get("name") == "GPUPIPE_JOB":
+                env["value"] = trial_name_ref
+    return job
+
+
+def build_experiment(
+    space: SearchSpace,
+    *,
+    name: str,
+    namespace: str,
+    trial_job: dict[str, Any],
+    base_overrides: dict[str, Any],
+    trial_uri: str | None = None,
+    retain_trials: bool = False,
+) -> dict[str, Any]:
+    """The Katib Experiment that searches ``space`` with trials running ``trial_job``.
+
+    Args:
+        space: a validated search space (dotted parameter names).
+        name: the Experiment's name (see :func:`experiment_name`).
+        namespace: where the Experiment and its trials run.
+        trial_job: the PyTorchJob of one trial, from
+            :func:`trainer.launchers.jobspec.build_pytorchjob` (its name and namespace are
+            dropped: Katib names trial jobs).
+        base_overrides: dotted config overrides every trial gets (``{"train.epochs": 5}``);
+            searched fields may not appear here.
+        trial_uri: folder under which each trial gets ``<trial name>/checkpoints`` and
+            ``<trial name>/model`` (checkpoint, model and history locations of the worker);
+            ``None`` keeps the worker config's own (then trials must not checkpoint).
+        retain_trials: keep each finished trial's PyTorchJob (and pods) for debugging.
+
+    Returns:
+        The Experiment as a dict, checked against the rules of Katib's validating webhook.
+
+    Raises:
+        InputError: a bad name, a clash between overrides and searched fields, or a trial
+            template that Katib's webhook would reject.
+    """
+    if not (_NAME.match(name) and len(name) <= MAX_EXPERIMENT_NAME_LEN):
+        raise InputError(
+            "E_CONFIG",
+            f"experiment name must be a DNS-1035 label of at most {MAX_EXPERIMENT_NAME_LEN} "
+            f"characters, got {name!r}",
+            "tune.name",
+        )
+    names = parameter_names(space)
+    clash = sorted(set(base_overrides) & set(names))
+    if clash:
+        raise InputError(
+            "E_CONFIG",
+            f"base override {clash[0]} is also a searched parameter, "
+            f"got {base_overrides[clash[0]]!r}",
+            clash[0],
+        )
+    trial_ref = f"${{trialParameters.{TRIAL_NAME_PARAM}}}"
+    overrides: dict[str, Any] = dict(base_overrides)
+    if trial_uri is not None:
+        root = f"{trial_uri.rstrip('/')}/{trial_ref}"
+        overrides |= {
+            "checkpoint.uri": f"{root}/checkpoints",
+            "output.model_uri": f"{root}/model",
+            "output.history_uri": f"{root}/history.jsonl",
+        }
+    overrides["train.metrics_stdout"] = True
+    args: list[str] = []
+    for key, value in overrides.items():
+        args += ["--set", f"{key}={_override_text(value)}"]
+    for dotted, kname in names.items():
+        args += ["--set", f"{dotted}=${{trialParameters.{kname}}}"]
+
+    trial_parameters = [
+        {
+            "name": kname,
+            "reference": kname,
+            "description": f"trainer config field {dotted}",
+        }
+        for dotted, kname in names.items()
+    ]
+    trial_parameters.append(
+        {
+            "name": TRIAL_NAME_PARAM,
+            "reference": "${trialSpec.Name}",
+            "description": "the trial's name (names its job, logs and folders)",
+        }
+    )
+
+    def settings(items: list[Any], mapped: tuple[str, ...] = ()) -> list[dict[str, str]]:
+        return [
+            {"name": s.name, "value": names.get(s.value, s.value) if s.name in mapped else s.value}
+            for s in items
+        ]
+
+    parameters = []
+    for p in space.parameters:
+        fs = {
+            k: v
+            for k, v in (
+                ("min", p.feasibleSpace.min),
+                ("max", p.feasibleSpace.max),
+                ("step", p.feasibleSpace.step),
+                ("list", p.feasibleSpace.list),
+                ("distribution", p.feasibleSpace.distribution),
+            )
+            if v is not None
+        }
+        parameters.append(
+            {"name": names[p.name], "parameterType": p.parameterType, "feasibleSpace": fs}
+        )
+    objective: dict[str, Any] = {
+        "type": space.objective.type,
+        "objectiveMetricName": space.objective.objectiveMetricName,
+    }
+    if space.objective.goal is not None:
+        objective["goal"] = space.objective.goal
+    if space.objective.additionalMetricNames:
+        objective["additionalMetricNames"] = list(space.objective.additionalMetricNames)
+    spec: dict[str, Any] = {
+        "objective": objective,
+        "algorithm": {
+            "algorithmName": space.algorithm.algorithmName,
+            "algorithmSettings": settings(space.algorithm.algorithmSettings, ("resource_name",)),
+        },
+        "parameters": parameters,
+        "maxTrialCount": space.maxTrialCount,
+        "parallelTrialCount": space.parallelTrialCount,
+        "maxFailedTrialCount": space.maxFailedTrialCount,
+        "metricsCollectorSpec": {"collector": {"kind": "StdOut"}},
+        "trialTemplate": {
+            "primaryContainerName": PRIMARY_CONTAINER,
+            "primaryPodLabels": dict(MASTER_POD_LABELS),
+            "successCondition": SUCCESS_CONDITION,
+            "failureCondition": FAILURE_CONDITION,
+            "retain": retain_trials,
+            "trialParameters": trial_parameters,
+            "trialSpec": _trial_spec(trial_job, args, trial_ref),
+        },
+    }
+    if space.earlyStopping is not None:
+        spec["earlyStopping"] = {
+            "algorithmName": space.earlyStopping.algorithmName,
+            "algorithmSettings": settings(space.earlyStopping.algorithmSettings),
+        }
+    experiment = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "gpupipe"},
+            "annotations": {
+                PARAMETERS_ANNOTATION: json.dumps({k: d for d, k in names.items()}, sort_keys=True)
+            },
+        },
+        "spec": spec,
+    }
+    errors = trial_template_errors(experiment)
+    if errors:
+        raise InputError("E_CONFIG", f"Katib would reject the trial template: {errors[0]}", name)
+    return experiment
+
+
+def trial_template_errors(experiment: Mapping[str, Any]) -> list[str]:
+    """What Katib's validating webhook would say about the Experiment's name and trial template.
+
+    Katib's Experiment CRD has no schema: its webhook checks that trial parameters have a name
+    and a reference, are not duplicated, reference an Experiment parameter or trial metadata
+    (``${trialSpec.Name}``), are each used in the template, and that the template uses no
+    undeclared ``${trialParameters.x}``, has apiVersion and kind and no name or namespace.
+    """
+    errors: list[str] = []
+    name = str((experiment.get("metadata") or {}).get("name") or "")
+    if not _NAME.match(name):
+        errors.append(f"metadata.name {name!r} must match ^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    spec = experiment.get("spec") or {}
+    tt = spec.get("trialTemplate") or {}
+    for key in ("primaryContainerName", "successCondition", "failureCondition"):
+        if not tt.get(key):
+            errors.append(f"trialTemplate.{key} must be set")
+    trial_spec = tt.get("trialSpec")
+    if not isinstance(trial_spec, dict):
+        return [*errors, "trialTemplate.trialSpec must be set"]
+    text = json.dumps(trial_spec)
+    param_names = {p.get("name") for p in spec.get("parameters") or []}
+    seen_names: set[str] = set()
+    seen_refs: set[str] = set()
+    for i, tp in enumerate(tt.get("trialParameters") or []):
+        tname, ref = tp.get("name") or "", tp.get("reference") or ""
+        where = f"trialTemplate.trialParameters[{i}]"
+        if not tname or not ref or "{" in tname or "}" in tname:
+            errors.append(f"{where}: name and reference must be set, name without braces")
+            continue
+        if tname in seen_names or ref in seen_refs:
+            errors.append(f"{where}: name {tname!r} or reference {ref!r} is duplicated")
+            continue
+        seen_names.add(tname)
+        seen_refs.add(ref)
+        if ref not in param_names and not _META_REFERENCE.match(ref):
+            errors.append(f"{where}.reference {ref!r} is no parameter and no trial metadata")
+        placeholder = f"${{trialParameters.{tname}}}"
+        if placeholder not in text:
+            errors.append(f"{where}.name {tname!r} is not used in the trial template")
+        text = text.replace(placeholder, "test-value")
+    left = sorted(set(_PLACEHOLDER.findall(text)))
+    if left:
+        errors.append(f"trial template uses undeclared trial parameters {left}")
+    meta = trial_spec.get("metadata") or {}
+    if meta.get("name") or meta.get("namespace"):
+        errors.append("trialSpec metadata.name and metadata.namespace must be omitted")
+    if not trial_spec.get("apiVersion") or not trial_spec.get("kind"):
+        errors.append("trialSpec apiVersion and kind must be set")
+    return errors
+
+
+# --------------------------------------------------------------------------------------------
+# The launcher
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TuneResult:
+    """What a finished search found."""
+
+    experiment: str
+    """``namespace/name`` of the Experiment."""
+    best_parameters: dict[str, int | float | str]
+    """The best trial's values by dotted config field, typed like the fields."""
+    best_value: float
+    """The best trial's objective value."""
+    best_trial: str
+    trials: dict[str, int] = field(default_factory=dict)
+    """Trial counts: ``total``, ``succeeded``, ``failed``, ``running``, ``pending``, ``killed``,
+    ``early_stopped``."""
+    reason: str = ""
+    """Why Katib ended the search (``ExperimentMaxTrialsReached``, ``ExperimentGoalReached``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "best_parameters": dict(self.best_parameters),
+            "best_value": self.best_value,
+            "best_trial": self.best_trial,
+            "trials": dict(self.trials),
+            "reason": self.reason,
+        }
+
+
+def trial_counts(experiment: Mapping[str, Any]) -> dict[str, int]:
+    """The Experiment's trial counts from its status."""
+    st = experiment.get("status") or {}
+    keys = {
+        "total": "trials",
+        "succeeded": "trialsSucceeded",
+        "failed": "trialsFailed",
+        "running": "trialsRunning",
+        "pending": "trialsPending",
+        "killed": "trialsKilled",
+        "early_stopped": "trialsEarlyStopped",
+    }
+    return {k: int(st.get(v) or 0) for k, v in keys.items()}
+
+
+def best_trial(
+    experiment: Mapping[str, Any], space: SearchSpace
+) -> tuple[str, dict[str, int | float | str], float] | None:
+    """(trial name, dotted parameters, objective value) of ``status.currentOptimalTrial``, or
+    ``None`` while no trial has reported the objective metric."""
+    opt = (experiment.get("status") or {}).get("currentOptimalTrial") or {}
+    trial = opt.get("bestTrialName")
+    metric = space.objective.objectiveMetricName
+    found = [
+        m for m in (opt.get("observation") or {}).get("metrics") or [] if m.get("name") == metric
+    ]
+    if not trial or not found:
+        return None
+    key = "min" if space.objective.type == "minimize" else "max"
+    value = None
+    for k in (key, "latest"):
+        try:
+            value = float(found[0].get(k))
+        except (TypeError, ValueError):
+            continue  # Katib writes "unavailable"
+        if math.isfinite(value):
+            break
+        value = None
+    if value is None:
+        return None
+    by_name = {katib_name(p.name): p for p in space.parameters}
+    params: dict[str, int | float | str] = {}
+    for a in opt.get("parameterAssignments") or []:
+        p = by_name.get(str(a.get("name")))
+        if p is not None:
+            params[p.name] = sample_value(p, a.get("value"))
+    return str(trial), params, value
+
+
+class _Stop(Exception):
+    def __init__(self, why: Literal["deadline", "cancelled"]) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class KatibLauncher:
+    """Creates (or re-attaches to) an Experiment, reports progress, returns the best trial."""
+
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        api: KubeApi | None = None,
+        own_pod: PodRef | None = None,
+        poll_s: float = 10.0,
+        on_exit: Literal["delete", "keep"] = "delete",
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        """Args:
+        namespace: namespace of the Experiment.
+        api: the Kubernetes API (default: in-cluster or kubeconfig, on first use).
+        own_pod: the launcher's pod; the Experiment gets an owner reference to it when it is in
+            the same namespace, so deleting the run's pods deletes the search.
+        poll_s: seconds between status reads.
+        on_exit: what happens to the Experiment on failure, deadline or cancellation.
+        report: where progress lines go (default: this module's logger).
+        """
+        if own_pod is not None and own_pod.namespace != namespace:
+            own_pod = None  # owner references cannot cross namespaces
+        self.namespace = namespace
+        self.own_pod = own_pod
+        self.poll_s = poll_s
+        self.on_exit = on_exit
+        self.report = report or log.info
+        self._api = api
+
+    @classmethod
+    def from_environment(
+        cls, *, namespace: str | None = None, env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> KatibLauncher:
+        """A launcher that knows its own pod from the downward API (POD_NAME, POD_NAMESPACE,
+        POD_UID).
+
+        Raises:
+            ValueError: no namespace given and POD_NAMESPACE is unset.
+        """
+        env = os.environ if env is None else env
+        namespace = namespace or env.get("POD_NAMESPACE")
+        if not namespace:
+            raise ValueError("namespace must be given or POD_NAMESPACE set (downward API)")
+        return cls(namespace=namespace, own_pod=PodRef.from_env(env), **kwargs)
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            self._api = KubeApi.from_config()
+        return self._api
+
+    def run(
+        self, experiment: dict[str, Any], space: SearchSpace, *, timeout_s: float | None
+    ) -> TuneResult:
+        """Create or re-attach to ``experiment`` and wait until it ends.
+
+        Raises:
+            RuntimeError: the Experiment failed, too many trials failed, no trial reported the
+                objective, it vanished, or the API refused a call; :class:`LaunchCancelled` on
+                SIGTERM.
+            TimeoutError: ``timeout_s`` passed first.
+        """
+        meta = experiment.setdefault("metadata", {})
+        if meta.setdefault("namespace", self.namespace) != self.namespace:
+            raise ValueError(f"experiment is in {meta['namespace']!r}, not {self.namespace!r}")
+        run = _Watch(self, str(meta.get("name")), space, timeout_s)
+        if self.own_pod is not None:
+            owners = meta.setdefault("ownerReferences", [])
+            if all(o.get("uid") != self.own_pod.uid for o in owners):
+                owners.append(self.own_pod.owner_reference())
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+
+            def on_sigterm(signum: int, frame: Any) -> None:
+                run.cancelled = True  # acted on between API calls
+
+            previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            return run.execute(experiment)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+class _Watch:
+    """One search: its Experiment, deadline and cancellation flag."""
+
+    def __init__(
+        self, launcher: KatibLauncher, name: str, space: SearchSpace, timeout_s: float | None
+    ) -> None:
+        self.launcher = launcher
+        self.api = launcher.api
+        self.ns = launcher.namespace
+        self.name = name
+        self.ref = f"{self.ns}/{name}"
+        self.space = space
+        self.timeout_s = timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.cancelled = False
+        self.have = False
+        self.state = "Pending"
+        self.counts: dict[str, int] = {}
+
+    def execute(self, body: dict[str, Any]) -> TuneResult:
+        try:
+            exp = self.wait(self.start(body))
+        except _Stop as stop:
+            done = self.clean_up() if self.have else "no Experiment had been created"
+            if stop.why == "deadline":
+                raise TimeoutError(
+                    f"Katib Experiment {self.ref} did not finish within {self.timeout_s} s "
+                    f"(it was {self.state}, {_counts_text(self.counts)}); {done}"
+                ) from None
+            raise LaunchCancelled(
+                f"Katib Experiment {self.ref}: the step was cancelled (SIGTERM); {done}"
+            ) from None
+        except (KubeApiError, KeyboardInterrupt):
+            if self.have:
+                log.warning("Katib Experiment %s: %s", self.ref, self.clean_up())
+            raise
+        return self.finish(exp)
+
+    def start(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The Experiment: the existing one of that name (re-attached), else a new one."""
+        races = 0
+        gone_by = time.monotonic() + _GONE_WAIT_S
+        while True:
+            self.check()
+            exp = self.api.get_experiment(self.ns, self.name)
+            if exp is None:
+                exp = self.api.create_experiment(self.ns, body)
+                if exp is not None:
+                    self.have = True
+                    self.launcher.report(f"created Katib Experiment {self.ref}")
+                    return exp
+                races += 1  # 409: created between our get and create: adopt it
+                if races > 3:
+                    raise RuntimeError(f"Katib Experiment {self.ref} keeps appearing and vanishing")
+                continue
+            if (exp.get("metadata") or {}).get("deletionTimestamp"):
+                if time.monotonic() > gone_by:
+                    raise RuntimeError(
+                        f"Katib Experiment {self.ref} has been deleting for over "
+                        f"{_GONE_WAIT_S:.0f} s; the step cannot start its search"
+                    )
+                self.sleep(self.launcher.poll_s)
+                continue
+            self.have = True
+            self.launcher.report(
+                f"Katib Experiment {self.ref} exists ({job_state(exp)}): re-attaching"
+            )
+            own = self.launcher.own_pod
+            owners = list((exp.get("metadata") or {}).get("ownerReferences") or [])
+            if own is not None and all(o.get("uid") != own.uid for o in owners):
+                patch = {"metadata": {"ownerReferences": [*owners, own.owner_reference()]}}
+                exp = self.api.patch_experiment(self.ns, self.name, patch) or exp
+            return exp
+
+    def wait(self, exp: dict[str, Any]) -> dict[str, Any]:
+        """Poll until the Experiment succeeds or fails; report progress as it changes."""
+        reported: tuple[Any, ...] | None = None
+        budget = self.space.maxFailedTrialCount
+        while True:
+            self.state = job_state(exp)
+            self.counts = trial_counts(exp)
+            best = best_trial(exp, self.space)
+            now = (self.state, tuple(self.counts.values()), best and best[0])
+            if now != reported:
+                reported = now
+                self.launcher.report(self.progress(best))
+            if self.state in ("Succeeded", "Failed"):
+                return exp
+            if self.counts["failed"] > budget:
+                return exp  # Katib fails it too (failed > max); do not wait for that
+            self.sleep(self.launcher.poll_s)
+            got = self.api.get_experiment(self.ns, self.name)
+            if got is None:
+                self.have = False
+                raise RuntimeError(
+                    f"Katib Experiment {self.ref} disappeared while the step waited for it "
+                    "(deleted by someone else?)"
+                )
+            exp = got
+
+    def progress(self, best: tuple[str, dict[str, Any], float] | None) -> str:
+        text = f"Katib Experiment {self.ref}: {self.state}; {_counts_text(self.counts)}"
+        if best is not None:
+            values = ", ".join(f"{k}={v}" for k, v in best[1].items())
+            text += (
+                f"; best so far {self.space.objective.objectiveMetricName}={best[2]:.6g} "
+                f"({best[0]}: {values})"
+            )
+        return text
+
+    def finish(self, exp: dict[str, Any]) -> TuneResult:
+        conds = (exp.get("status") or {}).get("conditions") or []
+        last: Mapping[str, Any] = next(
+            (c for c in reversed(conds) if c.get("status") == "True"), {}
+        )
+        budget = self.space.maxFailedTrialCount
+        if self.state != "Succeeded" or self.counts["failed"] > budget:
+            why = (
+                f"{self.counts['failed']} trials failed, more than maxFailedTrialCount={budget}"
+                if self.counts["failed"] > budget
+                else f"{last.get('reason', 'Failed')}: {last.get('message', '(no message)')}"
+            )
+            detail = self.failed_trials()
+            done = self.clean_up()
+            raise RuntimeError(
+                f"Katib Experiment {self.ref} failed: {why} ({_counts_text(self.counts)})"
+                + (f"\n{detail}" if detail else "")
+                + f"\n{done}"
+            )
+        best = best_trial(exp, self.space)
+        if best is not None and not best[1]:
+            best = self.best_from_trial(best)
+        if best is None:
+            raise RuntimeError(
+                f"Katib Experiment {self.ref} succeeded but no trial reported "
+                f"{self.space.objective.objectiveMetricName!r} (the worker prints name=value "
+                "lines only with train.metrics_stdout=true, after each evaluation)"
+            )
+        trial, params, value = best
+        self.launcher.report(
+            f"Katib Experiment {self.ref} succeeded ({last.get('reason', '')}): best "
+            f"{self.space.objective.objectiveMetricName}={value:.6g} from {trial}"
+        )
+        return TuneResult(
+            experiment=self.ref,
+            best_parameters=params,
+            best_value=value,
+            best_trial=trial,
+            trials=dict(self.counts),
+            reason=str(last.get("reason", "")),
+        )
+
+    def best_from_trial(
+        self, best: tuple[str, dict[str, Any], float]
+    ) -> tuple[str, dict[str, Any], float]:
+        """The best trial's parameters from the Trial itself (when the status lacks them)."""
+        trial = self.api.get_trial(self.ns, best[0]) or {}
+        by_name = {katib_name(p.name): p for p in self.space.parameters}
+        params = {
+            by_name[a["name"]].name: sample_value(by_name[a["name"]], a.get("value"))
+            for a in (trial.get("spec") or {}).get("parameterAssignments") or []
+            if a.get("name") in by_name
+        }
+        return best[0], params, best[2]
+
+    def failed_trials(self) -> str:
+        """The failed trials' names and messages (the first few)."""
+        try:
+            trials = self.api.list_trials(self.ns, self.name)
+        except KubeApiError as e:
+            return f"failed trials: unavailable ({e})"
+        lines = []
+        for t in trials:
+            conds = (t.get("status") or {}).get("conditions") or []
+            failed = next(
+                (c for c in conds if c.get("type") == "Failed" and c.get("status") == "True"), None
+            )
+            if failed is not None:
+                lines.append(
+                    f"  trial {t['metadata']['name']}: {failed.get('reason', '')}: "
+                    f"{failed.get('message', '')}"
+                )
+        return "\n".join(["failed trials:", *lines[:10]]) if lines else ""
+
+    def clean_up(self) -> str:
+        """Delete (or keep) the Experiment; what was done, for the step's message."""
+        if self.launcher.on_exit == "keep":
+            return f"it was kept (on_exit=keep): kubectl delete experiment -n {self.ns} {self.name}"
+        try:
+            if not self.api.delete_experiment(self.ns, self.name):
+                return "it was already gone"
+        except KubeApiError as e:
+            log.error("%s", e)
+            return f"deleting it failed: {e}"
+        return "it was deleted, with its trials and their jobs"
+
+    def check(self) -> None:
+        if self.cancelled:
+            raise _Stop("cancelled")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise _Stop("deadline")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep in slices, so that SIGTERM or the deadline is acted on within 0.1 s."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self.check()
+            time.sleep(min(left, 0.1))
+        self.check()
+
+
+def _counts_text(c: Mapping[str, int]) -> str:
+    if not c:
+        return "no trials yet"
+    done = c["succeeded"] + c["failed"] + c["killed"] + c["early_stopped"]
+    return (
+        f"{done}/{c['total']} trials done ({c['succeeded']} succeeded, {c['failed']} failed, "
+        f"{c['early_stopped']} early-stopped), {c['running']} running, {c['pending']} pending"
+    )
