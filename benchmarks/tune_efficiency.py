@@ -25,6 +25,7 @@ Run from the repo root: ``.venv/bin/python benchmarks/tune_efficiency.py [--seed
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import sys
@@ -109,14 +110,30 @@ def write_data(root: Path, rows: int, seed: int) -> dict[str, str]:
     return {"train_uri": str(root / "train.parquet"), "val_uri": str(root / "val.parquet")}
 
 
+def strategies(start_step: int, startup_trials: int) -> dict[str, dict[str, Any]]:
+    """The two contenders' algorithm and early-stopping sections."""
+    out = json.loads(json.dumps(STRATEGIES))
+    tpe = out["tpe+median"]
+    tpe["algorithm"]["algorithmSettings"][0]["value"] = str(startup_trials)
+    tpe["earlyStopping"]["algorithmSettings"][1]["value"] = str(start_step)
+    return out
+
+
 def run_strategy(
-    name: str, seed: int, *, data: dict[str, str], trials: int, epochs: int, work: Path
+    name: str,
+    seed: int,
+    *,
+    data: dict[str, str],
+    trials: int,
+    epochs: int,
+    work: Path,
+    setup: dict[str, dict[str, Any]],
 ) -> StudyResult:
     space = load_space(
         {
             "parameters": PARAMETERS,
             "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
-            **STRATEGIES[name],
+            **setup[name],
             "maxTrialCount": trials,
             "parallelTrialCount": 1,
             "maxFailedTrialCount": trials,
@@ -162,6 +179,7 @@ def save_plot(curves: dict[str, list[Curve]], refs: list[float], budget: int, pa
         ax.fill_between(x, lo, hi, color=colors[name], alpha=0.2)
     ax.axhline(0.01, color="#cf222e", linestyle="--", label="within 1% of the best found")
     ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("cumulative trial-epochs")
     ax.set_ylabel("best val_loss so far / best found - 1")
     ax.set_title("Anytime performance (band: 25-75% of seeds)")
@@ -177,12 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument(
+        "--start-step", type=int, default=2, help="medianstop start_step of tpe+median"
+    )
+    parser.add_argument(
+        "--startup-trials", type=int, default=5, help="TPE n_startup_trials of tpe+median"
+    )
     parser.add_argument("--plot", default=str(REPO / ".runs" / "bench" / "tune_anytime.png"))
     args = parser.parse_args(argv)
     logging.getLogger("trainer").setLevel(logging.WARNING)
     budget = args.trials * args.epochs
     curves: dict[str, list[Curve]] = {name: [] for name in STRATEGIES}
     refs: list[float] = []
+    setup = strategies(args.start_step, args.startup_trials)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tune-bench-") as tmp:
         work = Path(tmp)
@@ -192,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             data = write_data(root, args.rows, seed)
             for name in STRATEGIES:
                 result = run_strategy(
-                    name, seed, data=data, trials=args.trials, epochs=args.epochs, work=work
+                    name,
+                    seed,
+                    data=data,
+                    trials=args.trials,
+                    epochs=args.epochs,
+                    work=work,
+                    setup=setup,
                 )
                 curves[name].append(curve(result))
             refs.append(min(cs[-1].best[-1] for cs in curves.values()))
@@ -201,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"tune efficiency: {args.seeds} seeds, {args.trials} trials x <= {args.epochs} epochs "
         f"({args.rows} training rows), target = within 1% of the best val_loss either found "
-        f"on that seed; {elapsed:.0f} s"
+        f"on that seed; tpe+median: n_startup_trials {args.startup_trials}, medianstop "
+        f"min_trials_required 3, start_step {args.start_step}; {elapsed:.0f} s"
     )
     print(f"{'strategy':<12} {'median epochs':>14} {'mean epochs':>12} {'spent':>7} {'missed':>7}")
     medians: dict[str, float] = {}

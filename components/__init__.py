@@ -10,13 +10,15 @@ from components.notify import notify
 from components.preprocess import preprocess
 from components.register import register
 from components.train import train
+from components.tune import tune
 
 ALL = {
     "preprocess": preprocess,
+    "tune": tune,
     "train": train,
     "evaluate": evaluate,
     "register": register,
     "notify": notify,
 }
 
-__all__ = ["ALL", "evaluate", "notify", "preprocess", "register", "train"]
+__all__ = ["ALL", "evaluate", "notify", "preprocess", "register", "train", "tune"]

@@ -273,6 +273,8 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"  gate           {'passed' if s.get('gate_passed') else 'failed'}: "
         f"{s.get('gate_reason', '')}"
     )
+    if s.get("tuned_hyperparams"):
+        print(f"  tuned          {json.dumps(s['tuned_hyperparams'], sort_keys=True)}")
     print(f"  model          {s.get('model_uri')}")
     print(f"  report         {s.get('report')}")
     version = s.get("registered_version")

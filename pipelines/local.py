@@ -24,6 +24,16 @@ def pipeline_parameters() -> dict[str, Any]:
     return {name: getattr(inp, "default", None) for name, inp in spec.inputs.items()}
 
 
+def normalize_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Accept ``tune.enabled`` for the pipeline parameter ``tune_enabled`` (and so on)."""
+    known = pipeline_parameters()
+    out = {}
+    for key, value in params.items():
+        alias = key.replace(".", "_")
+        out[alias if key not in known and alias in known else key] = value
+    return out
+
+
 def _check_params(params: dict[str, Any]) -> None:
     known = pipeline_parameters()
     unknown = sorted(set(params) - set(known))
@@ -53,6 +63,7 @@ def run_local(
 
     training_pipeline = build_training_pipeline(retries=0, cluster=False)
 
+    params = normalize_params(params)
     _check_params(params)
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -136,6 +147,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     model = run_dir / "train" / "model"
     if (model / "model.json").exists():
         out["model_uri"] = str(model)
+    tuned = _executor_output(run_dir / "tune").get("parameterValues", {})
+    if tuned.get("best_hyperparams"):
+        out["tuned_hyperparams"] = tuned["best_hyperparams"]
     reg = _executor_output(run_dir / "register").get("parameterValues", {})
     if reg:
         out["registered_version"] = reg.get("version")

@@ -12,7 +12,7 @@ from typing import Any
 
 from kfp import dsl, kubernetes
 
-from components import evaluate, notify, preprocess, register, train
+from components import evaluate, notify, preprocess, register, train, tune
 from components.images import CPU_IMAGE, CUDA_IMAGE
 from trainer.steps.train import GPU_TOLERATION, OBJECT_STORE_ENV
 
@@ -33,6 +33,7 @@ RESOURCES = {
     "preprocess": StepResources("1", "4", "4Gi", "16Gi"),
     "train": StepResources("4", "16", "16Gi", "64Gi"),
     "train-launcher": StepResources("250m", "1", "512Mi", "2Gi"),
+    "tune": StepResources("2", "8", "4Gi", "16Gi"),
     "evaluate": StepResources("1", "2", "2Gi", "8Gi"),
     "register": StepResources("500m", "1", "1Gi", "2Gi"),
     "notify": StepResources("100m", "500m", "256Mi", "512Mi"),
@@ -99,6 +100,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         launcher: str = "local",
         gpu_node_selector: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
         hyperparams_json: str = "{}",
+        tune_enabled: bool = False,
+        tune_engine: str = "local",
+        tune_space_json: str = "{}",
+        tune_trial_epochs: int = 5,
         train_config_json: str = "{}",
         gate_metric: str = "auto",
         gate_threshold: float = 0.0,
@@ -124,6 +129,13 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             gpu_node_selector: node labels for the GPU nodes, e.g.
                 ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``.
             hyperparams_json: dotted trainer overrides, e.g. ``{"optim.weight_decay": 0.1}``.
+            tune_enabled: run the hyperparameter search before training; train takes its best
+                parameters (applied after ``hyperparams_json``).
+            tune_engine: ``local`` (an Optuna study in the tune step's pod, CPU) or ``katib``
+                (a Katib Experiment whose trials are PyTorchJobs with the train step's GPUs).
+            tune_space_json: the search space in Katib's vocabulary (``{}``: a built-in space
+                over learning rate, width, weight decay and dropout; TPE with median stopping).
+            tune_trial_epochs: epochs per trial.
             train_config_json: further train-step settings (``TrainStepConfig`` fields).
             gate_metric: metric that decides registration (``auto``: accuracy or rmse).
             gate_threshold: the candidate must reach this (0: no threshold).
@@ -140,6 +152,30 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             _configure(prep, "preprocess", object_store_secret, retries=retries)
             prep.set_caching_options(True)
 
+            # Always in the DAG: with tune_enabled false it passes no parameters on at once.
+            # (A dsl.If around it would need dsl.OneOf to join train's inputs, which kfp.local
+            # cannot resolve inside the exit handler.)
+            tn = tune(
+                dataset=prep.outputs["dataset"],
+                enabled=tune_enabled,
+                engine=tune_engine,
+                space_json=tune_space_json,
+                trial_epochs=tune_trial_epochs,
+                model_name=model_name,
+                batch_size=batch_size,
+                gpus_per_node=gpus_per_node,
+                seed=seed,
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+                gpu_type=gpu_type,
+                gpu_node_selector=gpu_node_selector,
+                object_store_secret=object_store_secret,
+                cuda_image=CUDA_IMAGE,
+                cpu_image=CPU_IMAGE,
+            )
+            _configure(tn, "tune", object_store_secret, retries=retries)
+            tn.set_caching_options(True)  # a finished search is reused; a retry resumes it
+
             def train_task() -> dsl.PipelineTask:
                 return train(
                     dataset=prep.outputs["dataset"],
@@ -151,6 +187,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                     nnodes=nodes,
                     launcher=launcher,
                     hyperparams_json=hyperparams_json,
+                    tuned_hyperparams_json=tn.outputs["best_hyperparams_json"],
                     config_json=train_config_json,
                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                     task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,

@@ -19,6 +19,7 @@ def train(
     nnodes: int = 1,
     launcher: str = "local",
     hyperparams_json: str = "{}",
+    tuned_hyperparams_json: str = "{}",
     config_json: str = "{}",
     pipeline_run_id: str = "",
     task_name: str = "train",
@@ -31,7 +32,8 @@ def train(
     """Train on the preprocessed dataset (see trainer.steps.train).
 
     ``hyperparams_json`` takes dotted overrides (``{"optim.lr": 0.01}``), e.g. tune's best
-    parameters; ``config_json`` any further TrainStepConfig fields. The job is named from the
+    parameters; ``tuned_hyperparams_json`` the tune step's best parameters (applied last);
+    ``config_json`` any further TrainStepConfig fields. The job is named from the
     KFP run id and task name, and resumes from its checkpoints when the step is retried.
     ``gpu_type`` is the accelerator the pipeline asked for; it is recorded in the model's
     metadata (and, being an input, it reaches the step's sub-DAG on every backend).
@@ -69,9 +71,9 @@ def train(
                 "node_selector": dict(gpu_node_selector),
                 "object_store_secret": object_store_secret or None,
             }
-        merged = apply_overrides(
-            apply_overrides(base, json.loads(config_json)), json.loads(hyperparams_json)
-        )
+        merged = base
+        for overrides in (config_json, hyperparams_json, tuned_hyperparams_json):
+            merged = apply_overrides(merged, json.loads(overrides))
         cfg = from_dict(TrainStepConfig, merged)
         model_uri = model.uri if remote else model.path
         result = train_step(

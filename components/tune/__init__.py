@@ -14,6 +14,7 @@ def tune(
     best_params: Output[Artifact],
     metrics: Output[Metrics],
     report: Output[HTML],
+    enabled: bool = True,
     space_json: str = "{}",
     engine: str = "local",
     model_name: str = "mlp",
@@ -32,6 +33,9 @@ def tune(
     cpu_image: str = "",
 ) -> NamedTuple("Outputs", [("best_hyperparams", dict), ("best_hyperparams_json", str)]):
     """Search hyperparameters over the preprocessed dataset (see trainer.steps.tune).
+
+    ``enabled=False`` skips the search and outputs no parameters (``{}``), so a pipeline can
+    always wire tune's output into train (kfp.local cannot join conditional branches).
 
     ``space_json`` is the search space in Katib's vocabulary (``{}``: the built-in example
     space: learning rate, width, weight decay, dropout; TPE with median stopping).
@@ -85,6 +89,21 @@ def tune(
             run_id=pipeline_run_id or "local",
             task_name=task_name,
         )
+
+    if not enabled:
+        import html
+
+        with open(best_params.path, "w") as f:
+            f.write("{}\n")
+        with open(report.path, "w") as f:
+            f.write(
+                "<!doctype html><meta charset='utf-8'><title>tune</title>"
+                f"<p>{html.escape('Hyperparameter search disabled (tune_enabled=false).')}</p>"
+            )
+        metrics.log_metric("enabled", 0.0)
+        write_metadata_file(metrics.path, dict(metrics.metadata))
+        outputs = namedtuple("Outputs", ["best_hyperparams", "best_hyperparams_json"])
+        return outputs({}, "{}")
 
     result = run_guarded("tune", body)
     for key, value in sorted(result.metrics().items()):
