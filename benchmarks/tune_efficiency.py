@@ -192,7 +192,7 @@ def save_plot(curves: dict[str, list[Curve]], refs: list[float], budget: int, pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument(

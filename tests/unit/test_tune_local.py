@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +89,6 @@ def config_fn(data: Path, **train: Any):
 # ----------------------------------------------------------------------- samplers and pruners
 
 
-def _has_cmaes() -> bool:
-    try:
-        import cmaes  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 CASES = [
     ("random", [LR], "RandomSampler", {}),
     ("grid", [{**LR, "feasibleSpace": {"min": "0.001", "max": "0.004", "step": "0.001"}}],
@@ -144,17 +137,21 @@ def test_early_stopping_maps_to_pruner(algo: str, early: Any, pruner: str) -> No
         assert (made._n_startup_trials, made._n_warmup_steps) == (2, 1)
 
 
-def test_cmaes_needs_its_package() -> None:
-    s = space(
-        parameters=[LR, {**LR, "name": "optim.weight_decay",
-                         "feasibleSpace": {"min": "0.0", "max": "0.1"}}],
-        algorithm={"algorithmName": "cmaes", "algorithmSettings": []},
-    )  # fmt: skip
-    if _has_cmaes():
-        assert type(make_sampler(s, seed=0)).__name__ == "CmaEsSampler"
-    else:
-        with pytest.raises(InputError, match="needs the Python package 'cmaes'"):
-            make_sampler(s, seed=0)
+CMAES_SPACE = {
+    "parameters": [LR, {**LR, "name": "optim.weight_decay",
+                        "feasibleSpace": {"min": "0.0", "max": "0.1"}}],
+    "algorithm": {"algorithmName": "cmaes", "algorithmSettings": []},
+}  # fmt: skip
+
+
+def test_cmaes_maps_to_cmaes_sampler() -> None:
+    assert type(make_sampler(space(**CMAES_SPACE), seed=0)).__name__ == "CmaEsSampler"
+
+
+def test_cmaes_without_its_package_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cmaes", None)  # import cmaes -> ImportError
+    with pytest.raises(InputError, match="needs the Python package 'cmaes'"):
+        make_sampler(space(**CMAES_SPACE), seed=0)
 
 
 # ----------------------------------------------------------------------------- real studies
