@@ -163,3 +163,32 @@ def test_unknown_parameter_exits_2(tmp_path: Path) -> None:
     assert len(lines) == 1, run.stderr
     assert lines[0].startswith("ERROR [gpupipe run] E_PARAM: unknown pipeline parameter 'nosuch'")
     assert not (tmp_path / "root").exists()
+
+
+def test_tune_enabled_runs_the_search_and_trains_with_its_best_parameters(tmp_path: Path) -> None:
+    space = {
+        "parameters": [
+            {"name": "optim.lr", "parameterType": "double",
+             "feasibleSpace": {"min": "0.0005", "max": "0.02", "distribution": "logUniform"}},
+            {"name": "model.hidden_dim", "parameterType": "discrete",
+             "feasibleSpace": {"list": ["32", "64"]}},
+        ],
+        "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
+        "algorithm": {"algorithmName": "random", "algorithmSettings": []},
+        "maxTrialCount": 3, "parallelTrialCount": 1, "maxFailedTrialCount": 1,
+    }  # fmt: skip
+    run = run_local(
+        tmp_path / "root",
+        "tune.enabled=true",
+        "tune_trial_epochs=2",
+        f"tune_space_json={json.dumps(json.dumps(space))}",
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    tuned = run.summary["tuned_hyperparams"]
+    assert set(tuned) == {"optim.lr", "model.hidden_dim"}
+    assert 0.0005 <= tuned["optim.lr"] <= 0.02 and tuned["model.hidden_dim"] in (32, 64)
+    # train used them: the exported model's config carries the tuned values
+    meta = json.loads((Path(run.summary["model_uri"]) / "model.json").read_text())
+    config = meta["extra"]["train"]["config"]
+    assert config["optim"]["lr"] == pytest.approx(tuned["optim.lr"])
+    assert config["model"]["hidden_dim"] == tuned["model.hidden_dim"]

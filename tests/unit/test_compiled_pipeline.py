@@ -24,8 +24,8 @@ TRAIN_ON_CLUSTER = "train (PyTorchJob)"
 TRAIN_IN_STEP = "train"
 """The in-step branch's train task: torchrun on the step's own GPUs."""
 TRAINS = (TRAIN_ON_CLUSTER, TRAIN_IN_STEP)
-STEPS = ("preprocess", *TRAINS, "evaluate", "register", "notify")
-RETRIED_STEPS = ("preprocess", *TRAINS, "evaluate", "register")
+STEPS = ("preprocess", "tune", *TRAINS, "evaluate", "register", "notify")
+RETRIED_STEPS = ("preprocess", "tune", *TRAINS, "evaluate", "register")
 NO_GPU_STEPS = tuple(s for s in STEPS if s != TRAIN_IN_STEP)
 EXIT_HANDLER = "notify"
 STEP_FUNCTION = {step: "train" if step in TRAINS else step for step in STEPS}
@@ -346,6 +346,7 @@ def test_the_job_launcher_reserves_less_than_in_step_training(
     ("step", "enabled"),
     [
         ("preprocess", True),
+        ("tune", True),
         (TRAIN_ON_CLUSTER, False),
         (TRAIN_IN_STEP, False),
         ("evaluate", False),
@@ -446,6 +447,7 @@ def test_notify_is_the_exit_handler_with_final_status(compiled: Compiled) -> Non
     ("step", "image"),
     [
         ("preprocess", "trainer-cpu"),
+        ("tune", "trainer-cuda"),
         (TRAIN_ON_CLUSTER, "trainer-cuda"),
         (TRAIN_IN_STEP, "trainer-cuda"),
         ("evaluate", "trainer-cpu"),

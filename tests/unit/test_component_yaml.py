@@ -13,8 +13,8 @@ from kfp.dsl.types.type_utils import InconsistentTypeException
 from trainer.version import __version__
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("preprocess", "train", "evaluate", "register", "notify")
-STEP_COMPONENTS = ("preprocess", "train", "evaluate", "register")
+NAMES = ("preprocess", "tune", "train", "evaluate", "register", "notify")
+STEP_COMPONENTS = ("preprocess", "tune", "train", "evaluate", "register")
 """Components whose body runs a ``trainer.steps`` function (notify only prints the status)."""
 
 
