@@ -23,7 +23,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +46,7 @@ from trainer.data import (
 from trainer.dist import DistContext
 from trainer.models import ModelSpec, build_model, compute_loss
 from trainer.precision import Precision, configure_backends, resolve_precision
+from trainer.prefetch import Prefetcher
 from trainer.telemetry import Telemetry, gpu_memory_gb
 
 log = logging.getLogger(__name__)
@@ -371,9 +372,10 @@ class _Run:
         micro-batch did not fit, leaving gradients cleared so the caller can retry smaller.
         """
         ctx = self.ctx
-        non_blocking = ctx.device.type == "cuda"
-        x = x.to(ctx.device, non_blocking=non_blocking)
-        y = y.to(ctx.device, non_blocking=non_blocking)
+        if x.device != ctx.device or y.device != ctx.device:  # not prefetched to the device
+            non_blocking = ctx.device.type == "cuda"
+            x = x.to(ctx.device, non_blocking=non_blocking)
+            y = y.to(ctx.device, non_blocking=non_blocking)
         micro = self._micro_batches(x, y)
         n_total = x.shape[0]
         loss_sum = torch.zeros((), device=ctx.device)
@@ -595,86 +597,93 @@ def train(
     metrics = s.metrics  # restored from the checkpoint on resume, so a re-export keeps them
     window = torch.zeros(3, device=ctx.device)  # loss sum, non-finite count, steps
     window_start, window_samples = time.perf_counter(), 0
-    it = iter(run.stream)
-    while s.step < run.total_steps and not s.stopped_early:
-        position, x, y = next(it)
-        loss, stop_now = run.step_with_oom_fallback(x, y)
-        s.step += 1
-        s.position = position
-        window[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
-        window[1] += (~torch.isfinite(loss)).float()
-        if run.last_grad_norm is not None and run.scaler is None:
-            # An Inf gradient with a finite loss poisons the weights: catch it before a save.
-            window[1] += (~torch.isfinite(run.last_grad_norm)).float()
-        window[2] += 1
-        window_samples += t.global_batch_size
-        tel.advance(s.step)
+    it = _batches(run)
+    try:
+        while s.step < run.total_steps and not s.stopped_early:
+            position, x, y = next(it)
+            loss, stop_now = run.step_with_oom_fallback(x, y)
+            s.step += 1
+            s.position = position
+            window[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+            window[1] += (~torch.isfinite(loss)).float()
+            if run.last_grad_norm is not None and run.scaler is None:
+                # An Inf gradient with a finite loss poisons the weights: catch it before a save.
+                window[1] += (~torch.isfinite(run.last_grad_norm)).float()
+            window[2] += 1
+            window_samples += t.global_batch_size
+            tel.advance(s.step)
 
-        end_of_epoch = s.position.step == 0 and s.step > 0
-        want_ckpt = run.ckpt is not None and (
-            s.step % cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
-        )
-        want_log = (
-            s.step % t.log_every_steps == 0 or s.step == run.total_steps or want_ckpt or stop_now
-        )
-        want_eval = run.val_ds is not None and (
-            (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
-            or (t.eval_every_steps is None and end_of_epoch)
-            or s.step == run.total_steps
-        )
-        if not (want_log or want_eval):
-            continue
+            end_of_epoch = s.position.step == 0 and s.step > 0
+            want_ckpt = run.ckpt is not None and (
+                s.step % cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
+            )
+            want_log = (
+                s.step % t.log_every_steps == 0
+                or s.step == run.total_steps
+                or want_ckpt
+                or stop_now
+            )
+            want_eval = run.val_ds is not None and (
+                (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
+                or (t.eval_every_steps is None and end_of_epoch)
+                or s.step == run.total_steps
+            )
+            if not (want_log or want_eval):
+                continue
 
-        # Sync point: the only place loss values leave the device.
-        loss_total, bad, n = dist.all_reduce_sum(ctx, window.clone()).tolist()
-        if bad > 0:
-            _rollback(run, at_step=s.step)
-            it = iter(run.stream)
-            window.zero_()
-            window_start, window_samples = time.perf_counter(), 0
-            continue
-        elapsed = max(time.perf_counter() - window_start, 1e-9)
-        norm = run.last_grad_norm
-        tel.emit(
-            "step",
-            step=s.step,
-            epoch=round(s.step / run.steps_per_epoch, 4),
-            loss=loss_total / ctx.world_size / max(n, 1.0),
-            lr=run.scheduler.get_last_lr()[0],
-            grad_norm=float(norm) if norm is not None else None,
-            samples_per_s=round(window_samples / elapsed, 1),
-            micro_batch=s.micro_batch_size,
-            gpu_mem_gb=gpu_memory_gb(ctx.device),
-        )
-        metrics["train_loss"] = loss_total / ctx.world_size / max(n, 1.0)
-        window.zero_()
-        window_start, window_samples = time.perf_counter(), 0
-
-        if want_eval:
-            metrics.update(run.evaluate())
+            # Sync point: the only place loss values leave the device.
+            loss_total, bad, n = dist.all_reduce_sum(ctx, window.clone()).tolist()
+            if bad > 0:
+                it.close()
+                _rollback(run, at_step=s.step)
+                it = _batches(run)  # from the restored position
+                window.zero_()
+                window_start, window_samples = time.perf_counter(), 0
+                continue
+            elapsed = max(time.perf_counter() - window_start, 1e-9)
+            norm = run.last_grad_norm
             tel.emit(
-                "eval",
+                "step",
                 step=s.step,
                 epoch=round(s.step / run.steps_per_epoch, 4),
-                **{k: v for k, v in metrics.items() if k.startswith("val_")},
+                loss=loss_total / ctx.world_size / max(n, 1.0),
+                lr=run.scheduler.get_last_lr()[0],
+                grad_norm=float(norm) if norm is not None else None,
+                samples_per_s=round(window_samples / elapsed, 1),
+                micro_batch=s.micro_batch_size,
+                gpu_mem_gb=gpu_memory_gb(ctx.device),
             )
-            s.stopped_early = run.early_stop_update(metrics)
-            if on_eval is not None and _ask_to_stop(ctx, on_eval, s.step, metrics):
-                s.stopped_early = True
-                tel.emit("stop_requested", step=s.step)
-        if want_ckpt or (s.stopped_early and run.ckpt is not None):
-            run.save_checkpoint()
-        if stop_now:
-            tel.close()
-            raise Preempted(s.step, run.last_checkpoint)
-        if s.stopped_early:
-            tel.emit(
-                "early_stop",
-                step=s.step,
-                best=s.best,
-                metric=t.early_stopping.metric if t.early_stopping else None,
-            )
-            break
+            metrics["train_loss"] = loss_total / ctx.world_size / max(n, 1.0)
+            window.zero_()
+            window_start, window_samples = time.perf_counter(), 0
+
+            if want_eval:
+                metrics.update(run.evaluate())
+                tel.emit(
+                    "eval",
+                    step=s.step,
+                    epoch=round(s.step / run.steps_per_epoch, 4),
+                    **{k: v for k, v in metrics.items() if k.startswith("val_")},
+                )
+                s.stopped_early = run.early_stop_update(metrics)
+                if on_eval is not None and _ask_to_stop(ctx, on_eval, s.step, metrics):
+                    s.stopped_early = True
+                    tel.emit("stop_requested", step=s.step)
+            if want_ckpt or (s.stopped_early and run.ckpt is not None):
+                run.save_checkpoint()
+            if stop_now:
+                tel.close()
+                raise Preempted(s.step, run.last_checkpoint)
+            if s.stopped_early:
+                tel.emit(
+                    "early_stop",
+                    step=s.step,
+                    best=s.best,
+                    metric=t.early_stopping.metric if t.early_stopping else None,
+                )
+                break
+    finally:
+        it.close()  # stops the prefetch thread, whatever ended the loop
 
     if run.best_state is not None:
         # Early stopping exports the best weights, with the validation metrics they scored.
@@ -716,6 +725,15 @@ def train(
     tel.close()
     dist.control_barrier(ctx)
     return result
+
+
+def _batches(
+    run: _Run,
+) -> Prefetcher[DataPosition] | Generator[tuple[DataPosition, torch.Tensor, torch.Tensor]]:
+    """The training batches from ``run.stream``'s position: prefetched unless switched off."""
+    if run.cfg.train.prefetch:
+        return Prefetcher(iter(run.stream), device=run.ctx.device)
+    return (batch for batch in run.stream)  # a generator: closable like the prefetcher
 
 
 def _ask_to_stop(

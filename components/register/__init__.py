@@ -23,11 +23,10 @@ def register(
     import json
     from collections import namedtuple
 
-    from trainer.steps.register import RegisterConfig
-    from trainer.steps.register import register as run
-
     from trainer.config import from_dict
     from trainer.steps import run_guarded
+    from trainer.steps.register import RegisterConfig
+    from trainer.steps.register import register as run
 
     def body():
         cfg = from_dict(

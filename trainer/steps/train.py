@@ -256,8 +256,7 @@ class LocalLauncher:
             raise errors[0]
         last = "\n".join(tail)
         raise RuntimeError(
-            f"training job {job_name} failed (exit code "
-            f"{proc.returncode}); last log lines:\n{last}"
+            f"training job {job_name} failed (exit code {proc.returncode}); last log lines:\n{last}"
         )
 
     def _stop(self, proc: subprocess.Popen[str]) -> None:
