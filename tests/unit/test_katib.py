@@ -15,7 +15,7 @@ from kubernetes import client
 
 from pipelines.render import render_experiment
 from tests.fakes.kube_api import ExperimentScenario, FakeKubeApi, TrialPlan
-from tests.unit.test_jobspec import schema_errors
+from tests.unit.test_jobspec import needs_crd, schema_errors
 from trainer.config import WorkerConfig, apply_overrides, parse_value
 from trainer.errors import InputError
 from trainer.launchers.jobspec import JobSpec, build_pytorchjob
@@ -137,6 +137,7 @@ def test_every_replica_gets_the_trial_values_and_metrics_stdout() -> None:
         assert {"name": "GPUPIPE_JOB", "value": "trial-abc123"} in c["env"]
 
 
+@needs_crd
 @pytest.mark.parametrize("nnodes", [1, 2])
 def test_trial_pytorchjob_validates_against_the_crd(nnodes: int) -> None:
     exp = experiment(trial_job=trial_job(nnodes))
