@@ -25,12 +25,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	@touch $@
 
 .PHONY: setup
-setup: $(VENV)/.installed shellcheck ## create .venv and install everything (pinned by constraints.txt)
-
-.PHONY: shellcheck
-shellcheck: ## install shellcheck from Debian if it is missing (make lint and the tests need it)
-	@command -v shellcheck >/dev/null || { echo ">> installing shellcheck (apt-get)"; \
-	    apt-get update -qq && apt-get install -y -qq shellcheck; }
+setup: $(VENV)/.installed ## create .venv and install everything (pinned by constraints.txt)
 
 .PHONY: run
 run: setup ## set up, make demo data, run the whole pipeline locally (kfp.local), print a summary
@@ -67,7 +62,7 @@ lint: setup ## ruff (lint + format check), mypy on trainer/, hadolint on images/
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/hadolint images/*/Dockerfile
-	shellcheck hack/*.sh
+	$(BIN)/shellcheck hack/*.sh
 
 .PHONY: fmt
 fmt: setup ## apply ruff's formatting and safe fixes
