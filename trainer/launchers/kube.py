@@ -152,23 +152,20 @@ class KubeApi:
         cfg.retries = False
         return cls(client.ApiClient(cfg), **kwargs)
 
-    # PyTorchJobs
+    # Custom objects: one implementation per verb, for PyTorchJobs and Katib objects alike
 
-    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create the PyTorchJob ``body``; ``None`` when one of that name already exists."""
+    def _create(
+        self, version: str, plural: str, namespace: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Create ``body``; ``None`` when an object of that name already exists (409)."""
         name = str(body.get("metadata", {}).get("name", "?"))
         try:
             return self._call(
-                (GROUP, PLURAL, "create"),
+                (GROUP, plural, "create"),
                 namespace,
                 name,
                 lambda: self._custom.create_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    body,
-                    _request_timeout=self._timeout,
+                    GROUP, version, namespace, plural, body, _request_timeout=self._timeout
                 ),
             )
         except KubeApiError as e:
@@ -176,15 +173,15 @@ class KubeApi:
                 return None
             raise
 
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The PyTorchJob, or ``None`` when there is none of that name."""
+    def _get(self, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or ``None`` when there is none of that name (404)."""
         try:
             return self._call(
-                (GROUP, PLURAL, "get"),
+                (GROUP, plural, "get"),
                 namespace,
                 name,
                 lambda: self._custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self._timeout
+                    GROUP, version, namespace, plural, name, _request_timeout=self._timeout
                 ),
             )
         except KubeApiError as e:
@@ -192,18 +189,36 @@ class KubeApi:
                 return None
             raise
 
-    def delete_job(self, namespace: str, name: str) -> bool:
-        """Delete the PyTorchJob and (in the background) its pods; ``False`` if already gone."""
+    def _patch(
+        self, version: str, plural: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """JSON-merge-patch the object; ``None`` when it is gone (404)."""
+        try:
+            return self._call(
+                (GROUP, plural, "patch"),
+                namespace,
+                name,
+                lambda: self._custom.patch_namespaced_custom_object(
+                    GROUP, version, namespace, plural, name, patch, _request_timeout=self._timeout
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _delete(self, version: str, plural: str, namespace: str, name: str) -> bool:
+        """Delete the object (dependents in the background); ``False`` if already gone."""
         try:
             self._call(
-                (GROUP, PLURAL, "delete"),
+                (GROUP, plural, "delete"),
                 namespace,
                 name,
                 lambda: self._custom.delete_namespaced_custom_object(
                     GROUP,
-                    VERSION,
+                    version,
                     namespace,
-                    PLURAL,
+                    plural,
                     name,
                     propagation_policy="Background",
                     _request_timeout=self._timeout,
@@ -215,120 +230,44 @@ class KubeApi:
             raise
         return True
 
+    # PyTorchJobs
+
+    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the PyTorchJob ``body``; ``None`` when one of that name already exists."""
+        return self._create(VERSION, PLURAL, namespace, body)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The PyTorchJob, or ``None`` when there is none of that name."""
+        return self._get(VERSION, PLURAL, namespace, name)
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete the PyTorchJob and (in the background) its pods; ``False`` if already gone."""
+        return self._delete(VERSION, PLURAL, namespace, name)
+
     def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         """JSON-merge-patch the PyTorchJob; ``None`` when it is gone."""
-        try:
-            return self._call(
-                (GROUP, PLURAL, "patch"),
-                namespace,
-                name,
-                lambda: self._custom.patch_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    name,
-                    patch,
-                    _request_timeout=self._timeout,
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._patch(VERSION, PLURAL, namespace, name, patch)
 
     # Katib Experiments and Trials
 
     def create_experiment(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create the Katib Experiment ``body``; ``None`` when one of that name already exists."""
-        name = str(body.get("metadata", {}).get("name", "?"))
-        try:
-            return self._call(
-                (GROUP, EXPERIMENTS, "create"),
-                namespace,
-                name,
-                lambda: self._custom.create_namespaced_custom_object(
-                    GROUP,
-                    KATIB_VERSION,
-                    namespace,
-                    EXPERIMENTS,
-                    body,
-                    _request_timeout=self._timeout,
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 409:
-                return None
-            raise
+        return self._create(KATIB_VERSION, EXPERIMENTS, namespace, body)
 
     def get_experiment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Experiment, or ``None`` when there is none of that name."""
-        try:
-            return self._call(
-                (GROUP, EXPERIMENTS, "get"),
-                namespace,
-                name,
-                lambda: self._custom.get_namespaced_custom_object(
-                    GROUP,
-                    KATIB_VERSION,
-                    namespace,
-                    EXPERIMENTS,
-                    name,
-                    _request_timeout=self._timeout,
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._get(KATIB_VERSION, EXPERIMENTS, namespace, name)
 
     def patch_experiment(
         self, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
         """JSON-merge-patch the Experiment; ``None`` when it is gone."""
-        try:
-            return self._call(
-                (GROUP, EXPERIMENTS, "patch"),
-                namespace,
-                name,
-                lambda: self._custom.patch_namespaced_custom_object(
-                    GROUP,
-                    KATIB_VERSION,
-                    namespace,
-                    EXPERIMENTS,
-                    name,
-                    patch,
-                    _request_timeout=self._timeout,
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._patch(KATIB_VERSION, EXPERIMENTS, namespace, name, patch)
 
     def delete_experiment(self, namespace: str, name: str) -> bool:
         """Delete the Experiment; its Trials and their jobs go with it (owner references).
         ``False`` if it was already gone."""
-        try:
-            self._call(
-                (GROUP, EXPERIMENTS, "delete"),
-                namespace,
-                name,
-                lambda: self._custom.delete_namespaced_custom_object(
-                    GROUP,
-                    KATIB_VERSION,
-                    namespace,
-                    EXPERIMENTS,
-                    name,
-                    propagation_policy="Background",
-                    _request_timeout=self._timeout,
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+        return self._delete(KATIB_VERSION, EXPERIMENTS, namespace, name)
 
     def list_trials(self, namespace: str, experiment: str) -> list[dict[str, Any]]:
         """The Trials of ``experiment`` (by Katib's experiment label)."""
@@ -349,19 +288,7 @@ class KubeApi:
 
     def get_trial(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Trial, or ``None`` when there is none of that name."""
-        try:
-            return self._call(
-                (GROUP, TRIALS, "get"),
-                namespace,
-                name,
-                lambda: self._custom.get_namespaced_custom_object(
-                    GROUP, KATIB_VERSION, namespace, TRIALS, name, _request_timeout=self._timeout
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._get(KATIB_VERSION, TRIALS, namespace, name)
 
     # Pods, logs, events
 
