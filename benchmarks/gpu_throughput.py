@@ -75,7 +75,7 @@ from trainer.config import (
 )
 from trainer.data import BatchStream, DataPosition
 from trainer.dist import DistContext
-from trainer.loop import StopSignal, _Run
+from trainer.loop import LossWindow, StopSignal, _Run
 from trainer.models import ModelSpec, build_model, compute_loss, count_params, flops_per_token
 from trainer.telemetry import Telemetry
 
@@ -183,25 +183,21 @@ Batches = Iterator[tuple[Any, torch.Tensor, torch.Tensor]]
 def trainer_step(run: _Run, batches: Batches) -> Callable[[], None]:
     """One iteration of ``train()``'s loop body on ``batches`` (no eval or checkpoints)."""
     ctx, t, s, tel = run.ctx, run.cfg.train, run.state, run.telemetry
-    window = torch.zeros(3, device=ctx.device)
+    window = LossWindow(ctx)
 
     def step() -> None:
         position, x, y = next(batches)
         loss, _ = run.step_with_oom_fallback(x, y)
         s.step += 1
         s.position = position
-        window[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
-        window[1] += (~torch.isfinite(loss)).float()
-        if run.last_grad_norm is not None and run.scaler is None:
-            window[1] += (~torch.isfinite(run.last_grad_norm)).float()
-        window[2] += 1
+        window.add(loss, run.last_grad_norm if run.scaler is None else None, t.global_batch_size)
         tel.advance(s.step)
         if s.step % t.log_every_steps == 0:
-            loss_total, bad, n = dist.all_reduce_sum(ctx, window.clone()).tolist()
+            mean_loss, bad, _ = window.sync()
             if bad > 0:
                 raise RuntimeError(f"non-finite loss by step {s.step}: the benchmark diverged")
-            tel.emit("step", step=s.step, loss=loss_total / max(n, 1.0))
-            window.zero_()
+            tel.emit("step", step=s.step, loss=mean_loss)
+            window.reset()
 
     return step
 

@@ -62,7 +62,7 @@ from trainer.config import (
 )
 from trainer.data import BatchStream
 from trainer.dist import DistContext
-from trainer.loop import StopSignal, _Run, lr_multiplier
+from trainer.loop import LossWindow, StopSignal, _Run, lr_multiplier
 from trainer.models import build_model
 from trainer.telemetry import Telemetry, gpu_memory_gb
 
@@ -144,8 +144,7 @@ def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor
         enabled=ctx.is_main, job=ctx.run_id, total_steps=run.total_steps, stream=io.StringIO()
     )
     t, s, tel = cfg.train, run.state, run.telemetry
-    window = torch.zeros(3, device=ctx.device)
-    clock = {"start": time.perf_counter(), "samples": 0}
+    window = LossWindow(ctx)
     it = iter(run.stream)
 
     def step() -> torch.Tensor:
@@ -153,42 +152,26 @@ def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor
         loss, stop_now = run.step_with_oom_fallback(x, y)
         s.step += 1
         s.position = position
-        window[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
-        window[1] += (~torch.isfinite(loss)).float()
-        if run.last_grad_norm is not None and run.scaler is None:
-            window[1] += (~torch.isfinite(run.last_grad_norm)).float()
-        window[2] += 1
-        clock["samples"] += t.global_batch_size
+        window.add(loss, run.last_grad_norm if run.scaler is None else None, t.global_batch_size)
         tel.advance(s.step)
-        end_of_epoch = s.position.step == 0 and s.step > 0
-        want_ckpt = run.ckpt is not None and (
-            s.step % cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
-        )
-        want_log = s.step % t.log_every_steps == 0 or s.step == run.total_steps or want_ckpt
-        want_eval = run.val_ds is not None and (
-            (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
-            or (t.eval_every_steps is None and end_of_epoch)
-            or s.step == run.total_steps
-        )
+        _, want_log, want_eval = run.due(stop_now)
         if want_log or want_eval:
-            loss_total, bad, n = dist.all_reduce_sum(ctx, window.clone()).tolist()
+            mean_loss, bad, samples_per_s = window.sync()
             if bad > 0:
                 raise RuntimeError(f"non-finite loss by step {s.step}: the benchmark diverged")
-            elapsed = max(time.perf_counter() - clock["start"], 1e-9)
             norm = run.last_grad_norm
             tel.emit(
                 "step",
                 step=s.step,
                 epoch=round(s.step / run.steps_per_epoch, 4),
-                loss=loss_total / ctx.world_size / max(n, 1.0),
+                loss=mean_loss,
                 lr=run.scheduler.get_last_lr()[0],
                 grad_norm=float(norm) if norm is not None else None,
-                samples_per_s=round(clock["samples"] / elapsed, 1),
+                samples_per_s=round(samples_per_s, 1),
                 micro_batch=s.micro_batch_size,
                 gpu_mem_gb=gpu_memory_gb(ctx.device),
             )
-            window.zero_()
-            clock["start"], clock["samples"] = time.perf_counter(), 0
+            window.reset()
         return loss
 
     return step, run

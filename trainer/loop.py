@@ -158,6 +158,39 @@ def _free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+class LossWindow:
+    """The step losses between two log lines, kept on the device: no per-step host sync.
+
+    ``add`` is a few tiny device ops; ``sync`` is the one place loss values leave the device
+    (summed over ranks), which is also where a non-finite loss or gradient norm shows up.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.sums = torch.zeros(3, device=ctx.device)  # loss sum, non-finite count, steps
+        self.start, self.samples = time.perf_counter(), 0
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, samples: int) -> None:
+        """Record one step; ``grad_norm`` (unscaled runs only) is checked for Inf/NaN too."""
+        self.sums[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+        self.sums[1] += (~torch.isfinite(loss)).float()
+        if grad_norm is not None:
+            # An Inf gradient with a finite loss poisons the weights: catch it before a save.
+            self.sums[1] += (~torch.isfinite(grad_norm)).float()
+        self.sums[2] += 1
+        self.samples += samples
+
+    def sync(self) -> tuple[float, float, float]:
+        """(mean loss per step, non-finite count, samples/s) over all ranks since the reset."""
+        loss_total, bad, n = dist.all_reduce_sum(self.ctx, self.sums.clone()).tolist()
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        return loss_total / self.ctx.world_size / max(n, 1.0), bad, self.samples / elapsed
+
+    def reset(self) -> None:
+        self.sums.zero_()
+        self.start, self.samples = time.perf_counter(), 0
+
+
 class _Run:
     """One training run's objects, built once; methods are the loop's steps."""
 
@@ -264,6 +297,23 @@ class _Run:
             self.ddp = DDP(self.raw_model, device_ids=device_ids)
         model: torch.nn.Module = self.ddp if self.ddp is not None else self.raw_model
         self.fwd_model = torch.compile(model) if self.cfg.train.compile else model
+
+    def due(self, stop_now: bool) -> tuple[bool, bool, bool]:
+        """After the current step: (checkpoint, log, evaluate) due? A checkpoint implies a log
+        line, because the loss sync before it is what keeps non-finite weights out of saves."""
+        t, s = self.cfg.train, self.state
+        end_of_epoch = s.position.step == 0 and s.step > 0
+        last = s.step == self.total_steps
+        ckpt = self.ckpt is not None and (
+            s.step % self.cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
+        )
+        log_line = s.step % t.log_every_steps == 0 or last or ckpt or stop_now
+        evaluate = self.val_ds is not None and (
+            (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
+            or (t.eval_every_steps is None and end_of_epoch)
+            or last
+        )
+        return ckpt, log_line, evaluate
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -595,8 +645,7 @@ def train(
         run.save_checkpoint()  # step 0: a NaN before the first periodic save can still roll back
 
     metrics = s.metrics  # restored from the checkpoint on resume, so a re-export keeps them
-    window = torch.zeros(3, device=ctx.device)  # loss sum, non-finite count, steps
-    window_start, window_samples = time.perf_counter(), 0
+    window = LossWindow(ctx)
     it = _batches(run)
     try:
         while s.step < run.total_steps and not s.stopped_early:
@@ -604,58 +653,37 @@ def train(
             loss, stop_now = run.step_with_oom_fallback(x, y)
             s.step += 1
             s.position = position
-            window[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
-            window[1] += (~torch.isfinite(loss)).float()
-            if run.last_grad_norm is not None and run.scaler is None:
-                # An Inf gradient with a finite loss poisons the weights: catch it before a save.
-                window[1] += (~torch.isfinite(run.last_grad_norm)).float()
-            window[2] += 1
-            window_samples += t.global_batch_size
+            window.add(
+                loss, run.last_grad_norm if run.scaler is None else None, t.global_batch_size
+            )
             tel.advance(s.step)
 
-            end_of_epoch = s.position.step == 0 and s.step > 0
-            want_ckpt = run.ckpt is not None and (
-                s.step % cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
-            )
-            want_log = (
-                s.step % t.log_every_steps == 0
-                or s.step == run.total_steps
-                or want_ckpt
-                or stop_now
-            )
-            want_eval = run.val_ds is not None and (
-                (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
-                or (t.eval_every_steps is None and end_of_epoch)
-                or s.step == run.total_steps
-            )
+            want_ckpt, want_log, want_eval = run.due(stop_now)
             if not (want_log or want_eval):
                 continue
 
             # Sync point: the only place loss values leave the device.
-            loss_total, bad, n = dist.all_reduce_sum(ctx, window.clone()).tolist()
+            mean_loss, bad, samples_per_s = window.sync()
             if bad > 0:
                 it.close()
                 _rollback(run, at_step=s.step)
                 it = _batches(run)  # from the restored position
-                window.zero_()
-                window_start, window_samples = time.perf_counter(), 0
+                window.reset()
                 continue
-            elapsed = max(time.perf_counter() - window_start, 1e-9)
             norm = run.last_grad_norm
             tel.emit(
                 "step",
                 step=s.step,
                 epoch=round(s.step / run.steps_per_epoch, 4),
-                loss=loss_total / ctx.world_size / max(n, 1.0),
+                loss=mean_loss,
                 lr=run.scheduler.get_last_lr()[0],
                 grad_norm=float(norm) if norm is not None else None,
-                samples_per_s=round(window_samples / elapsed, 1),
+                samples_per_s=round(samples_per_s, 1),
                 micro_batch=s.micro_batch_size,
                 gpu_mem_gb=gpu_memory_gb(ctx.device),
             )
-            metrics["train_loss"] = loss_total / ctx.world_size / max(n, 1.0)
-            window.zero_()
-            window_start, window_samples = time.perf_counter(), 0
+            metrics["train_loss"] = mean_loss
+            window.reset()
 
             if want_eval:
                 metrics.update(run.evaluate())
