@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import parse_value
 from trainer.errors import InputError, error_line
 
 if TYPE_CHECKING:
@@ -19,16 +18,13 @@ DEFAULT_ROOT = ".runs/local"
 
 
 def _params(pairs: list[str]) -> dict[str, Any]:
-    """``["epochs=3", "tune.enabled=true"]`` -> ``{"epochs": 3, "tune.enabled": True}``."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InputError(
-                "E_PARAM", f"parameter must look like name=value, got {pair!r}", "--param"
-            )
-        out[key.strip()] = parse_value(value)
-    return out
+    """``["epochs=3", "tune.enabled=true"]`` -> ``{"epochs": 3, "tune_enabled": True}``.
+
+    Typed against the pipeline's signature, the same parser for local and cluster runs.
+    """
+    from pipelines.params import typed_parameters
+
+    return typed_parameters(pairs, require=False)
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
@@ -42,6 +38,10 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     from pipelines.compile import compile_all
 
+    for flag, value in (("--out", args.out), ("--components-dir", args.components_dir)):
+        path = Path(value)
+        if path.exists() and not path.is_dir():
+            raise InputError("E_PATH", f"{flag} must be a folder, but a file is there", value)
     for path in compile_all(Path(args.out), components_dir=Path(args.components_dir)):
         print(f"wrote {path}")
     return 0
@@ -66,12 +66,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         params=_params(args.param),
         root=Path(args.root),
         quiet=args.json,
+        registry_timeout_s=args.registry_timeout,
     )
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
         _print_summary(summary)
-    return 0 if summary["state"] == "SUCCEEDED" else 1
+    sys.stdout.flush()
+    if summary["state"] != "SUCCEEDED":
+        # The failed step's own one-line error is the last thing on stderr.
+        print(summary["error"], file=sys.stderr, flush=True)
+    return int(summary["exit_code"])
 
 
 def _cluster(args: argparse.Namespace) -> KfpCluster:
@@ -106,14 +111,16 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def _cluster_params(args: argparse.Namespace) -> dict[str, Any]:
     """``--param`` (plus ``--data``/``--target``), typed and checked before any API call."""
-    from pipelines.cluster import typed_parameters
+    from pipelines.params import check_parameters, typed_parameters
 
     pairs = list(args.param)
     if getattr(args, "data", None):
         pairs.append(f"data_uri={args.data}")
     if getattr(args, "target", None):
         pairs.append(f"target={args.target}")
-    return typed_parameters(pairs)
+    params = typed_parameters(pairs)
+    check_parameters(params)  # every step's config, before any request is sent
+    return params
 
 
 def _run_on_cluster(args: argparse.Namespace) -> int:
@@ -257,16 +264,21 @@ def _print_schedules(runs: list[Any]) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from pipelines.params import check_parameters
     from pipelines.render import render_experiment, render_pytorchjob
 
+    params = _params(args.param)
+    check_parameters({"data_uri": "<data>", **params})
     render = render_pytorchjob if args.kind == "pytorchjob" else render_experiment
-    print(render(_params(args.param), namespace=args.namespace), end="")
+    print(render(params, namespace=args.namespace), end="")
     return 0
 
 
 def _print_summary(s: dict[str, Any]) -> None:
     print()
     print(f"pipeline run {s['run_dir']}: {s['state']}")
+    if s["state"] != "SUCCEEDED":
+        print(f"  failed step    {s.get('failed_step')}")
     for name, value in sorted(s.get("metrics", {}).items()):
         print(f"  {name:<14} {value:.4f}")
     print(
@@ -337,6 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--root", default=DEFAULT_ROOT, help="where outputs, cache and registry go")
     p.add_argument("--json", action="store_true", help="last stdout line: the summary as JSON")
+    p.add_argument(
+        "--registry-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long --local waits for a registry server to answer before any step runs",
+    )
     _cluster_args(p, required=False)
     p.add_argument("--version", help="uploaded version name (default: the newest)")
     p.add_argument(
@@ -396,17 +415,25 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpupipe`` console script."""
     args = build_parser().parse_args(argv)
+    step = f"gpupipe {args.command}"
     try:
         return int(args.func(args))
+    except KeyboardInterrupt:
+        # run_local has already stopped the steps it started.
+        print(f"ERROR [{step}] E_INTERRUPTED: interrupted; steps stopped", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError) as e:
-        print(error_line(f"gpupipe {args.command}", e), file=sys.stderr)
+        print(error_line(step, e), file=sys.stderr)
+        return 2
+    except (PermissionError, IsADirectoryError, NotADirectoryError) as e:
+        print(error_line(step, e, default_code="E_PATH"), file=sys.stderr)
         return 2
     except RuntimeError as e:
         from pipelines.cluster import ClusterError
 
         if not isinstance(e, ClusterError):  # a bug or an unexpected failure: keep the trace
             raise
-        print(error_line(f"gpupipe {args.command}", e, default_code=e.code), file=sys.stderr)
+        print(error_line(step, e, default_code=e.code), file=sys.stderr)
         return e.exit_code
 
 

@@ -1,124 +1,465 @@
-"""Run the training pipeline on this machine with ``kfp.local`` and summarise what it produced."""
+"""Run the training pipeline on this machine with ``kfp.local`` and report what really happened.
+
+The run's outcome is kfp.local's own verdict, never a guess from the files that exist: a run
+whose evaluate or register step failed is ``FAILED``, names the step, and carries the step's
+one-line error. Everything a person can get wrong (parameters, the data, the target column, the
+registry, the root folder) is checked before the first step starts.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
+import re
+import secrets
+import signal
 import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import InputError
+from pipelines.params import check_parameters, parameter_types
+from trainer.errors import InputError, parse_error_line
 
 log = logging.getLogger(__name__)
 
 DEMO_TARGET = "churned"
+ROOT_MARKER = ".gpupipe-root.json"
+"""Written into a ``--root`` the suite created; a folder without it is never written into."""
+REGISTRY_TIMEOUT_S = 5.0
+"""How long the pre-flight check waits for a registry server to answer."""
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT: what a shell reports for a Ctrl-C'd command."""
+EXTERNAL_CODES = frozenset({"E_EXTERNAL", "E_INTERNAL", "E_FAILED"})
+"""Codes of failures that are not the user's input: the run then exits 1, not 2."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_KFP_FAILURE = re.compile(r"finished with status FAILURE\. Inner task failed: (?P<chain>.*)\.$")
+_EXCEPTION_LINE = re.compile(
+    r"^\s*(?:[\w.]+\.)?(?P<type>[A-Z]\w*(?:Error|Exception|Interrupt))(?::|$)"
+)
 
 
 def pipeline_parameters() -> dict[str, Any]:
     """Names and defaults of the training pipeline's parameters (``None``: required)."""
-    from pipelines.training import training_pipeline
+    from pipelines.params import pipeline_parameters as names
 
-    spec = training_pipeline.component_spec
-    return {name: getattr(inp, "default", None) for name, inp in spec.inputs.items()}
-
-
-def normalize_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Accept ``tune.enabled`` for the pipeline parameter ``tune_enabled`` (and so on)."""
-    known = pipeline_parameters()
-    out = {}
-    for key, value in params.items():
-        alias = key.replace(".", "_")
-        out[alias if key not in known and alias in known else key] = value
-    return out
+    return names()
 
 
-def _check_params(params: dict[str, Any]) -> None:
-    known = pipeline_parameters()
-    unknown = sorted(set(params) - set(known))
-    if unknown:
+# --- the root folder -----------------------------------------------------------------------
+
+
+def prepare_root(root: Path) -> Path:
+    """Make ``root`` ready for runs, refusing any folder the suite did not create.
+
+    ``root`` must be absent, an empty directory, or a directory holding :data:`ROOT_MARKER`
+    (an earlier ``gpupipe run --local``). Anything else, such as a folder of the user's own
+    files, or one holding an unrelated ``mlflow.db``, is refused: runs write and replace files
+    under the root, and those must never be someone else's.
+
+    Raises:
+        InputError: ``E_ROOT`` naming the path: a file, a foreign folder, or not writable.
+    """
+    root = root.expanduser().absolute()
+    if root.exists() and not root.is_dir():
+        raise InputError("E_ROOT", "--root must be a folder, but a file is there", str(root))
+    marker = root / ROOT_MARKER
+    if root.is_dir() and not marker.is_file():
+        try:
+            entries = sorted(p.name for p in root.iterdir())
+        except OSError as e:
+            raise InputError("E_ROOT", f"cannot read --root: {e.strerror}", str(root)) from None
+        if entries:
+            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+            raise InputError(
+                "E_ROOT",
+                f"--root holds files gpupipe did not create ({shown}); use an empty or new folder",
+                str(root),
+            )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not marker.is_file():
+            tmp = root / f"{ROOT_MARKER}.tmp-{secrets.token_hex(4)}"
+            tmp.write_text(json.dumps({"created_by": "gpupipe", "purpose": "gpupipe run --local"}))
+            os.replace(tmp, marker)
+        probe = root / f".write-test-{secrets.token_hex(4)}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
         raise InputError(
-            "E_PARAM",
-            f"unknown pipeline parameter {unknown[0]!r}; known: {', '.join(sorted(known))}",
-            "--param",
+            "E_ROOT", f"--root is not a writable folder: {reason}", str(root)
+        ) from None
+    return root
+
+
+def new_run_id() -> str:
+    """A run id that sorts by time and never repeats: ``20261122-210257-1a2b3c``."""
+    return f"{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+# --- pre-flight checks of the data and the registry ----------------------------------------
+
+
+def check_data(data: str, target: str, csv_options: dict[str, Any] | None = None) -> None:
+    """The data URI exists and is readable, and ``target`` is one of its columns.
+
+    Raises:
+        InputError: ``E_DATA`` naming the URI, or ``E_TARGET`` naming the column.
+    """
+    from trainer import storage
+
+    try:
+        if not storage.exists(data):
+            raise InputError("E_DATA", "the data does not exist", data)
+        files = [data]
+        if storage.is_dir(data):
+            files = sorted(
+                storage.join(data, name)
+                for name in storage.list_dir(data)
+                if name.lower().endswith((".parquet", ".pq", ".csv"))
+            )
+            if not files:
+                raise InputError("E_DATA", "the folder holds no .parquet or .csv file", data)
+        columns = _columns(files[0], csv_options or {})
+    except InputError:
+        raise
+    except (OSError, RuntimeError, ValueError) as e:
+        text = " ".join(str(e).split())[:200]
+        raise InputError("E_DATA", f"cannot read the data: {text}", data) from None
+    if target not in columns:
+        shown = ", ".join(columns[:20]) + (", ..." if len(columns) > 20 else "")
+        raise InputError(
+            "E_TARGET", f"target column {target!r} is not in the data (columns: {shown})", data
         )
 
 
+def _columns(uri: str, csv_options: dict[str, Any]) -> list[str]:
+    """Column names of one Parquet or CSV file, reading only its schema or header."""
+    import pyarrow.parquet as pq
+
+    from trainer import storage
+
+    with storage.open_input(uri) as f:
+        if uri.lower().endswith(".csv"):
+            import csv
+
+            head = f.read(1 << 20).decode("utf-8", errors="replace")
+            delimiter = str(csv_options.get("delimiter") or ",")
+            first = next(csv.reader(io.StringIO(head), delimiter=delimiter), [])
+            return [c.strip() for c in first]
+        return list(pq.read_schema(f).names)
+
+
+def check_registry(uri: str, timeout_s: float = REGISTRY_TIMEOUT_S) -> None:
+    """The registry at ``uri`` answers, within ``timeout_s`` (a refused connection at once).
+
+    A tracking server (``http(s)://``) must answer MLflow's ``/health`` or its REST API; a
+    SQLite store must be an MLflow database or not exist yet (it is never migrated).
+
+    Raises:
+        InputError: ``E_REGISTRY`` naming the (redacted) URI and what went wrong.
+    """
+    from trainer import registry
+
+    if uri.startswith("sqlite:"):
+        registry.check_sqlite_store(uri)
+        return
+    if not uri.startswith(("http://", "https://")):
+        return  # databricks, file stores ...: MLflow's own client decides
+    import urllib.error
+    import urllib.request
+
+    shown = _redact(uri)
+    base = uri.rstrip("/")
+    last = ""
+    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+        try:
+            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:
+                if resp.status < 400:
+                    return
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                raise InputError(
+                    "E_REGISTRY", f"the registry refused the credentials (HTTP {e.code})", shown
+                ) from None
+            last = f"HTTP {e.code}"
+            continue
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise InputError(
+                "E_REGISTRY",
+                f"the registry does not answer within {timeout_s:g} s: {reason} "
+                "(check registry_uri, or --registry-timeout)",
+                shown,
+            ) from None
+    raise InputError("E_REGISTRY", f"not an MLflow tracking server ({last})", shown)
+
+
+# --- watching the run ----------------------------------------------------------------------
+
+
+class _StepLog(io.TextIOBase):
+    """Forwards kfp.local's output and remembers each step's error line and last exception."""
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self._out = out
+        self._partial = ""
+        self.errors: list[tuple[str, str]] = []
+        """``(step, line)`` of every ``ERROR [step] E_...`` line, in order."""
+        self.exceptions: list[str] = []
+        """The last line of each traceback printed by a step (``RuntimeError: ...``)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._out.write(text)
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            self._scan(_ANSI.sub("", line))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def _scan(self, line: str) -> None:
+        stripped = line.strip()
+        m = re.search(r"ERROR \[(?P<step>[\w -]+)\] (?P<code>E_[A-Z_]+): ", stripped)
+        if m is not None:
+            self.errors.append((m.group("step"), stripped[m.start() :]))
+        elif _EXCEPTION_LINE.match(stripped) and not stripped.startswith("Traceback"):
+            self.exceptions.append(stripped)
+
+
+def _failed_task(message: str) -> tuple[str, list[str]] | None:
+    """The innermost failed task and the chain, from kfp.local's failure message."""
+    m = _KFP_FAILURE.search(_ANSI.sub("", message).strip())
+    if m is None:
+        return None
+    chain = re.findall(r"'([^']+)'", m.group("chain"))
+    return (chain[0] if chain else "", chain)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def stop_children(grace_s: float = 10.0) -> None:
+    """SIGTERM every process this one started (steps, torchrun, workers); SIGKILL stragglers.
+
+    Workers checkpoint on SIGTERM, so a rerun resumes where the interrupted run stopped.
+    """
+    pids = _descendants(os.getpid())
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:  # reap our own children so none is left a zombie
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while the run is in progress (children are stopped either way)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
 def run_local(
-    *, data: str | None, target: str | None, params: dict[str, Any], root: Path, quiet: bool = False
+    *,
+    data: str | None,
+    target: str | None,
+    params: dict[str, Any],
+    root: Path,
+    quiet: bool = False,
+    registry_timeout_s: float = REGISTRY_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Run ``training_pipeline`` under kfp.local (subprocess runner, caching on).
 
-    Everything lands under ``root``: ``pipeline-root/`` (artifacts, cache), ``mlflow.db``
-    (the embedded registry, shared by runs in the same root so later runs meet a champion) and
-    ``demo/`` (generated data when ``data`` is not given).
+    Everything lands under ``root``: ``runs/<run id>/`` (this run's artifacts), ``cache/``
+    (kfp.local's cache, shared by runs), ``mlflow.db`` (the embedded registry, shared so later
+    runs meet a champion) and ``demo/`` (generated data when ``data`` is not given). Runs on the
+    same root may overlap: each has its own run folder and reports that one.
+
+    Args:
+        data: data URI; None writes and uses a demo table.
+        target: target column (required with ``data``).
+        params: typed pipeline parameters (see :func:`pipelines.params.typed_parameters`).
+        root: the folder for everything the run writes.
+        quiet: send kfp.local's output to stderr, keeping stdout for the summary.
+        registry_timeout_s: how long the pre-flight check waits for a registry server.
 
     Returns:
-        The run summary (state, metrics, gate, model URI, report, registry version).
+        The run summary: ``state`` (``SUCCEEDED`` or ``FAILED``), ``run_dir``, metrics, gate,
+        model, report, registry version; on failure ``failed_step``, ``error`` and
+        ``exit_code`` (2 when the step rejected the user's input, 1 otherwise).
+
+    Raises:
+        InputError: a bad parameter, data URI, target, registry or root, before any step runs.
     """
     from kfp import local
 
     from pipelines.training import PIPELINE_NAME, build_training_pipeline
 
-    training_pipeline = build_training_pipeline(retries=0, cluster=False)
-
-    params = normalize_params(params)
-    _check_params(params)
-    root = root.resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    if data is None:
+    for name, flag, value in (("data_uri", "--data", data), ("target", "--target", target)):
+        if value is not None and name in params:
+            raise InputError("E_PARAM", f"give {name} once: {flag} or --param {name}=...", name)
+    arguments: dict[str, Any] = {"data_uri": data or "", "target": target or DEMO_TARGET}
+    arguments.update(params)
+    if arguments["data_uri"] and not (target or params.get("target")):
+        raise InputError("E_PARAM", "--target is required with --data", "--target")
+    # Everything is checked before anything is written anywhere.
+    checked = check_parameters(arguments)
+    if arguments["data_uri"]:
+        check_data(arguments["data_uri"], arguments["target"], _csv_options(checked))
+    if arguments.get("registry_uri"):
+        check_registry(arguments["registry_uri"], registry_timeout_s)
+    root = prepare_root(root)
+    if not arguments.get("registry_uri"):
+        arguments["registry_uri"] = f"sqlite:///{root / 'mlflow.db'}"
+        check_registry(arguments["registry_uri"], registry_timeout_s)
+    if not arguments["data_uri"]:
         from trainer.steps.demo_data import write_demo_data
 
-        data = str(root / "demo" / "churn.parquet")
-        if not Path(data).exists():
-            write_demo_data(data, rows=4000, task="classification", seed=0)
-        target = target or DEMO_TARGET
-    if not target:
-        raise InputError("E_PARAM", "--target is required with --data", "--target")
-    arguments: dict[str, Any] = {
-        "data_uri": data,
-        "target": target,
-        "registry_uri": f"sqlite:///{root / 'mlflow.db'}",
-    }
-    arguments.update(params)
-    _check_params(arguments)
+        demo = root / "demo" / "churn.parquet"
+        if not demo.exists():
+            write_demo_data(str(demo), rows=4000, task="classification", seed=0)
+        arguments["data_uri"] = str(demo)
+    _prepare_registry(arguments["registry_uri"])
+    types = parameter_types()
+    arguments = {k: v for k, v in arguments.items() if k in types}
 
+    training_pipeline = build_training_pipeline(retries=0, cluster=False)
     # Components run `python3 -m kfp.dsl.executor_main`: make that (and torchrun inside the
     # train step) the interpreter that has gpupipe installed.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    pipeline_root = root / "pipeline-root"
+    run_id = new_run_id()
+    pipeline_root = root / "runs" / run_id
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=str(pipeline_root),
+        cache_root=str(root / "cache"),
         enable_caching=True,
-        raise_on_error=False,
+        raise_on_error=True,
     )
-    before = set(pipeline_root.glob(f"{PIPELINE_NAME}-*")) if pipeline_root.exists() else set()
-    if quiet:
-        # --json: keep stdout for the summary line; kfp.local's progress goes to stderr.
-        from contextlib import redirect_stdout
-
-        with redirect_stdout(sys.stderr):
-            task = training_pipeline(**arguments)
-    else:
-        task = training_pipeline(**arguments)
-    runs = sorted(set(pipeline_root.glob(f"{PIPELINE_NAME}-*")) - before)
+    step_log = _StepLog(sys.stderr if quiet else sys.stdout)
+    failure: tuple[str, list[str]] | None = None
+    try:
+        with _sigterm_as_interrupt(), contextlib.redirect_stdout(step_log):
+            training_pipeline(**arguments)
+    except KeyboardInterrupt:
+        stop_children()
+        raise
+    except RuntimeError as e:
+        failure = _failed_task(str(e))
+        if failure is None:
+            raise
+    runs = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*"))
     if not runs:
         raise RuntimeError(f"kfp.local produced no run folder under {pipeline_root}")
     summary = summarize(runs[-1])
-    summary["registry_uri"] = arguments["registry_uri"]
+    summary["run_id"] = run_id
+    summary["registry_uri"] = _redact(arguments["registry_uri"])
     summary["registered_model_name"] = arguments.get("registered_model_name", "gpupipe-model")
-    summary["state"] = _state(task, summary)
+    if failure is None:
+        summary["state"] = "SUCCEEDED"
+        summary["exit_code"] = 0
+    else:
+        summary.update(_failure_details(failure, step_log))
     return summary
 
 
-def _state(task: Any, summary: dict[str, Any]) -> str:
-    status = summary.get("final_status", {}).get("state")
-    if status:
-        return str(status)
-    return "SUCCEEDED" if summary.get("model_uri") else "FAILED"
+def _csv_options(params: dict[str, Any]) -> dict[str, Any]:
+    """CSV reading options among the pipeline parameters (those that exist)."""
+    return {"delimiter": params.get("csv_delimiter") or ","}
+
+
+def _prepare_registry(uri: str) -> None:
+    """Create a fresh SQLite registry once, under a lock, so concurrent runs never race on it."""
+    from trainer import registry
+
+    if uri.startswith("sqlite:"):
+        registry.prepare_store(uri)
+
+
+def _redact(text: str) -> str:
+    """``text`` with credentials inside URIs masked."""
+    return re.sub(r"(?P<scheme>\w[\w+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)
+
+
+def _failure_details(failure: tuple[str, list[str]], step_log: _StepLog) -> dict[str, Any]:
+    """``state``, ``failed_step``, ``error`` and ``exit_code`` of a failed run."""
+    step, chain = failure
+    lines = [line for s, line in step_log.errors if s == step] or [
+        line for _, line in step_log.errors
+    ]
+    if lines:
+        error = lines[-1]
+        parsed = parse_error_line(error, error[error.index("[") + 1 : error.index("]")])
+        code = parsed.code if parsed is not None else "E_FAILED"
+    else:
+        last = step_log.exceptions[-1] if step_log.exceptions else "see the step's log above"
+        code = "E_FAILED"
+        error = f"ERROR [{step}] E_FAILED: the step failed: {' '.join(last.split())}"
+    return {
+        "state": "FAILED",
+        "failed_step": step,
+        "failed_chain": chain,
+        "error": _redact(error),
+        "exit_code": 1 if code in EXTERNAL_CODES else 2,
+    }
 
 
 def _executor_output(task_dir: Path) -> dict[str, Any]:
@@ -154,4 +495,5 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     if reg:
         out["registered_version"] = reg.get("version")
         out["registered_model_uri"] = reg.get("model_uri")
+        out["champion"] = reg.get("champion")
     return out

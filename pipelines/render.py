@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import yaml
 
-from components.images import CPU_IMAGE, CUDA_IMAGE
-from pipelines.training import training_pipeline
-from trainer.config import apply_overrides, from_dict
-from trainer.errors import InputError
+from trainer.config import from_dict
 from trainer.launchers.jobspec import JobSpec, build_pytorchjob, job_name
 from trainer.steps.train import TrainStepConfig, job_spec
 
@@ -24,34 +20,9 @@ CONFIG_URI_PLACEHOLDER = (
 
 def pipeline_defaults() -> dict[str, Any]:
     """The training pipeline's parameters and their defaults (``None`` where there is none)."""
-    return {name: spec.default for name, spec in training_pipeline.component_spec.inputs.items()}
+    from pipelines.params import pipeline_parameters
 
-
-def _as_dict(value: Any, name: str) -> dict[str, str]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value or "{}")
-        except json.JSONDecodeError as e:
-            raise InputError("E_PARAM", f"{name} must be a JSON object: {e}", name) from None
-    if not isinstance(value, dict):
-        raise InputError("E_PARAM", f"{name} must be a mapping, got {value!r}", name)
-    return {str(k): str(v) for k, v in value.items()}
-
-
-def _as_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise InputError("E_PARAM", f"{name} must be an integer, got {value!r}", name)
-    return int(value)
-
-
-def _json_object(value: Any, name: str) -> dict[str, Any]:
-    try:
-        data = json.loads(value) if isinstance(value, str) else value
-    except json.JSONDecodeError as e:
-        raise InputError("E_PARAM", f"{name} must be a JSON object: {e}", name) from None
-    if not isinstance(data, dict):
-        raise InputError("E_PARAM", f"{name} must be a JSON object, got {value!r}", name)
-    return data
+    return pipeline_parameters()
 
 
 def train_job_spec(
@@ -77,38 +48,11 @@ def train_job_spec(
     Raises:
         InputError: an unknown parameter (the message lists the valid ones) or a bad value.
     """
-    defaults = pipeline_defaults()
-    unknown = sorted(set(params) - set(defaults))
-    if unknown:
-        raise InputError(
-            "E_PARAM",
-            f"unknown pipeline parameter(s) {', '.join(unknown)}; "
-            f"valid: {', '.join(sorted(defaults))}",
-            "--param",
-        )
-    p = {**defaults, **params}
-    gpus = _as_int(p["gpus_per_node"], "gpus_per_node")
-    base = {
-        "launcher": "pytorchjob",
-        # Without GPUs (a CPU cluster, kind) the job runs one gloo process per node.
-        "nproc_per_node": gpus if gpus > 0 else 1,
-        "nnodes": _as_int(p["nodes"], "nodes"),
-        "model": {"name": p["model_name"]},
-        "optim": {"lr": p["learning_rate"]},
-        "train": {"epochs": p["epochs"], "global_batch_size": p["batch_size"]},
-        "cluster": {
-            "namespace": namespace,
-            "image": CUDA_IMAGE if gpus > 0 else CPU_IMAGE,
-            "gpus_per_node": gpus,
-            "gpu_resource": str(p["gpu_type"]),
-            "node_selector": _as_dict(p["gpu_node_selector"], "gpu_node_selector"),
-            "object_store_secret": str(p["object_store_secret"]),
-        },
-    }
-    merged = apply_overrides(
-        apply_overrides(base, _json_object(p["train_config_json"], "train_config_json")),
-        _json_object(p["hyperparams_json"], "hyperparams_json"),
-    )
+    from pipelines.params import check_parameters, train_step_settings
+
+    p = check_parameters({"data_uri": "<data>", **params})
+    merged = train_step_settings(p, launcher="pytorchjob")
+    merged["cluster"]["namespace"] = namespace
     step = from_dict(TrainStepConfig, merged)
     return job_spec(
         step, name=job_name(run_id, "train"), namespace=namespace, config_uri=config_uri
@@ -160,21 +104,23 @@ def render_experiment(
 
     Args:
         params: training pipeline parameters by name (as for :func:`render_pytorchjob`).
-        space: the search space in Katib's terms; ``None``: the example space for the MLP.
+        space: the search space in Katib's terms; ``None``: the ``tune_space_json`` parameter,
+            or the example space for the MLP when that is empty (``{}``).
         namespace: namespace of the Experiment.
         config_uri: URI of the worker config the trials start from.
 
     Raises:
         InputError: an unknown parameter, a bad value or an invalid search space.
     """
+    from pipelines.params import json_object
     from trainer.config import WorkerConfig
     from trainer.tune.katib import build_experiment, experiment_name
     from trainer.tune.space import config_fields, example_space, load_space
 
     spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
-    searched = load_space(
-        space if space is not None else example_space(), config_fields=config_fields(WorkerConfig)
-    )
+    if space is None:
+        space = json_object(params, "tune_space_json") or example_space()
+    searched = load_space(space, config_fields=config_fields(WorkerConfig))
     experiment = build_experiment(
         searched,
         name=experiment_name("render", "tune"),

@@ -27,13 +27,17 @@ __all__ = [
     "Champion",
     "alias_version",
     "artifact_location_for",
+    "check_sqlite_store",
     "default_store_dir",
     "find_version",
     "find_version_by_pipeline_run",
     "get_champion",
     "mlflow_client",
     "mlflow_errors",
+    "prepare_store",
     "resolve_tracking_uri",
+    "sqlite_path",
+    "store_lock",
     "validate_alias",
     "validate_model_name",
     "validate_pipeline_run_id",
@@ -178,6 +182,119 @@ def _error_code(exc: BaseException) -> str | None:
     return getattr(exc, "error_code", None)
 
 
+def sqlite_path(tracking_uri: str) -> str | None:
+    """The database file of a ``sqlite:///`` URI, or None (another store, or in memory)."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    path = tracking_uri[len(prefix) :].split("?", 1)[0]
+    return None if not path or path == ":memory:" else os.path.abspath(path)
+
+
+_MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs", "registered_models"})
+
+
+def check_sqlite_store(tracking_uri: str) -> None:
+    """Refuse a SQLite file that is not an MLflow database: MLflow would add its tables to it.
+
+    A missing file is fine (MLflow creates it); its folder must exist or be creatable.
+
+    Raises:
+        InputError: ``E_REGISTRY`` naming the file.
+    """
+    import sqlite3
+
+    path = sqlite_path(tracking_uri)
+    if path is None or not os.path.exists(path):
+        return
+    if not os.path.isfile(path):
+        raise InputError("E_REGISTRY", "the registry database path is not a file", path)
+    if os.path.getsize(path) == 0:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as e:
+        raise InputError(
+            "E_REGISTRY", f"the registry file is not a SQLite database ({e})", path
+        ) from None
+    if not names >= _MLFLOW_TABLES:
+        raise InputError(
+            "E_REGISTRY",
+            "the registry file is a database that MLflow did not create; gpupipe never adds "
+            "tables to or migrates another database: name a new file in registry_uri",
+            path,
+        )
+
+
+_PREPARED: set[str] = set()
+
+
+def prepare_store(tracking_uri: str) -> None:
+    """Check a SQLite store and create its tables once, under a file lock.
+
+    Two runs that open a fresh database at the same moment would both run MLflow's schema
+    creation and one of them would fail; with the lock the second finds the tables made.
+    Other stores need nothing here.
+
+    Raises:
+        InputError: If the file is not an MLflow database (see :func:`check_sqlite_store`).
+        RuntimeError: If MLflow cannot create or open the store.
+    """
+    path = sqlite_path(tracking_uri)
+    if path is None or tracking_uri in _PREPARED:
+        return
+    check_sqlite_store(tracking_uri)
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            check_sqlite_store(tracking_uri)
+            from mlflow.store.model_registry.sqlalchemy_store import (
+                SqlAlchemyStore as RegistryStore,
+            )
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            with mlflow_errors("creating the registry database", tracking_uri):
+                artifacts = artifact_location_for(tracking_uri) or os.path.dirname(path)
+                SqlAlchemyStore(tracking_uri, artifacts).engine.dispose()
+                RegistryStore(tracking_uri).engine.dispose()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _PREPARED.add(tracking_uri)
+
+
+@contextlib.contextmanager
+def store_lock(tracking_uri: str) -> Iterator[None]:
+    """Hold an exclusive lock for a read-decide-write on a SQLite store (no-op for servers).
+
+    The champion decision (read the alias, compare, move it) runs under it, so two register
+    steps on one machine cannot both move the alias on stale information.
+    """
+    path = sqlite_path(tracking_uri)
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+HTTP_TIMEOUT_S = 10
+"""Seconds one MLflow HTTP request may take (``MLFLOW_HTTP_REQUEST_TIMEOUT`` overrides)."""
+HTTP_MAX_RETRIES = 2
+"""MLflow's retries of a failed request (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides): MLflow's
+own default of 7 with exponential backoff keeps a step waiting for minutes on a dead server."""
+
+
 def mlflow_client(tracking_uri: str) -> MlflowClient:
     """An MLflow client whose tracking and registry stores are both ``tracking_uri``.
 
@@ -186,6 +303,9 @@ def mlflow_client(tracking_uri: str) -> MlflowClient:
     """
     from mlflow import MlflowClient
 
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_MAX_RETRIES))
+    prepare_store(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 

@@ -1,0 +1,368 @@
+"""The training pipeline's parameters: one parser and one check for every front door.
+
+``gpupipe run --local``, ``gpupipe run --host``, ``gpupipe schedule`` and ``gpupipe render`` all
+read ``--param name=value`` through :func:`typed_parameters` (types from the pipeline's own
+signature) and then :func:`check_parameters`, which builds every step's typed config from the
+values the way the components do. A bad value therefore fails here, before any step runs or
+any request is sent, with one line that names the pipeline parameter (``E_PARAM``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from trainer.errors import InputError
+
+ALIASES_SEPARATOR = "."
+"""``tune.enabled`` is accepted for ``tune_enabled`` (and so on)."""
+
+JSON_OBJECT_PARAMS = ("hyperparams_json", "train_config_json", "tune_space_json")
+"""String parameters that must hold a JSON object."""
+
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def pipeline_parameters() -> dict[str, Any]:
+    """Names and defaults of the training pipeline's parameters (``None``: required)."""
+    from pipelines.training import training_pipeline
+
+    spec = training_pipeline.component_spec
+    return {name: getattr(inp, "default", None) for name, inp in spec.inputs.items()}
+
+
+def parameter_types() -> dict[str, tuple[str, Any, bool]]:
+    """Each pipeline parameter's KFP type (``String``, ``Integer`` ...), default and optionality."""
+    from pipelines.training import training_pipeline
+
+    inputs = training_pipeline.component_spec.inputs
+    return {
+        name: (str(inputs[name].type), default, bool(inputs[name].optional))
+        for name, default in pipeline_parameters().items()
+    }
+
+
+def canonical_name(key: str, known: dict[str, Any] | set[str]) -> str:
+    """``tune.enabled`` -> ``tune_enabled`` when only the latter is a parameter."""
+    alias = key.replace(ALIASES_SEPARATOR, "_")
+    return alias if key not in known and alias in known else key
+
+
+def _typed(name: str, kind: str, text: str) -> Any:
+    """``text`` converted to the pipeline parameter's KFP type, or E_PARAM naming ``name``."""
+    try:
+        if kind == "Integer":
+            value = float(text) if "." in text or "e" in text.lower() else int(text)
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError(text)
+                value = int(value)
+            return value
+        if kind == "Float":
+            number = float(text)
+            if number != number or number in (float("inf"), float("-inf")):
+                raise ValueError(text)
+            return number
+        if kind == "Boolean":
+            lowered = text.strip().lower()
+            if lowered not in _BOOL_WORDS:
+                raise ValueError(text)
+            return _BOOL_WORDS[lowered]
+        if kind in ("Dict", "Struct"):
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError(text)
+            return value
+        if kind in ("List", "JsonArray"):
+            value = json.loads(text)
+            if not isinstance(value, list):
+                raise ValueError(text)
+            return value
+    except ValueError as e:
+        kinds = {"Struct": "a JSON object", "Dict": "a JSON object", "JsonArray": "a JSON list"}
+        want = kinds.get(kind, f"{'an' if kind[0] in 'AEIOU' else 'a'} {kind.lower()}")
+        raise InputError("E_PARAM", f"parameter {name} must be {want}, got {text!r}", name) from e
+    return text
+
+
+def typed_value(name: str, value: Any, kind: str) -> Any:
+    """A value given in Python (not text) checked against the parameter's KFP type."""
+    if isinstance(value, str):
+        return _typed(name, kind, value)
+    ok = {
+        "Integer": isinstance(value, int) and not isinstance(value, bool),
+        "Float": isinstance(value, int | float) and not isinstance(value, bool),
+        "Boolean": isinstance(value, bool),
+        "Dict": isinstance(value, dict),
+        "Struct": isinstance(value, dict),
+        "List": isinstance(value, list),
+        "JsonArray": isinstance(value, list),
+    }.get(kind, False)
+    if not ok:
+        raise InputError("E_PARAM", f"parameter {name} must be {kind.lower()}, got {value!r}", name)
+    return float(value) if kind == "Float" else value
+
+
+def split_pair(pair: str) -> tuple[str, str]:
+    """``"epochs=3"`` -> ``("epochs", "3")``; anything else is E_PARAM."""
+    key, sep, value = pair.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise InputError("E_PARAM", f"parameter must look like name=value, got {pair!r}", "--param")
+    return key, value
+
+
+def typed_parameters(pairs: list[str], *, require: bool = True) -> dict[str, Any]:
+    """``["epochs=3"]`` -> ``{"epochs": 3}``, checked and typed against the compiled pipeline.
+
+    Args:
+        pairs: ``name=value`` strings from ``--param``; ``tune.enabled`` is read as
+            ``tune_enabled``.
+        require: also insist on every parameter without a default (``data_uri``).
+
+    Raises:
+        InputError: ``E_PARAM`` for a malformed pair, an unknown name (listing the valid ones),
+            a value of the wrong type, a repeated parameter, or a missing required parameter.
+    """
+    types = parameter_types()
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, value = split_pair(pair)
+        key = canonical_name(key, types)
+        if key not in types:
+            raise InputError(
+                "E_PARAM",
+                f"unknown pipeline parameter {key!r}; known: {', '.join(sorted(types))}",
+                "--param",
+            )
+        if key in out:
+            raise InputError("E_PARAM", f"parameter {key} is given twice", key)
+        out[key] = _typed(key, types[key][0], value)
+    missing = [n for n, (_, default, optional) in types.items() if default is None and not optional]
+    if require and (absent := sorted(set(missing) - set(out))):
+        raise InputError("E_PARAM", f"missing required pipeline parameter {absent[0]!r}", "--param")
+    return out
+
+
+def json_object(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """The JSON object held by string parameter ``name`` (``{}`` when empty)."""
+    value = params.get(name, "{}")
+    if isinstance(value, dict):
+        return value
+    try:
+        data = json.loads(value or "{}")
+    except json.JSONDecodeError as e:
+        raise InputError("E_PARAM", f"{name} must be a JSON object: {e}", name) from None
+    if not isinstance(data, dict):
+        raise InputError("E_PARAM", f"{name} must be a JSON object, got {value!r}", name)
+    return data
+
+
+# --- the step configs, built from pipeline parameters as the components build them -----------
+
+
+def train_step_settings(p: dict[str, Any], *, launcher: str | None = None) -> dict[str, Any]:
+    """The train component's ``TrainStepConfig`` dict for parameters ``p`` (all present)."""
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+    from trainer.config import apply_overrides
+
+    launcher = launcher or str(p["launcher"])
+    gpus = int(p["gpus_per_node"])
+    base: dict[str, Any] = {
+        "launcher": launcher,
+        # 0 GPUs per node (a CPU cluster, kind) still means one (gloo) process per node.
+        "nproc_per_node": max(gpus, 1),
+        "nnodes": p["nodes"],
+        "model": {"name": p["model_name"]},
+        "optim": {"lr": p["learning_rate"]},
+        "train": {"epochs": p["epochs"], "global_batch_size": p["batch_size"]},
+    }
+    if launcher == "pytorchjob":
+        base["cluster"] = {
+            "image": CUDA_IMAGE if gpus > 0 else CPU_IMAGE,
+            "gpus_per_node": gpus,
+            "gpu_resource": str(p["gpu_type"]),
+            "node_selector": {str(k): str(v) for k, v in dict(p["gpu_node_selector"]).items()},
+            "object_store_secret": str(p["object_store_secret"]) or None,
+        }
+    merged = apply_overrides(base, json_object(p, "train_config_json"))
+    return apply_overrides(merged, json_object(p, "hyperparams_json"))
+
+
+# Which pipeline parameter sets which train-step field: errors name the parameter a person set.
+_TRAIN_FIELDS = {
+    "learning_rate": ("optim.lr",),
+    "epochs": ("train.epochs",),
+    "batch_size": ("train.global_batch_size",),
+    "nodes": ("nnodes", "train.nnodes"),
+    "gpus_per_node": ("nproc_per_node", "train.nproc_per_node", "cluster.gpus_per_node"),
+    "model_name": ("model.name",),
+    "gpu_type": ("cluster.gpu_resource",),
+    "gpu_node_selector": ("cluster.node_selector",),
+}
+
+
+def _owner(where: str, p: dict[str, Any]) -> str:
+    """The pipeline parameter that a train-step field error ``where`` comes from."""
+    where = where.removeprefix("train.") if where.startswith("train.optim") else where
+    for name in ("hyperparams_json", "train_config_json"):
+        keys = _flat_keys(json_object(p, name))
+        if any(where == k or where.endswith("." + k) or k.startswith(where) for k in keys):
+            return name
+    for name, fields in _TRAIN_FIELDS.items():
+        if any(where == f or where.endswith("." + f) for f in fields):
+            return name
+    return "train_config_json"
+
+
+def _flat_keys(d: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out += _flat_keys(v, key + ".") if isinstance(v, dict) and v else [key]
+    return out
+
+
+def _reraise(param: str, e: ValueError) -> None:
+    """Raise ``e`` again as E_PARAM naming pipeline parameter ``param``.
+
+    A field set through a JSON parameter keeps its key (``hyperparams_json: optim.lr ...``);
+    a field a plain parameter sets is called by the parameter's name.
+    """
+    where = getattr(e, "where", "")
+    message = getattr(e, "message", None) or str(e)
+    if param in JSON_OBJECT_PARAMS:
+        message = f"{param}: {message}"
+    elif where:
+        message = message.replace(where, param)
+    raise InputError("E_PARAM", message, param) from None
+
+
+def _check_train(p: dict[str, Any]) -> None:
+    from trainer.config import from_dict
+    from trainer.steps.train import TrainStepConfig
+
+    try:
+        from_dict(TrainStepConfig, train_step_settings(p))
+    except ValueError as e:
+        _reraise(_owner(getattr(e, "where", ""), p), e)
+
+
+def _check_evaluate(p: dict[str, Any]) -> None:
+    from trainer.config import from_dict
+    from trainer.steps.evaluate import EvaluateConfig
+
+    threshold = p["gate_threshold"]
+    try:
+        from_dict(EvaluateConfig, {"gate": {"metric": p["gate_metric"]}})
+    except ValueError as e:
+        _reraise("gate_metric", e)
+    try:
+        from_dict(EvaluateConfig, {"gate": {"threshold": threshold or None}})
+    except ValueError as e:
+        _reraise("gate_threshold", e)
+
+
+def _check_register(p: dict[str, Any]) -> None:
+    from trainer.config import from_dict
+    from trainer.steps.register import RegisterConfig
+
+    try:
+        from_dict(RegisterConfig, {"model_name": p["registered_model_name"]})
+    except ValueError as e:
+        _reraise("registered_model_name", e)
+    uri = str(p.get("registry_uri") or "")
+    if uri and "://" not in uri:
+        raise InputError(
+            "E_PARAM",
+            f"registry_uri must be a URI such as http://host:5000 or sqlite:///path/mlflow.db, "
+            f"got {uri!r}",
+            "registry_uri",
+        )
+
+
+def _check_choices(p: dict[str, Any]) -> None:
+    choices = {
+        "launcher": ("local", "pytorchjob"),
+        "tune_engine": ("local", "katib"),
+        "task": ("auto", "classification", "regression"),
+    }
+    for name, allowed in choices.items():
+        if name in p and p[name] not in allowed:
+            raise InputError(
+                "E_PARAM", f"{name} must be one of {', '.join(allowed)}, got {p[name]!r}", name
+            )
+    for name in ("epochs", "batch_size", "nodes", "tune_trial_epochs"):
+        if name in p and int(p[name]) <= 0:
+            raise InputError("E_PARAM", f"{name} must be > 0, got {p[name]!r}", name)
+    if "gpus_per_node" in p and int(p["gpus_per_node"]) < 0:
+        raise InputError(
+            "E_PARAM", f"gpus_per_node must be >= 0, got {p['gpus_per_node']!r}", "gpus_per_node"
+        )
+    if "learning_rate" in p and not float(p["learning_rate"]) > 0:
+        raise InputError(
+            "E_PARAM", f"learning_rate must be > 0, got {p['learning_rate']!r}", "learning_rate"
+        )
+    if not str(p.get("target", "x")).strip():
+        raise InputError("E_PARAM", "target must name a column, got ''", "target")
+    for name, value in dict(p.get("gpu_node_selector") or {}).items():
+        if not isinstance(value, str | int | float | bool):
+            raise InputError(
+                "E_PARAM",
+                f"gpu_node_selector values must be strings, got {value!r} for {name!r}",
+                "gpu_node_selector",
+            )
+
+
+def _check_tune(p: dict[str, Any]) -> None:
+    from trainer.config import WorkerConfig
+    from trainer.tune.space import config_fields, load_space
+
+    space = json_object(p, "tune_space_json")
+    if not space:
+        return
+    try:
+        load_space(space, config_fields=config_fields(WorkerConfig))
+    except ValueError as e:
+        _reraise("tune_space_json", e)
+
+
+CHECKS: list[Callable[[dict[str, Any]], None]] = [
+    _check_choices,
+    lambda p: [json_object(p, name) for name in JSON_OBJECT_PARAMS if name in p],
+    _check_train,
+    _check_evaluate,
+    _check_register,
+    _check_tune,
+]
+"""Each check takes every parameter (defaults filled in) and raises E_PARAM naming one."""
+
+
+def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """Every parameter with defaults filled in, after checking what each step will make of it.
+
+    Args:
+        params: typed pipeline parameters (from :func:`typed_parameters`), some or all.
+
+    Returns:
+        All parameters, the given ones over the pipeline's defaults.
+
+    Raises:
+        InputError: ``E_PARAM`` naming the first bad parameter (and, for JSON parameters,
+            the key inside it).
+    """
+    types = parameter_types()
+    unknown = sorted(set(params) - set(types))
+    if unknown:
+        raise InputError(
+            "E_PARAM",
+            f"unknown pipeline parameter {unknown[0]!r}; known: {', '.join(sorted(types))}",
+            "--param",
+        )
+    full = {name: default for name, (_, default, _) in types.items()}
+    for name, value in params.items():
+        full[name] = typed_value(name, value, types[name][0]) if value is not None else None
+    for check in CHECKS:
+        check(full)
+    return full
