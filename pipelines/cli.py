@@ -60,14 +60,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     from pipelines.local import run_local
 
-    summary = run_local(
-        data=args.data,
-        target=args.target,
-        params=_params(args.param),
-        root=Path(args.root),
-        quiet=args.json,
-        registry_timeout_s=args.registry_timeout,
-    )
+    try:
+        summary = run_local(
+            data=args.data,
+            target=args.target,
+            params=_params(args.param),
+            root=Path(args.root),
+            quiet=args.json,
+            registry_timeout_s=args.registry_timeout,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        if args.json:  # refused before any step: the JSON line says so too
+            line = error_line("gpupipe run", e)
+            print(json.dumps({"state": "REJECTED", "error": line, "exit_code": 2}))
+        raise
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:

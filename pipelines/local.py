@@ -212,7 +212,7 @@ class _StepLog(io.TextIOBase):
         super().__init__()
         self._out = out
         self._partial = ""
-        self.errors: list[tuple[str, str]] = []
+        self.error_lines: list[tuple[str, str]] = []
         """``(step, line)`` of every ``ERROR [step] E_...`` line, in order."""
         self.exceptions: list[str] = []
         """The last line of each traceback printed by a step (``RuntimeError: ...``)."""
@@ -235,7 +235,7 @@ class _StepLog(io.TextIOBase):
         stripped = line.strip()
         m = re.search(r"ERROR \[(?P<step>[\w -]+)\] (?P<code>E_[A-Z_]+): ", stripped)
         if m is not None:
-            self.errors.append((m.group("step"), stripped[m.start() :]))
+            self.error_lines.append((m.group("step"), stripped[m.start() :]))
         elif _EXCEPTION_LINE.match(stripped) and not stripped.startswith("Traceback"):
             self.exceptions.append(stripped)
 
@@ -442,8 +442,8 @@ def _redact(text: str) -> str:
 def _failure_details(failure: tuple[str, list[str]], step_log: _StepLog) -> dict[str, Any]:
     """``state``, ``failed_step``, ``error`` and ``exit_code`` of a failed run."""
     step, chain = failure
-    lines = [line for s, line in step_log.errors if s == step] or [
-        line for _, line in step_log.errors
+    lines = [line for s, line in step_log.error_lines if s == step] or [
+        line for _, line in step_log.error_lines
     ]
     if lines:
         error = lines[-1]

@@ -245,6 +245,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 reg = register(
                     model=model,
                     metrics=ev.outputs["metrics"],
+                    evaluation=ev.outputs["report"],
                     data_hash=prep.outputs["data_hash"],
                     gate_passed=True,
                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

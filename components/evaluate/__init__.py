@@ -36,6 +36,8 @@ def evaluate(
             EvaluateConfig, {"gate": {"metric": gate_metric, "threshold": gate_threshold or None}}
         )
         champion = get_champion(registry_uri or None, registered_model_name)
+        # register re-checks the alias against this version: a concurrent run may move it.
+        report.metadata["champion_version"] = champion.version if champion else ""
         if champion is None:
             return run(cfg, model_uri=model.path, dataset_uri=dataset.path, report_uri=report.path)
         return run(

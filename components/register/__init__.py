@@ -3,7 +3,7 @@
 from typing import NamedTuple
 
 from kfp import dsl
-from kfp.dsl import Input, Metrics, Model
+from kfp.dsl import HTML, Input, Metrics, Model
 
 from components.images import CPU_IMAGE
 
@@ -12,14 +12,19 @@ from components.images import CPU_IMAGE
 def register(
     model: Input[Model],
     metrics: Input[Metrics],
+    evaluation: Input[HTML],
     data_hash: str,
     gate_passed: bool,
     pipeline_run_id: str,
     registry_uri: str = "",
     registered_model_name: str = "gpupipe-model",
     params_json: str = "{}",
-) -> NamedTuple("RegisterOutputs", [("version", str), ("model_uri", str)]):
-    """Register ``model`` with its run id, data hash, parameters and evaluation metrics."""
+) -> NamedTuple("RegisterOutputs", [("version", str), ("model_uri", str), ("champion", bool)]):
+    """Register ``model`` with its run id, data hash, parameters and evaluation metrics.
+
+    ``evaluation`` is evaluate's report: its metadata names the gate metric and the champion
+    version evaluate compared against, so the alias moves only if that decision still holds.
+    """
     import json
     from collections import namedtuple
 
@@ -31,7 +36,12 @@ def register(
     def body():
         cfg = from_dict(
             RegisterConfig,
-            {"model_name": registered_model_name, "tracking_uri": registry_uri or None},
+            {
+                "model_name": registered_model_name,
+                "tracking_uri": registry_uri or None,
+                "gate_metric": str(evaluation.metadata.get("gate_metric", "")),
+                "evaluated_champion": str(evaluation.metadata.get("champion_version", "")),
+            },
         )
         values = {
             k: float(v)
@@ -50,5 +60,5 @@ def register(
 
     result = run_guarded("register", body)
     print(json.dumps({"event": "registered", **result.to_dict()}), flush=True)
-    outputs = namedtuple("RegisterOutputs", ["version", "model_uri"])
-    return outputs(result.version, result.model_uri)
+    outputs = namedtuple("RegisterOutputs", ["version", "model_uri", "champion"])
+    return outputs(result.version, result.model_uri, result.champion)

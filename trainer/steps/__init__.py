@@ -13,16 +13,28 @@ from trainer.errors import EXIT_BAD_INPUT, error_line
 T = TypeVar("T")
 
 
-def run_guarded(step: str, fn: Callable[[], T]) -> T:
-    """Run ``fn``; turn bad input into the one-line ``ERROR [<step>] E_...`` and exit code 2.
+EXTERNAL_ERROR_CODE = "E_EXTERNAL"
+"""Code of the one line for a failed external system (registry, object store, API server)."""
 
-    For entry points only (components, the CLI): library code raises, it never exits.
+
+def run_guarded(step: str, fn: Callable[[], T]) -> T:
+    """Run ``fn``; turn its expected failures into one ``ERROR [<step>] E_...`` line.
+
+    Bad input (``ValueError``, ``FileNotFoundError``) exits 2, permanent; a failing external
+    system (``RuntimeError``, ``TimeoutError``, ``ConnectionError``: the registry, an object
+    store, the Kubernetes API) exits 1, retryable. Anything else is a bug and keeps its
+    traceback. For entry points only (components, the CLI): library code raises, it never exits.
     """
     try:
         return fn()
     except (ValueError, FileNotFoundError) as e:
         print(error_line(step, e), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    except (RuntimeError, TimeoutError, ConnectionError) as e:
+        if type(e) is RuntimeError and not str(e):
+            raise
+        print(error_line(step, e, default_code=EXTERNAL_ERROR_CODE), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def write_metadata_file(path: str, metadata: dict[str, Any]) -> None:

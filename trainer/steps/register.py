@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trainer import registry, storage
 from trainer.errors import InputError
 from trainer.export import META_FILE, WEIGHTS_FILE
+from trainer.steps.evaluate import HIGHER_IS_BETTER
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -48,6 +49,12 @@ class RegisterConfig:
     champion_alias: str = "champion"
     """Alias moved to the new version when the gate passed: letters, digits, ``_``, ``-``;
     not ``latest`` and not ``v<n>``."""
+    gate_metric: str = ""
+    """The metric the evaluate step's gate compared (``accuracy``, ``rmse`` ...). With it, the
+    alias moves only if the champion is still the one evaluate beat, or if the candidate beats
+    the version that became champion meanwhile (a concurrent run); empty: move it anyway."""
+    evaluated_champion: str = ""
+    """The champion version evaluate compared against (empty: there was none)."""
 
     def __post_init__(self) -> None:
         registry.validate_model_name(self.model_name, "register.model_name")
@@ -64,6 +71,13 @@ class RegisterConfig:
                 "register.experiment",
             )
         registry.validate_alias(self.champion_alias, "register.champion_alias")
+        if self.gate_metric and self.gate_metric not in HIGHER_IS_BETTER:
+            raise InputError(
+                "E_CONFIG",
+                f"register.gate_metric must be one of {sorted(HIGHER_IS_BETTER)}, "
+                f"got {self.gate_metric!r}",
+                "register.gate_metric",
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,6 +92,8 @@ class RegisterResult:
     """False when the pipeline run had already registered this version (a re-run)."""
     champion: bool
     """Whether the version holds the champion alias after this call."""
+    champion_reason: str
+    """Why the alias moved or stayed, in one sentence."""
     model_uri: str
     """``models:/<name>/<version>``, loadable by MLflow's artifact API."""
     run_id: str
@@ -223,11 +239,42 @@ def _json_or_none(values: Mapping[str, Any]) -> str | None:
     return text if len(text) <= _MAX_VERSION_TAG_LENGTH else None
 
 
-def _move_alias(client: MlflowClient, cfg: RegisterConfig, version: str) -> bool:
-    """Point the champion alias at ``version`` unless it already does; return True."""
-    if registry.alias_version(client, cfg.model_name, cfg.champion_alias) != version:
+def _move_alias(
+    client: MlflowClient, cfg: RegisterConfig, version: str, metrics: Mapping[str, float], uri: str
+) -> tuple[bool, str]:
+    """Point the champion alias at ``version`` if it still deserves it; return (moved, why).
+
+    The read of the current champion, the comparison and the move happen under the store's
+    lock, so of two runs registering at once the better model ends up champion: a version that
+    became champion after evaluate made its decision must be beaten on ``cfg.gate_metric``.
+    """
+    with registry.store_lock(uri):
+        current = registry.alias_version(client, cfg.model_name, cfg.champion_alias)
+        if current == version:
+            return True, f"version {version} already holds {cfg.champion_alias!r}"
+        if current is not None and cfg.gate_metric and current != (cfg.evaluated_champion or None):
+            metric = cfg.gate_metric
+            mine = metrics.get(metric)
+            theirs = _version_metric(client, cfg.model_name, current, metric)
+            higher = HIGHER_IS_BETTER[metric]
+            if mine is None or (
+                theirs is not None and not (mine > theirs if higher else mine < theirs)
+            ):
+                return False, (
+                    f"version {current} became champion during this run with {metric} "
+                    f"{theirs}, which {mine} does not beat: the alias stays"
+                )
         client.set_registered_model_alias(cfg.model_name, cfg.champion_alias, version)
-    return True
+        return True, f"{cfg.champion_alias!r} moved to version {version}"
+
+
+def _version_metric(client: MlflowClient, name: str, version: str, metric: str) -> float | None:
+    """``metric`` as logged on the MLflow run of model version ``version``, if any."""
+    mv = client.get_model_version(name, version)
+    if not mv.run_id:
+        return None
+    value = client.get_run(mv.run_id).data.metrics.get(metric)
+    return None if value is None else float(value)
 
 
 def register(
@@ -279,10 +326,10 @@ def register(
             existing = registry.find_version(client, name, pipeline_run_id)
         if existing is not None:
             version = str(existing.version)
-            champion = False
+            champion, why = False, "the gate did not pass"
             with registry.mlflow_errors(f"setting alias of model {name!r} version {version}", uri):
                 if gate_passed:
-                    champion = _move_alias(client, cfg, version)
+                    champion, why = _move_alias(client, cfg, version, checked_metrics, uri)
                 else:
                     champion = registry.alias_version(client, name, cfg.champion_alias) == version
             return RegisterResult(
@@ -290,6 +337,7 @@ def register(
                 version=version,
                 created=False,
                 champion=champion,
+                champion_reason=why,
                 model_uri=f"models:/{name}/{version}",
                 run_id=existing.run_id or "",
             )
@@ -327,12 +375,12 @@ def register(
                     description=f"KFP run {pipeline_run_id}, data {data_hash}",
                 )
             version = str(mv.version)
-            champion = False
+            champion, why = False, "the gate did not pass"
             if gate_passed:
                 with registry.mlflow_errors(
                     f"setting alias of model {name!r} version {version}", uri
                 ):
-                    champion = _move_alias(client, cfg, version)
+                    champion, why = _move_alias(client, cfg, version, checked_metrics, uri)
         except BaseException:
             # Mark the half-done run failed so nobody mistakes it for a registration; the
             # original error is what matters, so a failure to mark it is not reported.
@@ -346,6 +394,7 @@ def register(
         version=version,
         created=True,
         champion=champion,
+        champion_reason=why,
         model_uri=f"models:/{name}/{version}",
         run_id=run_id,
     )
