@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 RUN_DIR ?= .runs/demo
+DEMO_DATA ?= .runs/data/churn.parquet
+TRAINER_DEMO_DIR ?= .runs/trainer-demo
 NPROC ?= 2
 RUN_ARGS ?= --param epochs=10
 PYTEST_ARGS ?=
@@ -29,16 +31,16 @@ setup: $(VENV)/.installed ## create .venv and install everything (pinned by cons
 
 .PHONY: run
 run: setup ## set up, make demo data, run the whole pipeline locally (kfp.local), print a summary
-	$(BIN)/gpupipe demo-data --out $(RUN_DIR)/data/churn.parquet --rows 10000
-	$(BIN)/gpupipe run --local --root $(RUN_DIR) --data $(RUN_DIR)/data/churn.parquet \
+	$(BIN)/gpupipe demo-data --out $(DEMO_DATA) --rows 10000
+	$(BIN)/gpupipe run --local --root $(RUN_DIR) --data $(DEMO_DATA) \
 	    --target churned $(RUN_ARGS)
 
 .PHONY: train-demo
 train-demo: setup ## only the trainer: demo table, torchrun with $(NPROC) local processes (gloo)
-	$(BIN)/python -m trainer.demo --out $(RUN_DIR)/trainer
+	$(BIN)/python -m trainer.demo --out $(TRAINER_DEMO_DIR)
 	$(BIN)/python -m trainer.launch --standalone --nproc_per_node=$(NPROC) \
-	    -m trainer.worker --config $(RUN_DIR)/trainer/config.json
-	$(BIN)/python -m trainer.demo --summarize $(RUN_DIR)/trainer
+	    -m trainer.worker --config $(TRAINER_DEMO_DIR)/config.json
+	$(BIN)/python -m trainer.demo --summarize $(TRAINER_DEMO_DIR)
 
 .PHONY: compile
 compile: setup ## compile pipelines and components to YAML (the committed golden files)

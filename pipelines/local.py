@@ -173,15 +173,26 @@ def check_registry(uri: str, timeout_s: float = REGISTRY_TIMEOUT_S) -> None:
         return
     if not uri.startswith(("http://", "https://")):
         return  # databricks, file stores ...: MLflow's own client decides
+    import base64
     import urllib.error
+    import urllib.parse
     import urllib.request
 
     shown = _redact(uri)
-    base = uri.rstrip("/")
+    parts = urllib.parse.urlsplit(uri)
+    headers = {}
+    if parts.username is not None:  # user:password@host, as requests (and so MLflow) reads it
+        token = (
+            f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        )
+        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode()
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
+    base = urllib.parse.urlunsplit(parts).rstrip("/")
     last = ""
     for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
+        request = urllib.request.Request(base + path, headers=headers)
         try:
-            with urllib.request.urlopen(base + path, timeout=timeout_s) as resp:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
                 if resp.status < 400:
                     return
         except urllib.error.HTTPError as e:
@@ -206,7 +217,12 @@ def check_registry(uri: str, timeout_s: float = REGISTRY_TIMEOUT_S) -> None:
 
 
 class _StepLog(io.TextIOBase):
-    """Forwards kfp.local's output and remembers each step's error line and last exception."""
+    """Forwards kfp.local's output line by line with credentials masked, and remembers each
+    step's error line and last exception.
+
+    kfp.local prints every task's executor input, parameters included, so a registry URI with
+    ``user:password@`` in it would otherwise reach the terminal.
+    """
 
     def __init__(self, out: Any) -> None:
         super().__init__()
@@ -221,15 +237,22 @@ class _StepLog(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        self._out.write(text)
         self._partial += text
         *lines, self._partial = self._partial.split("\n")
         for line in lines:
+            line = _redact(line)
+            self._out.write(line + "\n")
             self._scan(_ANSI.sub("", line))
         return len(text)
 
     def flush(self) -> None:
         self._out.flush()
+
+    def close_line(self) -> None:
+        """Forward a last line that had no newline."""
+        if self._partial:
+            self.write("\n")
+        self.flush()
 
     def _scan(self, line: str) -> None:
         stripped = line.strip()
@@ -398,7 +421,10 @@ def run_local(
     failure: tuple[str, list[str]] | None = None
     try:
         with _sigterm_as_interrupt(), contextlib.redirect_stdout(step_log):
-            training_pipeline(**arguments)
+            try:
+                training_pipeline(**arguments)
+            finally:
+                step_log.close_line()
     except KeyboardInterrupt:
         stop_children()
         raise

@@ -138,21 +138,20 @@ def test_run_registers_in_mlflow_server(two_runs: TwoRuns, mlflow_server: str) -
     assert model_artifact["metadata"]["job"] == job_name(run_id, "train")
 
 
-def test_missing_data_fails_with_one_error_line(tmp_path: Path) -> None:
+def test_missing_data_is_refused_before_any_step(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-table.parquet"
     run = gpupipe(
         "run", "--local", "--root", str(tmp_path / "root"), "--json",
         "--data", str(missing), "--target", "x", cwd=tmp_path,
     )  # fmt: skip
-    assert run.returncode != 0
-    assert run.summary["state"] == "FAILED"
-    errors = [
-        line.strip()
-        for line in (run.stdout + run.stderr).splitlines()
-        if line.strip().startswith("ERROR [preprocess] E_")
-    ]
-    assert len(errors) == 1, "\n".join(errors) or run.stderr[-3000:]
+    assert run.returncode == 2
+    assert run.summary["state"] == "REJECTED"
+    errors = [line.strip() for line in run.stderr.splitlines() if line.startswith("ERROR [")]
+    assert len(errors) == 1, run.stderr[-3000:]
+    assert errors[0].startswith("ERROR [gpupipe run] E_DATA: ")
     assert str(missing) in errors[0]
+    assert "Executing task" not in run.stderr
+    assert not (tmp_path / "root").exists()
 
 
 def test_unknown_parameter_exits_2(tmp_path: Path) -> None:

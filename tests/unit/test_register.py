@@ -76,6 +76,7 @@ def test_register_creates_a_version_carrying_run_data_params_and_metrics(
         "version": "1",
         "created": True,
         "champion": True,
+        "champion_reason": "'champion' moved to version 1",
         "model_uri": "models:/churn/1",
         "run_id": result.run_id,
     }
@@ -325,3 +326,86 @@ def test_artifacts_sit_next_to_a_sqlite_database(
     found = registry.artifact_location_for(uri)
 
     assert found == (expected.format(cwd=tmp_path) if expected else None)
+
+
+def _race_cfg(tracking_uri: str, evaluated: str = "") -> RegisterConfig:
+    return RegisterConfig(
+        model_name="churn",
+        tracking_uri=tracking_uri,
+        gate_metric="accuracy",
+        evaluated_champion=evaluated,
+    )
+
+
+@pytest.mark.parametrize("better_first", [True, False], ids=["better-first", "worse-first"])
+def test_two_runs_that_both_passed_against_no_champion_leave_the_better_one_champion(
+    tracking_uri: str, make_model_dir: Callable[..., str], better_first: bool
+) -> None:
+    """Two concurrent runs: each evaluate saw no champion, so both gates passed."""
+    runs = [("run-good", {"accuracy": 0.9}), ("run-poor", {"accuracy": 0.7})]
+    if not better_first:
+        runs.reverse()
+    results = {
+        run: _register(_race_cfg(tracking_uri), make_model_dir(), run, gate=True, metrics=m)
+        for run, m in runs
+    }
+    client = registry.mlflow_client(tracking_uri)
+    champion = registry.alias_version(client, "churn", "champion")
+    assert champion == results["run-good"].version
+    assert results["run-good"].champion is True
+    if better_first:
+        poor = results["run-poor"]
+        assert poor.champion is False and poor.created is True
+        assert "became champion during this run" in poor.champion_reason
+        assert "does not beat" in poor.champion_reason
+
+
+def test_the_alias_moves_when_the_champion_is_the_one_evaluate_beat(
+    tracking_uri: str, make_model_dir: Callable[..., str]
+) -> None:
+    first = _register(_race_cfg(tracking_uri), make_model_dir(), "r1", gate=True,
+                      metrics={"accuracy": 0.9})  # fmt: skip
+    # evaluate re-scored v1 on new data and the candidate won, though v1's stored score is higher
+    second = _register(_race_cfg(tracking_uri, evaluated=first.version), make_model_dir(), "r2",
+                       gate=True, metrics={"accuracy": 0.8})  # fmt: skip
+    assert second.champion is True
+    client = registry.mlflow_client(tracking_uri)
+    assert registry.alias_version(client, "churn", "champion") == second.version
+
+
+def test_a_lower_is_better_metric_decides_the_race(
+    tracking_uri: str, make_model_dir: Callable[..., str]
+) -> None:
+    cfg = RegisterConfig(model_name="churn", tracking_uri=tracking_uri, gate_metric="rmse")
+    a = _register(cfg, make_model_dir(), "a", gate=True, metrics={"rmse": 1.0})
+    b = _register(cfg, make_model_dir(), "b", gate=True, metrics={"rmse": 0.5})
+    c = _register(cfg, make_model_dir(), "c", gate=True, metrics={"rmse": 0.7})
+    assert (a.champion, b.champion, c.champion) == (True, True, False)
+    client = registry.mlflow_client(tracking_uri)
+    assert registry.alias_version(client, "churn", "champion") == b.version
+
+
+def test_a_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER)")
+    before = db.read_bytes()
+    with pytest.raises(InputError, match="did not create") as e:
+        registry.mlflow_client(f"sqlite:///{db}")
+    assert e.value.code == "E_REGISTRY" and e.value.where == str(db)
+    assert db.read_bytes() == before
+
+
+def _create_store(uri: str) -> int:
+    registry.mlflow_client(uri).search_registered_models()
+    return 0
+
+
+def test_two_processes_can_create_a_fresh_store_at_once(tmp_path: Path) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    with ProcessPoolExecutor(2) as pool:
+        assert list(pool.map(_create_store, [uri, uri])) == [0, 0]
