@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from trainer.redact import redact
+
 EXIT_BAD_INPUT = 2
 """Permanent failure under the training operator's ExitCode restart policy (1-127)."""
 EXIT_PREEMPTED = 143
@@ -21,9 +23,9 @@ class InputError(ValueError):
 
 
 def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -> str:
-    """Format ``exc`` as the single stderr line DESIGN.md promises."""
+    """Format ``exc`` as the single stderr line DESIGN.md promises, credentials redacted."""
     code = exc.code if isinstance(exc, InputError) else default_code
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = redact(" ".join(str(exc).split())) or type(exc).__name__
     return f"ERROR [{step}] {code}: {text}"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,15 @@ from torch import nn
 
 from trainer import storage
 from trainer.config import ModelConfig, from_dict, to_dict
-from trainer.models import ModelSpec, build_model, unwrap_model
+from trainer.errors import InputError
+from trainer.models import (
+    BUILTIN_MODELS,
+    ModelSpec,
+    build_model,
+    plugin_allowed,
+    plugin_module,
+    unwrap_model,
+)
 from trainer.version import __version__
 
 FORMAT = "gpupipe.model/v1"
@@ -138,25 +147,49 @@ def _read_json_file(uri: str, name: str, *, required: bool) -> Any:
         raise ValueError(f"model {uri}: {name} is not valid JSON ({e})") from e
 
 
-def load_model(uri: str, *, device: str | torch.device = "cpu") -> LoadedModel:
+def _check_plugin(uri: str, model_cfg: ModelConfig, allowed: list[str]) -> None:
+    """Refuse, before any import, a plugin model that the caller did not allow."""
+    module = plugin_module(model_cfg.name)
+    if module is None or plugin_allowed(model_cfg.name, allowed):
+        return
+    listed = ", ".join(allowed) if allowed else "none"
+    raise InputError(
+        "E_MODEL",
+        f"the model names plugin {model_cfg.name!r}, and loading it would import module "
+        f"{module!r}, which is not allowed (allowed plugins: {listed}; built-in models "
+        f"{', '.join(BUILTIN_MODELS)} always load): add it to the step's model_plugins "
+        "only if that package is installed and trusted",
+        storage.join(uri, META_FILE),
+    )
+
+
+def load_model(
+    uri: str, *, device: str | torch.device = "cpu", allowed_plugins: Iterable[str] = ()
+) -> LoadedModel:
     """Read a model artifact written by :func:`save_model`.
 
     Nothing in the artifact is executed: weights come from safetensors (never ``torch.load`` or
-    pickle) and the architecture is rebuilt from ``model.json`` by :func:`build_model`. A plugin
-    model (``package.module:func``) is imported from the running environment, not from the
-    artifact, so that package must be installed where the model is loaded.
+    pickle) and the architecture is rebuilt from ``model.json`` by :func:`build_model`. A
+    plugin model (``package.module:func``) loads only when ``allowed_plugins`` names it, and
+    is then imported from the installed environment: never from the artifact's folder nor the
+    working directory (where ``python -m`` would find a ``.py`` placed next to the model).
 
     Args:
         uri: The model directory (any storage URI).
         device: Where to put the model.
+        allowed_plugins: Plugin models that may be imported: ``package.module:func``, its
+            module, or a package above it. Built-in models always load.
 
     Returns:
         The model in eval mode with its metadata.
 
     Raises:
-        ValueError: If ``model.json`` is missing, not JSON or of an unknown format, or the
-            weights are unreadable or do not match the architecture; the message names ``uri``.
+        InputError: ``E_MODEL`` if ``model.json`` names a plugin that is not allowed.
+        ValueError: If ``model.json`` is missing, not JSON or of an unknown format, the
+            plugin is not installed, or the weights are unreadable or do not match the
+            architecture; the message names ``uri``.
     """
+    allowed = list(allowed_plugins)
     meta = _read_json_file(uri, META_FILE, required=True)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
@@ -168,6 +201,7 @@ def load_model(uri: str, *, device: str | torch.device = "cpu") -> LoadedModel:
         raise ValueError(f"model {uri}: {META_FILE} lacks key {e.args[0]!r}") from e
     except ValueError as e:
         raise ValueError(f"model {uri}: {META_FILE} describes an invalid model: {e}") from e
+    _check_plugin(uri, model_cfg, allowed)
     metrics = _read_json_file(uri, METRICS_FILE, required=False) or {}
 
     weights_uri = storage.join(uri, WEIGHTS_FILE)
@@ -182,8 +216,12 @@ def load_model(uri: str, *, device: str | torch.device = "cpu") -> LoadedModel:
             tensors[alias] = tensors[name]
 
     # Building draws random initial weights; keep the caller's random stream untouched.
+    local = storage.local_path(uri)
     with torch.random.fork_rng(devices=[]):
-        module = build_model(model_cfg, spec)
+        try:
+            module = build_model(model_cfg, spec, untrusted_dirs=[local] if local else [])
+        except ValueError as e:
+            raise ValueError(f"model {uri}: {e}") from e
     try:
         module.load_state_dict(tensors, strict=True)
     except RuntimeError as e:

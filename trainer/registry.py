@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import InputError
+from trainer.redact import redact
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -161,20 +162,28 @@ def validate_alias(alias: str, where: str = "champion_alias") -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The exception's text on one line, cut to a readable length."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """The exception's text on one line, credentials redacted, cut to a readable length.
+
+    Redacting comes first: a cut through ``user:pass@`` would leave half a password unmasked.
+    """
+    text = redact(" ".join(str(exc).split())) or type(exc).__name__
     return text if len(text) <= _ERROR_TEXT_MAX else text[: _ERROR_TEXT_MAX - 3] + "..."
 
 
 @contextlib.contextmanager
 def mlflow_errors(action: str, tracking_uri: str) -> Iterator[None]:
-    """Turn MLflow and network failures into a one-line RuntimeError naming the tracking URI."""
+    """Turn MLflow and network failures into a one-line RuntimeError naming the tracking URI.
+
+    The URI and MLflow's text are redacted: a ``user:password@`` in the URI stays out.
+    """
     from mlflow.exceptions import MlflowException
 
     try:
         yield
     except (MlflowException, OSError) as e:
-        raise RuntimeError(f"MLflow at {tracking_uri}: {action} failed: {_one_line(e)}") from e
+        raise RuntimeError(
+            f"MLflow at {redact(tracking_uri)}: {action} failed: {_one_line(e)}"
+        ) from e
 
 
 def _error_code(exc: BaseException) -> str | None:

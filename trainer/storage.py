@@ -17,11 +17,20 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from trainer.errors import InputError
+from trainer.redact import has_userinfo, redact
+
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _REMOTE_SCHEMES = ("s3", "gs", "minio")
 _DEFAULT_MINIO_ENDPOINT = "minio-service.kubeflow:9000"
 # Spool remote writes in memory up to this size, then on local disk, until the upload on success.
 _SPOOL_MAX_BYTES = 64 * 1024 * 1024
+# Where each object store takes its credentials from, for the refusal of credentials in a URI.
+_CREDENTIALS_FROM = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the pod's role)",
+    "minio": "MINIO_ACCESS_KEY and MINIO_SECRET_KEY (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS (or the pod's workload identity)",
+}
 
 
 def _scheme(uri: str) -> str:
@@ -104,7 +113,7 @@ def _local_os_path(uri: str) -> str:
     if _scheme(uri) == "file":
         parts = urlsplit(uri)
         if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"file:// URI must name a local path (no host), got {uri!r}")
+            raise ValueError(f"file:// URI must name a local path (no host), got {redact(uri)!r}")
         return os.path.abspath(parts.path)
     return os.path.abspath(uri)
 
@@ -116,7 +125,7 @@ def _checked_scheme(uri: str) -> str:
     scheme = _scheme(uri)
     if scheme not in ("", "file", *_REMOTE_SCHEMES):
         raise ValueError(
-            f"unsupported URI scheme {scheme!r} in {uri!r}: "
+            f"unsupported URI scheme {scheme!r} in {redact(uri)!r}: "
             "expected a local path, file://, s3://, gs:// or minio://"
         )
     return scheme
@@ -139,6 +148,14 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     scheme = _checked_scheme(uri)
     if scheme in ("", "file"):
         return pafs.LocalFileSystem(), _local_os_path(uri)
+    if has_userinfo(uri):
+        # Never sent anywhere: a key in a URI ends up in logs, KFP's run parameters and lineage.
+        raise InputError(
+            "E_URI",
+            f"credentials inside a {scheme}:// URI are not accepted; remove them from the URI "
+            f"and set {_CREDENTIALS_FROM[scheme]} in the environment",
+            redact(uri),
+        )
     rest = uri[len(scheme) + 3 :]
     path = rest.strip("/")
     if not path or rest.startswith("/") or path.split("/", 1)[0] in (".", ".."):
@@ -202,10 +219,10 @@ def _translate(action: str, uri: str, *others: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"{action}: {_missing_reason(uri)}") from e
+        raise FileNotFoundError(redact(f"{action}: {_missing_reason(uri)}")) from e
     except OSError as e:
         if any(_is_remote(u) for u in (uri, *others)):
-            raise RuntimeError(f"{action}: {e}") from e
+            raise RuntimeError(redact(f"{action}: {e}")) from e
         raise
 
 

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 import torch
 
 from trainer import storage
+from trainer.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ def _clean(value: Any) -> Any:
         if math.isnan(value) or math.isinf(value):
             return str(value)  # JSON has no NaN; keep the line parseable
         return round(value, 6)
+    if isinstance(value, str):
+        return redact(value)  # a URI in a message must not carry its credentials into the log
     return value
 
 
@@ -77,7 +80,7 @@ class Telemetry:
         record = {"event": event, "job": self.job, "time": round(time.time(), 3)}
         record.update({k: _clean(v) for k, v in fields.items() if v is not None})
         self.history.append(record)
-        line = json.dumps(record, sort_keys=False)
+        line = redact(json.dumps(record, sort_keys=False))
         if self._bar is not None:
             self._bar.write(line, file=self._stream)
         else:
@@ -91,7 +94,7 @@ class Telemetry:
                     and math.isfinite(value)
                     and name not in ("step", "epoch")
                 ):
-                    text = f"{name}={value!r}"  # full precision, e.g. val_loss=0.1234
+                    text = redact(f"{name}={value!r}")  # full precision, e.g. val_loss=0.1234
                     if self._bar is not None:
                         self._bar.write(text, file=self._stream)
                     else:

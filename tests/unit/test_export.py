@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import os
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from torch import nn
 
 from trainer import storage
 from trainer.config import ModelConfig, to_dict
+from trainer.errors import InputError
 from trainer.export import FORMAT, load_model, predict, save_model
 from trainer.models import ModelSpec, build_model
 from trainer.version import __version__
@@ -106,13 +109,92 @@ def test_metadata_records_architecture_data_and_version(tmp_path: Path) -> None:
     assert (loaded.spec, loaded.model_cfg) == (CLS_SPEC, MLP_CFG)
 
 
-def test_plugin_model_round_trips(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "allowed",
+    [["tests.plugins.tiny:build"], ["tests.plugins.tiny"], ["tests.plugins"], ["tests"]],
+    ids=["factory", "module", "package", "top-package"],
+)
+def test_allowed_installed_plugin_model_round_trips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allowed: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the plugin comes from the environment, not the working dir
     cfg = ModelConfig(name="tests.plugins.tiny:build")
     model = trained(cfg, CLS_SPEC)
     save(str(tmp_path / "p"), model, cfg, CLS_SPEC)
     x = inputs(CLS_SPEC)
     with torch.no_grad():
-        assert torch.equal(predict(load_model(str(tmp_path / "p")), x), model(x))
+        loaded = load_model(str(tmp_path / "p"), allowed_plugins=allowed)
+        assert torch.equal(predict(loaded, x), model(x))
+
+
+def evil_model(model_dir: Path, module_dir: Path, marker: Path) -> str:
+    """A real model whose model.json names ``<module>:build``, a module placed in ``module_dir``
+    that writes ``marker`` as soon as it is imported. Returns the module name (unique per test,
+    so no earlier import is cached)."""
+    module = f"evil_{model_dir.parent.name.replace('-', '_')}"
+    save(str(model_dir), trained(MLP_CFG, CLS_SPEC), MLP_CFG, CLS_SPEC)
+    meta = json.loads((model_dir / "model.json").read_text())
+    meta["model"]["name"] = f"{module}:build"
+    (model_dir / "model.json").write_text(json.dumps(meta))
+    module_dir.mkdir(parents=True, exist_ok=True)
+    (module_dir / f"{module}.py").write_text(
+        f"open({str(marker)!r}, 'w').write('code from the artifact ran')\n"
+        "from trainer.models import build_model\n"
+        "def build(cfg, spec):\n"
+        "    return build_model(type(cfg)(name='mlp', hidden_dim=8, num_layers=2), spec)\n"
+    )
+    return module
+
+
+@pytest.mark.parametrize(
+    "allowed", [[], ["other.plugin"], ["evil"]], ids=["none", "other", "name-prefix"]
+)
+def test_plugin_not_allowed_is_refused_before_any_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allowed: list[str]
+) -> None:
+    model_dir, marker = tmp_path / "model", tmp_path / "MARKER"
+    module = evil_model(model_dir, model_dir, marker)
+    monkeypatch.chdir(model_dir)  # as ``python -m`` run inside the folder: it is on sys.path
+    monkeypatch.syspath_prepend(str(model_dir))
+    with pytest.raises(InputError) as info:
+        load_model(str(model_dir), allowed_plugins=allowed)
+    assert info.value.code == "E_MODEL"
+    assert info.value.where == str(model_dir / "model.json")
+    assert f"would import module {module!r}, which is not allowed" in info.value.message
+    assert not marker.exists()
+    assert module not in sys.modules
+
+
+@pytest.mark.parametrize("where", ["artifact-folder", "cwd-empty-entry", "cwd-absolute-entry"])
+def test_allowed_plugin_is_never_imported_from_the_artifact_or_the_working_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    model_dir, marker = tmp_path / "model", tmp_path / "MARKER"
+    module_dir = model_dir if where == "artifact-folder" else tmp_path / "cwd"
+    module = evil_model(model_dir, module_dir, marker)
+    monkeypatch.chdir(module_dir)
+    monkeypatch.syspath_prepend("" if where == "cwd-empty-entry" else str(module_dir))
+    with pytest.raises(ValueError, match=f"cannot import {module}") as info:
+        load_model(str(model_dir), allowed_plugins=[module])
+    assert "installed environment" in str(info.value)
+    assert not marker.exists()
+    assert module not in sys.modules
+
+
+def test_plugin_imported_earlier_from_the_working_dir_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir, marker = tmp_path / "model", tmp_path / "MARKER"
+    cwd = tmp_path / "cwd"
+    module = evil_model(model_dir, cwd, marker)
+    monkeypatch.chdir(cwd)
+    monkeypatch.syspath_prepend(str(cwd))
+    importlib.import_module(module)  # something else imported it first, from the working dir
+    try:
+        with pytest.raises(ValueError, match="plugins load only from the installed environment"):
+            load_model(str(model_dir), allowed_plugins=[module])
+    finally:
+        sys.modules.pop(module, None)
 
 
 def test_compiled_model_is_saved_under_plain_names(tmp_path: Path) -> None:

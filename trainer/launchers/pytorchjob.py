@@ -19,6 +19,7 @@ from typing import Any, Literal
 from trainer.errors import InputError, parse_error_line
 from trainer.launchers.kube import PYTORCHJOB_API_CALLS as API_CALLS
 from trainer.launchers.kube import KubeApi, KubeApiError
+from trainer.redact import redact
 
 __all__ = ["API_CALLS", "LaunchCancelled", "PodRef", "PyTorchJobLauncher", "job_state"]
 
@@ -159,6 +160,7 @@ class _MasterLog:
         sys.stdout.flush()
 
     def _emit(self, line: str) -> None:
+        line = redact(line)
         sys.stdout.write(line + "\n")
         self.tail.append(line)
         if err := parse_error_line(line):
@@ -498,7 +500,7 @@ class _Run:
         pod = self.pod["metadata"]["name"] if self.pod else "gone"
         parts.append(f"last {len(lines)} lines of the master's log (pod {pod}):")
         parts += [f"  {line}" for line in lines]
-        return "\n".join(parts)
+        return redact("\n".join(parts))
 
     def _events(self) -> str:
         names = [self.name] + ([self.pod["metadata"]["name"]] if self.pod else [])

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Literal, get_args
 
 import torch
@@ -18,7 +25,12 @@ from trainer.models.mlp import TabularMLP
 ModelTask = Literal["classification", "regression", "lm"]
 _TASKS: tuple[str, ...] = get_args(ModelTask)
 
+BUILTIN_MODELS = ("mlp", "gpt")
+"""Model names that need no import: always loadable from an artifact."""
+_PLUGIN_ENTRY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
+
 __all__ = [
+    "BUILTIN_MODELS",
     "GPT",
     "ModelSpec",
     "ModelTask",
@@ -27,7 +39,10 @@ __all__ = [
     "compute_loss",
     "count_params",
     "flops_per_token",
+    "plugin_allowed",
+    "plugin_module",
     "unwrap_model",
+    "validate_plugin_entries",
 ]
 
 
@@ -93,11 +108,129 @@ def _check(ok: bool, cfg: ModelConfig, message: str) -> None:
         raise ValueError(f"model.name {cfg.name!r} {message}")
 
 
-def _build_plugin(cfg: ModelConfig, spec: ModelSpec) -> nn.Module:
+def plugin_module(name: str) -> str | None:
+    """The module a model name imports (``pkg.mod`` of ``pkg.mod:build``); None for built-ins."""
+    if name in BUILTIN_MODELS:
+        return None
+    return name.partition(":")[0]
+
+
+def plugin_allowed(name: str, allowed: Iterable[str]) -> bool:
+    """Whether the model ``name`` may be built under the allow-list ``allowed``.
+
+    Built-in models always may. A plugin ``pkg.mod:build`` may when the list holds
+    ``pkg.mod:build`` itself, its module ``pkg.mod``, or a package above it (``pkg``).
+    """
+    module = plugin_module(name)
+    if module is None:
+        return True
+    return any(entry in (name, module) or module.startswith(entry + ".") for entry in allowed)
+
+
+def validate_plugin_entries(entries: Sequence[str], where: str) -> None:
+    """Check an allow-list of plugins: each entry ``package.module`` or ``package.module:func``.
+
+    Raises:
+        ValueError: Naming ``where`` and the first malformed entry.
+    """
+    if isinstance(entries, str):
+        raise ValueError(f"{where} must be a list of module names, got the string {entries!r}")
+    for entry in entries:
+        if not isinstance(entry, str) or not _PLUGIN_ENTRY.match(entry):
+            raise ValueError(
+                f"{where} entries must look like 'package.module' or 'package.module:build', "
+                f"got {entry!r}"
+            )
+
+
+def _inside(path: str, directory: str) -> bool:
+    try:
+        return os.path.commonpath([path, directory]) == directory
+    except ValueError:  # different drives
+        return False
+
+
+def _search_root(module: ModuleType | Any) -> str | None:
+    """The sys.path folder a top-level module (or module spec) was found in, if it has one."""
+    locations = getattr(module, "submodule_search_locations", None)
+    if locations is None:
+        locations = getattr(module, "__path__", None)
+    origin = getattr(module, "origin", None) or getattr(module, "__file__", None)
+    if locations:  # a package: its folder's parent
+        return os.path.dirname(os.path.realpath(next(iter(locations))))
+    if origin and os.path.isabs(origin):
+        return os.path.dirname(os.path.realpath(origin))
+    return None  # built-in or frozen
+
+
+@contextmanager
+def _installed_only(untrusted: Sequence[str]) -> Iterator[None]:
+    """Hide the working directory and ``untrusted`` folders from imports while the block runs.
+
+    ``python -m`` puts the working directory on sys.path, so a ``.py`` next to a downloaded
+    model would otherwise shadow (or be) the plugin a ``model.json`` names.
+    """
+    bad = [os.path.realpath(d) for d in (os.getcwd(), *untrusted)]
+
+    def hidden(entry: str) -> bool:
+        if entry in ("", "."):
+            return True
+        real = os.path.realpath(entry)
+        return real == bad[0] or any(_inside(real, d) for d in bad[1:])
+
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if not hidden(p)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def _check_root(name: str, module_name: str, root: str | None, untrusted: Sequence[str]) -> None:
+    """Refuse a module found in the working directory or in an untrusted (artifact) folder."""
+    if root is None:
+        return
+    cwd = os.path.realpath(os.getcwd())
+    if root == cwd or any(_inside(root, os.path.realpath(d)) for d in untrusted):
+        raise ValueError(
+            f"model.name {name!r}: module {module_name} would be imported from {root}, the "
+            "working directory or the model's own folder; plugins load only from the "
+            "installed environment"
+        )
+
+
+def _import_installed(name: str, module_name: str, untrusted: Sequence[str]) -> ModuleType:
+    """Import ``module_name`` from the installed environment, never from CWD or ``untrusted``.
+
+    The top-level package is located first without running it (``find_spec`` of a top-level
+    name executes nothing), and refused if it lives in the working directory or an untrusted
+    folder; only then is the module imported, with those folders hidden from sys.path.
+    """
+    top = module_name.split(".", 1)[0]
+    with _installed_only(untrusted):
+        loaded = sys.modules.get(top)
+        if loaded is not None:
+            _check_root(name, module_name, _search_root(loaded), untrusted)
+        else:
+            found = importlib.util.find_spec(top)
+            if found is None:
+                raise ImportError(f"No module named {top!r} in the installed environment")
+            _check_root(name, module_name, _search_root(found), untrusted)
+        module = importlib.import_module(module_name)
+    _check_root(name, module_name, _search_root(sys.modules[top]), untrusted)
+    return module
+
+
+def _build_plugin(
+    cfg: ModelConfig, spec: ModelSpec, untrusted_dirs: Sequence[str] | None
+) -> nn.Module:
     """Import ``package.module:func`` from the environment and call ``func(cfg, spec)``."""
     module_name, _, attr = cfg.name.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        if untrusted_dirs is None:
+            module = importlib.import_module(module_name)
+        else:
+            module = _import_installed(cfg.name, module_name, untrusted_dirs)
     except ImportError as e:
         raise ValueError(f"model.name {cfg.name!r}: cannot import {module_name} ({e})") from e
     try:
@@ -117,7 +250,9 @@ def _build_plugin(cfg: ModelConfig, spec: ModelSpec) -> nn.Module:
     return model
 
 
-def build_model(cfg: ModelConfig, spec: ModelSpec) -> nn.Module:
+def build_model(
+    cfg: ModelConfig, spec: ModelSpec, *, untrusted_dirs: Sequence[str] | None = None
+) -> nn.Module:
     """Build the model that ``cfg`` names for data described by ``spec``.
 
     ``mlp`` builds a :class:`TabularMLP` (classification or regression), ``gpt`` a :class:`GPT`
@@ -128,6 +263,10 @@ def build_model(cfg: ModelConfig, spec: ModelSpec) -> nn.Module:
     Args:
         cfg: The model section of the config.
         spec: Shapes and task of the data.
+        untrusted_dirs: ``None`` when the caller's own config named the model (training): the
+            plugin is imported as Python would. Otherwise (a model read from an artifact) the
+            plugin is imported from the installed environment only: never from the working
+            directory nor from these folders (the artifact's own).
 
     Returns:
         The model, on the CPU, in training mode.
@@ -165,7 +304,7 @@ def build_model(cfg: ModelConfig, spec: ModelSpec) -> nn.Module:
             dropout=cfg.dropout,
             activation_checkpointing=cfg.activation_checkpointing,
         )
-    return _build_plugin(cfg, spec)
+    return _build_plugin(cfg, spec, untrusted_dirs)
 
 
 def compute_loss(task: str, outputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

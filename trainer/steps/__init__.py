@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from trainer import redact
 from trainer.errors import EXIT_BAD_INPUT, error_line
 
 T = TypeVar("T")
@@ -24,7 +25,9 @@ def run_guarded(step: str, fn: Callable[[], T]) -> T:
     system (``RuntimeError``, ``TimeoutError``, ``ConnectionError``: the registry, an object
     store, the Kubernetes API) exits 1, retryable. Anything else is a bug and keeps its
     traceback. For entry points only (components, the CLI): library code raises, it never exits.
+    Log records and an uncaught traceback of the process are redacted from here on.
     """
+    redact.install()
     try:
         return fn()
     except (ValueError, FileNotFoundError) as e:

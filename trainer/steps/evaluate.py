@@ -15,6 +15,8 @@ from trainer import storage
 from trainer.data import TabularDataset
 from trainer.errors import InputError
 from trainer.export import LoadedModel, load_model, predict
+from trainer.models import validate_plugin_entries
+from trainer.redact import redact
 
 __all__ = [
     "AUTO_METRIC",
@@ -98,8 +100,18 @@ class EvaluateConfig:
     """Rows per forward pass while scoring."""
     split: str = "test"
     """Which split of the preprocessed dataset to score: ``<dataset>/<split>.parquet``."""
+    model_plugins: list[str] = field(default_factory=list)
+    """User-model plugins that loading the candidate or the champion may import
+    (``package.module:build``, its module, or a package above it), from the installed
+    environment only. Built-in models always load; a model whose ``model.json`` names any
+    other plugin is refused (E_MODEL) before anything is imported: an artifact never chooses
+    which code runs."""
 
     def __post_init__(self) -> None:
+        try:
+            validate_plugin_entries(self.model_plugins, "model_plugins")
+        except ValueError as e:
+            raise InputError("E_CONFIG", str(e), "model_plugins") from e
         if self.batch_size <= 0:
             raise InputError(
                 "E_CONFIG", f"batch_size must be > 0, got {self.batch_size!r}", "batch_size"
@@ -157,10 +169,10 @@ class _Scored:
 # --- Loading --------------------------------------------------------------------------------------
 
 
-def _load(uri: str, role: str) -> LoadedModel:
+def _load(uri: str, role: str, allowed_plugins: list[str]) -> LoadedModel:
     """Load a tabular model; a missing, garbled or non-tabular artifact is E_MODEL naming it."""
     try:
-        loaded = load_model(uri)
+        loaded = load_model(uri, allowed_plugins=allowed_plugins)
     except InputError:
         raise
     except ValueError as e:
@@ -505,7 +517,7 @@ def evaluate(
     """
     from trainer.steps import report
 
-    candidate = _load(model_uri, "candidate")
+    candidate = _load(model_uri, "candidate", cfg.model_plugins)
     task = candidate.spec.task
     metric = AUTO_METRIC[task] if cfg.gate.metric == "auto" else cfg.gate.metric
     if metric not in TASK_METRICS[task]:
@@ -524,7 +536,7 @@ def evaluate(
     champion_note = ""
     champion_value: float | None = None
     if champion_model_uri is not None:
-        champion = _load(champion_model_uri, "champion")
+        champion = _load(champion_model_uri, "champion", cfg.model_plugins)
         why = _incompatibility(candidate, champion)
         if why is None:
             champion_metrics = _score(champion, ds, cfg.batch_size).metrics
@@ -546,7 +558,7 @@ def evaluate(
         min_improvement=cfg.gate.min_improvement,
         has_champion=champion_model_uri is not None,
         champion_value=champion_value,
-        champion_name=champion_name or (champion_model_uri or ""),
+        champion_name=champion_name or redact(champion_model_uri or ""),
         champion_note=champion_note,
     )
 

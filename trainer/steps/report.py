@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trainer.redact import redact
 from trainer.version import __version__
 
 if TYPE_CHECKING:
@@ -268,7 +269,8 @@ def render_report(
         ("champion", champion_uri or "none"),
         ("written", f"{created} by gpupipe {__version__}"),
     ]
-    facts_html = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in facts)
+    # A report is shared (KFP UI, mail): locations are shown without their credentials.
+    facts_html = "".join(f"<dt>{escape(k)}</dt><dd>{escape(redact(v))}</dd>" for k, v in facts)
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -278,7 +280,7 @@ def render_report(
         f"<h1>Model evaluation report</h1>"
         f'<p class="sub">{escape(result.task)} model, scored on the {escape(split)} split</p>'
         f'<div class="gate {"pass" if result.gate_passed else "fail"}" id="gate">'
-        f"<strong>Gate: {verdict}</strong>{escape(result.gate_reason)}</div>"
+        f"<strong>Gate: {verdict}</strong>{escape(redact(result.gate_reason))}</div>"
         f"<dl>{facts_html}</dl>"
         f"{body}</body></html>\n"
     )

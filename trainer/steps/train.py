@@ -34,6 +34,7 @@ from trainer.config import (
 )
 from trainer.errors import InputError, parse_error_line
 from trainer.launchers.jobspec import JobSpec, SecretEnv
+from trainer.redact import redact
 
 OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 """Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
@@ -211,7 +212,7 @@ class LocalLauncher:
         env = dict(os.environ if self.env is None else self.env)
         env["GPUPIPE_JOB"] = job_name
         env.setdefault("OMP_NUM_THREADS", "1")
-        log.info("launching %s: %s", job_name, " ".join(cmd))
+        log.info("launching %s: %s", job_name, redact(" ".join(cmd)))
         proc = subprocess.Popen(
             cmd,
             env=env,
@@ -226,7 +227,8 @@ class LocalLauncher:
 
         def pump() -> None:
             assert proc.stdout is not None
-            for line in proc.stdout:
+            for raw in proc.stdout:
+                line = redact(raw)
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 tail.append(line.rstrip("\n"))
@@ -254,7 +256,7 @@ class LocalLauncher:
             return
         if errors:
             raise errors[0]
-        last = "\n".join(tail)
+        last = "\n".join(tail)  # redacted as it was read
         raise RuntimeError(
             f"training job {job_name} failed (exit code {proc.returncode}); last log lines:\n{last}"
         )
