@@ -149,7 +149,9 @@ def test_gpt_with_the_documented_token_column(tmp_path: Path) -> None:
 # --------------------------------------------------------------- (c) plugin and (d) regression
 
 
-def test_user_model_plugin_trains_and_exports(tmp_path: Path) -> None:
+def test_user_model_plugin_trains_and_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     train, val = tabular(tmp_path, 2048)
     cfg = config(
         tmp_path,
@@ -169,7 +171,9 @@ def test_user_model_plugin_trains_and_exports(tmp_path: Path) -> None:
     assert meta["model"]["name"] == "tests.plugins.tiny:build"
     curve = losses(cfg)
     assert curve[-1] < curve[0]
-    loaded = load_model(str(cfg.parent / "model"))
+    # Loading an artifact imports a plugin only when allowed, and never from the working dir.
+    monkeypatch.chdir(tmp_path)
+    loaded = load_model(str(cfg.parent / "model"), allowed_plugins=["tests.plugins.tiny"])
     assert tuple(loaded.module(torch.zeros(2, 8)).shape) == (2, 3)
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,6 +27,7 @@ from trainer.models import ModelSpec, build_model
 from trainer.steps.evaluate import EvaluateConfig, GateConfig, decide_gate, evaluate
 
 FEATURES = ["f0", "f1", "f2", "f3"]
+REPO = str(Path(__file__).resolve().parents[2])
 LINEAR = ModelConfig(name="mlp", num_layers=0)  # a linear model whose weights we set by hand
 
 
@@ -509,8 +513,19 @@ def test_bad_input_names_the_problem_and_writes_nothing(
         ({"gate": {"treshold": 0.8}}, "gate.treshold"),
         ({"batch_size": 0}, "batch_size"),
         ({"split": "../train"}, "split"),
+        ({"model_plugins": ["./evil"]}, "model_plugins"),
+        ({"model_plugins": ["pkg.mod:build:x"]}, "model_plugins"),
     ],
-    ids=["unknown-metric", "negative-improvement", "nan-threshold", "typo", "batch", "split-path"],
+    ids=[
+        "unknown-metric",
+        "negative-improvement",
+        "nan-threshold",
+        "typo",
+        "batch",
+        "split-path",
+        "plugin-path",
+        "plugin-malformed",
+    ],
 )
 def test_bad_config_is_rejected_naming_the_field(data: dict[str, Any], field: str) -> None:
     with pytest.raises(InputError) as info:
@@ -536,3 +551,118 @@ def test_report_counts_no_stray_images(tmp_path: Path) -> None:
     html, pngs = parse_report(tmp_path / "report.html")
     assert len(pngs) == 3
     assert re.search(r"roc_auc \(one-vs-rest macro\) = 0\.\d{4}", html)
+
+
+# --- Artifacts never run code ---------------------------------------------------------------------
+
+
+def plant_plugin(model_dir: Path, module: str, marker: Path, where: Path | None = None) -> None:
+    """Make ``model.json`` name ``<module>:build`` and put ``<module>.py`` (in the model folder
+    unless ``where``), which writes ``marker`` the moment it is imported."""
+    meta = json.loads((model_dir / "model.json").read_text())
+    meta["model"]["name"] = f"{module}:build"
+    (model_dir / "model.json").write_text(json.dumps(meta))
+    folder = where or model_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{module}.py").write_text(
+        f"open({str(marker)!r}, 'w').write('code from the artifact ran')\n"
+        "from torch import nn\n"
+        "def build(cfg, spec):\n"
+        "    return nn.Linear(spec.in_features, spec.num_classes)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("role", "allowed"),
+    [("candidate", []), ("champion", []), ("candidate", ["{module}"]), ("champion", ["{module}"])],
+    ids=["candidate", "champion", "candidate-allowed", "champion-allowed"],
+)
+def test_a_model_folder_never_runs_its_own_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str, allowed: list[str]
+) -> None:
+    """A ``.py`` next to ``model.json`` is refused, even where the config allows its name."""
+    table = make_split("classification", classes=3)
+    data = write_dataset(tmp_path / "d", table)
+    good = write_model(tmp_path / "good", table, "classification")
+    bad_dir = tmp_path / "bad"
+    write_model(bad_dir, table, "classification")
+    module, marker = f"evil_{role}_{len(allowed)}", tmp_path / "MARKER"
+    plant_plugin(bad_dir, module, marker)
+    monkeypatch.chdir(bad_dir)  # as after ``cd model; python -m trainer evaluate --model .``
+    monkeypatch.syspath_prepend(str(bad_dir))
+    cfg = EvaluateConfig(model_plugins=[a.format(module=module) for a in allowed])
+    candidate, champion = (str(bad_dir), good) if role == "candidate" else (good, str(bad_dir))
+
+    with pytest.raises(InputError) as info:
+        run(tmp_path, candidate, data, cfg=cfg, champion_model_uri=champion)
+
+    assert info.value.code == "E_MODEL"
+    assert module in info.value.message
+    if allowed:
+        assert "installed environment" in info.value.message
+    else:
+        assert info.value.where == str(bad_dir / "model.json")
+    assert not marker.exists()
+    assert module not in sys.modules
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_an_allowed_installed_plugin_model_is_evaluated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    table = make_split("classification", classes=3)
+    spec = ModelSpec(task="classification", in_features=len(FEATURES), num_classes=3)
+    cfg = ModelConfig(name="tests.plugins.tiny:build")
+    model = build_model(cfg, spec)
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(table.weights.T))
+        model.bias.zero_()
+    uri = str(tmp_path / "plugin-model")
+    save_model(
+        uri,
+        model,
+        model_cfg=cfg,
+        spec=spec,
+        features=FEATURES,
+        target="label",
+        schema=None,
+        metrics={},
+    )
+    result = run(
+        tmp_path,
+        uri,
+        write_dataset(tmp_path / "d", table),
+        cfg=EvaluateConfig(model_plugins=["tests.plugins.tiny"]),
+    )
+    assert result.metrics["accuracy"] > 0.6
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["not-allowed", "allowed-by-name"])
+def test_python_m_trainer_evaluate_inside_the_model_folder_runs_none_of_its_code(
+    tmp_path: Path, allow: bool
+) -> None:
+    """The CLI a person runs: ``cd model && python -m trainer evaluate --model .``."""
+    table = make_split("classification", classes=3)
+    data = write_dataset(tmp_path / "d", table)
+    model_dir, marker = tmp_path / "model", tmp_path / "MARKER"
+    write_model(model_dir, table, "classification")
+    plant_plugin(model_dir, "evil", marker)
+    cmd = [sys.executable, "-m", "trainer", "evaluate", "--model", ".", "--dataset", data]
+    cmd += ["--report", str(tmp_path / "report.html")]
+    if allow:
+        cmd += ["--set", 'model_plugins=["evil"]']
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        cmd, cwd=model_dir, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ERROR [evaluate] E_MODEL: ")
+    if allow:  # allowed by name, but only the installed environment is searched
+        assert "cannot import evil (No module named 'evil' in the installed environment)" in last
+    else:
+        assert "would import module 'evil', which is not allowed" in last
+        assert last.endswith("(./model.json)")
+    assert not marker.exists()
+    assert not (tmp_path / "report.html").exists()

@@ -360,3 +360,33 @@ def test_load_onto_gpu_and_predict(tmp_path: Path) -> None:
     x = inputs(GPT_SPEC)
     with torch.no_grad():
         torch.testing.assert_close(predict(loaded, x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_allowed_package_never_reaches_into_the_working_dir_for_a_submodule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed package whose ``__path__`` took in ``<cwd>/<package>`` (pkgutil.extend_path
+    while the working dir was on sys.path): its submodules there are refused, unimported."""
+    package = f"pkg_{tmp_path.name}"
+    site, cwd, marker = tmp_path / "site", tmp_path / "cwd", tmp_path / "MARKER"
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(
+        "from pkgutil import extend_path\n__path__ = extend_path(__path__, __name__)\n"
+    )
+    model_dir = tmp_path / "model"
+    module = evil_model(model_dir, cwd / package, marker)
+    meta = json.loads((model_dir / "model.json").read_text())
+    meta["model"]["name"] = f"{package}.{module}:build"
+    (model_dir / "model.json").write_text(json.dumps(meta))
+    monkeypatch.chdir(cwd)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(cwd))
+    importlib.import_module(package)  # imported earlier, with the working dir searched
+    try:
+        assert str(cwd / package) in list(sys.modules[package].__path__)
+        with pytest.raises(ValueError, match="plugins load only from the installed environment"):
+            load_model(str(model_dir), allowed_plugins=[package])
+        assert not marker.exists()
+    finally:
+        sys.modules.pop(package, None)
+        sys.modules.pop(f"{package}.{module}", None)

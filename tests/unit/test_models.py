@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +19,9 @@ from trainer.models import (
     compute_loss,
     count_params,
     flops_per_token,
+    plugin_allowed,
     unwrap_model,
+    validate_plugin_entries,
 )
 
 TINY_GPT = {"name": "gpt", "vocab_size": 32, "n_layer": 2, "n_head": 2, "d_model": 16}
@@ -114,6 +119,65 @@ def test_registry_builds_plugin_with_options() -> None:
 def test_registry_rejects_bad_plugins(name: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build_model(ModelConfig(name=name), CLS_SPEC)
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed", "ok"),
+    [
+        ("mlp", [], True),
+        ("gpt", [], True),
+        ("pkg.mod:build", [], False),
+        ("pkg.mod:build", ["pkg.mod:build"], True),
+        ("pkg.mod:build", ["pkg.mod:other"], False),
+        ("pkg.mod:build", ["pkg.mod"], True),
+        ("pkg.mod:build", ["pkg"], True),
+        ("pkg.mod:build", ["pk"], False),
+        ("pkgx.mod:build", ["pkg"], False),
+        ("pkg:build", ["pkg.mod"], False),
+    ],
+    ids=[
+        "builtin-mlp",
+        "builtin-gpt",
+        "plugin-none-allowed",
+        "exact-factory",
+        "other-factory",
+        "module",
+        "parent-package",
+        "name-prefix-is-not-a-package",
+        "sibling-package",
+        "submodule-does-not-allow-parent",
+    ],
+)
+def test_plugin_allow_list(name: str, allowed: list[str], ok: bool) -> None:
+    assert plugin_allowed(name, allowed) is ok
+
+
+@pytest.mark.parametrize(
+    "entries",
+    ["pkg.mod", ["./evil"], ["pkg.mod:"], ["pkg..mod"], ["a:b:c"], [3]],
+    ids=["string-not-list", "path", "empty-attr", "empty-part", "two-colons", "not-a-string"],
+)
+def test_plugin_allow_list_entries_are_checked(entries: object) -> None:
+    with pytest.raises(ValueError, match="plugins"):
+        validate_plugin_entries(entries, "evaluate.model_plugins")  # type: ignore[arg-type]
+
+
+def test_training_builds_a_plugin_its_own_config_names_from_the_working_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training imports as Python does: the person's own config chose the module."""
+    (tmp_path / "my_local_model.py").write_text(
+        "from torch import nn\ndef build(cfg, spec):\n    return nn.Linear(5, 3)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        model = build_model(ModelConfig(name="my_local_model:build"), CLS_SPEC)
+        assert isinstance(model, nn.Linear)
+        with pytest.raises(ValueError, match="plugins load only from the installed environment"):
+            build_model(ModelConfig(name="my_local_model:build"), CLS_SPEC, untrusted_dirs=[])
+    finally:
+        sys.modules.pop("my_local_model", None)
 
 
 @pytest.mark.parametrize(

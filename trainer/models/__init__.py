@@ -156,11 +156,12 @@ def _search_root(module: ModuleType | Any) -> str | None:
     if locations is None:
         locations = getattr(module, "__path__", None)
     origin = getattr(module, "origin", None) or getattr(module, "__file__", None)
-    if locations:  # a package: its folder's parent
-        return os.path.dirname(os.path.realpath(next(iter(locations))))
+    first = next(iter(locations), None) if locations is not None else None
+    if first is not None:  # a package: its folder's parent
+        return os.path.dirname(os.path.realpath(first))
     if origin and os.path.isabs(origin):
         return os.path.dirname(os.path.realpath(origin))
-    return None  # built-in or frozen
+    return None  # built-in, frozen, or a namespace package without portions
 
 
 @contextmanager
@@ -170,13 +171,14 @@ def _installed_only(untrusted: Sequence[str]) -> Iterator[None]:
     ``python -m`` puts the working directory on sys.path, so a ``.py`` next to a downloaded
     model would otherwise shadow (or be) the plugin a ``model.json`` names.
     """
-    bad = [os.path.realpath(d) for d in (os.getcwd(), *untrusted)]
+    cwd = os.path.realpath(os.getcwd())
+    bad = [os.path.realpath(d) for d in untrusted]
 
     def hidden(entry: str) -> bool:
         if entry in ("", "."):
             return True
         real = os.path.realpath(entry)
-        return real == bad[0] or any(_inside(real, d) for d in bad[1:])
+        return real == cwd or any(_inside(real, d) for d in bad)
 
     saved = list(sys.path)
     sys.path[:] = [p for p in saved if not hidden(p)]
@@ -186,38 +188,64 @@ def _installed_only(untrusted: Sequence[str]) -> Iterator[None]:
         sys.path[:] = saved
 
 
-def _check_root(name: str, module_name: str, root: str | None, untrusted: Sequence[str]) -> None:
-    """Refuse a module found in the working directory or in an untrusted (artifact) folder."""
-    if root is None:
-        return
-    cwd = os.path.realpath(os.getcwd())
-    if root == cwd or any(_inside(root, os.path.realpath(d)) for d in untrusted):
+class _Guard:
+    """Where a plugin's code may not come from: the working directory and untrusted folders."""
+
+    def __init__(self, name: str, module_name: str, untrusted: Sequence[str]) -> None:
+        self.name = name
+        self.module_name = module_name
+        self.top = module_name.split(".", 1)[0]
+        self.cwd = os.path.realpath(os.getcwd())
+        self.untrusted = [os.path.realpath(d) for d in untrusted]
+
+    def _refuse(self, where: str) -> None:
         raise ValueError(
-            f"model.name {name!r}: module {module_name} would be imported from {root}, the "
-            "working directory or the model's own folder; plugins load only from the "
-            "installed environment"
+            f"model.name {self.name!r}: module {self.module_name} would be imported from "
+            f"{where}, the working directory or the model's own folder; plugins load only "
+            "from the installed environment (pip install the package)"
         )
+
+    def root(self, root: str | None) -> None:
+        """Refuse a top-level module found in the working directory or an untrusted folder."""
+        if root is not None and (root == self.cwd or any(_inside(root, d) for d in self.untrusted)):
+            self._refuse(root)
+
+    def path(self, path: str | None) -> None:
+        """Refuse a package folder or file of the plugin inside an untrusted folder, or inside
+        ``<cwd>/<top>`` (a package ``__path__`` extended while the working dir was searched)."""
+        if path is None or not os.path.isabs(path):
+            return
+        real = os.path.realpath(path)
+        in_cwd_package = _inside(real, os.path.join(self.cwd, self.top))
+        if in_cwd_package or any(_inside(real, d) for d in self.untrusted):
+            self._refuse(real)
 
 
 def _import_installed(name: str, module_name: str, untrusted: Sequence[str]) -> ModuleType:
     """Import ``module_name`` from the installed environment, never from CWD or ``untrusted``.
 
     The top-level package is located first without running it (``find_spec`` of a top-level
-    name executes nothing), and refused if it lives in the working directory or an untrusted
-    folder; only then is the module imported, with those folders hidden from sys.path.
+    name executes nothing) and refused if it lives in the working directory or an untrusted
+    folder; then each level is imported only after its parent's search path was checked, with
+    those folders hidden from sys.path throughout.
     """
-    top = module_name.split(".", 1)[0]
+    guard = _Guard(name, module_name, untrusted)
+    parts = module_name.split(".")
     with _installed_only(untrusted):
-        loaded = sys.modules.get(top)
+        loaded = sys.modules.get(guard.top)
         if loaded is not None:
-            _check_root(name, module_name, _search_root(loaded), untrusted)
+            guard.root(_search_root(loaded))
         else:
-            found = importlib.util.find_spec(top)
+            found = importlib.util.find_spec(guard.top)
             if found is None:
-                raise ImportError(f"No module named {top!r} in the installed environment")
-            _check_root(name, module_name, _search_root(found), untrusted)
-        module = importlib.import_module(module_name)
-    _check_root(name, module_name, _search_root(sys.modules[top]), untrusted)
+                raise ImportError(f"No module named {guard.top!r} in the installed environment")
+            guard.root(_search_root(found))
+        module = importlib.import_module(guard.top)
+        for i in range(1, len(parts)):
+            for entry in getattr(module, "__path__", None) or []:
+                guard.path(entry)
+            module = importlib.import_module(".".join(parts[: i + 1]))
+    guard.path(getattr(module, "__file__", None))
     return module
 
 

@@ -558,7 +558,7 @@ def evaluate(
         min_improvement=cfg.gate.min_improvement,
         has_champion=champion_model_uri is not None,
         champion_value=champion_value,
-        champion_name=champion_name or redact(champion_model_uri or ""),
+        champion_name=champion_name or (champion_model_uri or ""),
         champion_note=champion_note,
     )
 
@@ -566,7 +566,7 @@ def evaluate(
         task=task,
         metrics=scored.metrics,
         gate_passed=passed,
-        gate_reason=reason,
+        gate_reason=redact(reason),  # it names the champion, e.g. by a URI
         champion_metrics=champion_metrics,
         confusion_matrix=None,
         labels=None,
