@@ -25,6 +25,7 @@ from typing import Any
 
 from pipelines.params import check_parameters, parameter_types
 from trainer.errors import InputError, parse_error_line
+from trainer.redact import redact as _redact
 
 log = logging.getLogger(__name__)
 
@@ -458,11 +459,6 @@ def _prepare_registry(uri: str) -> None:
 
     if uri.startswith("sqlite:"):
         registry.prepare_store(uri)
-
-
-def _redact(text: str) -> str:
-    """``text`` with credentials inside URIs masked."""
-    return re.sub(r"(?P<scheme>\w[\w+.-]*://)[^/@\s]+@", r"\g<scheme>***@", text)
 
 
 def _failure_details(failure: tuple[str, list[str]], step_log: _StepLog) -> dict[str, Any]:

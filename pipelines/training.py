@@ -237,6 +237,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 gate_threshold=gate_threshold,
                 registry_uri=registry_uri,
                 registered_model_name=registered_model_name,
+                model_name=model_name,
             )
             _configure(ev, "evaluate", object_store_secret, retries=retries)
             ev.set_caching_options(False)  # the champion it compares with can change between runs

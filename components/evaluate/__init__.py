@@ -17,12 +17,15 @@ def evaluate(
     gate_threshold: float = 0.0,
     registry_uri: str = "",
     registered_model_name: str = "gpupipe-model",
+    model_name: str = "mlp",
 ) -> bool:
     """Score the candidate (and the registry's champion, if any) on the test split.
 
     Returns whether the gate passed: the step's single output, which the pipeline's condition
     reads (the reason is in the report's metadata, ``gate_reason``). ``gate_threshold`` 0 means
-    no threshold; ``registry_uri`` empty means the default local registry.
+    no threshold; ``registry_uri`` empty means the default local registry. ``model_name`` is
+    the pipeline's model: a plugin (``package.module:build``) named there is the only code a
+    model artifact may make this step import, and only from the installed environment.
     """
     from trainer.config import from_dict
     from trainer.steps import run_guarded, write_metadata_file
@@ -33,7 +36,12 @@ def evaluate(
         from trainer.registry import get_champion
 
         cfg = from_dict(
-            EvaluateConfig, {"gate": {"metric": gate_metric, "threshold": gate_threshold or None}}
+            EvaluateConfig,
+            {
+                "gate": {"metric": gate_metric, "threshold": gate_threshold or None},
+                # the one plugin this pipeline trained with may be imported (from the image)
+                "model_plugins": [model_name] if ":" in model_name else [],
+            },
         )
         champion = get_champion(registry_uri or None, registered_model_name)
         # register re-checks the alias against this version: a concurrent run may move it.

@@ -207,7 +207,7 @@ REJECTED = [
         "registry-secret",
         ["--param", "registry_uri=http://alice:hunter2@127.0.0.1:{port}/"],
         "E_REGISTRY",
-        "http://***@127.0.0.1",
+        "http://alice:***@127.0.0.1",
     ),
     (
         "registry-foreign-sqlite",
