@@ -68,7 +68,7 @@ def _small_state(value: float) -> dict[str, Any]:
 
 
 def _dirs(root: Path) -> list[str]:
-    """The entries of ``root`` besides the manager's ownership marker (always there after a save)."""
+    """The entries of ``root`` besides the manager's ownership marker (there after a save)."""
     if not root.exists():
         return []
     return sorted(p.name for p in root.iterdir() if p.name != OUTPUT_MARKER)
