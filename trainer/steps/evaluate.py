@@ -503,13 +503,13 @@ def evaluate(
             unreadable split, ``E_SCHEMA`` for columns the model needs but the split lacks,
             ``E_CONFIG`` for a gate metric the task does not have.
     """
-    from trainer.steps import report
-
     # Before any work: the report (a file) must be new or an earlier report of this step.
     inputs = {"model": model_uri, "dataset": dataset_uri, "champion": champion_model_uri}
     for out in (report_uri, metrics_uri):
         if out is not None:
             outputs.check_output_location(out, "evaluate", inputs=inputs, kind="file")
+    from trainer.steps import report
+
     candidate = _load(model_uri, "candidate")
     task = candidate.spec.task
     metric = AUTO_METRIC[task] if cfg.gate.metric == "auto" else cfg.gate.metric
