@@ -2,6 +2,8 @@
 
 The same step functions the KFP components call, without KFP: what a PyTorchJob pod, a Katib
 trial or a person at a shell runs. Bad input prints ``ERROR [<step>] E_<CODE>: ...`` and exits 2.
+Outputs (``--output``, train's ``--model`` and ``--work``, ``--report``) go only where nothing
+but the same step's earlier output would be replaced (see :mod:`trainer.outputs`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from typing import Any
 from trainer import storage
 from trainer.config import apply_overrides, from_dict
 from trainer.steps import run_guarded
+
+_FOLDER_HELP = (
+    "output folder: new, empty, or this step's own earlier output (replaced); anything else"
+    " is refused (E_OUTPUT)"
+)
+_FILE_HELP = "output file: new, or this step's own earlier output (replaced); else E_OUTPUT"
 
 
 def _config(args: argparse.Namespace, cls: type) -> Any:
@@ -84,6 +92,13 @@ STEPS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], list[tupl
     "register": (_register, [("--model", True), ("--run-id", True), ("--data-hash", True)]),
 }
 
+OUTPUT_FLAGS: dict[str, dict[str, str]] = {
+    "preprocess": {"--output": _FOLDER_HELP},
+    "train": {"--model": _FOLDER_HELP, "--work": _FOLDER_HELP},
+    "evaluate": {"--report": _FILE_HELP},
+}
+"""The flags of each step that name an output location, with their help."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
@@ -100,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="override a config field",
         )
         for flag, required in flags:
-            p.add_argument(flag, required=required, metavar="URI")
+            help_text = OUTPUT_FLAGS.get(name, {}).get(flag)
+            p.add_argument(flag, required=required, metavar="URI", help=help_text)
         if name == "register":
             p.add_argument(
                 "--gate-passed",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import storage
+from trainer import outputs, storage
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,8 @@ FORMAT = 1
 """Version of the on-disk layout, recorded in every completion marker."""
 STATE_FILE = "state.pt"
 MARKER_FILE = "COMPLETE.json"
+ROOT_STEP = "checkpoints"
+"""The step named in the root's :data:`trainer.outputs.OUTPUT_MARKER`: the root is the manager's."""
 
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _TMP_DIR = re.compile(r"step-(\d{8,})\.tmp")
@@ -70,6 +72,12 @@ class CheckpointManager:
     directory (quarantines bad steps, removes leftovers); on a shared root, let the main rank call
     it first, or pass ``repair=False`` on the other ranks.
 
+    The root is the manager's own: it must be absent, empty, or carry the manager's marker
+    (``.gpupipe-output.json`` for step ``checkpoints``, written on the first save); a folder of
+    someone else's files is refused when the manager is created, before training starts. Inside
+    its root the manager renames and deletes only names of its own patterns (``step-<n>`` and
+    its ``.tmp``, ``.replaced`` and ``.corrupt-<k>`` forms); any other file there is left alone.
+
     Args:
         root: URI of the directory that holds the ``step-*`` folders (local path, s3://, gs://,
             minio://). Created on the first save.
@@ -77,6 +85,7 @@ class CheckpointManager:
 
     Raises:
         ValueError: If ``root`` is empty or ``keep_last`` < 1.
+        InputError: ``E_OUTPUT`` naming ``root`` if it is not the manager's (see above).
     """
 
     def __init__(self, root: str, *, keep_last: int = 3) -> None:
@@ -84,8 +93,10 @@ class CheckpointManager:
             raise ValueError(f"checkpoint root must be a non-empty URI, got {root!r}")
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
             raise ValueError(f"keep_last must be an int >= 1, got {keep_last!r}")
+        outputs.check_output_location(root, ROOT_STEP)
         self.root = root
         self.keep_last = keep_last
+        self._claimed = False
 
     def save(self, step: int, state: dict[str, Any]) -> str:
         """Write ``state`` as checkpoint ``step`` atomically, then prune old checkpoints.
@@ -115,7 +126,9 @@ class CheckpointManager:
         name = _dir_name(step)
         final, tmp, aside = (self._uri(name + suffix) for suffix in ("", ".tmp", ".replaced"))
 
-        storage.makedirs(self.root)
+        if not self._claimed:  # marker before any step folder: the root is ours from now on
+            outputs.claim_output_dir(self.root, ROOT_STEP)
+            self._claimed = True
         storage.delete(tmp)  # a stale one from a crashed save would mix old files into this one
         storage.makedirs(tmp)
         entry = _write_state(storage.join(tmp, STATE_FILE), state)

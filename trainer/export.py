@@ -13,7 +13,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from trainer import storage
+from trainer import outputs, storage
 from trainer.config import ModelConfig, from_dict, to_dict
 from trainer.errors import InputError
 from trainer.models import (
@@ -30,6 +30,8 @@ FORMAT = "gpupipe.model/v1"
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "model.json"
 METRICS_FILE = "metrics.json"
+MODEL_STEP = "train"
+"""The step whose output marker a model directory carries: only a model replaces a model."""
 
 __all__ = ["FORMAT", "LoadedModel", "load_model", "predict", "save_model"]
 
@@ -97,9 +99,10 @@ def save_model(
     """Write the model artifact to directory ``uri``, atomically.
 
     The directory is built under a temporary sibling name and renamed to ``uri`` only when every
-    file is written, so a failure leaves nothing at ``uri`` (an earlier artifact there is
-    replaced on success). DDP and torch.compile wrappers are unwrapped first, so the weight
-    names are those of the plain model.
+    file is written, so a failure leaves nothing at ``uri``. ``uri`` must be absent, empty or an
+    earlier model (which is replaced on success): see :func:`trainer.outputs.atomic_dir`. DDP
+    and torch.compile wrappers are unwrapped first, so the weight names are those of the plain
+    model.
 
     Args:
         uri: Destination directory (any storage URI).
@@ -111,6 +114,9 @@ def save_model(
         schema: The preprocess step's ``schema.json`` (fitted statistics) for serving.
         metrics: Final metrics, written to ``metrics.json``.
         extra: More JSON-serialisable metadata, stored under ``"extra"`` in ``model.json``.
+
+    Raises:
+        InputError: ``E_OUTPUT`` if ``uri`` holds anything but an earlier model.
     """
     tensors, aliases = _state_for_safetensors(unwrap_model(model))
     meta = {
@@ -129,7 +135,7 @@ def save_model(
     meta_json = json.dumps(meta, indent=2, sort_keys=True) + "\n"
     metrics_json = json.dumps({k: float(v) for k, v in metrics.items()}, indent=2, sort_keys=True)
     weights = safetensors.torch.save(tensors, metadata={"format": "pt"})
-    with storage.atomic_dir(uri) as tmp:
+    with outputs.atomic_dir(uri, step=MODEL_STEP) as tmp:
         storage.write_bytes(storage.join(tmp, WEIGHTS_FILE), weights)
         storage.write_bytes(storage.join(tmp, METRICS_FILE), (metrics_json + "\n").encode())
         storage.write_bytes(storage.join(tmp, META_FILE), meta_json.encode())

@@ -468,8 +468,8 @@ def rename(src: str, dst: str) -> None:
 
     Both local: ``os.replace`` (atomic; an existing file ``dst`` is replaced, an empty directory
     ``dst`` too). Otherwise: copy, then delete ``src``, which is not atomic: a reader may see
-    ``dst`` half-filled, so publish directories through atomic_dir (readers look for ``dst``
-    only after the writer returns) or through a marker file written last.
+    ``dst`` half-filled, so publish directories through ``trainer.outputs.atomic_dir`` (readers
+    look for ``dst`` only after the writer returns) or through a marker file written last.
 
     Raises:
         FileNotFoundError: If ``src`` does not exist.
@@ -488,42 +488,3 @@ def rename(src: str, dst: str) -> None:
         return
     copy_tree(src, dst)
     delete(src)
-
-
-@contextmanager
-def atomic_dir(uri: str) -> Iterator[str]:
-    """Build a directory under a temporary sibling name and publish it as ``uri`` on success.
-
-    Yields ``<uri>.tmp-<random>``. On normal exit an existing ``uri`` is **replaced**: it is
-    deleted, then the temporary directory is renamed to ``uri``. Replacing (rather than failing
-    when ``uri`` exists) lets a retried step overwrite the output of an earlier, interrupted
-    attempt; the price is a short window between delete and rename where ``uri`` is missing.
-    On an exception the temporary directory is deleted and the exception re-raised, so a
-    failed step leaves no partial output.
-
-    On object stores an empty directory does not exist: if nothing was written, ``uri`` is
-    left absent.
-
-    Args:
-        uri: Where the finished directory should appear.
-
-    Yields:
-        The URI of the temporary directory to write into.
-    """
-    base = uri.rstrip("/") if _is_remote(uri) else _local_os_path(uri)
-    tmp = f"{base}.tmp-{secrets.token_hex(4)}"
-    if _scheme(uri) == "file":
-        tmp = f"file://{tmp}"
-    makedirs(tmp)
-    try:
-        yield tmp
-    except BaseException:
-        delete(tmp)
-        raise
-    try:
-        delete(uri)
-        if exists(tmp):
-            rename(tmp, uri)
-    except BaseException:
-        delete(tmp)
-        raise

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
-from trainer import storage
+from trainer import outputs, storage
+from trainer.errors import InputError
+from trainer.outputs import OUTPUT_MARKER
 
 pytestmark = pytest.mark.integration
 
@@ -65,22 +68,97 @@ def test_open_output_publishes_only_on_success(root: str, s3_client: Any, s3_buc
     assert storage.read_bytes(target) == b"whole"
 
 
+def _objects(s3_client: Any, bucket: str) -> dict[str, bytes]:
+    """Every object (not directory markers) with its content."""
+    return {
+        k: s3_client.get_object(Bucket=bucket, Key=k)["Body"].read()
+        for k in _keys(s3_client, bucket)
+    }
+
+
 def test_atomic_dir(root: str, s3_client: Any, s3_bucket: str) -> None:
     model = storage.join(root, "model")
-    with pytest.raises(ValueError, match="bad"), storage.atomic_dir(model) as tmp:
+    with pytest.raises(ValueError, match="bad"), outputs.atomic_dir(model, step="train") as tmp:
         storage.write_bytes(storage.join(tmp, "model.safetensors"), b"half")
         raise ValueError("bad")
     assert _keys(s3_client, s3_bucket) == []
 
+    # An interrupted earlier attempt of the same step (its marker landed first) is replaced.
+    storage.write_json(outputs.marker_uri(model), outputs.marker("train"))
     storage.write_text(storage.join(model, "stale.txt"), "from an interrupted attempt")
-    with storage.atomic_dir(model) as tmp:
+    with outputs.atomic_dir(model, step="train") as tmp:
         assert tmp.startswith(model + ".tmp-")
         storage.write_bytes(storage.join(tmp, "model.safetensors"), b"weights")
         storage.write_json(storage.join(tmp, "meta", "model.json"), {"arch": "mlp"})
         assert not storage.exists(storage.join(model, "model.safetensors"))
-    assert storage.list_dir(model) == ["meta", "model.safetensors"]
+    assert storage.list_dir(model) == [OUTPUT_MARKER, "meta", "model.safetensors"]
     assert storage.read_bytes(storage.join(model, "model.safetensors")) == b"weights"
+    assert outputs.read_marker(model)["step"] == "train"  # type: ignore[index]
     assert storage.list_dir(root) == ["model"]
+
+
+@pytest.mark.parametrize(
+    ("foreign", "fragment"),
+    [
+        ({"model/notes.txt": b"mine"}, "has no gpupipe marker"),
+        ({"model/a/b.bin": b"mine", "model/.gpupipe-output.json": b"not json"}, "no gpupipe"),
+        (
+            {"model/.gpupipe-output.json": b'{"created_by": "gpupipe", "step": "preprocess"}'},
+            "holds the output of the preprocess step",
+        ),
+        ({"model": b"a file"}, "is an existing file"),
+    ],
+    ids=["foreign-objects", "garbled-marker", "another-steps-output", "an-object"],
+)
+def test_atomic_dir_refuses_a_prefix_it_did_not_create(
+    root: str, s3_client: Any, s3_bucket: str, foreign: dict[str, bytes], fragment: str
+) -> None:
+    for key, body in foreign.items():
+        s3_client.put_object(Bucket=s3_bucket, Key=f"run-1/{key}", Body=body)
+    before = _objects(s3_client, s3_bucket)
+    model = storage.join(root, "model")
+
+    with (
+        pytest.raises(InputError, match=fragment) as info,
+        outputs.atomic_dir(model, step="train") as tmp,
+    ):
+        storage.write_bytes(storage.join(tmp, "model.safetensors"), b"weights")
+
+    assert info.value.code == "E_OUTPUT" and info.value.where == model
+    assert _objects(s3_client, s3_bucket) == before
+
+
+def test_preprocess_to_an_object_store(
+    root: str, s3_client: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    """The step refuses a prefix holding someone's objects, writes a new one, replaces its own."""
+    from trainer.steps.demo_data import make_demo_table
+    from trainer.steps.preprocess import PreprocessConfig, preprocess
+
+    pq.write_table(make_demo_table(300, seed=1), tmp_path / "d.parquet")
+    cfg = PreprocessConfig(target="churned")
+    s3_client.put_object(Bucket=s3_bucket, Key="run-1/theirs/keep.csv", Body=b"a,b\n1,2\n")
+    before = _objects(s3_client, s3_bucket)
+
+    with pytest.raises(InputError, match="has no gpupipe marker"):
+        preprocess(
+            cfg, data_uri=str(tmp_path / "d.parquet"), output_uri=storage.join(root, "theirs")
+        )
+    assert _objects(s3_client, s3_bucket) == before
+
+    out = storage.join(root, "dataset")
+    preprocess(cfg, data_uri=str(tmp_path / "d.parquet"), output_uri=out)
+    first = _objects(s3_client, s3_bucket)
+    storage.write_text(storage.join(out, "stale.txt"), "left by an interrupted attempt")
+    preprocess(cfg, data_uri=str(tmp_path / "d.parquet"), output_uri=out)
+    assert storage.list_dir(out) == sorted(
+        [OUTPUT_MARKER, "schema.json", "stats.json", "test.parquet", "train.parquet", "val.parquet"]
+    )
+    again = _objects(s3_client, s3_bucket)
+    marker_key = f"run-1/dataset/{OUTPUT_MARKER}"
+    assert {k: v for k, v in again.items() if k != marker_key} == {
+        k: v for k, v in first.items() if k != marker_key
+    }  # the same bytes (deterministic), the stale object gone, theirs untouched
 
 
 def test_copy_tree_local_to_s3_and_back(root: str, tmp_path: Path) -> None:

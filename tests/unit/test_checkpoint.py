@@ -19,6 +19,7 @@ from torch import nn
 
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from trainer.outputs import OUTPUT_MARKER
 
 TrainObjects = tuple[nn.Linear, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, Any]
 
@@ -67,7 +68,10 @@ def _small_state(value: float) -> dict[str, Any]:
 
 
 def _dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+    """The entries of ``root`` besides the manager's ownership marker (there after a save)."""
+    if not root.exists():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.name != OUTPUT_MARKER)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from trainer.config import ModelConfig, to_dict
 from trainer.errors import InputError
 from trainer.export import FORMAT, load_model, predict, save_model
 from trainer.models import ModelSpec, build_model
+from trainer.outputs import OUTPUT_MARKER
 from trainer.version import __version__
 
 GPT_CFG = ModelConfig(name="gpt", vocab_size=32, n_layer=2, n_head=2, d_model=16)
@@ -78,7 +79,12 @@ def test_round_trip_gives_identical_predictions(tmp_path: Path, cfg, spec) -> No
     assert got.shape == expected.shape
     assert torch.equal(got, expected)
     assert not loaded.module.training
-    assert sorted(os.listdir(uri)) == ["metrics.json", "model.json", "model.safetensors"]
+    assert sorted(os.listdir(uri)) == [
+        OUTPUT_MARKER,
+        "metrics.json",
+        "model.json",
+        "model.safetensors",
+    ]
 
 
 def test_gpt_tied_weights_are_stored_once_and_tied_again_on_load(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from trainer.__main__ import main as trainer_main
 from trainer.config import from_dict
 from trainer.data import TabularDataset
 from trainer.errors import InputError
+from trainer.outputs import OUTPUT_MARKER
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.preprocess import PreprocessConfig, PreprocessResult, preprocess
 from trainer.steps.tabular import split_indices
@@ -70,7 +71,7 @@ def test_writes_splits_schema_and_stats_that_the_trainer_loads(
     out = tmp_path / "out"
     result = _run(write(tmp_path, demo), out)
 
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, OUTPUT_MARKER])
     assert result.task == "classification"
     assert result.classes == ["no", "yes"]
     assert result.train_rows + result.val_rows + result.test_rows == ROWS

@@ -15,7 +15,7 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.render import render_pytorchjob
 from tests.fakes.kube_api import FakeKubeApi, Scenario
 from tests.unit.test_jobspec import assert_valid_job, needs_crd
-from trainer import storage
+from trainer import outputs, storage
 from trainer.config import from_dict
 from trainer.errors import InputError
 from trainer.launchers.jobspec import build_pytorchjob, job_name
@@ -325,6 +325,8 @@ def uris(tmp_path: Path) -> dict[str, str]:
     storage.write_bytes(storage.join(dataset, "val.parquet"), b"PAR1")
     storage.write_json(storage.join(model, "metrics.json"), METRICS)
     storage.write_json(storage.join(model, "model.json"), {"extra": {"train": {"steps": 42}}})
+    # As export.save_model publishes it: with the train step's marker, so the step may replace it.
+    storage.write_json(outputs.marker_uri(model), outputs.marker("train"))
     return {"dataset": dataset, "model": model, "work": model + "-work"}
 
 

@@ -11,7 +11,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import torch
 
-from trainer import storage
+from trainer import outputs, storage
 from trainer.data import TabularDataset
 from trainer.errors import InputError
 from trainer.export import LoadedModel, load_model, predict
@@ -515,6 +515,11 @@ def evaluate(
             unreadable split, ``E_SCHEMA`` for columns the model needs but the split lacks,
             ``E_CONFIG`` for a gate metric the task does not have.
     """
+    # Before any work: the report (a file) must be new or an earlier report of this step.
+    inputs = {"model": model_uri, "dataset": dataset_uri, "champion": champion_model_uri}
+    for out in (report_uri, metrics_uri):
+        if out is not None:
+            outputs.check_output_location(out, "evaluate", inputs=inputs, kind="file")
     from trainer.steps import report
 
     candidate = _load(model_uri, "candidate", cfg.model_plugins)
@@ -595,7 +600,8 @@ def evaluate(
         y_pred=scored.y_pred if task == "regression" else None,
     )
     # Everything is computed: only now touch the outputs, so a failure above leaves none.
-    storage.write_text(report_uri, html)
+    outputs.write_output_file(report_uri, html, step="evaluate")
     if metrics_uri is not None:
-        storage.write_json(metrics_uri, result.to_dict())
+        body = json.dumps(result.to_dict(), indent=2, sort_keys=True) + "\n"
+        outputs.write_output_file(metrics_uri, body, step="evaluate")
     return result

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from trainer import storage
 from trainer.config import _require
 from trainer.errors import InputError
+from trainer.outputs import atomic_dir, check_output_location
 from trainer.steps.tabular import (
     CategoricalFit,
     NoTrainingValues,
@@ -410,7 +411,8 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
     Args:
         cfg: What to read and how.
         data_uri: A data file or a folder of data files (any storage URI).
-        output_uri: Folder to publish the outputs to (replaced if it exists).
+        output_uri: Folder to publish the outputs to: absent, empty, or an earlier preprocess
+            output (which is replaced); anything else is refused (``E_OUTPUT``).
 
     Returns:
         Split sizes, output feature names, task, class labels and the input's hash.
@@ -420,6 +422,8 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
             all-missing column, infinite values, mixed types, a schema that disagrees with the
             data); the message names the file or column and the bad value. Nothing is written.
     """
+    # Before any work: never write into the data, the working directory or anyone's files.
+    check_output_location(output_uri, "preprocess", inputs={"data": data_uri})
     data = read_input(data_uri, cfg.csv_delimiter)
     n = data.table.num_rows
     if n == 0:
@@ -518,7 +522,7 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
     dictionary_columns = [f for f in features if f not in numeric_outputs]
     if classes is not None:
         dictionary_columns.append(cfg.target)
-    with storage.atomic_dir(output_uri) as tmp, ThreadPoolExecutor(len(bounds)) as pool:
+    with atomic_dir(output_uri, step="preprocess") as tmp, ThreadPoolExecutor(len(bounds)) as pool:
         writes = []
         for name, (lo, hi) in bounds.items():
             # Slices of contiguous columns: pyarrow wraps them without copying.

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from trainer import storage
+from trainer import outputs, storage
 from trainer.config import (
     DistConfig,
     ModelConfig,
@@ -348,11 +348,20 @@ def train_step(
     """Write the worker config under ``work_uri``, launch the job, return the model's metrics.
 
     ``work_uri`` must be stable across retries of the step: it holds the checkpoints a retried
-    step resumes from.
+    step resumes from. Both it and ``model_uri`` must be absent, empty, or this step's own
+    earlier output (see :mod:`trainer.outputs`); anything else fails with ``E_OUTPUT`` before
+    the job starts.
     """
+    # Before any work: the model and the work folder must be new, empty or ours.
+    outputs.check_output_location(
+        model_uri, "train", inputs={"dataset": dataset_uri, "work folder": work_uri}
+    )
+    work_inputs = {"dataset": dataset_uri, "model folder": model_uri}
+    outputs.check_output_location(work_uri, "train-work", inputs=work_inputs)
     worker_cfg = build_worker_config(
         cfg, dataset_uri=dataset_uri, model_uri=model_uri, work_uri=work_uri
     )
+    outputs.claim_output_dir(work_uri, "train-work", inputs=work_inputs)
     config_uri = storage.join(work_uri, "worker-config.json")
     storage.write_text(config_uri, to_json(worker_cfg))
     if launcher is None:

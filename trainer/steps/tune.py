@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainer import storage
+from trainer import outputs, storage
 from trainer.config import WorkerConfig, _require, apply_overrides, from_dict, to_json
 from trainer.errors import InputError
 from trainer.steps.train import TrainStepConfig, build_worker_config, read_schema
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from trainer.tune.local import StudyResult, TrialRecord, TrialRunner
 
 log = logging.getLogger(__name__)
+WORK_STEP = "tune-work"
+"""The marker step of the work folder (study journal, trials): only tune reuses it."""
 
 TUNABLE_SECTIONS = ("model", "optim", "train")
 """Config sections a search may vary; data, output and cluster settings belong to the step."""
@@ -214,6 +216,12 @@ def tune(
         InputError: bad space, settings or dataset (before any trial runs).
         RuntimeError: more than ``maxFailedTrialCount`` trials failed, or the Experiment failed.
     """
+    # Before any work: the outputs must be new or this step's own (the work folder is claimed,
+    # new, empty or ours, by each engine before its first trial).
+    inputs = {"dataset": dataset_uri, "work folder": work_uri}
+    for out in (output_uri, report_uri, metrics_uri):
+        if out is not None:
+            outputs.check_output_location(out, "tune", inputs=inputs, kind="file")
     space = cfg.parsed_space()
     step_cfg = cfg.base_step_config()
     read_schema(dataset_uri)  # a dataset without a schema fails here, not in every trial
@@ -242,10 +250,12 @@ def tune(
             f"{result.trials_failed} failed): there are no best parameters"
         )
     html = render_tune_report(result, study, dataset_uri=dataset_uri, work_uri=work_uri)
-    storage.write_text(report_uri, html)
+    outputs.write_output_file(report_uri, html, step="tune")
     if metrics_uri is not None:
-        storage.write_text(metrics_uri, json.dumps(result.metrics(), indent=2, sort_keys=True))
-    storage.write_text(output_uri, json.dumps(result.best_params, indent=2, sort_keys=True))
+        metrics_json = json.dumps(result.metrics(), indent=2, sort_keys=True)
+        outputs.write_output_file(metrics_uri, metrics_json, step="tune")
+    best_json = json.dumps(result.best_params, indent=2, sort_keys=True)
+    outputs.write_output_file(output_uri, best_json, step="tune")
     log.info(
         "tune: best %s=%s with %s (%d completed, %d pruned, %d failed; %s)",
         result.objective_metric,
@@ -286,6 +296,7 @@ def _tune_local(
     def trial_config(number: int, assignment: dict[str, Any], trial_uri: str) -> WorkerConfig:
         return trial_worker_config(cfg, assignment, dataset_uri=dataset_uri, trial_uri=trial_uri)[0]
 
+    outputs.claim_output_dir(work_uri, WORK_STEP, inputs={"dataset": dataset_uri})
     return run_study(
         space,
         trial_config,
@@ -328,6 +339,7 @@ def _tune_katib(
     if launcher is None:
         launcher = KatibLauncher.from_environment(namespace=step_cfg.cluster.namespace)
     name = experiment_name(run_id, task_name)
+    outputs.claim_output_dir(work_uri, WORK_STEP, inputs={"dataset": dataset_uri})
     base = build_worker_config(
         step_cfg,
         dataset_uri=dataset_uri,
