@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -142,6 +143,43 @@ def init(backend: str = "auto", timeout_s: int = 1800) -> DistContext:
     ctx = DistContext(device=device, backend=chosen, run_id=run_id(), **layout)
     _quiet_non_main(ctx)
     return ctx
+
+
+# What a rank sees when another process of the job dies (kill -9 of a rank or of its whole node,
+# observed with gloo on CPU, torch 2.13): a plain RuntimeError from the next collective, e.g.
+# "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:29843" or
+# "[.../pair.cc:537] Read error [127.0.0.1]:22177: Connection reset by peer". The store and the
+# rendezvous raise DistNetworkError / DistStoreError (a subclass of RuntimeError); NCCL raises
+# DistBackendError with the texts below. A message is only trusted from a RuntimeError: an
+# OSError from user code (an HTTP download, say) is not the job losing a member.
+_PEER_LOST_TYPES: tuple[type[BaseException], ...] = (tdist.DistNetworkError, tdist.DistStoreError)
+_PEER_LOST_TEXT = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|connection refused"
+    r"|timed out waiting .* for (recv|send)|socket timeout|failed to recv"
+    r"|remote process exited or there was a network error"
+    r"|communicator was aborted|watchdog caught collective operation timeout"
+    r"|rendezvous(closed|timeout|connection)error|rendezvous is closed",
+    re.IGNORECASE,
+)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means another process of the job (or the store) went away.
+
+    A lost peer is not this rank's fault and the rerun resumes from the last checkpoint, so the
+    worker exits with the retryable :data:`trainer.errors.EXIT_PEER_LOST` instead of 1. The
+    explicit cause chain (``raise ... from e``) is followed, so a wrapped collective error counts.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _PEER_LOST_TYPES):
+            return True
+        if isinstance(current, RuntimeError) and _PEER_LOST_TEXT.search(str(current)):
+            return True
+        current = current.__cause__
+    return False
 
 
 def _quiet_non_main(ctx: DistContext) -> None:

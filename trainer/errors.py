@@ -10,6 +10,12 @@ EXIT_BAD_INPUT = 2
 """Permanent failure under the training operator's ExitCode restart policy (1-127)."""
 EXIT_PREEMPTED = 143
 """128 + SIGTERM: a checkpoint was written after a preemption; the operator may retry (128-255)."""
+EXIT_PEER_LOST = 200
+"""A process of the job was lost: a peer (another rank, its node, or the rendezvous store) went
+away mid-run (connection closed or reset by peer, store or collective timeout, NCCL communicator
+aborted), or a worker died by a signal (SIGKILL, the OOM killer) without recording a code.
+Retryable (128-255): the rerun resumes from the newest checkpoint. Chosen above 128 + any
+signal number (129-192) so that it is never mistaken for one."""
 
 
 class InputError(ValueError):

@@ -8,12 +8,21 @@ the code each worker left in ``$GPUPIPE_EXIT_DIR/rank-<rank>.code``:
 
 - torchrun exited 0: 0;
 - any worker exited 2 (bad input): 2, permanent;
-- this wrapper got SIGTERM, or workers exited 143 (checkpointed after SIGTERM) and none reported
-  another failure: 143, retryable;
+- this wrapper got SIGTERM: 143, retryable;
+- any worker reported another failure (1: a bug, or a run that cannot go on): torchrun's own
+  code (1), permanent;
+- a worker lost a peer (200: another rank, its node or the store went away), or a worker that
+  had started vanished without recording any code (killed by a signal: SIGKILL, the OOM killer):
+  200 (:data:`~trainer.errors.EXIT_PEER_LOST`), retryable;
+- workers exited 143 (checkpointed after SIGTERM): 143, retryable;
 - otherwise torchrun's own code (1).
 
 A worker that crashed (exit 1) makes torchrun SIGTERM its peers, which then checkpoint and exit
-143; that crash must stay permanent, hence "none reported another failure" above.
+143, or fail their next collective and exit 200; that crash must stay permanent, hence the order
+above. What a kill -9 looks like (gloo, torch 2.13, two nodes of one rank each): the survivor's
+next collective raises ``RuntimeError: [...gloo/transport/tcp/pair.cc] Connection closed by peer``
+(or ``Connection reset by peer``), and both torchruns exit 1, the killed rank's with exitcode -9
+and no code recorded; without this mapping the operator would fail the whole job.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from trainer.errors import EXIT_BAD_INPUT, EXIT_PREEMPTED
+from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,37 @@ EXIT_DIR_ENV = "GPUPIPE_EXIT_DIR"
 """Directory in which each worker records its exit code; set by this wrapper for torchrun."""
 _FORWARDED = (signal.SIGTERM, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
+
+
+def _started_path(directory: str) -> str:
+    return os.path.join(directory, f"started-{os.getpid()}")
+
+
+def record_started() -> None:
+    """Mark this worker as started; :func:`record_exit_code` removes the mark again.
+
+    A mark that outlives its worker means the worker died without a word (SIGKILL, the OOM
+    killer, a fatal signal): the job lost a member, which is retryable. A no-op unless
+    ``GPUPIPE_EXIT_DIR`` is set; errors are logged, never raised.
+    """
+    directory = os.environ.get(EXIT_DIR_ENV)
+    if not directory:
+        return
+    try:
+        with open(_started_path(directory), "w", encoding="utf-8"):
+            pass
+    except OSError as e:
+        log.warning("could not mark this worker as started in %s: %s", directory, e)
+
+
+def read_vanished(directory: str | os.PathLike[str]) -> list[int]:
+    """Process ids of workers that marked themselves started but never recorded a code."""
+    pids: list[int] = []
+    for path in Path(directory).glob("started-*"):
+        pid = path.name.removeprefix("started-")
+        if pid.isdigit():
+            pids.append(int(pid))
+    return sorted(pids)
 
 
 def record_exit_code(code: int, rank: int | None) -> None:
@@ -63,6 +103,8 @@ def record_exit_code(code: int, rank: int | None) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(f"{code}\n")
         os.replace(tmp, target)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_started_path(directory))
     except OSError as e:
         log.warning("could not record exit code %d in %s: %s", code, target, e)
         with contextlib.suppress(OSError):
@@ -84,7 +126,11 @@ def read_exit_codes(directory: str | os.PathLike[str]) -> dict[str, int]:
 
 
 def resolve_exit_code(
-    torchrun_code: int, worker_codes: Mapping[str, int], *, terminated: bool
+    torchrun_code: int,
+    worker_codes: Mapping[str, int],
+    *,
+    terminated: bool,
+    vanished: int = 0,
 ) -> int:
     """The exit code that tells the training operator whether to retry (see the module docstring).
 
@@ -92,17 +138,24 @@ def resolve_exit_code(
         torchrun_code: torchrun's return code (negative when a signal killed it).
         worker_codes: what :func:`read_exit_codes` found.
         terminated: whether this wrapper received SIGTERM.
+        vanished: how many workers started but died without recording a code
+            (:func:`read_vanished`).
     """
     if torchrun_code == 0:
         return 0
+    own = torchrun_code if torchrun_code > 0 else 128 - torchrun_code
     codes = set(worker_codes.values())
     if EXIT_BAD_INPUT in codes:
         return EXIT_BAD_INPUT
     if terminated:
         return EXIT_PREEMPTED
-    if EXIT_PREEMPTED in codes and codes <= {0, EXIT_PREEMPTED}:
+    if codes - {0, EXIT_PREEMPTED, EXIT_PEER_LOST}:
+        return own  # a worker failed on its own: whatever its peers saw next is a consequence
+    if EXIT_PEER_LOST in codes or vanished:
+        return EXIT_PEER_LOST
+    if EXIT_PREEMPTED in codes:
         return EXIT_PREEMPTED
-    return torchrun_code if torchrun_code > 0 else 128 - torchrun_code
+    return own
 
 
 def _format_codes(codes: Mapping[str, int]) -> str:
@@ -148,17 +201,25 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(proc.pid, signum)
         torchrun_code = proc.wait()
         worker_codes = read_exit_codes(exit_dir)
+        vanished = read_vanished(exit_dir)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(exit_dir, ignore_errors=True)
     terminated = signal.SIGTERM in received
-    code = resolve_exit_code(torchrun_code, worker_codes, terminated=terminated)
+    code = resolve_exit_code(
+        torchrun_code, worker_codes, terminated=terminated, vanished=len(vanished)
+    )
     if code != torchrun_code:
         kind = "permanent" if 0 < code < 128 else "retryable"
         after = " after SIGTERM" if terminated else ""
+        gone = (
+            f", {len(vanished)} died without one (pid {', '.join(map(str, vanished))})"
+            if vanished
+            else ""
+        )
         print(
-            f"gpupipe launch: worker exit codes {_format_codes(worker_codes)}{after} "
+            f"gpupipe launch: worker exit codes {_format_codes(worker_codes)}{gone}{after} "
             f"-> {code} ({kind})",
             file=sys.stderr,
             flush=True,

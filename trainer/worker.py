@@ -2,7 +2,8 @@
 
 Parse, build, try train, finally close. Exit codes follow DESIGN.md: 0 done, 2 bad input
 (permanent under the operator's ExitCode policy), 143 checkpointed after SIGTERM (retryable),
-1 anything else.
+200 a peer of the job was lost (retryable: another rank, its node or the store went away),
+1 anything else (a bug: permanent).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 from trainer import dist, launch
 from trainer.config import WorkerConfig, load_worker_config
-from trainer.errors import EXIT_BAD_INPUT, EXIT_PREEMPTED, error_line
+from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED, error_line
 from trainer.loop import Preempted, StopSignal, train
 
 log = logging.getLogger("trainer.worker")
@@ -34,23 +35,48 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop = StopSignal()
     stop.install()  # before the (slow) setup, so an early SIGTERM is not lost
+    launch.record_started()
+    rank: int | None = None
+    exit_code = 1  # what an exception escaping below means: a bug (permanent), with its traceback
     try:
-        cfg = load_worker_config(args.config, args.overrides)
-        ctx = dist.init(cfg.dist.backend, cfg.dist.timeout_s)
-    except (ValueError, FileNotFoundError) as e:
-        stop.uninstall()
-        code = "E_CONFIG" if isinstance(e, FileNotFoundError) else "E_INVALID"
-        print(error_line("train", e, code), file=sys.stderr, flush=True)
-        launch.record_exit_code(EXIT_BAD_INPUT, None)
-        return EXIT_BAD_INPUT
-    try:
-        exit_code = _train(cfg, ctx, stop)
+        try:
+            cfg = load_worker_config(args.config, args.overrides)
+            ctx = dist.init(cfg.dist.backend, cfg.dist.timeout_s)
+        except (ValueError, FileNotFoundError) as e:
+            code = "E_CONFIG" if isinstance(e, FileNotFoundError) else "E_INVALID"
+            print(error_line("train", e, code), file=sys.stderr, flush=True)
+            exit_code = EXIT_BAD_INPUT
+            return exit_code
+        except RuntimeError as e:  # the rendezvous store went away, or never answered
+            if not dist.peer_lost(e):
+                raise
+            exit_code = _peer_lost(e)
+            return exit_code
+        rank = ctx.rank
+        try:
+            exit_code = _train(cfg, ctx, stop)
+        finally:
+            dist.close(ctx)
+        return exit_code
     finally:
-        dist.close(ctx)
         stop.uninstall()
-    # torchrun reports every failure as 1: tell the trainer.launch wrapper what really happened.
-    launch.record_exit_code(exit_code, ctx.rank)
-    return exit_code
+        # torchrun reports every failure as 1: tell the trainer.launch wrapper what really happened.
+        launch.record_exit_code(exit_code, rank)
+
+
+def _peer_lost(e: BaseException) -> int:
+    """Log a lost peer as what it is (not this rank's fault) and return the retryable code.
+
+    Deliberately not an ``ERROR [train] E_...`` line: launchers read those as bad input.
+    """
+    text = " ".join(str(e).split())
+    log.error(
+        "lost a peer of this job (%s): %s; exit %d, retryable",
+        type(e).__name__,
+        text,
+        EXIT_PEER_LOST,
+    )
+    return EXIT_PEER_LOST
 
 
 def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
@@ -65,6 +91,8 @@ def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
         print(error_line("train", e), file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     except RuntimeError as e:
+        if dist.peer_lost(e):
+            return _peer_lost(e)
         # A run that cannot go on (rollbacks or OOM fallbacks used up): say why in one line,
         # keep the traceback in the log for whoever debugs it.
         log.debug("training failed", exc_info=True)

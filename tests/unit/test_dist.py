@@ -216,3 +216,64 @@ def test_collectives_are_no_ops_for_one_process(single_process: dist.DistContext
     assert dist.broadcast_object(ctx, payload) is payload
     dist.barrier(ctx)
     dist.control_barrier(ctx)
+
+
+def _caused_by(outer: BaseException, cause: BaseException) -> BaseException:
+    outer.__cause__ = cause
+    return outer
+
+
+GLOO_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+    "peer [127.0.0.1]:29843. This is typically caused by a remote worker crashing."
+)
+GLOO_RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[127.0.0.1]:22177: Connection reset by peer."
+)
+
+
+@pytest.mark.parametrize(
+    ("exc", "lost"),
+    [
+        # What a survivor really raised when its peer was SIGKILLed (gloo, torch 2.13).
+        (RuntimeError(GLOO_CLOSED), True),
+        (RuntimeError(GLOO_RESET), True),
+        (torch.distributed.DistNetworkError("The client socket has timed out after 3000ms"), True),
+        (torch.distributed.DistStoreError("Timed out after 901 seconds waiting for clients"), True),
+        (torch.distributed.DistBackendError("NCCL communicator was aborted on rank 1."), True),
+        (
+            torch.distributed.DistBackendError(
+                "NCCL error: remote process exited or there was a network error"
+            ),
+            True,
+        ),
+        (RuntimeError("[gloo] Timed out waiting 1800000ms for recv operation to complete"), True),
+        (_caused_by(RuntimeError("eval failed"), RuntimeError(GLOO_CLOSED)), True),
+        # Bugs and bad input stay what they are.
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x8)"), False),
+        (RuntimeError("loss is NaN after 2 rollbacks (train.max_nan_rollbacks=2)"), False),
+        (torch.distributed.DistBackendError("NCCL error: invalid usage"), False),
+        (ValueError("Connection reset by peer"), False),  # not from torch.distributed
+        (ConnectionResetError(104, "Connection reset by peer"), False),  # user code's own I/O
+        (TypeError("unsupported operand"), False),
+    ],
+    ids=[
+        "gloo-closed-by-peer",
+        "gloo-reset-by-peer",
+        "store-unreachable",
+        "store-timeout",
+        "nccl-aborted",
+        "nccl-remote-error",
+        "gloo-recv-timeout",
+        "wrapped-collective-error",
+        "shape-bug",
+        "nan-give-up",
+        "nccl-invalid-usage",
+        "value-error-text",
+        "user-connection-reset",
+        "type-error",
+    ],
+)
+def test_peer_lost_tells_a_lost_peer_from_a_bug(exc: BaseException, lost: bool) -> None:
+    assert dist.peer_lost(exc) is lost

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from trainer import worker
 from trainer.demo import make_table
+from trainer.errors import EXIT_PEER_LOST
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN_VARS = (
@@ -204,3 +206,40 @@ def test_bad_config_leaves_the_sigterm_handler_as_it_was(
     args, _ = broken("bad-value", tmp_path, data)
     assert worker.main(args) == 2
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_unreachable_rendezvous_store_is_a_retryable_lost_peer(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    with socket.socket() as s:  # a port nobody listens on: rank 0's store is gone
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = write_config(tmp_path, data)
+    exit_dir = tmp_path / "codes"
+    exit_dir.mkdir()
+    layout = {
+        "RANK": "1",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": "peer-lost-test",
+        "GPUPIPE_EXIT_DIR": str(exit_dir),
+    }
+    env = dict(os.environ, **layout)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.worker", "--config", str(cfg), "--set", "dist.timeout_s=1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == EXIT_PEER_LOST, proc.stderr[-2000:]
+    assert "lost a peer of this job (DistNetworkError)" in proc.stderr
+    assert not error_lines(proc.stderr)  # not an E_ line: launchers would read it as bad input
+    codes = sorted(p.read_text().strip() for p in exit_dir.glob("rank-*.code"))
+    assert codes == [str(EXIT_PEER_LOST)]
+    assert not list(exit_dir.glob("started-*"))  # it said how it ended: not "vanished"
