@@ -28,9 +28,22 @@ class InputError(ValueError):
         self.where = where
 
 
+NOT_INPUT_CODES = frozenset({"E_TRAIN", "E_EXTERNAL", "E_FAILED", "E_INTERNAL"})
+"""Codes of failures that are not the user's input (a run that cannot go on, a failing
+registry or object store): exit 1, never 2."""
+
+
+class StepFailure(RuntimeError):
+    """A child process failed for a reason other than bad input, reported with its own code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -> str:
     """Format ``exc`` as the single stderr line DESIGN.md promises, credentials redacted."""
-    code = exc.code if isinstance(exc, InputError) else default_code
+    code = exc.code if isinstance(exc, InputError | StepFailure) else default_code
     text = redact(" ".join(str(exc).split())) or type(exc).__name__
     return f"ERROR [{step}] {code}: {text}"
 
@@ -38,17 +51,21 @@ def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -
 _ERROR_LINE = re.compile(r"ERROR \[(?P<step>[\w -]+)\] (?P<code>E_[A-Z_]+): (?P<text>.*)$")
 
 
-def parse_error_line(line: str, step: str = "train") -> InputError | None:
-    """The :class:`InputError` a child process reported with :func:`error_line`, if ``line`` is one.
+def parse_error_line(line: str, step: str = "train") -> InputError | StepFailure | None:
+    """The error a child process reported with :func:`error_line`, if ``line`` is one.
 
     Launchers use it to fail their step the way the job failed: a job that rejected its input
-    makes the step exit 2 with the same message. A prefix (torchrun's ``[rank0]:``) is allowed.
+    makes the step exit 2 with the same message (an :class:`InputError`); a job that failed for
+    another reason (:data:`NOT_INPUT_CODES`) a :class:`StepFailure`, exit 1. A prefix
+    (torchrun's ``[rank0]:``) is allowed.
     """
     m = _ERROR_LINE.search(line.strip())
     if m is None or m.group("step") != step:
         return None
-    text = m.group("text")
+    code, text = m.group("code"), m.group("text")
+    if code in NOT_INPUT_CODES:
+        return StepFailure(code, text)
     if text.endswith(")") and " (" in text:
         what, where = text[:-1].rsplit(" (", 1)
-        return InputError(m.group("code"), what, where)
-    return InputError(m.group("code"), text, step)
+        return InputError(code, what, where)
+    return InputError(code, text, step)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from trainer.errors import InputError, parse_error_line
+from trainer.errors import InputError, StepFailure, parse_error_line
 from trainer.launchers.kube import PYTORCHJOB_API_CALLS as API_CALLS
 from trainer.launchers.kube import KubeApi, KubeApiError
 from trainer.redact import redact
@@ -114,7 +114,7 @@ class _MasterLog:
         self.api = api
         self.namespace = namespace
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
-        self.errors: list[InputError] = []
+        self.errors: list[InputError | StepFailure] = []
         # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
         self._first_tail: int | None = tail if reattached else None
         self._last: tuple[int, int] | None = None

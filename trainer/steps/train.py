@@ -32,7 +32,7 @@ from trainer.config import (
     to_dict,
     to_json,
 )
-from trainer.errors import InputError, parse_error_line
+from trainer.errors import InputError, StepFailure, parse_error_line
 from trainer.launchers.jobspec import JobSpec, SecretEnv
 from trainer.redact import redact
 
@@ -223,7 +223,7 @@ class LocalLauncher:
             start_new_session=True,
         )
         tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
-        errors: list[InputError] = []
+        errors: list[InputError | StepFailure] = []
 
         def pump() -> None:
             assert proc.stdout is not None

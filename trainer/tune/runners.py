@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from trainer import storage
 from trainer.config import WorkerConfig, to_json
-from trainer.errors import InputError, parse_error_line
+from trainer.errors import InputError, StepFailure, parse_error_line
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class SubprocessTrialRunner:
         with self._lock:
             self._procs.add(proc)
         tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
-        errors: list[InputError] = []
+        errors: list[InputError | StepFailure] = []
         last_eval: dict[str, float] = {}
         epochs = 0.0
         stopped = False
