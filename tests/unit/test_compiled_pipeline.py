@@ -287,6 +287,50 @@ def test_train_accelerator_comes_from_pipeline_parameters(
     assert compiled.task_input_source(TRAIN_IN_STEP, match.group(1)) == parameter
 
 
+PREPROCESS_PARAMETERS = {
+    # pipeline parameter: (preprocess input, KFP parameter type, default)
+    "column_roles_json": ("column_roles_json", "STRING", "{}"),
+    "csv_delimiter": ("csv_delimiter", "STRING", "auto"),
+    "csv_header": ("csv_header", "BOOLEAN", True),
+    "csv_encoding": ("csv_encoding", "STRING", "utf-8"),
+    "csv_null_values": ("csv_null_values", "STRING", ""),
+    "preprocess_config_json": ("config_json", "STRING", "{}"),
+}
+
+
+@pytest.mark.parametrize("parameter", PREPROCESS_PARAMETERS, ids=str)
+def test_preprocess_settings_are_pipeline_parameters(compiled: Compiled, parameter: str) -> None:
+    task_input, kind, default = PREPROCESS_PARAMETERS[parameter]
+    root = compiled.spec["root"]["inputDefinitions"]["parameters"][parameter]
+    assert (root["parameterType"], root["defaultValue"], root["isOptional"]) == (
+        kind,
+        default,
+        True,
+    )
+    assert compiled.task_input_source("preprocess", task_input) == parameter
+
+
+def test_preprocess_parameters_type_like_the_cluster_cli_sends_them() -> None:
+    from pipelines.cluster import typed_parameters
+
+    typed = typed_parameters(
+        [
+            "data_uri=s3://b/d.csv",
+            "csv_delimiter=;",
+            "csv_header=false",
+            'column_roles_json={"zip": "categorical"}',
+            "csv_null_values=?,-",
+        ]
+    )
+    assert typed == {
+        "data_uri": "s3://b/d.csv",
+        "csv_delimiter": ";",
+        "csv_header": False,
+        "column_roles_json": '{"zip": "categorical"}',
+        "csv_null_values": "?,-",
+    }
+
+
 @pytest.mark.parametrize("step", TRAINS, ids=str)
 @pytest.mark.parametrize(
     ("task_input", "parameter"),

@@ -36,7 +36,18 @@ def _artifact(kind: str) -> str:
     [
         (
             "preprocess",
-            {"data_uri": "String", "target": "String", "task": "String", "seed": "Integer"},
+            {
+                "data_uri": "String",
+                "target": "String",
+                "task": "String",
+                "seed": "Integer",
+                "column_roles_json": "String",
+                "csv_delimiter": "String",
+                "csv_header": "Boolean",
+                "csv_encoding": "String",
+                "csv_null_values": "String",
+                "config_json": "String",
+            },
             {
                 "dataset": _artifact("Dataset"),
                 "stats": _artifact("Metrics"),

@@ -499,6 +499,13 @@ BAD_INPUTS = [
         ["'churned'", "columns: x", "--param target="],
     ),
     (
+        "misspelt-target",
+        _parquet(_table()),
+        {"target": "churn"},
+        "E_COLUMN",
+        ["'churn' not found", "did you mean 'churned'", "--param target=churned"],
+    ),
+    (
         "one-class",
         _parquet(_table(churned=["yes"] * 6)),
         {},
@@ -763,3 +770,25 @@ def test_schema_records_the_source_without_credentials(tmp_path: Path, demo: pa.
     schema = json.loads((tmp_path / "out" / "schema.json").read_text())
     assert schema["source"] == str(tmp_path / "data.parquet")
     assert display_uri("s3://AKIAKEY:s3cr3t@bucket/data.csv") == "s3://bucket/data.csv"
+
+
+def test_train_names_the_users_data_and_batch_size_when_the_split_is_smaller_than_a_batch(
+    tmp_path: Path,
+) -> None:
+    data = _write_parquet_file(tmp_path, _big(40))
+    _run(data, tmp_path / "dataset")  # 28 training rows
+    argv = ["--dataset", str(tmp_path / "dataset"), "--model", str(tmp_path / "model")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "train", *argv, "--set", "train.global_batch_size=64"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("ERROR [train] E_CONFIG: batch_size 64"), line
+    assert str(data) in line and "(28 rows)" in line and "--param batch_size=16" in line
+    assert not _INTERNAL.search(line), line
+    assert not (tmp_path / "model").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import difflib
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ from trainer.steps.tabular import (
     dtype_name,
     encode_categorical,
     encode_numeric,
+    guess_delimiter,
     is_number,
     is_text,
     param,
@@ -359,15 +361,18 @@ def _label(v: Any) -> str:
     return str(v)
 
 
-def _delimiter_hint(data: RawInput) -> str:
-    """Advice when a CSV came out as one column whose name holds another likely separator."""
-    names = data.table.column_names
-    if not data.any_csv or len(names) != 1:
-        return ""
-    for sep, shown in ((";", ";"), ("\t", "tab"), ("|", "|"), (",", ",")):
-        if sep in names[0]:
-            return f"; the file looks {shown!r}-separated: set {param('csv_delimiter', shown)}"
-    return ""
+def _target_hint(data: RawInput, cfg: PreprocessConfig) -> str:
+    """Advice for a target that is not a column: a likely separator, or the likely column."""
+    names, target = data.table.column_names, cfg.target
+    if data.any_csv and len(names) == 1:
+        used = cfg.csv_options().delimiter_for(data.files[0])
+        sep = guess_delimiter(names[0], used)
+        if (sep if sep != "tab" else "\t") in names[0]:
+            return f"; the file looks {sep!r}-separated: set {param('csv_delimiter', sep)}"
+    close = difflib.get_close_matches(target, names, n=1)
+    if close:
+        return f"; did you mean {close[0]!r}? set {param('target', close[0])}"
+    return "; set --param target=<one of the columns>"
 
 
 def _target(data: RawInput, cfg: PreprocessConfig) -> tuple[np.ndarray, str, list[str] | None]:
@@ -377,7 +382,7 @@ def _target(data: RawInput, cfg: PreprocessConfig) -> tuple[np.ndarray, str, lis
         raise InputError(
             "E_COLUMN",
             f"target column {name!r} not found (columns: {_shown(table.column_names)})"
-            + (_delimiter_hint(data) or "; set --param target=<one of them>"),
+            + _target_hint(data, cfg),
             data.uri,
         )
     col = table.column(name)

@@ -177,7 +177,11 @@ def _csv_parse_error(uri: str, blob: bytes, csv: CsvOptions, e: Exception) -> In
     with contextlib.suppress(pa.ArrowException, UnicodeDecodeError):
         _parse_csv(blob, csv, delimiter, use_threads=False, invalid_row_handler=first_bad)
     shown = "tab" if delimiter == "\t" else delimiter
-    hint = f"fix that line, or set the field separator if it is not {shown!r} (csv_delimiter)"
+    guess = guess_delimiter(blob[: blob.find(b"\n")].decode("utf-8", "replace"), delimiter)
+    hint = (
+        f"fix that line, or, if fields are not separated by {shown!r}, set the separator, "
+        f"e.g. {param('csv_delimiter', guess)}"
+    )
     if rows:
         row = rows[0]
         text = row.text if len(row.text) <= 80 else row.text[:77] + "..."
@@ -188,6 +192,15 @@ def _csv_parse_error(uri: str, blob: bytes, csv: CsvOptions, e: Exception) -> In
             uri,
         )
     return InputError("E_CSV", f"cannot parse CSV: {' '.join(str(e).split())}; {hint}", uri)
+
+
+def guess_delimiter(header: str, current: str) -> str:
+    """The likeliest field separator of a header line other than ``current`` (``tab`` for a tab)."""
+    candidates = [c for c in (";", "\t", "|", ",") if c != current]
+    best = max(candidates, key=header.count)
+    if not header.count(best):
+        best = candidates[0]
+    return "tab" if best == "\t" else best
 
 
 def _parse_csv(
