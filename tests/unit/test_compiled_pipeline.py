@@ -311,7 +311,7 @@ def test_preprocess_settings_are_pipeline_parameters(compiled: Compiled, paramet
 
 
 def test_preprocess_parameters_type_like_the_cluster_cli_sends_them() -> None:
-    from pipelines.cluster import typed_parameters
+    from pipelines.params import typed_parameters
 
     typed = typed_parameters(
         [
@@ -329,6 +329,29 @@ def test_preprocess_parameters_type_like_the_cluster_cli_sends_them() -> None:
         "column_roles_json": '{"zip": "categorical"}',
         "csv_null_values": "?,-",
     }
+
+
+@pytest.mark.parametrize(
+    ("pair", "named"),
+    [
+        ("csv_delimiter=;;", "csv_delimiter"),
+        ("csv_encoding=utf-9", "csv_encoding"),
+        ("column_roles_json=[1]", "column_roles_json"),
+        ('column_roles_json={"zip": "text"}', "column_roles_json"),
+        ('preprocess_config_json={"val_fraction": 0}', "preprocess_config_json"),
+        ('preprocess_config_json={"csv_delimiter": "ab"}', "preprocess_config_json"),
+    ],
+    ids=["delimiter", "encoding", "roles-not-object", "unknown-role", "fraction", "config-csv"],
+)
+def test_bad_preprocess_parameters_fail_before_any_step(pair: str, named: str) -> None:
+    from pipelines.params import check_parameters, typed_parameters
+    from trainer.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        check_parameters(typed_parameters(["data_uri=d.csv", pair]))
+
+    assert (info.value.code, info.value.where) == ("E_PARAM", named), str(info.value)
+    assert pair.split("=")[1].strip("[]{}").split(":")[-1].strip(' "') in str(info.value)
 
 
 @pytest.mark.parametrize("step", TRAINS, ids=str)

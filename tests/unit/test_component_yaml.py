@@ -86,10 +86,11 @@ def _artifact(kind: str) -> str:
             {
                 "model": _artifact("Model"),
                 "metrics": _artifact("Metrics"),
+                "evaluation": _artifact("HTML"),
                 "data_hash": "String",
                 "gate_passed": "Boolean",
             },
-            {"version": "String", "model_uri": "String"},
+            {"version": "String", "model_uri": "String", "champion": "Boolean"},
         ),
         ("notify", {"status": "PipelineTaskFinalStatus"}, {}),
     ],
@@ -157,6 +158,7 @@ def _user_pipeline(c: dict[str, Any]) -> Any:
                 c["register"](
                     model=tr.outputs["model"],
                     metrics=ev.outputs["metrics"],
+                    evaluation=ev.outputs["report"],
                     data_hash=prep.outputs["data_hash"],
                     gate_passed=True,
                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
