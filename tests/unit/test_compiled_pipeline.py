@@ -332,6 +332,24 @@ def test_preprocess_parameters_type_like_the_cluster_cli_sends_them() -> None:
 
 
 @pytest.mark.parametrize(
+    ("pairs", "delimiter"),
+    [
+        (["data_uri=d.csv"], ","),
+        (["data_uri=d.tsv"], "\t"),
+        (["data_uri=d.csv", "csv_delimiter=tab"], "\t"),
+        (["data_uri=d.csv", "csv_delimiter=;"], ";"),
+    ],
+    ids=["csv-auto", "tsv-auto", "tab", "semicolon"],
+)
+def test_checked_parameters_carry_the_delimiter_csv_input_is_split_on(
+    pairs: list[str], delimiter: str
+) -> None:
+    from pipelines.params import check_parameters, typed_parameters
+
+    assert check_parameters(typed_parameters(pairs))["csv_delimiter"] == delimiter
+
+
+@pytest.mark.parametrize(
     ("pair", "named"),
     [
         ("csv_delimiter=;;", "csv_delimiter"),
