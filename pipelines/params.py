@@ -18,7 +18,13 @@ from trainer.errors import InputError
 ALIASES_SEPARATOR = "."
 """``tune.enabled`` is accepted for ``tune_enabled`` (and so on)."""
 
-JSON_OBJECT_PARAMS = ("hyperparams_json", "train_config_json", "tune_space_json")
+JSON_OBJECT_PARAMS = (
+    "hyperparams_json",
+    "train_config_json",
+    "tune_space_json",
+    "column_roles_json",
+    "preprocess_config_json",
+)
 """String parameters that must hold a JSON object."""
 
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -328,6 +334,42 @@ def _check_tune(p: dict[str, Any]) -> None:
         _reraise("tune_space_json", e)
 
 
+# Which pipeline parameter sets which preprocess field (the rest come from preprocess_config_json).
+_PREPROCESS_FIELDS = {
+    "column_roles": "column_roles_json",
+    "csv_delimiter": "csv_delimiter",
+    "csv_header": "csv_header",
+    "csv_encoding": "csv_encoding",
+    "csv_null_values": "csv_null_values",
+    "task": "task",
+    "seed": "seed",
+}
+
+
+def _check_preprocess(p: dict[str, Any]) -> None:
+    from trainer.steps.preprocess import config_from_parameters
+
+    config = json_object(p, "preprocess_config_json")
+    try:
+        config_from_parameters(
+            target=str(p["target"]),
+            task=str(p["task"]),
+            seed=int(p["seed"]),
+            column_roles_json=str(p["column_roles_json"]),
+            csv_delimiter=str(p["csv_delimiter"]),
+            csv_header=bool(p["csv_header"]),
+            csv_encoding=str(p["csv_encoding"]),
+            csv_null_values=str(p["csv_null_values"]),
+            config_json=json.dumps(config),
+        )
+    except ValueError as e:
+        where = str(getattr(e, "where", ""))
+        field = where.split(".")[0]
+        set_in_config = field in config or any(k.split(".")[0] == field for k in config)
+        owner = "preprocess_config_json" if set_in_config else _PREPROCESS_FIELDS.get(field)
+        _reraise(owner or where or "preprocess_config_json", e)
+
+
 CHECKS: list[Callable[[dict[str, Any]], None]] = [
     _check_choices,
     lambda p: [json_object(p, name) for name in JSON_OBJECT_PARAMS if name in p],
@@ -335,6 +377,7 @@ CHECKS: list[Callable[[dict[str, Any]], None]] = [
     _check_evaluate,
     _check_register,
     _check_tune,
+    _check_preprocess,
 ]
 """Each check takes every parameter (defaults filled in) and raises E_PARAM naming one."""
 
@@ -346,7 +389,8 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
         params: typed pipeline parameters (from :func:`typed_parameters`), some or all.
 
     Returns:
-        All parameters, the given ones over the pipeline's defaults.
+        All parameters, the given ones over the pipeline's defaults; ``csv_delimiter`` as the
+        one character that CSV input will be split on.
 
     Raises:
         InputError: ``E_PARAM`` naming the first bad parameter (and, for JSON parameters,
@@ -365,4 +409,10 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
         full[name] = typed_value(name, value, types[name][0]) if value is not None else None
     for check in CHECKS:
         check(full)
+    # The character CSV files are split on (``auto`` and ``tab`` resolved for the data's name),
+    # so that a pre-flight look at a CSV header reads it the way preprocess will.
+    from trainer.steps.tabular import CsvOptions
+
+    csv = CsvOptions(delimiter=str(full["csv_delimiter"]))
+    full["csv_delimiter"] = csv.delimiter_for(str(full.get("data_uri") or ""))
     return full

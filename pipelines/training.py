@@ -89,6 +89,12 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         data_uri: str,
         target: str = "churned",
         task: str = "auto",
+        column_roles_json: str = "{}",
+        csv_delimiter: str = "auto",
+        csv_header: bool = True,
+        csv_encoding: str = "utf-8",
+        csv_null_values: str = "",
+        preprocess_config_json: str = "{}",
         model_name: str = "mlp",
         epochs: int = 10,
         learning_rate: float = 0.001,
@@ -117,6 +123,18 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             data_uri: Parquet or CSV file or folder (local path, s3://, gs://, minio://).
             target: target column.
             task: ``classification``, ``regression`` or ``auto``.
+            column_roles_json: roles of feature columns, overriding inference: a JSON object
+                ``{"zip": "categorical", "customer_id": "drop"}`` (``numeric``,
+                ``categorical`` or ``drop``); columns not named are inferred.
+            csv_delimiter: CSV field separator: one character, ``tab``, or ``auto`` (a tab for
+                ``.tsv`` files, else a comma).
+            csv_header: whether CSV files start with a header line (without one, columns are
+                ``column_1``, ``column_2`` ...).
+            csv_encoding: text encoding of CSV files, e.g. ``latin-1`` (default ``utf-8``).
+            csv_null_values: extra CSV values read as missing, comma-separated (``?,-``); the
+                empty field, ``NA``, ``N/A``, ``null``, ``NaN`` and the like always are.
+            preprocess_config_json: further preprocess settings (``PreprocessConfig`` fields),
+                e.g. ``{"val_fraction": 0.2, "test_fraction": 0.2, "max_categories": 20}``.
             model_name: ``mlp`` or a user model ``package.module:build`` baked into the image.
             epochs: passes over the training split.
             learning_rate: AdamW peak learning rate.
@@ -148,7 +166,18 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         exit_task.set_caching_options(False)
 
         with dsl.ExitHandler(exit_task, name="training"):
-            prep = preprocess(data_uri=data_uri, target=target, task=task, seed=seed)
+            prep = preprocess(
+                data_uri=data_uri,
+                target=target,
+                task=task,
+                seed=seed,
+                column_roles_json=column_roles_json,
+                csv_delimiter=csv_delimiter,
+                csv_header=csv_header,
+                csv_encoding=csv_encoding,
+                csv_null_values=csv_null_values,
+                config_json=preprocess_config_json,
+            )
             _configure(prep, "preprocess", object_store_secret, retries=retries)
             prep.set_caching_options(True)
 

@@ -16,20 +16,37 @@ def preprocess(
     stats: Output[Metrics],
     task: str = "auto",
     seed: int = 0,
+    column_roles_json: str = "{}",
+    csv_delimiter: str = "auto",
+    csv_header: bool = True,
+    csv_encoding: str = "utf-8",
+    csv_null_values: str = "",
     config_json: str = "{}",
 ) -> NamedTuple("PreprocessOutputs", [("data_hash", str), ("task", str)]):
-    """Validate, impute, encode and split a table (see trainer.steps.preprocess)."""
-    import json
+    """Validate, impute, encode and split a table (see trainer.steps.preprocess).
+
+    ``column_roles_json`` declares column roles (``{"zip": "categorical", "id": "drop"}``);
+    the ``csv_*`` inputs say how CSV files are read (``csv_null_values``: comma-separated);
+    ``config_json`` sets further ``PreprocessConfig`` fields (``{"val_fraction": 0.2}``).
+    """
     from collections import namedtuple
 
-    from trainer.config import apply_overrides, from_dict
     from trainer.steps import run_guarded, write_metadata_file
-    from trainer.steps.preprocess import PreprocessConfig
+    from trainer.steps.preprocess import config_from_parameters
     from trainer.steps.preprocess import preprocess as run
 
     def body():
-        base = {"target": target, "task": task, "seed": seed}
-        cfg = from_dict(PreprocessConfig, apply_overrides(base, json.loads(config_json)))
+        cfg = config_from_parameters(
+            target=target,
+            task=task,
+            seed=seed,
+            column_roles_json=column_roles_json,
+            csv_delimiter=csv_delimiter,
+            csv_header=csv_header,
+            csv_encoding=csv_encoding,
+            csv_null_values=csv_null_values,
+            config_json=config_json,
+        )
         return run(cfg, data_uri=data_uri, output_uri=dataset.path)
 
     result = run_guarded("preprocess", body)

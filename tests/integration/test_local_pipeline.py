@@ -6,6 +6,7 @@ import html
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -191,3 +192,54 @@ def test_tune_enabled_runs_the_search_and_trains_with_its_best_parameters(tmp_pa
     config = meta["extra"]["train"]["config"]
     assert config["optim"]["lr"] == pytest.approx(tuned["optim.lr"])
     assert config["model"]["hidden_dim"] == tuned["model.hidden_dim"]
+
+
+# --- preprocess parameters: CSV options and column roles ----------------------------------------
+
+
+def _semicolon_csv_with_zip_codes(path: Path) -> None:
+    """The demo table as a ';'-separated CSV with a ``zip`` column of mostly numeric codes.
+
+    One code in ten is alphanumeric (``SW1A``): inferred, the column mixes numbers and text.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from trainer.steps.demo_data import make_demo_table
+
+    table = make_demo_table(2000, seed=3)
+    codes = [f"SW{i % 9}A" if i % 10 == 0 else f"{10115 + i % 40}" for i in range(len(table))]
+    table = table.append_column("zip", pa.array(codes))
+    pacsv.write_csv(table, path, pacsv.WriteOptions(delimiter=";"))
+
+
+def test_csv_delimiter_and_a_declared_column_role_change_the_outcome(tmp_path: Path) -> None:
+    data = tmp_path / "churn-zip.csv"
+    _semicolon_csv_with_zip_codes(data)
+    argv = ["run", "--local", "--json", "--data", str(data), "--target", "churned"]
+    argv += ["--param", f"epochs={EPOCHS}", "--param", "csv_delimiter=;"]
+
+    # Read with the right separator, the zip column mixes numbers and codes: the run fails in
+    # preprocess with one line that names the user's file and column and says what to pass.
+    failed = gpupipe(*argv, "--root", str(tmp_path / "root-1"), cwd=tmp_path)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("ERROR [preprocess] E_MIXED_TYPES: column 'zip' "), last
+    assert str(data) in last and "train.parquet" not in last
+    advice = """--param 'column_roles_json={"zip": "categorical"}'"""
+    assert advice in last
+    s = failed.summary
+    assert (s["state"], s["failed_step"], s["error"]) == ("FAILED", "preprocess", last)
+
+    # Following the advice exactly as printed, the whole pipeline runs and zip is categorical.
+    fixed = gpupipe(*argv, "--root", str(tmp_path / "root-2"), *shlex.split(advice), cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr[-4000:]
+    s = fixed.summary
+    assert s["state"] == "SUCCEEDED", s
+    assert s["metrics"]["accuracy"] > 0.6, s["metrics"]
+    (schema_file,) = (tmp_path / "root-2").rglob("schema.json")
+    schema = json.loads(schema_file.read_text())
+    kinds = {c["name"]: c["kind"] for c in schema["columns"]}
+    assert kinds["zip"] == "categorical" and kinds["income"] == "numeric", kinds
+    assert "zip=SW1A" in schema["features"]
+    assert schema["source"] == str(data)

@@ -287,6 +287,91 @@ def test_train_accelerator_comes_from_pipeline_parameters(
     assert compiled.task_input_source(TRAIN_IN_STEP, match.group(1)) == parameter
 
 
+PREPROCESS_PARAMETERS = {
+    # pipeline parameter: (preprocess input, KFP parameter type, default)
+    "column_roles_json": ("column_roles_json", "STRING", "{}"),
+    "csv_delimiter": ("csv_delimiter", "STRING", "auto"),
+    "csv_header": ("csv_header", "BOOLEAN", True),
+    "csv_encoding": ("csv_encoding", "STRING", "utf-8"),
+    "csv_null_values": ("csv_null_values", "STRING", ""),
+    "preprocess_config_json": ("config_json", "STRING", "{}"),
+}
+
+
+@pytest.mark.parametrize("parameter", PREPROCESS_PARAMETERS, ids=str)
+def test_preprocess_settings_are_pipeline_parameters(compiled: Compiled, parameter: str) -> None:
+    task_input, kind, default = PREPROCESS_PARAMETERS[parameter]
+    root = compiled.spec["root"]["inputDefinitions"]["parameters"][parameter]
+    assert (root["parameterType"], root["defaultValue"], root["isOptional"]) == (
+        kind,
+        default,
+        True,
+    )
+    assert compiled.task_input_source("preprocess", task_input) == parameter
+
+
+def test_preprocess_parameters_type_like_the_cluster_cli_sends_them() -> None:
+    from pipelines.params import typed_parameters
+
+    typed = typed_parameters(
+        [
+            "data_uri=s3://b/d.csv",
+            "csv_delimiter=;",
+            "csv_header=false",
+            'column_roles_json={"zip": "categorical"}',
+            "csv_null_values=?,-",
+        ]
+    )
+    assert typed == {
+        "data_uri": "s3://b/d.csv",
+        "csv_delimiter": ";",
+        "csv_header": False,
+        "column_roles_json": '{"zip": "categorical"}',
+        "csv_null_values": "?,-",
+    }
+
+
+@pytest.mark.parametrize(
+    ("pairs", "delimiter"),
+    [
+        (["data_uri=d.csv"], ","),
+        (["data_uri=d.tsv"], "\t"),
+        (["data_uri=d.csv", "csv_delimiter=tab"], "\t"),
+        (["data_uri=d.csv", "csv_delimiter=;"], ";"),
+    ],
+    ids=["csv-auto", "tsv-auto", "tab", "semicolon"],
+)
+def test_checked_parameters_carry_the_delimiter_csv_input_is_split_on(
+    pairs: list[str], delimiter: str
+) -> None:
+    from pipelines.params import check_parameters, typed_parameters
+
+    assert check_parameters(typed_parameters(pairs))["csv_delimiter"] == delimiter
+
+
+@pytest.mark.parametrize(
+    ("pair", "named"),
+    [
+        ("csv_delimiter=;;", "csv_delimiter"),
+        ("csv_encoding=utf-9", "csv_encoding"),
+        ("column_roles_json=[1]", "column_roles_json"),
+        ('column_roles_json={"zip": "text"}', "column_roles_json"),
+        ('preprocess_config_json={"val_fraction": 0}', "preprocess_config_json"),
+        ('preprocess_config_json={"csv_delimiter": "ab"}', "preprocess_config_json"),
+    ],
+    ids=["delimiter", "encoding", "roles-not-object", "unknown-role", "fraction", "config-csv"],
+)
+def test_bad_preprocess_parameters_fail_before_any_step(pair: str, named: str) -> None:
+    from pipelines.params import check_parameters, typed_parameters
+    from trainer.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        check_parameters(typed_parameters(["data_uri=d.csv", pair]))
+
+    assert (info.value.code, info.value.where) == ("E_PARAM", named), str(info.value)
+    assert pair.split("=")[1].strip("[]{}").split(":")[-1].strip(' "') in str(info.value)
+
+
 @pytest.mark.parametrize("step", TRAINS, ids=str)
 @pytest.mark.parametrize(
     ("task_input", "parameter"),

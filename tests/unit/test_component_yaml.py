@@ -36,7 +36,18 @@ def _artifact(kind: str) -> str:
     [
         (
             "preprocess",
-            {"data_uri": "String", "target": "String", "task": "String", "seed": "Integer"},
+            {
+                "data_uri": "String",
+                "target": "String",
+                "task": "String",
+                "seed": "Integer",
+                "column_roles_json": "String",
+                "csv_delimiter": "String",
+                "csv_header": "Boolean",
+                "csv_encoding": "String",
+                "csv_null_values": "String",
+                "config_json": "String",
+            },
             {
                 "dataset": _artifact("Dataset"),
                 "stats": _artifact("Metrics"),
@@ -75,10 +86,11 @@ def _artifact(kind: str) -> str:
             {
                 "model": _artifact("Model"),
                 "metrics": _artifact("Metrics"),
+                "evaluation": _artifact("HTML"),
                 "data_hash": "String",
                 "gate_passed": "Boolean",
             },
-            {"version": "String", "model_uri": "String"},
+            {"version": "String", "model_uri": "String", "champion": "Boolean"},
         ),
         ("notify", {"status": "PipelineTaskFinalStatus"}, {}),
     ],
@@ -146,6 +158,7 @@ def _user_pipeline(c: dict[str, Any]) -> Any:
                 c["register"](
                     model=tr.outputs["model"],
                     metrics=ev.outputs["metrics"],
+                    evaluation=ev.outputs["report"],
                     data_hash=prep.outputs["data_hash"],
                     gate_passed=True,
                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,13 @@ from trainer.data import TabularDataset
 from trainer.errors import InputError
 from trainer.outputs import OUTPUT_MARKER
 from trainer.steps.demo_data import make_demo_table
-from trainer.steps.preprocess import PreprocessConfig, PreprocessResult, preprocess
+from trainer.steps.preprocess import (
+    PreprocessConfig,
+    PreprocessResult,
+    config_from_parameters,
+    display_uri,
+    preprocess,
+)
 from trainer.steps.tabular import split_indices
 
 ROWS = 3000
@@ -179,13 +189,18 @@ def test_rare_categories_beyond_max_categories_become_other(tmp_path: Path, demo
         ({}, ["income__missing"], []),
         ({"missing_indicator": False}, [], ["income__missing"]),
         (
-            {"columns": {"age": "numeric", "plan": "categorical", "region": "drop"}},
-            ["age", "plan=pro"],
-            ["income", "region=north"],
+            # Roles override inference for the columns they name; the rest are still inferred.
+            {"column_roles": {"age": "numeric", "plan": "categorical", "region": "drop"}},
+            ["age", "plan=pro", "income", "device=ios"],
+            ["region=north"],
         ),
-        ({"columns": {"support_calls": "categorical"}}, ["support_calls=0"], ["support_calls"]),
+        (
+            {"column_roles": {"support_calls": "categorical"}},
+            ["support_calls=0", "age"],
+            ["support_calls"],
+        ),
     ],
-    ids=["indicator", "no-indicator", "declared-schema", "declared-categorical-number"],
+    ids=["indicator", "no-indicator", "declared-roles", "declared-categorical-number"],
 )
 def test_config_shapes_the_features(
     tmp_path: Path, demo: pa.Table, cfg: dict[str, Any], present: list[str], absent: list[str]
@@ -226,10 +241,117 @@ def test_auto_task_follows_the_target(
 def test_text_columns_are_typed_by_their_values(
     tmp_path: Path, values: list[str | None], kind: str
 ) -> None:
-    _run(_write_parquet_file(tmp_path, _table(v=values)), tmp_path / "out")
+    table = pa.table({"x": np.arange(24.0), "churned": ["yes", "no"] * 12, "v": values * 4})
+    _run(_write_parquet_file(tmp_path, table), tmp_path / "out")
 
     schema = json.loads((tmp_path / "out" / "schema.json").read_text())
     assert {c["name"]: c["kind"] for c in schema["columns"]}["v"] == kind
+
+
+# --- CSV options and pipeline parameters ---------------------------------------------------
+
+_CSV_ROWS = [
+    (f"{i * 1.5}", "red" if i % 3 else "blue", "yes" if i % 2 else "no") for i in range(40)
+]
+
+
+def _text(sep: str, *, header: bool = True, missing: str = "") -> str:
+    lines = [sep.join(("x", "colour", "churned"))] if header else []
+    for i, row in enumerate(_CSV_ROWS):
+        x = missing if missing and i == 7 else row[0]
+        lines.append(sep.join((x, *row[1:])))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "encoding", "params"),
+    [
+        ("data.csv", _text(";"), "utf-8", {"csv_delimiter": ";"}),
+        ("data.tsv", _text("\t"), "utf-8", {}),  # auto: a tab for .tsv
+        ("data.txt", _text("\t"), "utf-8", {"csv_delimiter": "tab"}),
+        ("data.csv", _text(",").replace("red", "rød"), "latin-1", {"csv_encoding": "latin-1"}),
+        ("data.csv", _text(",", missing="?"), "utf-8", {"csv_null_values": "?, -"}),
+        (
+            "data.csv",
+            _text(",", header=False),
+            "utf-8",
+            {"csv_header": False, "target": "column_3"},
+        ),
+    ],
+    ids=["semicolon", "tsv-auto", "tab-word", "latin-1", "null-values", "no-header"],
+)
+def test_csv_options_read_what_the_defaults_cannot(
+    tmp_path: Path, name: str, text: str, encoding: str, params: dict[str, Any]
+) -> None:
+    (tmp_path / name).write_bytes(text.encode(encoding))
+    target = params.pop("target", "churned")
+    cfg = config_from_parameters(target=target, task="auto", seed=0, **params)
+
+    result = preprocess(cfg, data_uri=str(tmp_path / name), output_uri=str(tmp_path / "out"))
+
+    assert result.train_rows + result.val_rows + result.test_rows == len(_CSV_ROWS)
+    schema = json.loads((tmp_path / "out" / "schema.json").read_text())
+    kinds = {c["name"]: c["kind"] for c in schema["columns"]}
+    assert list(kinds.values()) == ["numeric", "categorical"], kinds
+    if "csv_null_values" in params:
+        assert schema["columns"][0]["missing"] == 1
+
+
+def test_pipeline_parameters_become_the_config() -> None:
+    cfg = config_from_parameters(
+        target="y",
+        task="regression",
+        seed=3,
+        column_roles_json='{"zip": "categorical", "id": "drop"}',
+        csv_delimiter="|",
+        csv_header=False,
+        csv_encoding="cp1252",
+        csv_null_values="?, n.a.",
+        config_json='{"val_fraction": 0.2, "column_roles.age": "numeric"}',
+    )
+
+    assert cfg.column_roles == {"zip": "categorical", "id": "drop", "age": "numeric"}
+    assert (cfg.csv_delimiter, cfg.csv_header, cfg.csv_encoding) == ("|", False, "cp1252")
+    assert cfg.csv_null_values == ["?", "n.a."]
+    assert (cfg.val_fraction, cfg.seed, cfg.task) == (0.2, 3, "regression")
+
+
+@pytest.mark.parametrize(
+    ("params", "code", "needles"),
+    [
+        ({"column_roles_json": "{zip: categorical}"}, "E_PARAM", ["column_roles_json", "JSON"]),
+        ({"column_roles_json": '["zip"]'}, "E_PARAM", ["column_roles_json", "JSON object"]),
+        ({"column_roles_json": '{"zip": "text"}'}, "E_CONFIG", ["column_roles.zip", "'text'"]),
+        ({"column_roles_json": '{"y": "numeric"}'}, "E_CONFIG", ["column_roles.y", "target"]),
+        ({"config_json": "[1]"}, "E_PARAM", ["preprocess_config_json"]),
+        ({"config_json": '{"val_fractio": 0.2}'}, "E_CONFIG", ["val_fractio"]),
+        ({"config_json": '{"test_fraction": 0}'}, "E_CONFIG", ["test_fraction", "(0, 1)"]),
+        ({"csv_delimiter": ";;"}, "E_CONFIG", ["csv_delimiter", "';;'"]),
+        ({"csv_delimiter": '"'}, "E_CONFIG", ["csv_delimiter"]),
+        ({"csv_encoding": "utf-9"}, "E_CONFIG", ["csv_encoding", "'utf-9'"]),
+    ],
+    ids=[
+        "roles-not-json",
+        "roles-not-object",
+        "unknown-role",
+        "role-for-target",
+        "config-not-object",
+        "config-unknown-key",
+        "no-test-split",
+        "long-delimiter",
+        "quote-delimiter",
+        "unknown-encoding",
+    ],
+)
+def test_bad_pipeline_parameters_name_the_parameter(
+    params: dict[str, Any], code: str, needles: list[str]
+) -> None:
+    with pytest.raises(InputError) as info:
+        config_from_parameters(target="y", task="auto", seed=0, **params)
+
+    assert info.value.code == code, str(info.value)
+    for needle in needles:
+        assert needle in str(info.value)
 
 
 # --- bad input ------------------------------------------------------------------------------
@@ -240,10 +362,20 @@ def _table(**columns: Any) -> pa.Table:
     return pa.table({**base, **columns})
 
 
-def _csv(text: str) -> Callable[[Path], Path]:
+def _big(n: int = 40, **columns: Any) -> pa.Table:
+    """A table large enough to split: ``columns`` are repeated to ``n`` rows."""
+    base: dict[str, Any] = {
+        "x": np.arange(n, dtype=np.float64),
+        "churned": ["yes", "no"] * (n // 2),
+    }
+    base.update({k: (v * n)[:n] for k, v in columns.items()})
+    return pa.table(base)
+
+
+def _csv(text: str | bytes, name: str = "data.csv") -> Callable[[Path], Path]:
     def write(tmp: Path) -> Path:
-        (tmp / "data.csv").write_text(text)
-        return tmp / "data.csv"
+        (tmp / name).write_bytes(text.encode() if isinstance(text, str) else text)
+        return tmp / name
 
     return write
 
@@ -265,22 +397,121 @@ def _disagreeing_files(tmp: Path) -> Path:
     return tmp / "data"
 
 
-_NUMBERS_THEN_A_WORD = "x,churned\n1.5,yes\n2.5,no\n3.5,yes\nabc,no\n4.5,yes\n5.5,no\n"
+def _mixed_schemas(tmp: Path) -> Path:
+    """A CSV and a Parquet file whose column ``x`` cannot be one type."""
+    (tmp / "data").mkdir()
+    (tmp / "data" / "a.csv").write_text("x,churned\n1,yes\n2,no\n")
+    table = pa.table({"x": pa.array([b"\x00\x01", b"\x02"]), "churned": ["yes", "no"]})
+    pq.write_table(table, tmp / "data" / "b.parquet")
+    return tmp / "data"
+
+
+def _duplicate_parquet_columns(tmp: Path) -> Path:
+    arrays = [pa.array([1.0, 2.0] * 20), pa.array([3.0, 4.0] * 20), pa.array(["yes", "no"] * 20)]
+    pq.write_table(pa.Table.from_arrays(arrays, names=["a", "a", "churned"]), tmp / "dup.parquet")
+    return tmp / "dup.parquet"
+
+
+def _rows(*rows: str, header: str = "x,churned") -> str:
+    return "\n".join([header, *rows]) + "\n"
+
+
+_NUMBERS_THEN_A_WORD = _rows("1.5,yes", "2.5,no", "3.5,yes", "abc,no", "4.5,yes", "5.5,no")
+_TINY_STD = np.zeros(40)
+_TINY_STD[::2] = 1e-30
+# 1e10 in a validation row (seed 0): standardised with train's std 5e-31 it overflows float32.
+_, _VAL_ROWS, _ = split_indices(
+    40, classes=np.array([1, 0] * 20), val_fraction=0.15, test_fraction=0.15, seed=0
+)
+_VAL_ROW = int(_VAL_ROWS[0])
+_TINY_STD[_VAL_ROW] = 1e10
+_RARE = _big(40).append_column("x2", pa.array(np.ones(40))).slice(0, 39)
+_RARE = pa.concat_tables([_RARE, pa.table({"x": [1.0], "churned": ["rare"], "x2": [1.0]})])
 
 BAD_INPUTS = [
     ("missing-file", lambda tmp: tmp / "nope.parquet", {}, "E_DATA", ["nope.parquet", "not found"]),
     ("no-data-files", _empty_folder, {}, "E_DATA", ["no data files"]),
     ("empty-csv", _csv("x,churned\n"), {}, "E_EMPTY", ["0 rows", "data.csv"]),
     ("empty-file", _csv(""), {}, "E_EMPTY", ["data.csv"]),
-    ("empty-parquet", _parquet(_table().slice(0, 0)), {}, "E_EMPTY", ["0 rows"]),
+    ("empty-parquet-table", _parquet(_table().slice(0, 0)), {}, "E_EMPTY", ["0 rows"]),
+    ("zero-byte-parquet", _csv(b"", "data.parquet"), {}, "E_EMPTY", ["data.parquet", "0 bytes"]),
+    (
+        "not-parquet",
+        _csv("x,churned\n1,yes\n", "data.parquet"),
+        {},
+        "E_DATA",
+        ["data.parquet", "not Parquet"],
+    ),
+    (
+        "truncated-parquet",
+        lambda tmp: _csv(_write_parquet_file(tmp, _big()).read_bytes()[:-20], "data.parquet")(tmp),
+        {},
+        "E_DATA",
+        ["data.parquet", "cannot read Parquet"],
+    ),
+    (
+        "duplicate-csv-columns",
+        _csv(_rows("1,2,yes", "3,4,no", header="a,a,churned")),
+        {},
+        "E_SCHEMA",
+        ["'a' appears 2 times", "data.csv"],
+    ),
+    (
+        "duplicate-parquet-columns",
+        _duplicate_parquet_columns,
+        {},
+        "E_SCHEMA",
+        ["'a' appears 2 times", "dup.parquet"],
+    ),
+    (
+        "not-utf8-csv",
+        _csv(b"x,city,churned\n1,Bonn,yes\n2,K\xf6ln,no\n"),
+        {},
+        "E_ENCODING",
+        ["line 3", "0xf6", "--param csv_encoding=latin-1", "data.csv"],
+    ),
+    (
+        "wrong-field-count",
+        _csv(_rows("1,yes", "2,no,extra", "3,yes")),
+        {},
+        "E_CSV",
+        ["line 3", "expected 2 fields", "'2,no,extra'", "csv_delimiter", "data.csv"],
+    ),
+    (
+        "wrong-delimiter",
+        _csv(_rows("1;yes", "2;no", header="x;churned")),
+        {},
+        "E_COLUMN",
+        ["'churned' not found", "--param 'csv_delimiter=;'", "data.csv"],
+    ),
+    (
+        "mixed-schemas",
+        _mixed_schemas,
+        {},
+        "E_SCHEMA",
+        ["type of column 'x'", "b.parquet", "a.csv", "column_roles_json"],
+    ),
     (
         "missing-target",
         _parquet(_table().drop_columns(["churned"])),
         {},
         "E_COLUMN",
-        ["'churned'", "columns: x"],
+        ["'churned'", "columns: x", "--param target="],
     ),
-    ("one-class", _parquet(_table(churned=["yes"] * 6)), {}, "E_TARGET", ["one class", "'yes'"]),
+    (
+        "misspelt-target",
+        _parquet(_table()),
+        {"target": "churn"},
+        "E_COLUMN",
+        ["'churn' not found", "did you mean 'churned'", "--param target=churned"],
+    ),
+    (
+        "one-class",
+        _parquet(_table(churned=["yes"] * 6)),
+        {},
+        "E_TARGET",
+        ["one class", "'yes'", "--param target"],
+    ),
     (
         "target-missing-value",
         _parquet(_table(churned=["yes", "no", None, "no", "yes", "no"])),
@@ -289,18 +520,32 @@ BAD_INPUTS = [
         ["'churned'", "row 3"],
     ),
     (
+        "text-regression-target",
+        _parquet(_big()),
+        {"task": "regression"},
+        "E_TARGET",
+        ["'churned'", "--param task=classification"],
+    ),
+    (
         "all-missing-column",
         _parquet(_table(notes=pa.nulls(6, pa.string()))),
         {},
         "E_ALL_MISSING",
-        ["'notes'"],
+        ["'notes'", """--param 'column_roles_json={"notes": "drop"}'"""],
     ),
     (
         "all-nan-column",
         _parquet(_table(x=[float("nan")] * 6)),
         {},
         "E_ALL_MISSING",
-        ["'x'"],
+        ["'x'", "column_roles_json"],
+    ),
+    (
+        "unsupported-type",
+        _parquet(_big(when=[np.datetime64("2024-01-01", "s")])),
+        {},
+        "E_SCHEMA",
+        ["'when'", "timestamp", """--param 'column_roles_json={"when": "drop"}'"""],
     ),
     (
         "infinite-parquet",
@@ -317,25 +562,74 @@ BAD_INPUTS = [
         ["'x'", "data.csv line 4"],
     ),
     (
+        "huge-value",
+        _parquet(_big(x=[1.0, 2.0, 1e300, 4.0])),
+        {},
+        "E_OVERFLOW",
+        ["'x'", "1e+300", "float32", "data.parquet row 3"],
+    ),
+    (
+        "huge-regression-target",
+        _parquet(pa.table({"x": np.arange(40.0), "y": np.r_[np.arange(39.0), 1e39]})),
+        {"target": "y"},
+        "E_OVERFLOW",
+        ["'y'", "1e+39", "data.parquet row 40"],
+    ),
+    (
+        "overflow-after-scaling",
+        _parquet(_big(x=list(_TINY_STD))),
+        {},
+        "E_OVERFLOW",
+        ["'x'", "1e+10", "standardised", f"data.parquet row {_VAL_ROW + 1}"],
+    ),
+    (
         "mixed-types-csv",
         _csv(_NUMBERS_THEN_A_WORD),
         {},
         "E_MIXED_TYPES",
-        ["'x'", "'abc'", "data.csv line 5"],
+        ["'x'", "'abc'", "data.csv line 5", "column_roles_json", "csv_null_values=abc"],
     ),
     (
         "declared-column-absent",
         _parquet(_table()),
-        {"columns": {"x": "numeric", "ghost": "categorical"}},
+        {"column_roles": {"x": "numeric", "ghost": "categorical"}},
         "E_SCHEMA",
-        ["'ghost'", "not in the data"],
+        ["'ghost'", "not in the data", "column_roles_json"],
     ),
     (
         "declared-numeric-holds-text",
         _parquet(_table(plan=["basic", "pro"] * 3)),
-        {"columns": {"x": "numeric", "plan": "numeric"}},
+        {"column_roles": {"plan": "numeric"}},
         "E_SCHEMA",
-        ["'plan'", "'basic'", "row 1"],
+        ["'plan'", "'basic'", "row 1", """{"plan": "categorical"}"""],
+    ),
+    (
+        "every-feature-dropped",
+        _parquet(_table()),
+        {"column_roles": {"x": "drop"}},
+        "E_SCHEMA",
+        ["no feature columns", """{"x": "numeric"}"""],
+    ),
+    (
+        "empty-validation-and-test",
+        _parquet(_table()),
+        {},
+        "E_SPLIT",
+        ["validation and test splits are empty", "preprocess_config_json", "data.parquet"],
+    ),
+    (
+        "empty-training-split",
+        _parquet(pa.table({"x": [1.0, 2.0, 3.0], "y": [0.5, 1.5, 2.5]})),
+        {"target": "y", "val_fraction": 0.5, "test_fraction": 0.45},
+        "E_SPLIT",
+        ["training split is empty", "preprocess_config_json"],
+    ),
+    (
+        "class-missing-from-training",
+        _parquet(_RARE),
+        {"test_fraction": 0.6},
+        "E_SPLIT",
+        ["class 'rare'", "1 row", "preprocess_config_json"],
     ),
     ("files-disagree", _disagreeing_files, {}, "E_SCHEMA", ["b.parquet", "'x'"]),
     ("unknown-config-key", _parquet(_table()), {"taget": "y"}, "E_CONFIG", ["taget"]),
@@ -347,13 +641,14 @@ BAD_INPUTS = [
         ["test_fraction", "0.5"],
     ),
     (
-        "unknown-column-kind",
+        "unknown-column-role",
         _parquet(_table()),
-        {"columns": {"x": "text"}},
+        {"column_roles": {"x": "text"}},
         "E_CONFIG",
-        ["columns.x", "'text'"],
+        ["column_roles.x", "'text'"],
     ),
 ]
+_INTERNAL = re.compile(r"\b(train|val|test)\.parquet\b|schema\.json")
 
 
 @pytest.mark.parametrize(
@@ -361,7 +656,7 @@ BAD_INPUTS = [
     [case[1:] for case in BAD_INPUTS],
     ids=[case[0] for case in BAD_INPUTS],
 )
-def test_bad_input_fails_with_one_line_naming_the_culprit_and_writes_nothing(
+def test_bad_input_exits_2_with_one_line_naming_the_culprit_and_writes_nothing(
     tmp_path: Path,
     write: Callable[[Path], Path],
     cfg: dict[str, Any],
@@ -369,15 +664,91 @@ def test_bad_input_fails_with_one_line_naming_the_culprit_and_writes_nothing(
     needles: list[str],
 ) -> None:
     data = write(tmp_path)
-    with pytest.raises(InputError) as info:
-        _run(data, tmp_path / "out", **cfg)
+    (tmp_path / "config.json").write_text(json.dumps({"target": "churned", **cfg}))
+    out = tmp_path / "out"
+    argv = ["--config", str(tmp_path / "config.json"), "--data", str(data), "--output", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "preprocess", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
-    message = str(info.value)
-    assert info.value.code == code, message
-    assert "\n" not in message
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr  # no traceback, no warning
+    assert lines[0].startswith(f"ERROR [preprocess] {code}: "), lines[0]
     for needle in needles:
-        assert needle in message
+        assert needle in lines[0]
+    assert not _INTERNAL.search(lines[0]), f"names an internal file: {lines[0]}"
+    assert proc.stdout == ""
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("out")]
+
+
+# --- the advice works -----------------------------------------------------------------------
+
+_PARAM = re.compile(r"--param ('[^']*'|[^\s,;]+)")
+_PARAM_TO_ARGUMENT = {"preprocess_config_json": "config_json"}
+
+
+def _advised(message: str) -> list[dict[str, Any]]:
+    """Each ``--param name=value`` the message advises, as config_from_parameters arguments."""
+    out = []
+    for match in _PARAM.finditer(message):
+        (pair,) = shlex.split(match.group(1))
+        name, _, value = pair.partition("=")
+        typed: Any = int(value) if name == "seed" else value
+        out.append({_PARAM_TO_ARGUMENT.get(name, name): typed})
+    return out
+
+
+ADVICE_CASES = [
+    (
+        "wrong-delimiter",
+        _csv(_rows(*[f"{i};{'yes' if i % 2 else 'no'}" for i in range(40)], header="x;churned")),
+    ),
+    (
+        "not-utf8",
+        _csv(
+            b"x,city,churned\n"
+            + b"".join(b"%d,K\xf6ln,%s\n" % (i, b"yes" if i % 2 else b"no") for i in range(40))
+        ),
+    ),
+    ("mixed-types", _csv(_rows(*[f"{i},{'yes' if i % 2 else 'no'}" for i in range(39)], "?,no"))),
+    ("all-missing", _parquet(_big(notes=pa.nulls(40, pa.string()).to_pylist()))),
+    ("unsupported-type", _parquet(_big(when=[np.datetime64("2024-01-01", "s")]))),
+    ("huge-value", _parquet(_big(big=[1.0, 2.0, 1e300, 4.0]))),
+    ("overflow-after-scaling", _parquet(_big(tiny=list(_TINY_STD)))),
+    ("declared-numeric-text", _parquet(_big(plan=["basic", "pro"]))),
+    ("empty-validation", _parquet(_big(6))),
+    ("class-missing-from-training", _parquet(_RARE)),
+]
+_ADVICE_CONFIG = {
+    "declared-numeric-text": {"column_roles_json": '{"plan": "numeric"}'},
+    "class-missing-from-training": {"config_json": '{"test_fraction": 0.6}'},
+}
+
+
+@pytest.mark.parametrize("write", [c[1] for c in ADVICE_CASES], ids=[c[0] for c in ADVICE_CASES])
+def test_following_each_advised_parameter_fixes_the_run(
+    tmp_path: Path, request: pytest.FixtureRequest, write: Callable[[Path], Path]
+) -> None:
+    data = str(write(tmp_path))
+    base = _ADVICE_CONFIG.get(request.node.callspec.id, {})
+    with pytest.raises(InputError) as info:
+        preprocess(
+            config_from_parameters(target="churned", task="auto", seed=0, **base),
+            data_uri=data,
+            output_uri=str(tmp_path / "out"),
+        )
+    advice = _advised(info.value.message)
+    assert advice, f"no --param advice in: {info.value}"
+
+    for i, param in enumerate(advice):  # each alternative on its own fixes the run
+        cfg = config_from_parameters(target="churned", task="auto", seed=0, **{**base, **param})
+        result = preprocess(cfg, data_uri=data, output_uri=str(tmp_path / f"fixed-{i}"))
+        assert result.train_rows > 0 and result.val_rows > 0 and result.test_rows > 0, param
 
 
 def test_cli_exits_2_with_the_error_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -391,3 +762,33 @@ def test_cli_exits_2_with_the_error_line(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err.strip()
     assert err.startswith("ERROR [preprocess] E_TARGET: target column 'churned' has one class")
     assert not (tmp_path / "out").exists()
+
+
+def test_schema_records_the_source_without_credentials(tmp_path: Path, demo: pa.Table) -> None:
+    _run(_write_parquet_file(tmp_path, demo), tmp_path / "out")
+
+    schema = json.loads((tmp_path / "out" / "schema.json").read_text())
+    assert schema["source"] == str(tmp_path / "data.parquet")
+    assert display_uri("s3://AKIAKEY:s3cr3t@bucket/data.csv") == "s3://bucket/data.csv"
+
+
+def test_train_names_the_users_data_and_batch_size_when_the_split_is_smaller_than_a_batch(
+    tmp_path: Path,
+) -> None:
+    data = _write_parquet_file(tmp_path, _big(40))
+    _run(data, tmp_path / "dataset")  # 28 training rows
+    argv = ["--dataset", str(tmp_path / "dataset"), "--model", str(tmp_path / "model")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "train", *argv, "--set", "train.global_batch_size=64"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("ERROR [train] E_CONFIG: batch_size 64"), line
+    assert str(data) in line and "(28 rows)" in line and "--param batch_size=16" in line
+    assert not _INTERNAL.search(line), line
+    assert not (tmp_path / "model").exists()

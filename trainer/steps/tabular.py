@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import hashlib
+import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +23,34 @@ MISSING = "__missing__"
 """The category that a missing categorical value becomes."""
 OTHER = "__other__"
 """The category for values outside the kept top-N, and for values unseen in training."""
-DATA_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+DATA_SUFFIXES = (*PARQUET_SUFFIXES, ".csv", ".tsv", ".txt")
 """Files of a dataset folder that are read (others, and names starting with . or _, are not)."""
 
 
 # --------------------------------------------------------------------------------------------
 # Reading
 # --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CsvOptions:
+    """How CSV files are parsed (Parquet files carry their own schema)."""
+
+    delimiter: str = "auto"
+    """One character; ``auto``: a tab for ``.tsv`` files, else a comma."""
+    header: bool = True
+    """The first line names the columns; without it they are ``column_1``, ``column_2``, ..."""
+    encoding: str = "utf-8"
+    """Text encoding of the files (any Python codec name)."""
+    null_values: tuple[str, ...] = ()
+    """Values read as missing, besides the empty field and pyarrow's defaults (NA, null ...)."""
+
+    def delimiter_for(self, uri: str) -> str:
+        """The field separator of file ``uri``."""
+        if self.delimiter == "auto":
+            return "\t" if uri.lower().endswith(".tsv") else ","
+        return "\t" if self.delimiter == "tab" else self.delimiter
 
 
 @dataclass(slots=True)
@@ -38,17 +63,37 @@ class RawInput:
     offsets: np.ndarray  # first global row of each file, plus the total
     is_csv: list[bool]
     data_hash: str
+    csv_header: bool = True
 
     def locate(self, row: int) -> str:
         """Where global ``row`` is: ``<file> row <n>`` (Parquet) or ``<file> line <n>`` (CSV)."""
         i = int(np.searchsorted(self.offsets, row, side="right")) - 1
         local = row - int(self.offsets[i])
-        # CSV: line 1 is the header, so data row 0 is on line 2.
-        return (
-            f"{self.files[i]} line {local + 2}"
-            if self.is_csv[i]
-            else f"{self.files[i]} row {local + 1}"
-        )
+        if self.is_csv[i]:
+            # Line 1 is the header (when there is one), so data row 0 is on line 2.
+            return f"{self.files[i]} line {local + 1 + int(self.csv_header)}"
+        return f"{self.files[i]} row {local + 1}"
+
+    @property
+    def any_csv(self) -> bool:
+        """Whether any input file is CSV (CSV-only advice applies)."""
+        return any(self.is_csv)
+
+
+def param(name: str, value: Any) -> str:
+    """A pipeline parameter as a person pastes it into a shell.
+
+    ``param("column_roles_json", {"zip": "categorical"})`` gives
+    ``--param 'column_roles_json={"zip": "categorical"}'``: quoted for the shell, JSON for
+    structured values, so the advice in an error message works as printed.
+    """
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return "--param " + shlex.quote(f"{name}={text}")
+
+
+def role_param(column: str, role: str) -> str:
+    """The ``--param`` that declares ``column``'s role (``numeric``, ``categorical``, ``drop``)."""
+    return param("column_roles_json", {column: role})
 
 
 def _input_files(data_uri: str) -> list[str]:
@@ -74,31 +119,139 @@ def _input_files(data_uri: str) -> list[str]:
     return [storage.join(data_uri, n) for n in names]
 
 
-def _read_file(uri: str, blob: bytes, delimiter: str) -> tuple[pa.Table, bool]:
-    """Parse one file (Parquet by its magic bytes, else CSV); returns (table, is_csv)."""
-    if blob[:4] == b"PAR1":
-        try:
-            pf = pq.ParquetFile(pa.BufferReader(blob))
-            text = [
-                f.name
-                for f in pf.schema_arrow
-                if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-            ]
-            # Text read as dictionaries: categories are encoded once per distinct value, not row.
-            return pq.read_table(pa.BufferReader(blob), read_dictionary=text), False
-        except (pa.ArrowException, OSError) as e:
-            raise InputError("E_DATA", f"cannot read Parquet: {e}", uri) from e
+def _check_unique_names(names: list[str], uri: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InputError(
+                "E_SCHEMA",
+                f"column name {name!r} appears {names.count(name)} times; "
+                "rename the columns so that each name is unique",
+                uri,
+            )
+        seen.add(name)
+
+
+def _read_parquet(uri: str, blob: bytes) -> pa.Table:
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(blob))
+        _check_unique_names(pf.schema_arrow.names, uri)
+        text = [
+            f.name
+            for f in pf.schema_arrow
+            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+        ]
+        # Text read as dictionaries: categories are encoded once per distinct value, not row.
+        return pq.read_table(pa.BufferReader(blob), read_dictionary=text)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError("E_DATA", f"cannot read Parquet: {' '.join(str(e).split())}", uri) from e
+
+
+def _bad_encoding(uri: str, blob: bytes, encoding: str) -> InputError | None:
+    """The error for the first byte that ``encoding`` cannot decode, if there is one."""
+    try:
+        codecs.decode(blob, encoding)
+    except UnicodeDecodeError as e:
+        line = blob.count(b"\n", 0, e.start) + 1
+        byte = blob[e.start : e.start + 1].hex()
+        other = "latin-1" if codecs.lookup(encoding).name != "latin-1" else "cp1252"
+        return InputError(
+            "E_ENCODING",
+            f"the file is not valid {encoding} text: byte 0x{byte} on line {line}; set the "
+            f"file's encoding, e.g. {param('csv_encoding', other)}",
+            uri,
+        )
+    return None
+
+
+def _csv_parse_error(uri: str, blob: bytes, csv: CsvOptions, e: Exception) -> InputError:
+    """One line for a CSV that pyarrow cannot parse: the bad line's number and text if known."""
+    rows: list[Any] = []
+
+    def first_bad(row: Any) -> str:
+        rows.append(row)
+        return "error"
+
+    delimiter = csv.delimiter_for(uri)
+    # Parse again on one thread, which numbers rows, only to say where the first bad one is.
+    with contextlib.suppress(pa.ArrowException, UnicodeDecodeError):
+        _parse_csv(blob, csv, delimiter, use_threads=False, invalid_row_handler=first_bad)
+    shown = "tab" if delimiter == "\t" else delimiter
+    guess = guess_delimiter(blob[: blob.find(b"\n")].decode("utf-8", "replace"), delimiter)
+    hint = (
+        f"fix that line, or, if fields are not separated by {shown!r}, set the separator, "
+        f"e.g. {param('csv_delimiter', guess)}"
+    )
+    if rows:
+        row = rows[0]
+        text = row.text if len(row.text) <= 80 else row.text[:77] + "..."
+        return InputError(
+            "E_CSV",
+            f"cannot parse CSV line {row.number}: expected {row.expected_columns} fields "
+            f"separated by {shown!r}, got {row.actual_columns} ({text!r}); {hint}",
+            uri,
+        )
+    return InputError("E_CSV", f"cannot parse CSV: {' '.join(str(e).split())}; {hint}", uri)
+
+
+def guess_delimiter(header: str, current: str) -> str:
+    """The likeliest field separator of a header line other than ``current`` (``tab`` for a tab)."""
+    candidates = [c for c in (";", "\t", "|", ",") if c != current]
+    best = max(candidates, key=header.count)
+    if not header.count(best):
+        best = candidates[0]
+    return "tab" if best == "\t" else best
+
+
+def _parse_csv(
+    blob: bytes, csv: CsvOptions, delimiter: str, *, use_threads: bool = True, **parse: Any
+) -> pa.Table:
+    read = pacsv.ReadOptions(
+        use_threads=use_threads,
+        autogenerate_column_names=not csv.header,
+        encoding=csv.encoding,
+    )
+    null_values = [*pacsv.ConvertOptions().null_values, *csv.null_values]
+    return pacsv.read_csv(
+        pa.BufferReader(blob),
+        read_options=read,
+        parse_options=pacsv.ParseOptions(delimiter=delimiter, **parse),
+        convert_options=pacsv.ConvertOptions(
+            strings_can_be_null=True, null_values=null_values, check_utf8=True
+        ),
+    )
+
+
+def _read_csv(uri: str, blob: bytes, csv: CsvOptions) -> pa.Table:
     if not blob.strip():
         raise InputError("E_EMPTY", "dataset is empty: the file has no header and no rows", uri)
     try:
-        table = pacsv.read_csv(
-            pa.BufferReader(blob),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            convert_options=pacsv.ConvertOptions(strings_can_be_null=True),
-        )
+        table = _parse_csv(blob, csv, csv.delimiter_for(uri))
+    except UnicodeDecodeError:
+        raise _bad_encoding(uri, blob, csv.encoding) or InputError(
+            "E_ENCODING", f"the file is not valid {csv.encoding} text", uri
+        ) from None
     except pa.ArrowException as e:
-        raise InputError("E_DATA", f"cannot parse CSV: {' '.join(str(e).split())}", uri) from e
-    return table, True
+        raise _csv_parse_error(uri, blob, csv, e) from None
+    # pyarrow reads text that is not valid UTF-8 as binary rather than failing.
+    binary = any(pa.types.is_binary(t) for t in table.schema.types)
+    if binary and (error := _bad_encoding(uri, blob, "utf-8")):
+        raise error
+    if not csv.header:
+        table = table.rename_columns([f"column_{i + 1}" for i in range(table.num_columns)])
+    _check_unique_names(table.column_names, uri)
+    return table
+
+
+def _read_file(uri: str, blob: bytes, csv: CsvOptions) -> tuple[pa.Table, bool]:
+    """Parse one file (Parquet by its magic bytes, else CSV); returns (table, is_csv)."""
+    if blob[:4] == b"PAR1":
+        return _read_parquet(uri, blob), False
+    if uri.lower().endswith(PARQUET_SUFFIXES):
+        what = "empty (0 bytes)" if not blob else "not Parquet: it lacks Parquet's PAR1 header"
+        code = "E_EMPTY" if not blob else "E_DATA"
+        raise InputError(code, f"the file is named like Parquet but is {what}", uri)
+    return _read_csv(uri, blob, csv), True
 
 
 def is_text(t: pa.DataType) -> bool:
@@ -124,7 +277,7 @@ def _common_type(types: list[pa.DataType]) -> pa.DataType:
 
 
 def _concat(tables: list[pa.Table], files: list[str]) -> pa.Table:
-    """Concatenate per-file tables, checking that every file has the same columns."""
+    """Concatenate per-file tables, checking that every file has the same columns and types."""
     names = tables[0].column_names
     for table, uri in zip(tables[1:], files[1:], strict=True):
         extra = [n for n in table.column_names if n not in names]
@@ -135,23 +288,33 @@ def _concat(tables: list[pa.Table], files: list[str]) -> pa.Table:
                 "E_SCHEMA", f"files disagree on columns: this file {what} (vs {files[0]})", uri
             )
     tables = [t.select(names) for t in tables]
-    fields = []
+    columns = []
     for name in names:
         types = [t.schema.field(name).type for t in tables]
-        fields.append(pa.field(name, types[0] if len(set(types)) == 1 else _common_type(types)))
-    schema = pa.schema(fields)
-    out = []
-    for t in tables:
-        if t.schema != schema:
-            t = pa.table(
-                [c.cast(f.type) for c, f in zip(t.columns, schema, strict=True)], schema=schema
-            )
-        out.append(t)
-    return pa.concat_tables(out)
+        common = types[0] if len(set(types)) == 1 else _common_type(types)
+        chunks = []
+        for t, uri, tp in zip(tables, files, types, strict=True):
+            try:
+                chunks.extend(t.column(name).cast(common).chunks)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise InputError(
+                    "E_SCHEMA",
+                    f"files disagree on the type of column {name!r}: {dtype_name(tp)} here, "
+                    f"{dtype_name(types[0])} in {files[0]}; make the files agree, or drop the "
+                    f"column with {role_param(name, 'drop')}",
+                    uri,
+                ) from e
+        columns.append(pa.chunked_array(chunks, type=common))
+    return pa.table(columns, names=names)
 
 
-def read_input(data_uri: str, delimiter: str) -> RawInput:
-    """Read every input file once: hash its bytes and parse them."""
+def read_input(data_uri: str, csv: CsvOptions) -> RawInput:
+    """Read every input file once: hash its bytes and parse them.
+
+    Raises:
+        InputError: A missing, unreadable, empty or malformed file (named), duplicate column
+            names, text in another encoding, or files that disagree on columns or types.
+    """
     files = _input_files(data_uri)
     digest = hashlib.sha256()
     tables, is_csv = [], []
@@ -163,17 +326,17 @@ def read_input(data_uri: str, delimiter: str) -> RawInput:
         except (OSError, RuntimeError) as e:
             raise InputError("E_DATA", f"cannot read the dataset file: {e}", uri) from e
         digest.update(blob)
-        table, csv = _read_file(uri, blob, delimiter)
+        table, is_text_file = _read_file(uri, blob, csv)
         del blob  # parsed: the raw bytes need not outlive this iteration
         tables.append(table)
-        is_csv.append(csv)
+        is_csv.append(is_text_file)
     table = tables[0] if len(tables) == 1 else _concat(tables, files)
     offsets = np.cumsum([0, *(t.num_rows for t in tables)])
     # pandas writes a non-default index as __index_level_N__: never data.
     keep = [n for n in table.column_names if not n.startswith("__index_level_")]
     if len(keep) != table.num_columns:
         table = table.select(keep)
-    return RawInput(data_uri, table, files, offsets, is_csv, digest.hexdigest())
+    return RawInput(data_uri, table, files, offsets, is_csv, digest.hexdigest(), csv.header)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,7 +519,8 @@ def encode_numeric(
     x -= mean
     x /= std
     outputs = [name]
-    columns = [x.astype(np.float32)]
+    with np.errstate(over="ignore"):  # overflow (inf) is the caller's to report
+        columns = [x.astype(np.float32)]
     if missing_indicator and n_train_missing:
         outputs.append(f"{name}__missing")
         columns.append(miss.astype(np.float32))

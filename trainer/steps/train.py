@@ -302,11 +302,32 @@ def read_schema(dataset_uri: str) -> dict[str, Any]:
     return dict(schema)
 
 
+def _check_batch_fits(schema: dict[str, Any], batch_size: int, dataset_uri: str) -> None:
+    """Fail before launching when the training split is smaller than one global batch.
+
+    The job would fail the same way, but only preprocess's record knows the user's data file,
+    so the message can name it and the pipeline parameter to change (``batch_size``).
+    """
+    rows = (schema.get("splits") or {}).get("train")
+    if not isinstance(rows, int) or rows >= batch_size:
+        return
+    smaller = 1 << (rows.bit_length() - 1) if rows > 0 else 0
+    source = schema.get("source") or dataset_uri
+    raise InputError(
+        "E_CONFIG",
+        f"batch_size {batch_size} (train.global_batch_size) is larger than the training split "
+        f"of {source} ({rows} rows): training needs one full batch; add rows"
+        + (f", or lower it, e.g. --param batch_size={smaller}" if smaller else ""),
+        "batch_size",
+    )
+
+
 def build_worker_config(
     cfg: TrainStepConfig, *, dataset_uri: str, model_uri: str, work_uri: str
 ) -> WorkerConfig:
     """The worker config for a preprocessed dataset: splits, schema and target from the data."""
     schema = read_schema(dataset_uri)
+    _check_batch_fits(schema, cfg.train.global_batch_size, dataset_uri)
     val_uri = storage.join(dataset_uri, "val.parquet")
     return from_dict(
         WorkerConfig,
