@@ -108,54 +108,43 @@ def new_run_id() -> str:
 # --- pre-flight checks of the data and the registry ----------------------------------------
 
 
-def check_data(data: str, target: str, csv_options: dict[str, Any] | None = None) -> None:
+def check_data(data: str, target: str, params: dict[str, Any]) -> None:
     """The data URI exists and is readable, and ``target`` is one of its columns.
+
+    The columns are read the way preprocess reads them (CSV delimiter, header, encoding from
+    the pipeline parameters), from the first file's schema or header only.
 
     Raises:
         InputError: ``E_DATA`` naming the URI, or ``E_TARGET`` naming the column.
     """
-    from trainer import storage
+    from trainer.steps.preprocess import config_from_parameters
+    from trainer.steps.tabular import read_columns
 
+    def text(name: str) -> str:
+        value = params[name]
+        return json.dumps(value) if isinstance(value, dict) else str(value)
+
+    cfg = config_from_parameters(
+        target=target,
+        task=str(params["task"]),
+        seed=int(params["seed"]),
+        column_roles_json=text("column_roles_json"),
+        csv_delimiter=str(params["csv_delimiter"]),
+        csv_header=bool(params["csv_header"]),
+        csv_encoding=str(params["csv_encoding"]),
+        csv_null_values=str(params["csv_null_values"]),
+        config_json=text("preprocess_config_json"),
+    )
     try:
-        if not storage.exists(data):
-            raise InputError("E_DATA", "the data does not exist", data)
-        files = [data]
-        if storage.is_dir(data):
-            files = sorted(
-                storage.join(data, name)
-                for name in storage.list_dir(data)
-                if name.lower().endswith((".parquet", ".pq", ".csv"))
-            )
-            if not files:
-                raise InputError("E_DATA", "the folder holds no .parquet or .csv file", data)
-        columns = _columns(files[0], csv_options or {})
-    except InputError:
-        raise
-    except (OSError, RuntimeError, ValueError) as e:
-        text = " ".join(str(e).split())[:200]
-        raise InputError("E_DATA", f"cannot read the data: {text}", data) from None
+        columns = read_columns(data, cfg.csv_options())
+    except (OSError, RuntimeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise InputError("E_DATA", f"cannot read the data: {reason}", data) from None
     if target not in columns:
         shown = ", ".join(columns[:20]) + (", ..." if len(columns) > 20 else "")
         raise InputError(
             "E_TARGET", f"target column {target!r} is not in the data (columns: {shown})", data
         )
-
-
-def _columns(uri: str, csv_options: dict[str, Any]) -> list[str]:
-    """Column names of one Parquet or CSV file, reading only its schema or header."""
-    import pyarrow.parquet as pq
-
-    from trainer import storage
-
-    with storage.open_input(uri) as f:
-        if uri.lower().endswith(".csv"):
-            import csv
-
-            head = f.read(1 << 20).decode("utf-8", errors="replace")
-            delimiter = str(csv_options.get("delimiter") or ",")
-            first = next(csv.reader(io.StringIO(head), delimiter=delimiter), [])
-            return [c.strip() for c in first]
-        return list(pq.read_schema(f).names)
 
 
 def check_registry(uri: str, timeout_s: float = REGISTRY_TIMEOUT_S) -> None:
@@ -386,7 +375,7 @@ def run_local(
     # Everything is checked before anything is written anywhere.
     checked = check_parameters(arguments)
     if arguments["data_uri"]:
-        check_data(arguments["data_uri"], arguments["target"], _csv_options(checked))
+        check_data(arguments["data_uri"], arguments["target"], checked)
     if arguments.get("registry_uri"):
         check_registry(arguments["registry_uri"], registry_timeout_s)
     root = prepare_root(root)
@@ -446,11 +435,6 @@ def run_local(
     else:
         summary.update(_failure_details(failure, step_log))
     return summary
-
-
-def _csv_options(params: dict[str, Any]) -> dict[str, Any]:
-    """CSV reading options among the pipeline parameters (those that exist)."""
-    return {"delimiter": params.get("csv_delimiter") or ","}
 
 
 def _prepare_registry(uri: str) -> None:

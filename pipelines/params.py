@@ -389,8 +389,7 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
         params: typed pipeline parameters (from :func:`typed_parameters`), some or all.
 
     Returns:
-        All parameters, the given ones over the pipeline's defaults; ``csv_delimiter`` as the
-        one character that CSV input will be split on.
+        All parameters, the given ones over the pipeline's defaults.
 
     Raises:
         InputError: ``E_PARAM`` naming the first bad parameter (and, for JSON parameters,
@@ -409,10 +408,4 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
         full[name] = typed_value(name, value, types[name][0]) if value is not None else None
     for check in CHECKS:
         check(full)
-    # The character CSV files are split on (``auto`` and ``tab`` resolved for the data's name),
-    # so that a pre-flight look at a CSV header reads it the way preprocess will.
-    from trainer.steps.tabular import CsvOptions
-
-    csv = CsvOptions(delimiter=str(full["csv_delimiter"]))
-    full["csv_delimiter"] = csv.delimiter_for(str(full.get("data_uri") or ""))
     return full

@@ -181,7 +181,7 @@ REJECTED = [
         "data-empty-dir",
         ["--data", "{ws}/empty-dir", "--target", "y"],
         "E_DATA",
-        "no .parquet or .csv",
+        "holds no data files",
     ),
     (
         "data-not-parquet",

@@ -254,6 +254,35 @@ def _read_file(uri: str, blob: bytes, csv: CsvOptions) -> tuple[pa.Table, bool]:
     return _read_csv(uri, blob, csv), True
 
 
+HEAD_BYTES = 1 << 20
+"""How much of a CSV file :func:`read_columns` reads to learn its header."""
+
+
+def read_columns(data_uri: str, csv: CsvOptions) -> list[str]:
+    """The column names of the dataset, read as preprocess reads them, from its first file only.
+
+    A Parquet file's schema comes from its footer; a CSV file's header from its first
+    :data:`HEAD_BYTES` (cut at a line end), parsed with the same options as the full read.
+
+    Raises:
+        InputError: The dataset is missing, unreadable, or not Parquet/CSV as named.
+    """
+    import pyarrow.parquet as pq
+
+    uri = _input_files(data_uri)[0]
+    try:
+        with storage.open_input(uri) as f:
+            head = f.read(HEAD_BYTES)
+            if head[:4] == b"PAR1":
+                return list(pq.read_schema(storage.local_path(uri) or f).names)
+    except (OSError, RuntimeError, pa.ArrowException) as e:
+        raise InputError("E_DATA", f"cannot read the dataset: {e}", uri) from None
+    if len(head) == HEAD_BYTES and b"\n" in head:
+        head = head[: head.rindex(b"\n") + 1]
+    table, _ = _read_file(uri, head, csv)
+    return list(table.column_names)
+
+
 def is_text(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
