@@ -143,3 +143,19 @@ def test_trainer_unknown_config_key_exits_2_with_one_line(
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
     assert not out.exists(), "bad input must leave no partial output"
+
+
+@pytest.mark.parametrize("flag", ["--out", "--components-dir"])
+def test_compile_onto_a_file_is_one_line_and_leaves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    target = tmp_path / "a-file.yaml"
+    target.write_text("mine\n")
+    argv = ["compile", "--out", str(tmp_path / "out"), "--components-dir", str(tmp_path / "c")]
+    argv[argv.index(flag) + 1] = str(target)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert _error_lines(err) == [err.strip()]
+    assert err.startswith(f"ERROR [gpupipe compile] E_PATH: {flag} must be a folder")
+    assert str(target) in err
+    assert target.read_text() == "mine\n"
