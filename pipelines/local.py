@@ -117,24 +117,10 @@ def check_data(data: str, target: str, params: dict[str, Any]) -> None:
     Raises:
         InputError: ``E_DATA`` naming the URI, or ``E_TARGET`` naming the column.
     """
-    from trainer.steps.preprocess import config_from_parameters
+    from pipelines.params import preprocess_config
     from trainer.steps.tabular import read_columns
 
-    def text(name: str) -> str:
-        value = params[name]
-        return json.dumps(value) if isinstance(value, dict) else str(value)
-
-    cfg = config_from_parameters(
-        target=target,
-        task=str(params["task"]),
-        seed=int(params["seed"]),
-        column_roles_json=text("column_roles_json"),
-        csv_delimiter=str(params["csv_delimiter"]),
-        csv_header=bool(params["csv_header"]),
-        csv_encoding=str(params["csv_encoding"]),
-        csv_null_values=str(params["csv_null_values"]),
-        config_json=text("preprocess_config_json"),
-    )
+    cfg = preprocess_config({**params, "target": target})
     try:
         columns = read_columns(data, cfg.csv_options())
     except (OSError, RuntimeError) as e:

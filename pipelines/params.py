@@ -346,22 +346,28 @@ _PREPROCESS_FIELDS = {
 }
 
 
-def _check_preprocess(p: dict[str, Any]) -> None:
+def preprocess_config(p: dict[str, Any]) -> Any:
+    """The preprocess step's ``PreprocessConfig`` for parameters ``p`` (all present), built as
+    the preprocess component builds it."""
     from trainer.steps.preprocess import config_from_parameters
 
+    return config_from_parameters(
+        target=str(p["target"]),
+        task=str(p["task"]),
+        seed=int(p["seed"]),
+        column_roles_json=json.dumps(json_object(p, "column_roles_json")),
+        csv_delimiter=str(p["csv_delimiter"]),
+        csv_header=bool(p["csv_header"]),
+        csv_encoding=str(p["csv_encoding"]),
+        csv_null_values=str(p["csv_null_values"]),
+        config_json=json.dumps(json_object(p, "preprocess_config_json")),
+    )
+
+
+def _check_preprocess(p: dict[str, Any]) -> None:
     config = json_object(p, "preprocess_config_json")
     try:
-        config_from_parameters(
-            target=str(p["target"]),
-            task=str(p["task"]),
-            seed=int(p["seed"]),
-            column_roles_json=str(p["column_roles_json"]),
-            csv_delimiter=str(p["csv_delimiter"]),
-            csv_header=bool(p["csv_header"]),
-            csv_encoding=str(p["csv_encoding"]),
-            csv_null_values=str(p["csv_null_values"]),
-            config_json=json.dumps(config),
-        )
+        preprocess_config(p)
     except ValueError as e:
         where = str(getattr(e, "where", ""))
         field = where.split(".")[0]

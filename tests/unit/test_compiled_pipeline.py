@@ -341,12 +341,14 @@ def test_preprocess_parameters_type_like_the_cluster_cli_sends_them() -> None:
     ],
     ids=["csv-auto", "tsv-auto", "tab", "semicolon"],
 )
-def test_checked_parameters_carry_the_delimiter_csv_input_is_split_on(
+def test_parameters_give_preprocess_the_delimiter_csv_input_is_split_on(
     pairs: list[str], delimiter: str
 ) -> None:
-    from pipelines.params import check_parameters, typed_parameters
+    from pipelines.params import check_parameters, preprocess_config, typed_parameters
 
-    assert check_parameters(typed_parameters(pairs))["csv_delimiter"] == delimiter
+    params = check_parameters(typed_parameters(pairs))
+    csv = preprocess_config(params).csv_options()
+    assert csv.delimiter_for(params["data_uri"]) == delimiter
 
 
 @pytest.mark.parametrize(
