@@ -181,7 +181,7 @@ def test_tune_enabled_runs_the_search_and_trains_with_its_best_parameters(tmp_pa
         tmp_path / "root",
         "tune.enabled=true",
         "tune_trial_epochs=2",
-        f"tune_space_json={json.dumps(json.dumps(space))}",
+        f"tune_space_json={json.dumps(space)}",
     )
     assert run.returncode == 0, run.stderr[-4000:]
     tuned = run.summary["tuned_hyperparams"]
