@@ -11,7 +11,8 @@ The job is always ``python -m trainer.launch ... -m trainer.worker --config <uri
   and the PyTorchJob built from it, without a client;
 - :mod:`~trainer.launch.kube`: the Kubernetes calls, typed, retried and named;
 - :mod:`~trainer.launch.watch`: the one create-or-adopt / wait / deadline / cancel / diagnose
-  loop for any custom resource (a PyTorchJob, a Katib Experiment);
+  loop for any custom resource (a PyTorchJob, a Katib Experiment), with a small adapter each;
+- :mod:`~trainer.launch.podlog`: a pod's log, followed by polling, streamed into the step's log;
 - :mod:`~trainer.launch.pytorchjob`: the PyTorchJob launcher, a :class:`JobSpec` on that loop.
 
 This package imports neither :mod:`trainer.steps` nor :mod:`trainer.tune`: they import it.

@@ -10,11 +10,11 @@ from typing import Any
 from trainer.launch.jobspec import CONTAINER_NAME, ClusterConfig, JobSpec, build_pytorchjob
 from trainer.launch.kube import PLURAL, VERSION, KubeApi
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
+from trainer.launch.podlog import PodLog
 from trainer.launch.watch import (
     TERMINAL,
     LaunchCancelled,
     OnExit,
-    PodLog,
     PodRef,
     Resource,
     ResourceLauncher,

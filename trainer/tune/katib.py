@@ -21,11 +21,11 @@ Decisions worth knowing:
 - **retain: false.** Katib deletes each finished trial's PyTorchJob (its pods and their logs go
   too) so that a long search does not pile up finished jobs; the Trial objects, with their
   parameters and metrics, stay until the Experiment is deleted.
-- **Launcher.** As the train launcher: a deterministic name (:func:`experiment_name`), re-attach
-  on retry (also after a 409), an owner reference to the launcher's pod, a deadline and SIGTERM
-  that delete the Experiment, and a failure when the Experiment fails or more trials failed than
-  ``maxFailedTrialCount`` allows (Katib's own rule: failed > max). A succeeded Experiment is
-  kept for Katib's UI.
+- **Launcher.** The train launcher's own loop (:mod:`trainer.launch.watch`): a deterministic
+  name (:func:`experiment_name`), re-attach on retry (also after a 409), an owner reference to
+  the launcher's pod, a deadline and SIGTERM that delete the Experiment, and a failure when the
+  Experiment fails or more trials failed than ``maxFailedTrialCount`` allows (Katib's own rule:
+  failed > max). A succeeded Experiment is kept for Katib's UI.
 """
 
 from __future__ import annotations
