@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from trainer.config import from_dict
-from trainer.launchers.jobspec import JobSpec, build_pytorchjob, job_name
+from trainer.launch.jobspec import JobSpec, build_pytorchjob, job_name
 from trainer.steps.train import TrainStepConfig, job_spec
 
 DEFAULT_NAMESPACE = "kubeflow"

@@ -48,7 +48,7 @@ def train(
 
     from trainer import storage
     from trainer.config import apply_overrides, from_dict
-    from trainer.launchers.jobspec import job_name
+    from trainer.launch.jobspec import job_name
     from trainer.steps import run_guarded, write_metadata_file
     from trainer.steps.train import TrainStepConfig, train_step
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.launchers.pytorchjob import API_CALLS
+from trainer.launch.pytorchjob import API_CALLS
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "kubeflow"

@@ -19,7 +19,7 @@ import pytest
 from tests.integration.test_torchrun import ROOT, env, make_config, torchrun_cmd, write_data
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import EXIT_PEER_LOST
-from trainer.launch import (
+from trainer.launch.torchrun import (
     EXIT_DIR_ENV,
     read_exit_codes,
     read_vanished,

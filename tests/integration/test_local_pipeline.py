@@ -133,7 +133,7 @@ def test_run_registers_in_mlflow_server(two_runs: TwoRuns, mlflow_server: str) -
     assert run_id, version.tags
     train_out = json.loads((Path(s["run_dir"]) / "train" / "executor_output.json").read_text())
     (model_artifact,) = train_out["artifacts"]["model"]["artifacts"]
-    from trainer.launchers.jobspec import job_name
+    from trainer.launch.jobspec import job_name
 
     # the training job is named from the same pipeline run id (and the task)
     assert model_artifact["metadata"]["job"] == job_name(run_id, "train")

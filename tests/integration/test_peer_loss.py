@@ -28,7 +28,7 @@ from tests.integration.test_launch_exit_codes import launch_cmd, mapping_lines, 
 from tests.integration.test_torchrun import ROOT, env, history, make_config, weights, write_data
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import EXIT_PEER_LOST
-from trainer.launchers.jobspec import WORKER_COMMAND
+from trainer.launch.jobspec import WORKER_COMMAND
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from trainer.errors import InputError
-from trainer.launchers.jobspec import (
+from trainer.launch.jobspec import (
     MAX_JOB_NAME_LEN,
     JobSpec,
     NcclConfig,

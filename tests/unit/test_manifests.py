@@ -174,7 +174,7 @@ def test_kfp_backend_matches_the_sdk() -> None:
 
 
 def _expected_calls() -> set[tuple[str, str, str]]:
-    from trainer.launchers.pytorchjob import API_CALLS
+    from trainer.launch.pytorchjob import API_CALLS
 
     return set(API_CALLS) | KATIB_CALLS
 

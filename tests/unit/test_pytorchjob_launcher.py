@@ -17,9 +17,9 @@ from kubernetes import client
 
 from tests.fakes.kube_api import FakeKubeApi, Scenario
 from trainer.errors import InputError
-from trainer.launchers.jobspec import JobSpec, build_pytorchjob, job_name
-from trainer.launchers.kube import KubeApi, KubeApiError, RetryPolicy
-from trainer.launchers.pytorchjob import (
+from trainer.launch.jobspec import ClusterConfig, JobSpec, job_name
+from trainer.launch.kube import KubeApi, KubeApiError, RetryPolicy
+from trainer.launch.pytorchjob import (
     API_CALLS,
     LaunchCancelled,
     PodRef,
@@ -35,18 +35,8 @@ LINES = [f"epoch {i} loss {1 / i:.4f}" for i in range(1, 7)]
 POD = PodRef(name="train-launcher-abc12", namespace=NS, uid="3f0e6a52-9a0c-4c2e-8f4e-0c7f7b1d2a11")
 
 
-def spec_factory(name: str, config_uri: str, nproc: int, nnodes: int) -> dict[str, Any]:
-    """What the train step passes: the project's own spec builder."""
-    return build_pytorchjob(
-        JobSpec(
-            name=name,
-            namespace=NS,
-            image="gpupipe:test",
-            config_uri=config_uri,
-            nnodes=nnodes,
-            nproc_per_node=nproc,
-        )
-    )
+CLUSTER = ClusterConfig(image="gpupipe:test")
+"""What the train step passes: its cluster settings (with the pod's defaults)."""
 
 
 @pytest.fixture
@@ -78,7 +68,7 @@ def launcher(api: KubeApi) -> Callable[..., PyTorchJobLauncher]:
     def make(**kwargs: Any) -> PyTorchJobLauncher:
         kwargs = {
             "namespace": NS,
-            "spec_factory": spec_factory,
+            "cluster": CLUSTER,
             "api": api,
             "poll_s": 0.05,
             **kwargs,
@@ -112,6 +102,27 @@ def test_success_streams_the_master_log_once_in_order(
     assert job is not None and job_state(job) == "Succeeded"
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     assert fake.calls("DELETE") == []
+
+
+def test_run_takes_a_job_spec_as_it_is(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    spec = JobSpec(
+        name=JOB, namespace=NS, image="other:1", config_uri="s3://b/c.json", nproc_per_node=3
+    )
+
+    launcher().run(spec, timeout_s=20)
+
+    (post,) = fake.calls("POST", r"/pytorchjobs$")
+    (c,) = post.body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert (c["image"], c["command"][-1]) == ("other:1", "s3://b/c.json")
+    assert post.body["spec"]["nprocPerNode"] == "3"
+    assert "resources" not in c or "cpu" not in c["resources"].get("limits", {})
+    with pytest.raises(ValueError, match="namespace 'team-b'"):
+        launcher().run(
+            JobSpec(name=JOB, namespace="team-b", image="x:1", config_uri="s3://b/c"),
+            timeout_s=20,
+        )
 
 
 FAILED = Scenario(
@@ -447,7 +458,7 @@ def test_from_environment_reads_the_downward_api(
     monkeypatch.setenv("POD_NAMESPACE", POD.namespace)
     monkeypatch.setenv("POD_UID", POD.uid)
 
-    found = PyTorchJobLauncher.from_environment(spec_factory=spec_factory, api=api)
+    found = PyTorchJobLauncher.from_environment(cluster=CLUSTER, api=api)
 
     assert (found.namespace, found.own_pod) == (NS, POD)
 
@@ -456,7 +467,7 @@ def test_from_environment_needs_a_namespace(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
 
     with pytest.raises(ValueError, match="POD_NAMESPACE"):
-        PyTorchJobLauncher.from_environment(spec_factory=spec_factory)
+        PyTorchJobLauncher.from_environment(cluster=CLUSTER)
 
 
 @pytest.mark.parametrize(
@@ -505,7 +516,7 @@ def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
 
 
 def test_importing_the_launcher_does_not_import_kubernetes() -> None:
-    code = "import sys, trainer.launchers.pytorchjob; print('kubernetes' in sys.modules)"
+    code = "import sys, trainer.launch.pytorchjob; print('kubernetes' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
@@ -517,4 +528,4 @@ def test_without_a_cluster_the_default_api_says_so(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
 
     with pytest.raises(RuntimeError, match="no Kubernetes API to talk to"):
-        launch(PyTorchJobLauncher(namespace=NS, spec_factory=spec_factory))
+        launch(PyTorchJobLauncher(namespace=NS, cluster=CLUSTER))

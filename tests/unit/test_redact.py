@@ -15,9 +15,9 @@ from trainer import storage
 from trainer.config import ModelConfig
 from trainer.errors import InputError, error_line
 from trainer.export import save_model
+from trainer.launch.local import LocalLauncher
 from trainer.models import ModelSpec, build_model
 from trainer.redact import has_userinfo, redact, redact_uri
-from trainer.steps.train import LocalLauncher
 from trainer.telemetry import Telemetry
 
 REPO = str(Path(__file__).resolve().parents[2])

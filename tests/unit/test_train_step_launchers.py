@@ -18,12 +18,11 @@ from tests.unit.test_jobspec import assert_valid_job, needs_crd
 from trainer import outputs, storage
 from trainer.config import from_dict
 from trainer.errors import InputError
-from trainer.launchers.jobspec import build_pytorchjob, job_name
-from trainer.launchers.kube import KubeApi, RetryPolicy
-from trainer.launchers.pytorchjob import PyTorchJobLauncher
+from trainer.launch.jobspec import ClusterConfig, build_pytorchjob, job_name
+from trainer.launch.kube import KubeApi, RetryPolicy
+from trainer.launch.local import LocalLauncher
+from trainer.launch.pytorchjob import PyTorchJobLauncher
 from trainer.steps.train import (
-    ClusterConfig,
-    LocalLauncher,
     TrainStepConfig,
     job_spec,
     make_launcher,
@@ -118,8 +117,14 @@ def test_pytorchjob_launcher_namespace(
 
     assert isinstance(launcher, PyTorchJobLauncher)
     assert launcher.namespace == expected
-    job = launcher.spec_factory("gpupipe-run-train", CONFIG_URI, 8, 2)
-    assert job["metadata"]["namespace"] == expected
+    spec = launcher.job_spec(
+        job_name="gpupipe-run-train",
+        config_uri=CONFIG_URI,
+        nproc_per_node=8,
+        nnodes=2,
+        timeout_s=None,
+    )
+    assert build_pytorchjob(spec)["metadata"]["namespace"] == expected
 
 
 def test_pytorchjob_launcher_owns_the_job_by_its_pod(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -349,11 +354,11 @@ def test_train_step_creates_the_pytorchjob_and_reads_back_the_model(
     for name, value in LAUNCHER_POD.items():
         monkeypatch.setenv(name, value)
     cfg = cluster_cfg(cluster={"namespace": None})
-    real = make_launcher(cfg)  # the step's own spec factory: job_spec + build_pytorchjob
+    real = make_launcher(cfg)  # the step's own cluster settings -> JobSpec -> PyTorchJob
     assert isinstance(real, PyTorchJobLauncher)
     launcher = PyTorchJobLauncher(
         namespace=real.namespace,
-        spec_factory=real.spec_factory,
+        cluster=real.cluster,
         own_pod=real.own_pod,
         on_exit=real.on_exit,
         api=api,

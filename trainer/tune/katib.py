@@ -21,11 +21,11 @@ Decisions worth knowing:
 - **retain: false.** Katib deletes each finished trial's PyTorchJob (its pods and their logs go
   too) so that a long search does not pile up finished jobs; the Trial objects, with their
   parameters and metrics, stay until the Experiment is deleted.
-- **Launcher.** As the train launcher: a deterministic name (:func:`experiment_name`), re-attach
-  on retry (also after a 409), an owner reference to the launcher's pod, a deadline and SIGTERM
-  that delete the Experiment, and a failure when the Experiment fails or more trials failed than
-  ``maxFailedTrialCount`` allows (Katib's own rule: failed > max). A succeeded Experiment is
-  kept for Katib's UI.
+- **Launcher.** The train launcher's own loop (:mod:`trainer.launch.watch`): a deterministic
+  name (:func:`experiment_name`), re-attach on retry (also after a 409), an owner reference to
+  the launcher's pod, a deadline and SIGTERM that delete the Experiment, and a failure when the
+  Experiment fails or more trials failed than ``maxFailedTrialCount`` allows (Katib's own rule:
+  failed > max). A succeeded Experiment is kept for Katib's UI.
 """
 
 from __future__ import annotations
@@ -35,19 +35,21 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
-import signal
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainer.config import parse_value
 from trainer.errors import InputError
-from trainer.launchers.kube import KATIB_API_CALLS, KubeApi, KubeApiError
-from trainer.launchers.pytorchjob import LaunchCancelled, PodRef, job_state
+from trainer.launch.kube import EXPERIMENTS, KATIB_API_CALLS, KATIB_VERSION, KubeApi, KubeApiError
+from trainer.launch.watch import (
+    TERMINAL,
+    PodRef,
+    Resource,
+    ResourceLauncher,
+    Watch,
+)
 from trainer.tune.space import SearchSpace, sample_value
 
 __all__ = [
@@ -81,7 +83,6 @@ _META_REFERENCE = re.compile(
     r"^\$\{trialSpec\.(Name|Namespace|Kind|APIVersion|(Labels|Annotations)\[[^\]]+\])\}$"
 )
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_GONE_WAIT_S = 600.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,7 +211,7 @@ def build_experiment(
         name: the Experiment's name (see :func:`experiment_name`).
         namespace: where the Experiment and its trials run.
         trial_job: the PyTorchJob of one trial, from
-            :func:`trainer.launchers.jobspec.build_pytorchjob` (its name and namespace are
+            :func:`trainer.launch.jobspec.build_pytorchjob` (its name and namespace are
             dropped: Katib names trial jobs).
         base_overrides: dotted config overrides every trial gets (``{"train.epochs": 5}``);
             searched fields may not appear here.
@@ -483,14 +484,62 @@ def best_trial(
     return str(trial), params, value
 
 
-class _Stop(Exception):
-    def __init__(self, why: Literal["deadline", "cancelled"]) -> None:
-        super().__init__(why)
-        self.why = why
+class _Experiment(Resource):
+    """A Katib Experiment on the watch loop: progress reported as it changes; done when Katib
+    ends it or more trials failed than ``maxFailedTrialCount`` allows."""
+
+    kind = "Katib Experiment"
+    kubectl = "experiment"
+    version = KATIB_VERSION
+    plural = EXPERIMENTS
+    noun = "Experiment"
+    deleted = "it was deleted, with its trials and their jobs"
+
+    def __init__(self, space: SearchSpace, ref: str, report: Callable[[str], None]) -> None:
+        self.space = space
+        self.ref = ref
+        self.report = report
+        self.counts: dict[str, int] = {}
+        self.reported: tuple[Any, ...] | None = None
+
+    def observe(self, obj: dict[str, Any], state: str) -> bool:
+        self.counts = trial_counts(obj)
+        best = best_trial(obj, self.space)
+        now = (state, tuple(self.counts.values()), best and best[0])
+        if now != self.reported:
+            self.reported = now
+            self.report(self.progress(state, best))
+        # Katib fails it too once failed > max; do not wait for that.
+        return state in TERMINAL or self.counts["failed"] > self.space.maxFailedTrialCount
+
+    def describe(self, state: str) -> str:
+        return f"it was {state}, {_counts_text(self.counts)}"
+
+    def progress(self, state: str, best: tuple[str, dict[str, Any], float] | None) -> str:
+        text = f"Katib Experiment {self.ref}: {state}; {_counts_text(self.counts)}"
+        if best is not None:
+            values = ", ".join(f"{k}={v}" for k, v in best[1].items())
+            text += (
+                f"; best so far {self.space.objective.objectiveMetricName}={best[2]:.6g} "
+                f"({best[0]}: {values})"
+            )
+        return text
 
 
-class KatibLauncher:
-    """Creates (or re-attaches to) an Experiment, reports progress, returns the best trial."""
+class KatibLauncher(ResourceLauncher):
+    """Creates (or re-attaches to) an Experiment, reports progress, returns the best trial.
+
+    Args:
+        namespace: namespace of the Experiment.
+        api: the Kubernetes API (default: in-cluster or kubeconfig, on first use).
+        own_pod: the launcher's pod; the Experiment gets an owner reference to it when it is in
+            the same namespace, so deleting the run's pods deletes the search.
+        poll_s: seconds between status reads.
+        on_exit: what happens to the Experiment on failure, deadline or cancellation.
+        report: where progress lines go (default: this module's logger).
+    """
+
+    on_exit_choices = ("delete", "keep")
 
     def __init__(
         self,
@@ -502,45 +551,10 @@ class KatibLauncher:
         on_exit: Literal["delete", "keep"] = "delete",
         report: Callable[[str], None] | None = None,
     ) -> None:
-        """Args:
-        namespace: namespace of the Experiment.
-        api: the Kubernetes API (default: in-cluster or kubeconfig, on first use).
-        own_pod: the launcher's pod; the Experiment gets an owner reference to it when it is in
-            the same namespace, so deleting the run's pods deletes the search.
-        poll_s: seconds between status reads.
-        on_exit: what happens to the Experiment on failure, deadline or cancellation.
-        report: where progress lines go (default: this module's logger).
-        """
-        if own_pod is not None and own_pod.namespace != namespace:
-            own_pod = None  # owner references cannot cross namespaces
-        self.namespace = namespace
-        self.own_pod = own_pod
-        self.poll_s = poll_s
-        self.on_exit = on_exit
+        super().__init__(
+            namespace=namespace, api=api, own_pod=own_pod, poll_s=poll_s, on_exit=on_exit
+        )
         self.report = report or log.info
-        self._api = api
-
-    @classmethod
-    def from_environment(
-        cls, *, namespace: str | None = None, env: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> KatibLauncher:
-        """A launcher that knows its own pod from the downward API (POD_NAME, POD_NAMESPACE,
-        POD_UID).
-
-        Raises:
-            ValueError: no namespace given and POD_NAMESPACE is unset.
-        """
-        env = os.environ if env is None else env
-        namespace = namespace or env.get("POD_NAMESPACE")
-        if not namespace:
-            raise ValueError("namespace must be given or POD_NAMESPACE set (downward API)")
-        return cls(namespace=namespace, own_pod=PodRef.from_env(env), **kwargs)
-
-    @property
-    def api(self) -> KubeApi:
-        if self._api is None:
-            self._api = KubeApi.from_config()
-        return self._api
 
     def run(
         self, experiment: dict[str, Any], space: SearchSpace, *, timeout_s: float | None
@@ -553,137 +567,26 @@ class KatibLauncher:
                 SIGTERM.
             TimeoutError: ``timeout_s`` passed first.
         """
-        meta = experiment.setdefault("metadata", {})
-        if meta.setdefault("namespace", self.namespace) != self.namespace:
-            raise ValueError(f"experiment is in {meta['namespace']!r}, not {self.namespace!r}")
-        run = _Watch(self, str(meta.get("name")), space, timeout_s)
-        if self.own_pod is not None:
-            owners = meta.setdefault("ownerReferences", [])
-            if all(o.get("uid") != self.own_pod.uid for o in owners):
-                owners.append(self.own_pod.owner_reference())
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-
-            def on_sigterm(signum: int, frame: Any) -> None:
-                run.cancelled = True  # acted on between API calls
-
-            previous = signal.signal(signal.SIGTERM, on_sigterm)
-        try:
-            return run.execute(experiment)
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+        name = str((experiment.get("metadata") or {}).get("name"))
+        resource = _Experiment(space, f"{self.namespace}/{name}", self.report)
+        watch = self.watch(resource, name, timeout_s, self.report)
+        exp = watch.run(experiment)
+        return _Outcome(self.api, watch, resource, space).finish(exp)
 
 
-class _Watch:
-    """One search: its Experiment, deadline and cancellation flag."""
+class _Outcome:
+    """What a finished Experiment means for the step: the best trial, or a failure."""
 
     def __init__(
-        self, launcher: KatibLauncher, name: str, space: SearchSpace, timeout_s: float | None
+        self, api: KubeApi, watch: Watch, resource: _Experiment, space: SearchSpace
     ) -> None:
-        self.launcher = launcher
-        self.api = launcher.api
-        self.ns = launcher.namespace
-        self.name = name
-        self.ref = f"{self.ns}/{name}"
+        self.api = api
+        self.watch = watch
+        self.ns = watch.ns
+        self.name = watch.name
+        self.ref = watch.ref
+        self.counts = resource.counts
         self.space = space
-        self.timeout_s = timeout_s
-        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self.cancelled = False
-        self.have = False
-        self.state = "Pending"
-        self.counts: dict[str, int] = {}
-
-    def execute(self, body: dict[str, Any]) -> TuneResult:
-        try:
-            exp = self.wait(self.start(body))
-        except _Stop as stop:
-            done = self.clean_up() if self.have else "no Experiment had been created"
-            if stop.why == "deadline":
-                raise TimeoutError(
-                    f"Katib Experiment {self.ref} did not finish within {self.timeout_s} s "
-                    f"(it was {self.state}, {_counts_text(self.counts)}); {done}"
-                ) from None
-            raise LaunchCancelled(
-                f"Katib Experiment {self.ref}: the step was cancelled (SIGTERM); {done}"
-            ) from None
-        except (KubeApiError, KeyboardInterrupt):
-            if self.have:
-                log.warning("Katib Experiment %s: %s", self.ref, self.clean_up())
-            raise
-        return self.finish(exp)
-
-    def start(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The Experiment: the existing one of that name (re-attached), else a new one."""
-        races = 0
-        gone_by = time.monotonic() + _GONE_WAIT_S
-        while True:
-            self.check()
-            exp = self.api.get_experiment(self.ns, self.name)
-            if exp is None:
-                exp = self.api.create_experiment(self.ns, body)
-                if exp is not None:
-                    self.have = True
-                    self.launcher.report(f"created Katib Experiment {self.ref}")
-                    return exp
-                races += 1  # 409: created between our get and create: adopt it
-                if races > 3:
-                    raise RuntimeError(f"Katib Experiment {self.ref} keeps appearing and vanishing")
-                continue
-            if (exp.get("metadata") or {}).get("deletionTimestamp"):
-                if time.monotonic() > gone_by:
-                    raise RuntimeError(
-                        f"Katib Experiment {self.ref} has been deleting for over "
-                        f"{_GONE_WAIT_S:.0f} s; the step cannot start its search"
-                    )
-                self.sleep(self.launcher.poll_s)
-                continue
-            self.have = True
-            self.launcher.report(
-                f"Katib Experiment {self.ref} exists ({job_state(exp)}): re-attaching"
-            )
-            own = self.launcher.own_pod
-            owners = list((exp.get("metadata") or {}).get("ownerReferences") or [])
-            if own is not None and all(o.get("uid") != own.uid for o in owners):
-                patch = {"metadata": {"ownerReferences": [*owners, own.owner_reference()]}}
-                exp = self.api.patch_experiment(self.ns, self.name, patch) or exp
-            return exp
-
-    def wait(self, exp: dict[str, Any]) -> dict[str, Any]:
-        """Poll until the Experiment succeeds or fails; report progress as it changes."""
-        reported: tuple[Any, ...] | None = None
-        budget = self.space.maxFailedTrialCount
-        while True:
-            self.state = job_state(exp)
-            self.counts = trial_counts(exp)
-            best = best_trial(exp, self.space)
-            now = (self.state, tuple(self.counts.values()), best and best[0])
-            if now != reported:
-                reported = now
-                self.launcher.report(self.progress(best))
-            if self.state in ("Succeeded", "Failed"):
-                return exp
-            if self.counts["failed"] > budget:
-                return exp  # Katib fails it too (failed > max); do not wait for that
-            self.sleep(self.launcher.poll_s)
-            got = self.api.get_experiment(self.ns, self.name)
-            if got is None:
-                self.have = False
-                raise RuntimeError(
-                    f"Katib Experiment {self.ref} disappeared while the step waited for it "
-                    "(deleted by someone else?)"
-                )
-            exp = got
-
-    def progress(self, best: tuple[str, dict[str, Any], float] | None) -> str:
-        text = f"Katib Experiment {self.ref}: {self.state}; {_counts_text(self.counts)}"
-        if best is not None:
-            values = ", ".join(f"{k}={v}" for k, v in best[1].items())
-            text += (
-                f"; best so far {self.space.objective.objectiveMetricName}={best[2]:.6g} "
-                f"({best[0]}: {values})"
-            )
-        return text
 
     def finish(self, exp: dict[str, Any]) -> TuneResult:
         conds = (exp.get("status") or {}).get("conditions") or []
@@ -691,14 +594,14 @@ class _Watch:
             (c for c in reversed(conds) if c.get("status") == "True"), {}
         )
         budget = self.space.maxFailedTrialCount
-        if self.state != "Succeeded" or self.counts["failed"] > budget:
+        if self.watch.state != "Succeeded" or self.counts["failed"] > budget:
             why = (
                 f"{self.counts['failed']} trials failed, more than maxFailedTrialCount={budget}"
                 if self.counts["failed"] > budget
                 else f"{last.get('reason', 'Failed')}: {last.get('message', '(no message)')}"
             )
             detail = self.failed_trials()
-            done = self.clean_up()
+            done = self.watch.apply_on_exit()
             raise RuntimeError(
                 f"Katib Experiment {self.ref} failed: {why} ({_counts_text(self.counts)})"
                 + (f"\n{detail}" if detail else "")
@@ -714,7 +617,7 @@ class _Watch:
                 "lines only with train.metrics_stdout=true, after each evaluation)"
             )
         trial, params, value = best
-        self.launcher.report(
+        self.watch.report(
             f"Katib Experiment {self.ref} succeeded ({last.get('reason', '')}): best "
             f"{self.space.objective.objectiveMetricName}={value:.6g} from {trial}"
         )
@@ -758,32 +661,6 @@ class _Watch:
                     f"{failed.get('message', '')}"
                 )
         return "\n".join(["failed trials:", *lines[:10]]) if lines else ""
-
-    def clean_up(self) -> str:
-        """Delete (or keep) the Experiment; what was done, for the step's message."""
-        if self.launcher.on_exit == "keep":
-            return f"it was kept (on_exit=keep): kubectl delete experiment -n {self.ns} {self.name}"
-        try:
-            if not self.api.delete_experiment(self.ns, self.name):
-                return "it was already gone"
-        except KubeApiError as e:
-            log.error("%s", e)
-            return f"deleting it failed: {e}"
-        return "it was deleted, with its trials and their jobs"
-
-    def check(self) -> None:
-        if self.cancelled:
-            raise _Stop("cancelled")
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise _Stop("deadline")
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep in slices, so that SIGTERM or the deadline is acted on within 0.1 s."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            self.check()
-            time.sleep(min(left, 0.1))
-        self.check()
 
 
 def _counts_text(c: Mapping[str, int]) -> str:

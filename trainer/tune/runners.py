@@ -9,7 +9,6 @@ a preempted worker does; the in-process run stops like an early stop. Failures c
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import io
 import json
@@ -18,7 +17,6 @@ import math
 import os
 import queue
 import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -27,7 +25,9 @@ from typing import Any, Protocol
 
 from trainer import storage
 from trainer.config import WorkerConfig, to_json
-from trainer.errors import InputError, StepFailure, parse_error_line
+from trainer.errors import InputError
+from trainer.launch.local import Child
+from trainer.launch.torchrun import torchrun_command
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,10 @@ class InProcessTrialRunner:
 class SubprocessTrialRunner:
     """Runs ``python -m trainer.worker --config <uri>`` (torchrun when ``nproc_per_node`` > 1).
 
-    The worker's JSON ``eval`` lines are read live and handed to ``on_eval``; when it asks to
-    stop, the trial's process group gets SIGTERM, and the worker checkpoints and exits 143.
+    The output is read by :class:`trainer.launch.local.Child` (redacted, echoed with the trial's
+    name, tail and error line kept), as the local train launcher reads its job's. The worker's
+    JSON ``eval`` lines are read live and handed to ``on_eval``; when it asks to stop, the
+    trial's process group gets SIGTERM, and the worker checkpoints and exits 143.
     Trials run side by side up to :attr:`capacity`: one per ``nproc_per_node`` GPUs (each
     trial sees only its own, through ``CUDA_VISIBLE_DEVICES``), or per ``nproc_per_node`` CPU
     cores without GPUs.
@@ -201,7 +203,7 @@ class SubprocessTrialRunner:
             self._capacity = max(1, (os.cpu_count() or 1) // per)
             for _ in range(self._capacity):
                 self._slots.put(None)
-        self._procs: set[subprocess.Popen[str]] = set()
+        self._children: set[Child] = set()
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
 
@@ -212,17 +214,14 @@ class SubprocessTrialRunner:
     def interrupt(self) -> None:
         self._interrupted.set()
         with self._lock:
-            procs = list(self._procs)
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            children = list(self._children)
+        for child in children:
+            child.signal(signal.SIGTERM)
 
     def command(self, config_uri: str, nproc_per_node: int) -> list[str]:
         """The trial's command: the worker itself, or torchrun around it."""
         if nproc_per_node == 1:
             return [sys.executable, "-m", "trainer.worker", "--config", config_uri]
-        from trainer.steps.train import torchrun_command
-
         return torchrun_command(config_uri, nproc_per_node=nproc_per_node, standalone=True)
 
     def run(
@@ -259,71 +258,51 @@ class SubprocessTrialRunner:
         if self._interrupted.is_set():
             raise TrialInterrupted(f"trial {name} not started: the tune step is stopping")
         log.info("trial %s: %s", name, " ".join(cmd))
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
-        with self._lock:
-            self._procs.add(proc)
-        tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
-        errors: list[InputError | StepFailure] = []
         last_eval: dict[str, float] = {}
         epochs = 0.0
         stopped = False
+
+        def on_line(line: str) -> None:
+            nonlocal epochs, last_eval, stopped
+            record = _json_record(line)
+            if record is None or record.get("event") != "eval" or stopped:
+                return
+            epochs = float(record.get("epoch", epochs))
+            last_eval = {
+                k: float(v) for k, v in record.items() if k.startswith("val_") and is_number(v)
+            }
+            if on_eval(int(record.get("step", 0)), dict(last_eval)):
+                stopped = True
+                child.signal(signal.SIGTERM)
+
+        child = Child(
+            cmd,
+            env=env,
+            tail_lines=self.tail_lines,
+            echo=self.echo,
+            prefix=f"[{name}] ",
+            on_line=on_line,
+        )
+        with self._lock:
+            self._children.add(child)
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if self.echo:
-                    sys.stdout.write(f"[{name}] {line}")
-                tail.append(line.rstrip("\n"))
-                if err := parse_error_line(line):
-                    errors.append(err)
-                record = _json_record(line)
-                if record is None or record.get("event") != "eval" or stopped:
-                    continue
-                epochs = float(record.get("epoch", epochs))
-                last_eval = {
-                    k: float(v) for k, v in record.items() if k.startswith("val_") and is_number(v)
-                }
-                if on_eval(int(record.get("step", 0)), dict(last_eval)):
-                    stopped = True
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGTERM)
-            code = self._wait(proc)
+            child.pump()
+            code = child.wait(self.grace_s)
         finally:
-            if proc.poll() is None:  # on_eval raised: do not leave the trial running
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            child.kill()  # on_eval raised: do not leave the trial running
             with self._lock:
-                self._procs.discard(proc)
+                self._children.discard(child)
         if self._interrupted.is_set() and not stopped:
             raise TrialInterrupted(f"trial {name} interrupted: the tune step is stopping")
         if stopped:  # any exit after our SIGTERM (143, or torchrun's 1) is a pruned trial
             return TrialOutcome(metrics=last_eval, epochs=epochs, stopped=True)
         if code != 0:
-            if errors:
-                raise errors[0]
-            last = "\n".join(tail)
-            raise TrialFailed(f"trial {name} failed (exit code {code}); last log lines:\n{last}")
+            raise child.failure(f"trial {name}", code, TrialFailed)
         metrics_uri = storage.join(cfg.output.model_uri, "metrics.json")
         metrics = dict(last_eval)
         if storage.exists(metrics_uri):
             metrics.update({k: float(v) for k, v in storage.read_json(metrics_uri).items()})
         return TrialOutcome(metrics=metrics, epochs=epochs, stopped=False)
-
-    def _wait(self, proc: subprocess.Popen[str]) -> int:
-        try:
-            return proc.wait(timeout=self.grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            return proc.wait()
 
 
 def _visible_gpus() -> list[str]:

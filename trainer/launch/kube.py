@@ -1,4 +1,4 @@
-"""The Kubernetes calls the PyTorchJob launcher makes: typed, retried when transient, named."""
+"""The Kubernetes calls of the launchers (PyTorchJob, Katib): typed, retried when transient."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ class KubeApi:
 
     # Custom objects: one implementation per verb, for PyTorchJobs and Katib objects alike
 
-    def _create(
+    def create_object(
         self, version: str, plural: str, namespace: str, body: dict[str, Any]
     ) -> dict[str, Any] | None:
         """Create ``body``; ``None`` when an object of that name already exists (409)."""
@@ -173,7 +173,9 @@ class KubeApi:
                 return None
             raise
 
-    def _get(self, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_object(
+        self, version: str, plural: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
         """The object, or ``None`` when there is none of that name (404)."""
         try:
             return self._call(
@@ -189,7 +191,7 @@ class KubeApi:
                 return None
             raise
 
-    def _patch(
+    def patch_object(
         self, version: str, plural: str, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
         """JSON-merge-patch the object; ``None`` when it is gone (404)."""
@@ -207,7 +209,7 @@ class KubeApi:
                 return None
             raise
 
-    def _delete(self, version: str, plural: str, namespace: str, name: str) -> bool:
+    def delete_object(self, version: str, plural: str, namespace: str, name: str) -> bool:
         """Delete the object (dependents in the background); ``False`` if already gone."""
         try:
             self._call(
@@ -234,40 +236,40 @@ class KubeApi:
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create the PyTorchJob ``body``; ``None`` when one of that name already exists."""
-        return self._create(VERSION, PLURAL, namespace, body)
+        return self.create_object(VERSION, PLURAL, namespace, body)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The PyTorchJob, or ``None`` when there is none of that name."""
-        return self._get(VERSION, PLURAL, namespace, name)
+        return self.get_object(VERSION, PLURAL, namespace, name)
 
     def delete_job(self, namespace: str, name: str) -> bool:
         """Delete the PyTorchJob and (in the background) its pods; ``False`` if already gone."""
-        return self._delete(VERSION, PLURAL, namespace, name)
+        return self.delete_object(VERSION, PLURAL, namespace, name)
 
     def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         """JSON-merge-patch the PyTorchJob; ``None`` when it is gone."""
-        return self._patch(VERSION, PLURAL, namespace, name, patch)
+        return self.patch_object(VERSION, PLURAL, namespace, name, patch)
 
     # Katib Experiments and Trials
 
     def create_experiment(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create the Katib Experiment ``body``; ``None`` when one of that name already exists."""
-        return self._create(KATIB_VERSION, EXPERIMENTS, namespace, body)
+        return self.create_object(KATIB_VERSION, EXPERIMENTS, namespace, body)
 
     def get_experiment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Experiment, or ``None`` when there is none of that name."""
-        return self._get(KATIB_VERSION, EXPERIMENTS, namespace, name)
+        return self.get_object(KATIB_VERSION, EXPERIMENTS, namespace, name)
 
     def patch_experiment(
         self, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any] | None:
         """JSON-merge-patch the Experiment; ``None`` when it is gone."""
-        return self._patch(KATIB_VERSION, EXPERIMENTS, namespace, name, patch)
+        return self.patch_object(KATIB_VERSION, EXPERIMENTS, namespace, name, patch)
 
     def delete_experiment(self, namespace: str, name: str) -> bool:
         """Delete the Experiment; its Trials and their jobs go with it (owner references).
         ``False`` if it was already gone."""
-        return self._delete(KATIB_VERSION, EXPERIMENTS, namespace, name)
+        return self.delete_object(KATIB_VERSION, EXPERIMENTS, namespace, name)
 
     def list_trials(self, namespace: str, experiment: str) -> list[dict[str, Any]]:
         """The Trials of ``experiment`` (by Katib's experiment label)."""
@@ -288,7 +290,7 @@ class KubeApi:
 
     def get_trial(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Trial, or ``None`` when there is none of that name."""
-        return self._get(KATIB_VERSION, TRIALS, namespace, name)
+        return self.get_object(KATIB_VERSION, TRIALS, namespace, name)
 
     # Pods, logs, events
 

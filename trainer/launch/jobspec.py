@@ -1,5 +1,8 @@
 """One typed :class:`JobSpec` -> one Training Operator PyTorchJob (``kubeflow.org/v1``) as a dict.
 
+The step's cluster settings (:class:`ClusterConfig`, with the pod's defaults) live here too, with
+the one mapping from them to a :class:`JobSpec` (:meth:`ClusterConfig.job_spec`).
+
 The job is built as plain dicts (no ``kubernetes`` or ``kubeflow.training`` import), so this module
 works in the bare trainer image and in tests; the tests validate every generated job against the
 upstream CRD schema. Everything a user can get wrong is checked here, before the API server or the
@@ -44,7 +47,8 @@ ISTIO_INJECT = "sidecar.istio.io/inject"
 MAX_JOB_NAME_LEN = 48
 """What :func:`job_name` produces at most: 63 minus ``-worker-`` minus up to 7 index digits."""
 WORKER_COMMAND = ["python", "-m", "trainer.launch", "-m", "trainer.worker", "--config"]
-"""The training command of every replica (torchrun via :mod:`trainer.launch`); the URI follows."""
+"""The training command of every replica (torchrun via :mod:`trainer.launch.torchrun`); the URI
+follows."""
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -63,6 +67,10 @@ _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "
 _RESERVED_ENV = ("GPUPIPE_JOB", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 """Set by gpupipe or the operator; a user value would silently break rendezvous or logs."""
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+"""Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+"""Lets GPU pods onto nodes tainted for GPU work (the common cloud setup)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,6 +537,94 @@ class JobSpec:
         if self.nproc_per_node is not None:
             return self.nproc_per_node
         return self.gpus_per_node if self.gpus_per_node > 0 else 1
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster settings of a step, and the job spec they give
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    """Where and how the ``pytorchjob`` launcher runs the job (ignored by the local launcher).
+
+    The step's config carries it (``train.cluster``, ``tune.train.cluster``); its defaults are
+    the pod's defaults. :meth:`job_spec` is the one mapping to a :class:`JobSpec`, shared by the
+    launcher, the Katib trial template and ``gpupipe render``.
+    """
+
+    namespace: str | None = None
+    """Namespace of the PyTorchJob; ``None``: the launcher pod's own (downward API)."""
+    image: str = ""
+    """Image of the job's pods (the component sets the package's CUDA or CPU image)."""
+    gpus_per_node: int = 0
+    """GPUs each job pod requests (and processes per node when > 0)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Extended resource that counts GPUs."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels of the GPU nodes, e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``."""
+    object_store_secret: str | None = None
+    """Secret with ``accesskey``/``secretkey`` of the artifact store, as AWS_* env vars."""
+    cpu_request: str | None = "4"
+    cpu_limit: str | None = "16"
+    memory_request: str | None = "16Gi"
+    memory_limit: str | None = "64Gi"
+    shm_size: str = "16Gi"
+    """Memory-backed /dev/shm (the 64 MB container default crashes NCCL and data loaders)."""
+    on_exit: Literal["delete", "keep", "suspend"] = "delete"
+    """What happens to the job when the step fails, times out or is cancelled."""
+    service_account: str | None = None
+    """Service account of the job's pods (none needed for reading the object store by secret)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.gpus_per_node >= 0,
+            "train.cluster.gpus_per_node",
+            "must be >= 0",
+            self.gpus_per_node,
+        )
+
+    def job_spec(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        config_uri: str,
+        nnodes: int,
+        nproc_per_node: int,
+        timeout_s: int | None,
+    ) -> JobSpec:
+        """The job spec of one run with these settings.
+
+        Raises:
+            InputError: a setting the job cannot have (names the ``job.<field>``).
+        """
+        secret_env = []
+        if self.object_store_secret:
+            secret_env = [
+                SecretEnv(env=env, secret=self.object_store_secret, key=key)
+                for key, env in OBJECT_STORE_ENV.items()
+            ]
+        return JobSpec(
+            name=name,
+            namespace=namespace,
+            image=self.image,
+            config_uri=config_uri,
+            nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+            gpus_per_node=self.gpus_per_node,
+            gpu_resource=self.gpu_resource,
+            cpu_request=self.cpu_request,
+            cpu_limit=self.cpu_limit,
+            memory_request=self.memory_request,
+            memory_limit=self.memory_limit,
+            shm_size=self.shm_size,
+            tolerations=[dict(GPU_TOLERATION)] if self.gpus_per_node > 0 else [],
+            node_selector=dict(self.node_selector),
+            secret_env=secret_env,
+            service_account=self.service_account,
+            active_deadline_s=timeout_s,
+        )
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """``python -m trainer.launch [torchrun args]``: torchrun with exit codes the operator can act on.
 
+:func:`torchrun_command` is the one training command every launcher runs (locally, in every
+replica of a PyTorchJob, in a tune trial); :func:`main` is the wrapper it names.
+
 torchrun reports every failed worker as exit code 1, so a PyTorchJob's ``restartPolicy: ExitCode``
 (1-127 permanent, 128-255 retried) could never retry a preemption nor stop retrying bad input.
 This wrapper runs ``python -m torch.distributed.run <args>`` as a child, forwards SIGTERM and
@@ -158,6 +161,21 @@ def resolve_exit_code(
     return own
 
 
+def torchrun_command(
+    config_uri: str, *, nproc_per_node: int, standalone: bool, python: str = sys.executable
+) -> list[str]:
+    """The one training command, shared by every local launcher.
+
+    torchrun runs inside this wrapper (``python -m trainer.launch``), which turns torchrun's
+    blanket exit code 1 back into the workers' own codes (2 bad input, 143 preempted).
+    """
+    cmd = [python, "-m", "trainer.launch"]
+    if standalone:
+        cmd.append("--standalone")
+    cmd += [f"--nproc_per_node={nproc_per_node}", "-m", "trainer.worker", "--config", config_uri]
+    return cmd
+
+
 def _format_codes(codes: Mapping[str, int]) -> str:
     def order(key: str) -> tuple[int, int, str]:
         return (0, int(key), "") if key.isdigit() else (1, 0, key)
@@ -225,7 +243,3 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

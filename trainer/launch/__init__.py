@@ -1,0 +1,49 @@
+"""How a training run is started and watched: the one layer between the steps and the engine.
+
+The job is always ``python -m trainer.launch ... -m trainer.worker --config <uri>``; a
+:class:`Launcher` decides where it runs. Modules, each of one job:
+
+- :mod:`~trainer.launch.torchrun`: the ``python -m trainer.launch`` wrapper around torchrun
+  (exit codes the operator can act on) and :func:`~trainer.launch.torchrun.torchrun_command`;
+- :mod:`~trainer.launch.local`: :class:`~trainer.launch.local.LocalLauncher` (a child process
+  here) and the one child-process output pump, shared with the tune trial runner;
+- :mod:`~trainer.launch.jobspec`: the cluster settings, :class:`~trainer.launch.jobspec.JobSpec`
+  and the PyTorchJob built from it, without a client;
+- :mod:`~trainer.launch.kube`: the Kubernetes calls, typed, retried and named;
+- :mod:`~trainer.launch.watch`: the one create-or-adopt / wait / deadline / cancel / diagnose
+  loop for any custom resource (a PyTorchJob, a Katib Experiment), with a small adapter each;
+- :mod:`~trainer.launch.podlog`: a pod's log, followed by polling, streamed into the step's log;
+- :mod:`~trainer.launch.pytorchjob`: the PyTorchJob launcher, a :class:`JobSpec` on that loop.
+
+This package imports neither :mod:`trainer.steps` nor :mod:`trainer.tune`: they import it.
+Importing it is cheap (no ``torch``, no ``kubernetes``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Launcher(Protocol):
+    """Runs ``torchrun ... -m trainer.worker --config <config_uri>`` somewhere and waits."""
+
+    def launch(
+        self,
+        *,
+        job_name: str,
+        config_uri: str,
+        nproc_per_node: int,
+        nnodes: int,
+        timeout_s: int | None,
+    ) -> None:
+        """Return when the job succeeded.
+
+        Raises:
+            InputError: the job rejected its input (the worker's ``ERROR [train] E_...`` line).
+            RuntimeError: the job failed, naming the job and its last log lines.
+            TimeoutError: the deadline passed (the job has been stopped).
+        """
+        ...
+
+
+__all__ = ["Launcher"]

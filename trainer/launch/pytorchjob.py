@@ -1,0 +1,190 @@
+"""The PyTorchJob launcher: a :class:`~trainer.launch.jobspec.JobSpec` run as a Training Operator
+job on the one watch loop (:mod:`trainer.launch.watch`), its master's log streamed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from trainer.launch.jobspec import CONTAINER_NAME, ClusterConfig, JobSpec, build_pytorchjob
+from trainer.launch.kube import PLURAL, VERSION, KubeApi
+from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
+from trainer.launch.podlog import PodLog
+from trainer.launch.watch import (
+    TERMINAL,
+    LaunchCancelled,
+    OnExit,
+    PodRef,
+    Resource,
+    ResourceLauncher,
+    job_state,
+)
+
+__all__ = ["API_CALLS", "LaunchCancelled", "PodRef", "PyTorchJobLauncher", "job_state"]
+
+log = logging.getLogger(__name__)
+
+
+class _PyTorchJob(Resource):
+    """A PyTorchJob on the watch loop: its state is logged and its master's log streamed."""
+
+    kind = "PyTorchJob"
+    kubectl = "pytorchjob"
+    version = VERSION
+    plural = PLURAL
+
+    def __init__(self, api: KubeApi, namespace: str, name: str, log_tail: int) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.log_tail = log_tail
+        self.reported: str | None = None
+        self.pod: dict[str, Any] | None = None
+        self.master = PodLog(api, namespace, tail=log_tail, reattached=False)
+
+    def observe(self, obj: dict[str, Any], state: str) -> bool:
+        if state != self.reported:
+            log.info("PyTorchJob %s/%s: %s", self.namespace, self.name, state)
+            self.reported = state
+        self.pod = self.master_pod()
+        self.master.pump(self.pod)
+        return state in TERMINAL
+
+    def on_adopt(self) -> None:
+        # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
+        self.master = PodLog(self.api, self.namespace, tail=self.log_tail, reattached=True)
+
+    def describe(self, state: str) -> str:
+        return f"train.timeout_s; it was {state}"
+
+    def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        if ((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"):
+            return {"spec": {"runPolicy": {"suspend": False}}}
+        return None
+
+    def suspend_patch(self) -> dict[str, Any] | None:
+        return {"spec": {"runPolicy": {"suspend": True}}}
+
+    def master_pod(self) -> dict[str, Any] | None:
+        """The live master pod (the newest, while the operator replaces one)."""
+        pods = self.api.master_pods(self.namespace, self.name)
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")] or pods
+        if not live:
+            return None
+        return max(live, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+
+
+class PyTorchJobLauncher(ResourceLauncher):
+    """Runs the training job as a Training Operator PyTorchJob and waits for its outcome.
+
+    The job is named by the caller from the KFP run and task, so a retried or restarted step
+    finds its job and re-attaches instead of creating a second one (a finished job is reported,
+    not re-run; a suspended one is resumed). While waiting it streams the master's log into
+    this step's stdout. When the job fails, the deadline passes or the step is cancelled
+    (SIGTERM), ``on_exit`` decides what happens to the job: ``delete`` it (and its pods),
+    ``keep`` it for inspection, or ``suspend`` it (pods go, the job and its state stay).
+
+    Args:
+        namespace: namespace of the job (the launcher pod's, for the ownerReference).
+        cluster: the step's cluster settings, which :meth:`launch` turns into a
+            :class:`JobSpec`; :meth:`run` takes a :class:`JobSpec` as it is.
+        api: the Kubernetes API; ``None``: in-cluster config, else the kubeconfig.
+        on_exit: what to do with the job on failure, deadline and cancellation.
+        poll_s: seconds between looks at the job and its log.
+        log_tail: master log lines kept for a failure's message.
+        own_pod: the launcher's pod; the job gets an ownerReference to it.
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        cluster: ClusterConfig,
+        api: KubeApi | None = None,
+        on_exit: OnExit = "delete",
+        poll_s: float = 2.0,
+        log_tail: int = 50,
+        own_pod: PodRef | None = None,
+    ) -> None:
+        super().__init__(
+            namespace=namespace, api=api, own_pod=own_pod, poll_s=poll_s, on_exit=on_exit
+        )
+        if log_tail < 1:
+            raise ValueError(f"log_tail must be >= 1, got {log_tail}")
+        self.cluster = cluster
+        self.log_tail = log_tail
+
+    def job_spec(
+        self,
+        *,
+        job_name: str,
+        config_uri: str,
+        nproc_per_node: int,
+        nnodes: int,
+        timeout_s: int | None,
+    ) -> JobSpec:
+        """The job spec of one run: the cluster settings, in this launcher's namespace."""
+        return self.cluster.job_spec(
+            name=job_name,
+            namespace=self.namespace,
+            config_uri=config_uri,
+            nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+            timeout_s=timeout_s,
+        )
+
+    def launch(
+        self,
+        *,
+        job_name: str,
+        config_uri: str,
+        nproc_per_node: int,
+        nnodes: int,
+        timeout_s: int | None,
+    ) -> None:
+        """Create (or re-attach to) the PyTorchJob ``job_name`` and return when it succeeded.
+
+        Raises:
+            InputError: the job failed on bad input (the worker's ``ERROR [train] E_...`` line),
+                or the cluster settings make no valid job.
+            RuntimeError: the job failed (conditions, events and the master's last log lines in
+                the message), the API refused a call, or the step was cancelled
+                (:class:`LaunchCancelled`).
+            TimeoutError: ``timeout_s`` passed before the job finished.
+        """
+        spec = self.job_spec(
+            job_name=job_name,
+            config_uri=config_uri,
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            timeout_s=timeout_s,
+        )
+        self.run(spec, timeout_s=timeout_s)
+
+    def run(self, spec: JobSpec, *, timeout_s: float | None) -> None:
+        """Create (or re-attach to) the PyTorchJob of ``spec``; return when it succeeded.
+
+        Raises:
+            ValueError: ``spec`` is for another namespace.
+            InputError, RuntimeError, TimeoutError: as :meth:`launch`.
+        """
+        if spec.namespace != self.namespace:
+            raise ValueError(
+                f"the job spec is for namespace {spec.namespace!r}, not {self.namespace!r}"
+            )
+        job = _PyTorchJob(self.api, self.namespace, spec.name, self.log_tail)
+        watch = self.watch(job, spec.name, timeout_s)
+        found = watch.run(build_pytorchjob(spec))
+        if watch.state == "Succeeded":
+            log.info("PyTorchJob %s succeeded", watch.ref)
+            return
+        diagnosis = watch.diagnose(found, pod=job.pod, pod_log=job.master, container=CONTAINER_NAME)
+        done = watch.apply_on_exit()
+        if job.master.errors:
+            log.error("%s\n%s", diagnosis, done)
+            raise job.master.errors[0]
+        raise RuntimeError(f"{diagnosis}\n{done}")

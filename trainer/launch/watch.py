@@ -1,0 +1,526 @@
+"""One loop that runs a custom resource to its end, for every launcher that makes one.
+
+A launcher (the PyTorchJob one, Katib's Experiment one, a TrainJob one next) hands :class:`Watch`
+the object to create and a small :class:`Resource` adapter that says how to read the object's
+state, what to print while it runs, how to resume and suspend it. The loop is the same for all:
+
+- **create or adopt**: the name is deterministic, so a retried or restarted step finds the object
+  of an earlier attempt and re-attaches (also after a 409 race), gives it an ownerReference to
+  this launcher's pod, and resumes it if that attempt suspended it; an object still being
+  deleted is waited for, then created anew;
+- **wait**: poll every ``poll_s``, letting the adapter stream logs or report progress, until the
+  adapter says the object is done;
+- **deadline and cancellation**: past ``timeout_s`` (:class:`TimeoutError`) or on SIGTERM
+  (:class:`LaunchCancelled`), between API calls, never mid-request;
+- **on_exit**: when the step fails, times out or is cancelled, ``delete`` the object, ``keep`` it
+  for inspection, or ``suspend`` it (where the resource can be suspended);
+- **diagnose**: a failed object's conditions, recent events, a container's exit code and the
+  last log lines of its main pod, in one message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Literal, Self
+
+from trainer.launch.kube import KubeApi, KubeApiError
+from trainer.launch.podlog import PodLog
+from trainer.redact import redact
+
+log = logging.getLogger(__name__)
+
+OnExit = Literal["delete", "keep", "suspend"]
+TERMINAL = ("Succeeded", "Failed")
+"""Condition types that end a Training Operator job or a Katib Experiment."""
+GONE_WAIT_S = 600.0
+"""Longest wait for an earlier attempt's object to finish being deleted (a stuck finalizer)."""
+_EVENTS_SHOWN = 10
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PodRef:
+    """The launcher's own pod, as the downward API tells it (POD_NAME, POD_NAMESPACE, POD_UID)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PodRef | None:
+        """The pod from the downward API's variables, or ``None`` when any of them is unset."""
+        env = os.environ if env is None else env
+        name, namespace, uid = (env.get(k, "") for k in ("POD_NAME", "POD_NAMESPACE", "POD_UID"))
+        if not (name and namespace and uid):
+            return None
+        return cls(name=name, namespace=namespace, uid=uid)
+
+    def owner_reference(self) -> dict[str, Any]:
+        """An ownerReference to this pod: deleting the pod (with the run) deletes the object.
+
+        Neither controller (the pod does not reconcile the object) nor blocking (that would need
+        ``update`` on ``pods/finalizers``); the garbage collector deletes it either way.
+        """
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+
+
+class LaunchCancelled(RuntimeError):
+    """The step was cancelled (SIGTERM) while its object ran; ``on_exit`` has been applied."""
+
+
+class _Stop(Exception):
+    """Internal: leave the wait loop because of a deadline or a cancellation."""
+
+    def __init__(self, why: Literal["deadline", "cancelled"]) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def job_state(obj: Mapping[str, Any]) -> str:
+    """The object's state: the type of its last condition whose status is ``"True"``.
+
+    ``Created``, ``Running``, ``Restarting``, ``Suspended``, ``Succeeded`` or ``Failed``;
+    ``Pending`` before the controller has written any condition.
+    """
+    state = "Pending"
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("status") == "True":
+            state = str(cond.get("type"))
+    return state
+
+
+class Resource:
+    """What :class:`Watch` needs to know about one kind of custom resource.
+
+    Subclasses set the class attributes and override the hooks whose defaults do not fit.
+    """
+
+    kind: str = ""
+    """How messages name it: ``PyTorchJob``, ``Katib Experiment``."""
+    kubectl: str = ""
+    """Its name for ``kubectl delete``: ``pytorchjob``, ``experiment``."""
+    version: str = ""
+    """API version in the ``kubeflow.org`` group."""
+    plural: str = ""
+    """Resource name in the API's paths."""
+    noun: str = "job"
+    """What the step calls it: "no job had been created"."""
+    deleted: str = "it was deleted (on_exit=delete)"
+    """What ``on_exit=delete`` did, for the step's message."""
+
+    def observe(self, obj: dict[str, Any], state: str) -> bool:
+        """Called after every read of the object (stream a log, report progress); whether the
+        object is done, so that the wait ends."""
+        return state in TERMINAL
+
+    def on_adopt(self) -> None:
+        """Called when the object existed already (an earlier attempt's)."""
+
+    def describe(self, state: str) -> str:
+        """The object's progress in a deadline's message."""
+        return f"it was {state}"
+
+    def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The patch that resumes an object an earlier attempt suspended; ``None``: none needed."""
+        return None
+
+    def suspend_patch(self) -> dict[str, Any] | None:
+        """The patch that suspends the object (``on_exit=suspend``); ``None``: cannot."""
+        return None
+
+
+class Watch:
+    """One run of one object: its deadline, cancellation flag and ``on_exit``."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        resource: Resource,
+        *,
+        namespace: str,
+        name: str,
+        timeout_s: float | None,
+        poll_s: float,
+        on_exit: OnExit,
+        own_pod: PodRef | None,
+        report: Callable[[str], None],
+    ) -> None:
+        self.api = api
+        self.resource = resource
+        self.ns = namespace
+        self.name = name
+        self.ref = f"{namespace}/{name}"
+        self.what = f"{resource.kind} {self.ref}"
+        self.timeout_s = timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.poll_s = poll_s
+        self.on_exit: OnExit = on_exit
+        self.own_pod = own_pod
+        self.report = report
+        self.cancelled = False
+        self.have = False
+        self.state = "Pending"
+
+    def run(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create (or adopt) ``body``'s object and wait until the resource says it is done.
+
+        Returns:
+            The finished object; what its state means is the caller's to decide (and to call
+            :meth:`apply_on_exit` on failure).
+
+        Raises:
+            TimeoutError: the deadline passed (``on_exit`` applied).
+            LaunchCancelled: SIGTERM arrived (``on_exit`` applied).
+            KubeApiError: the API refused a call (``on_exit`` applied to a created object).
+            RuntimeError: the object vanished, or would not stop being deleted.
+        """
+        meta = body.setdefault("metadata", {})
+        if meta.get("name") != self.name:
+            raise ValueError(
+                f"the {self.resource.noun} is named {meta.get('name')!r}, not {self.name!r}"
+            )
+        if meta.setdefault("namespace", self.ns) != self.ns:
+            raise ValueError(
+                f"the {self.resource.noun} is in {meta['namespace']!r}, not {self.ns!r}"
+            )
+        if self.own_pod is not None:
+            owners = meta.setdefault("ownerReferences", [])
+            if all(o.get("uid") != self.own_pod.uid for o in owners):
+                owners.append(self.own_pod.owner_reference())
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+
+            def on_sigterm(signum: int, frame: FrameType | None) -> None:
+                # Only a flag: the loop stops the object between API calls, never mid-request.
+                self.cancelled = True
+
+            previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            return self._run(body)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _run(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._wait(self._start(body))
+        except _Stop as stop:
+            done = (
+                self.apply_on_exit() if self.have else f"no {self.resource.noun} had been created"
+            )
+            if stop.why == "deadline":
+                raise TimeoutError(
+                    f"{self.what} did not finish within {self.timeout_s} s "
+                    f"({self.resource.describe(self.state)}); {done}"
+                ) from None
+            raise LaunchCancelled(
+                f"{self.what}: the step was cancelled (SIGTERM); {done}"
+            ) from None
+        except (KubeApiError, KeyboardInterrupt):
+            # Nobody will watch the object once this step ends: do not leave it running unseen.
+            if self.have:
+                log.warning("%s: %s", self.what, self.apply_on_exit())
+            raise
+
+    def _get(self) -> dict[str, Any] | None:
+        return self.api.get_object(self.resource.version, self.resource.plural, self.ns, self.name)
+
+    def _patch(self, patch: dict[str, Any]) -> dict[str, Any] | None:
+        r = self.resource
+        return self.api.patch_object(r.version, r.plural, self.ns, self.name, patch)
+
+    def _start(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The object: the existing one of that name (adopted), else a new one."""
+        races = 0
+        gone_by = time.monotonic() + GONE_WAIT_S
+        while True:
+            self.check()
+            obj = self._get()
+            if obj is None:
+                r = self.resource
+                obj = self.api.create_object(r.version, r.plural, self.ns, body)
+                if obj is not None:
+                    self.have = True
+                    self.report(f"created {self.what}")
+                    return obj
+                # 409: another launcher of this task created it between our get and create.
+                races += 1
+                if races > 3:
+                    raise RuntimeError(f"{self.what} keeps appearing and vanishing")
+                continue
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                # An earlier attempt's object on its way out: wait, then start afresh.
+                self.report(f"{self.what} is being deleted; creating it anew once gone")
+                if time.monotonic() > gone_by:
+                    raise RuntimeError(
+                        f"{self.what} has been deleting for over {GONE_WAIT_S:.0f} s (a finalizer "
+                        f"that nothing removes?); the step cannot start its {self.resource.noun}"
+                    )
+                self.sleep(self.poll_s)
+                continue
+            self.have = True
+            return self._adopt(obj)
+
+    def _adopt(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Re-attach to an object: own it too; resume it if an earlier attempt suspended it."""
+        self.resource.on_adopt()
+        self.state = job_state(obj)
+        self.report(f"{self.what} exists ({self.state}): re-attaching instead of creating another")
+        if self.state in TERMINAL:
+            return obj
+        patch: dict[str, Any] = {}
+        owners = list((obj.get("metadata") or {}).get("ownerReferences") or [])
+        if self.own_pod is not None and all(o.get("uid") != self.own_pod.uid for o in owners):
+            # A merge patch replaces lists whole: send the earlier owners along.
+            patch["metadata"] = {"ownerReferences": [*owners, self.own_pod.owner_reference()]}
+        if resume := self.resource.resume_patch(obj):
+            self.report(f"{self.what} was suspended by an earlier attempt: resuming it")
+            patch |= resume
+        if patch:
+            obj = self._patch(patch) or obj
+        return obj
+
+    def _wait(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Poll until the resource says the object is done; the finished object."""
+        while True:
+            self.state = job_state(obj)
+            if self.resource.observe(obj, self.state):
+                return obj
+            self.sleep(self.poll_s)
+            got = self._get()
+            if got is None:
+                self.have = False
+                raise RuntimeError(
+                    f"{self.what} disappeared while the step waited for it "
+                    "(deleted by someone else?)"
+                )
+            obj = got
+
+    def apply_on_exit(self) -> str:
+        """Delete, keep or suspend the object; what was done, for the step's message."""
+        how = self.on_exit
+        r = self.resource
+        try:
+            if how == "keep":
+                how_to = f"kubectl delete {r.kubectl} -n {self.ns} {self.name}"
+                return f"it was kept (on_exit=keep): {how_to}"
+            if how == "suspend" and (patch := r.suspend_patch()) is not None:
+                if self._patch(patch) is None:
+                    return "it was already gone"
+                return "it was suspended (on_exit=suspend); a retry of the step resumes it"
+            if not self.api.delete_object(r.version, r.plural, self.ns, self.name):
+                return "it was already gone"
+            return r.deleted
+        except KubeApiError as e:
+            # The object's outcome matters more than the clean-up's: report both, raise the first.
+            log.error("%s", e)
+            return f"on_exit={how} failed: {e}"
+
+    def diagnose(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        pod: Mapping[str, Any] | None,
+        pod_log: PodLog,
+        container: str,
+        role: str = "master",
+    ) -> str:
+        """Why the object failed: conditions, the pod's exit code, recent events, last lines."""
+        conds = (obj.get("status") or {}).get("conditions") or []
+        failed: Mapping[str, Any] = next(
+            (c for c in reversed(conds) if c.get("type") == "Failed"), {}
+        )
+        parts = [
+            f"{self.what} failed: "
+            f"{failed.get('reason', 'Failed')}: {failed.get('message', '(no message)')}",
+            "conditions: " + "; ".join(_condition(c) for c in conds),
+        ]
+        if (exit_line := _exit_code(pod, container, role)) is not None:
+            parts.append(exit_line)
+        parts.append(self._events(pod))
+        try:
+            lines = pod_log.last_lines(pod)
+        except KubeApiError as e:
+            lines = [f"(log unavailable: {e})"]
+        name = pod["metadata"]["name"] if pod else "gone"
+        parts.append(f"last {len(lines)} lines of the {role}'s log (pod {name}):")
+        parts += [f"  {line}" for line in lines]
+        return redact("\n".join(parts))
+
+    def _events(self, pod: Mapping[str, Any] | None) -> str:
+        names = [self.name] + ([pod["metadata"]["name"]] if pod else [])
+        try:
+            events = [e for n in names for e in self.api.events(self.ns, n)]
+        except KubeApiError as e:
+            return f"recent events: unavailable ({e})"
+        events.sort(key=_event_time)
+        shown = [
+            f"  {e.get('type', '')} {e.get('reason', '')} "
+            f"{(e.get('involvedObject') or {}).get('kind', '')}/"
+            f"{(e.get('involvedObject') or {}).get('name', '')}: {e.get('message', '')}"
+            for e in events[-_EVENTS_SHOWN:]
+        ]
+        return "\n".join(["recent events:", *shown] if shown else ["recent events: none"])
+
+    def check(self) -> None:
+        """Leave the wait (via :class:`_Stop`) on cancellation or past the deadline."""
+        if self.cancelled:
+            log.warning("SIGTERM: stopping %s (on_exit=%s)", self.what, self.on_exit)
+            raise _Stop("cancelled")
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise _Stop("deadline")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep in slices, so that a SIGTERM or the deadline is acted on within 0.1 s."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self.check()
+            time.sleep(min(left, 0.1))
+        self.check()
+
+
+class ResourceLauncher:
+    """What every launcher of a custom resource has: namespace, own pod, API, poll, on_exit.
+
+    Args:
+        namespace: namespace of the object (the launcher pod's, for the ownerReference).
+        api: the Kubernetes API; ``None``: in-cluster config, else the kubeconfig, on first use.
+        own_pod: the launcher's pod; the object gets an ownerReference to it when it is in the
+            same namespace, so deleting the run's pods deletes the object.
+        poll_s: seconds between looks at the object.
+        on_exit: what to do with the object on failure, deadline and cancellation.
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+
+    on_exit_choices: tuple[str, ...] = ("delete", "keep", "suspend")
+
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        api: KubeApi | None,
+        own_pod: PodRef | None,
+        poll_s: float,
+        on_exit: OnExit,
+    ) -> None:
+        if not namespace:
+            raise ValueError("namespace must be set, got ''")
+        if on_exit not in self.on_exit_choices:
+            raise ValueError(
+                f"on_exit must be {', '.join(self.on_exit_choices[:-1])} or "
+                f"{self.on_exit_choices[-1]}, got {on_exit!r}"
+            )
+        if poll_s <= 0:
+            raise ValueError(f"poll_s must be > 0, got {poll_s}")
+        if own_pod is not None and own_pod.namespace != namespace:
+            # Owner references cannot cross namespaces: the garbage collector would delete the
+            # object at once, believing its owner gone.
+            log.warning(
+                "launcher pod %s/%s is not in the namespace %s: no ownerReference",
+                own_pod.namespace,
+                own_pod.name,
+                namespace,
+            )
+            own_pod = None
+        self.namespace = namespace
+        self.own_pod = own_pod
+        self.poll_s = poll_s
+        self.on_exit: OnExit = on_exit
+        self._api = api
+
+    @classmethod
+    def from_environment(
+        cls, *, namespace: str | None = None, env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> Self:
+        """A launcher that knows its own pod from the downward API (POD_NAME, POD_NAMESPACE,
+        POD_UID), creating its objects in the pod's namespace unless ``namespace`` is given.
+
+        Raises:
+            ValueError: no namespace given and POD_NAMESPACE is unset.
+        """
+        env = os.environ if env is None else env
+        namespace = namespace or env.get("POD_NAMESPACE")
+        if not namespace:
+            raise ValueError("namespace must be given or POD_NAMESPACE set (downward API)")
+        return cls(namespace=namespace, own_pod=PodRef.from_env(env), **kwargs)
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            self._api = KubeApi.from_config()
+        return self._api
+
+    def watch(
+        self,
+        resource: Resource,
+        name: str,
+        timeout_s: float | None,
+        report: Callable[[str], None] = log.info,
+    ) -> Watch:
+        """A :class:`Watch` of the object ``name`` with this launcher's settings."""
+        return Watch(
+            self.api,
+            resource,
+            namespace=self.namespace,
+            name=name,
+            timeout_s=timeout_s,
+            poll_s=self.poll_s,
+            on_exit=self.on_exit,
+            own_pod=self.own_pod,
+            report=report,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnosis
+# --------------------------------------------------------------------------------------------
+
+
+def _condition(cond: Mapping[str, Any]) -> str:
+    text = f"{cond.get('type')}={cond.get('status')}"
+    if cond.get("status") == "True" and (cond.get("reason") or cond.get("message")):
+        text += f" ({cond.get('reason', '')}: {cond.get('message', '')})"
+    return text
+
+
+def _exit_code(pod: Mapping[str, Any] | None, container: str, role: str) -> str | None:
+    """How the pod's ``container`` ended, if it has."""
+    if pod is None:
+        return None
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != container:
+            continue
+        for key in ("state", "lastState"):
+            ended = (status.get(key) or {}).get("terminated")
+            if ended:
+                return (
+                    f"{role} pod {pod['metadata']['name']}: container {container} exited with "
+                    f"code {ended.get('exitCode')} ({ended.get('reason', 'no reason')})"
+                )
+    return None
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    meta = event.get("metadata") or {}
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event.get("firstTimestamp")
+        or meta.get("creationTimestamp")
+        or ""
+    )

@@ -1,1 +1,0 @@
-"""Cluster launchers of the training job; ``jobspec`` builds the PyTorchJob without a client."""
