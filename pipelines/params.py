@@ -9,6 +9,7 @@ any request is sent, with one line that names the pipeline parameter (``E_PARAM`
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from typing import Any
@@ -168,38 +169,28 @@ def json_object(params: dict[str, Any], name: str) -> dict[str, Any]:
 # --- the step configs, built from pipeline parameters as the components build them -----------
 
 
-def train_step_settings(p: dict[str, Any], *, launcher: str | None = None) -> dict[str, Any]:
-    """The train component's ``TrainStepConfig`` dict for parameters ``p`` (all present)."""
-    from components.images import CPU_IMAGE, CUDA_IMAGE
-    from trainer.config import apply_overrides
+def step_arguments(p: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of :func:`trainer.steps.train.step_settings` for parameters ``p``.
 
-    launcher = launcher or str(p["launcher"])
-    gpus = int(p["gpus_per_node"])
-    base: dict[str, Any] = {
-        "launcher": launcher,
-        # 0 GPUs per node (a CPU cluster, kind) still means one (gloo) process per node.
-        "nproc_per_node": max(gpus, 1),
-        "nnodes": p["nodes"],
-        "model": {"name": p["model_name"]},
-        "optim": {"lr": p["learning_rate"]},
-        "train": {"epochs": p["epochs"], "global_batch_size": p["batch_size"]},
+    Its arguments carry the pipeline parameters' names, so this only picks them, and adds the
+    images the pipeline passes to the train step.
+    """
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+    from trainer.steps.train import step_settings
+
+    names = inspect.signature(step_settings).parameters
+    return {
+        **{name: p[name] for name in names if name in p},
+        "cuda_image": CUDA_IMAGE,
+        "cpu_image": CPU_IMAGE,
     }
-    if launcher == "pytorchjob":
-        base["cluster"] = {
-            "image": CUDA_IMAGE if gpus > 0 else CPU_IMAGE,
-            "gpus_per_node": gpus,
-            "gpu_resource": str(p["gpu_type"]),
-            "node_selector": {str(k): str(v) for k, v in dict(p["gpu_node_selector"]).items()},
-            "object_store_secret": str(p["object_store_secret"]) or None,
-        }
-    merged = apply_overrides(base, json_object(p, "train_config_json"))
-    return apply_overrides(merged, json_object(p, "hyperparams_json"))
 
 
 # Which pipeline parameter sets which train-step field: errors name the parameter a person set.
 _TRAIN_FIELDS = {
     "learning_rate": ("optim.lr",),
     "epochs": ("train.epochs",),
+    "seed": ("train.seed",),
     "batch_size": ("train.global_batch_size",),
     "nodes": ("nnodes", "train.nnodes"),
     "gpus_per_node": ("nproc_per_node", "train.nproc_per_node", "cluster.gpus_per_node"),
@@ -247,10 +238,10 @@ def _reraise(param: str, e: ValueError) -> None:
 
 def _check_train(p: dict[str, Any]) -> None:
     from trainer.config import from_dict
-    from trainer.steps.train import TrainStepConfig
+    from trainer.steps.train import TrainStepConfig, step_settings
 
     try:
-        from_dict(TrainStepConfig, train_step_settings(p))
+        from_dict(TrainStepConfig, step_settings(**step_arguments(p)))
     except ValueError as e:
         _reraise(_owner(getattr(e, "where", ""), p), e)
 

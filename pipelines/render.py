@@ -8,7 +8,7 @@ import yaml
 
 from trainer.config import from_dict
 from trainer.launch.jobspec import JobSpec, build_pytorchjob, job_name
-from trainer.steps.train import TrainStepConfig, job_spec
+from trainer.steps.train import TrainStepConfig, job_spec, step_settings
 
 DEFAULT_NAMESPACE = "kubeflow"
 """Where KFP standalone runs its pipelines (multi-user installs use the profile's namespace)."""
@@ -35,8 +35,9 @@ def train_job_spec(
     """The job spec of the train step for these pipeline parameters (``launcher`` is ignored:
     this is what ``launcher=pytorchjob`` creates).
 
-    The step's settings are merged as the train component merges them (base parameters, then
-    ``train_config_json``, then ``hyperparams_json``), so ``nnodes``, ``nproc_per_node`` and
+    The step's settings come from the train component's own mapping
+    (:func:`trainer.steps.train.step_settings`: base parameters, then ``train_config_json``,
+    then ``hyperparams_json``), so ``nnodes``, ``nproc_per_node`` and
     ``timeout_s`` overrides show up in the job.
 
     Args:
@@ -48,12 +49,12 @@ def train_job_spec(
     Raises:
         InputError: an unknown parameter (the message lists the valid ones) or a bad value.
     """
-    from pipelines.params import check_parameters, train_step_settings
+    from pipelines.params import check_parameters, step_arguments
 
     p = check_parameters({"data_uri": "<data>", **params})
-    merged = train_step_settings(p, launcher="pytorchjob")
-    merged["cluster"]["namespace"] = namespace
-    step = from_dict(TrainStepConfig, merged)
+    settings = step_settings(**{**step_arguments(p), "launcher": "pytorchjob"})
+    settings["cluster"]["namespace"] = namespace
+    step = from_dict(TrainStepConfig, settings)
     return job_spec(
         step, name=job_name(run_id, "train"), namespace=namespace, config_uri=config_uri
     )

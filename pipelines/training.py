@@ -14,7 +14,7 @@ from kfp import dsl, kubernetes
 
 from components import evaluate, notify, preprocess, register, train, tune
 from components.images import CPU_IMAGE, CUDA_IMAGE
-from trainer.steps.train import GPU_TOLERATION, OBJECT_STORE_ENV
+from trainer.steps.train import GPU_TOLERATION, OBJECT_STORE_ENV, SHM_SIZE, TRAIN_POD_RESOURCES
 
 PIPELINE_NAME = "gpupipe-training"
 
@@ -31,7 +31,7 @@ class StepResources:
 
 RESOURCES = {
     "preprocess": StepResources("1", "4", "4Gi", "16Gi"),
-    "train": StepResources("4", "16", "16Gi", "64Gi"),
+    "train": StepResources(**TRAIN_POD_RESOURCES),  # a pod that trains, as a PyTorchJob's are
     "train-launcher": StepResources("250m", "1", "512Mi", "2Gi"),
     "tune": StepResources("2", "8", "4Gi", "16Gi"),
     "evaluate": StepResources("1", "2", "2Gi", "8Gi"),
@@ -42,8 +42,6 @@ RESOURCES = {
 RETRIES = 2
 """Retries per step; the train step's retry resumes from the job's newest checkpoint."""
 BACKOFF = {"backoff_duration": "30s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
-SHM_SIZE = "16Gi"
-"""Size of the memory-backed /dev/shm (the 64 MB container default crashes NCCL and loaders)."""
 TRAIN_CACHING = False
 """Caching of the train step. Off by default: a cached train step would skip training whenever
 the dataset artifact name and parameters repeat, even if the code changed under the same tag."""
@@ -191,9 +189,12 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 space_json=tune_space_json,
                 trial_epochs=tune_trial_epochs,
                 model_name=model_name,
+                learning_rate=learning_rate,
                 batch_size=batch_size,
                 gpus_per_node=gpus_per_node,
                 seed=seed,
+                hyperparams_json=hyperparams_json,
+                train_config_json=train_config_json,
                 pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
                 gpu_type=gpu_type,
@@ -212,6 +213,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                     epochs=epochs,
                     learning_rate=learning_rate,
                     batch_size=batch_size,
+                    seed=seed,
                     gpus_per_node=gpus_per_node,
                     nnodes=nodes,
                     launcher=launcher,

@@ -15,6 +15,7 @@ def train(
     epochs: int = 10,
     learning_rate: float = 0.001,
     batch_size: int = 256,
+    seed: int = 0,
     gpus_per_node: int = 1,
     nnodes: int = 1,
     launcher: str = "local",
@@ -33,8 +34,11 @@ def train(
 
     ``hyperparams_json`` takes dotted overrides (``{"optim.lr": 0.01}``), e.g. tune's best
     parameters; ``tuned_hyperparams_json`` the tune step's best parameters (applied last);
-    ``config_json`` any further TrainStepConfig fields. The job is named from the
-    KFP run id and task name, and resumes from its checkpoints when the step is retried.
+    ``config_json`` any further TrainStepConfig fields (applied first); ``seed`` seeds
+    initialisation, shuffling and dropout. The settings come from
+    ``trainer.steps.train.step_settings``, the one parameter mapping (tune uses it too). The
+    job is named from the KFP run id and task name, and resumes from its checkpoints when the
+    step is retried.
     ``gpu_type`` is the accelerator the pipeline asked for; it is recorded in the model's
     metadata (and, being an input, it reaches the step's sub-DAG on every backend).
 
@@ -44,37 +48,33 @@ def train(
     ``cuda_image`` (GPUs) or ``cpu_image``; the pipeline passes this package version's images
     (KFP re-runs this function's source, so defaults here can only be literals).
     """
-    import json
-
     from trainer import storage
-    from trainer.config import apply_overrides, from_dict
+    from trainer.config import from_dict
     from trainer.launch.jobspec import job_name
     from trainer.steps import run_guarded, write_metadata_file
-    from trainer.steps.train import TrainStepConfig, train_step
+    from trainer.steps.train import TrainStepConfig, step_settings, train_step
 
     def body():
-        base = {
-            "launcher": launcher,
-            # 0 GPUs per node (a CPU cluster, kind) still means one (gloo) process per node.
-            "nproc_per_node": max(gpus_per_node, 1),
-            "nnodes": nnodes,
-            "model": {"name": model_name},
-            "optim": {"lr": learning_rate},
-            "train": {"epochs": epochs, "global_batch_size": batch_size},
-        }
-        remote = launcher == "pytorchjob"
-        if remote:
-            base["cluster"] = {
-                "image": cuda_image if gpus_per_node > 0 else cpu_image,
-                "gpus_per_node": gpus_per_node,
-                "gpu_resource": gpu_type,
-                "node_selector": dict(gpu_node_selector),
-                "object_store_secret": object_store_secret or None,
-            }
-        merged = base
-        for overrides in (config_json, hyperparams_json, tuned_hyperparams_json):
-            merged = apply_overrides(merged, json.loads(overrides))
-        cfg = from_dict(TrainStepConfig, merged)
+        settings = step_settings(
+            launcher=launcher,
+            model_name=model_name,
+            epochs=epochs,
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            seed=seed,
+            gpus_per_node=gpus_per_node,
+            nodes=nnodes,
+            gpu_type=gpu_type,
+            gpu_node_selector=gpu_node_selector,
+            object_store_secret=object_store_secret,
+            cuda_image=cuda_image,
+            cpu_image=cpu_image,
+            train_config_json=config_json,
+            hyperparams_json=hyperparams_json,
+            tuned_hyperparams_json=tuned_hyperparams_json,
+        )
+        cfg = from_dict(TrainStepConfig, settings)
+        remote = cfg.launcher == "pytorchjob"
         model_uri = model.uri if remote else model.path
         result = train_step(
             cfg,

@@ -19,9 +19,12 @@ def tune(
     engine: str = "local",
     model_name: str = "mlp",
     trial_epochs: int = 5,
+    learning_rate: float = 0.001,
     batch_size: int = 256,
     gpus_per_node: int = 1,
     seed: int = 0,
+    hyperparams_json: str = "{}",
+    train_config_json: str = "{}",
     config_json: str = "{}",
     work_uri: str = "",
     pipeline_run_id: str = "",
@@ -39,10 +42,13 @@ def tune(
 
     ``space_json`` is the search space in Katib's vocabulary (``{}``: the built-in example
     space: learning rate, width, weight decay, dropout; TPE with median stopping).
-    ``config_json`` takes further dotted TuneConfig overrides (``{"train.optim.warmup_steps":
-    10}``). Outputs: the best parameters as a JSON artifact, as a dict and as a JSON string
-    (the train step's ``hyperparams_json``), a Metrics artifact (best objective, trial counts)
-    and an HTML report.
+    Every trial starts from the train step's settings for the same pipeline parameters
+    (``learning_rate``, ``seed``, ``hyperparams_json``, ``train_config_json``, ...; see
+    ``trainer.steps.train.step_settings``), on one node, for ``trial_epochs`` epochs; only the
+    searched fields differ. ``config_json`` takes further dotted TuneConfig overrides
+    (``{"train.optim.warmup_steps": 10}``). Outputs: the best parameters as a JSON artifact,
+    as a dict and as a JSON string (the train step's ``hyperparams_json``), a Metrics artifact
+    (best objective, trial counts) and an HTML report.
 
     ``engine="local"`` runs the trials in this pod (torchrun per trial); its study journal and
     trial folders live in ``work_uri`` (default: next to the output artifact), so a retried
@@ -55,25 +61,31 @@ def tune(
 
     from trainer.config import apply_overrides, from_dict
     from trainer.steps import run_guarded, write_metadata_file
+    from trainer.steps.train import step_settings
     from trainer.steps.tune import TuneConfig
     from trainer.steps.tune import tune as run
 
     def body():
         remote = engine == "katib"
-        train = {
-            "nproc_per_node": max(gpus_per_node, 1),
-            "model": {"name": model_name},
-            "train": {"global_batch_size": batch_size},
-        }
-        if remote:
-            train["launcher"] = "pytorchjob"
-            train["cluster"] = {
-                "image": cuda_image if gpus_per_node > 0 else cpu_image,
-                "gpus_per_node": gpus_per_node,
-                "gpu_resource": gpu_type,
-                "node_selector": dict(gpu_node_selector),
-                "object_store_secret": object_store_secret or None,
-            }
+        launcher = "pytorchjob" if remote else "local"
+        train = step_settings(
+            launcher=launcher,
+            model_name=model_name,
+            epochs=trial_epochs,
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            seed=seed,
+            gpus_per_node=gpus_per_node,
+            gpu_type=gpu_type,
+            gpu_node_selector=gpu_node_selector,
+            object_store_secret=object_store_secret,
+            cuda_image=cuda_image,
+            cpu_image=cpu_image,
+            train_config_json=train_config_json,
+            hyperparams_json=hyperparams_json,
+        )
+        # Trials run on one node, where the engine runs them, whatever the final training uses.
+        train = apply_overrides(train, {"launcher": launcher, "nnodes": 1})
         base = {"engine": engine, "trial_epochs": trial_epochs, "seed": seed, "train": train}
         space = json.loads(space_json)
         if space:

@@ -393,6 +393,35 @@ def test_train_job_shape_follows_the_gpu_parameters(
     assert compiled.task_input_source(step, task_input) == parameter
 
 
+TRAINING_SETTINGS = (
+    "model_name",
+    "learning_rate",
+    "batch_size",
+    "seed",
+    "gpus_per_node",
+    "gpu_type",
+    "hyperparams_json",
+)
+"""Pipeline parameters that both the train step and every tune trial train with."""
+
+
+@pytest.mark.parametrize("step", ("tune", *TRAINS), ids=str)
+@pytest.mark.parametrize("parameter", TRAINING_SETTINGS, ids=str)
+def test_train_and_tune_trials_get_the_same_training_settings(
+    compiled: Compiled, step: str, parameter: str
+) -> None:
+    assert compiled.task_input_source(step, parameter) == parameter
+
+
+@pytest.mark.parametrize(
+    ("step", "task_input"), [("tune", "train_config_json"), *((t, "config_json") for t in TRAINS)]
+)
+def test_train_config_reaches_train_and_tune_trials(
+    compiled: Compiled, step: str, task_input: str
+) -> None:
+    assert compiled.task_input_source(step, task_input) == "train_config_json"
+
+
 @pytest.mark.parametrize("step", TRAINS, ids=str)
 @pytest.mark.parametrize(
     ("task_input", "image"), [("cuda_image", "trainer-cuda"), ("cpu_image", "trainer-cpu")]

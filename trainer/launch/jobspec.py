@@ -71,6 +71,16 @@ OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_A
 """Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 """Lets GPU pods onto nodes tainted for GPU work (the common cloud setup)."""
+SHM_SIZE = "16Gi"
+"""Memory-backed /dev/shm of a training pod (the 64 MB container default crashes NCCL and data
+loaders): every PyTorchJob replica, and the pipeline's in-step train pod."""
+TRAIN_POD_RESOURCES = {
+    "cpu_request": "4",
+    "cpu_limit": "16",
+    "memory_request": "16Gi",
+    "memory_limit": "64Gi",
+}
+"""CPU and memory of a training pod: every PyTorchJob replica, and the in-step train pod."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,7 +361,7 @@ class JobSpec:
     """Memory request per pod."""
     memory_limit: str | None = None
     """Memory limit per pod; the memory-backed ``/dev/shm`` counts against it."""
-    shm_size: str = "16Gi"
+    shm_size: str = SHM_SIZE
     """Size of the memory-backed emptyDir at ``/dev/shm`` (the 64 MB default crashes NCCL and
     data loader workers)."""
     read_only_root_fs: bool = True
@@ -565,11 +575,11 @@ class ClusterConfig:
     """Node labels of the GPU nodes, e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``."""
     object_store_secret: str | None = None
     """Secret with ``accesskey``/``secretkey`` of the artifact store, as AWS_* env vars."""
-    cpu_request: str | None = "4"
-    cpu_limit: str | None = "16"
-    memory_request: str | None = "16Gi"
-    memory_limit: str | None = "64Gi"
-    shm_size: str = "16Gi"
+    cpu_request: str | None = TRAIN_POD_RESOURCES["cpu_request"]
+    cpu_limit: str | None = TRAIN_POD_RESOURCES["cpu_limit"]
+    memory_request: str | None = TRAIN_POD_RESOURCES["memory_request"]
+    memory_limit: str | None = TRAIN_POD_RESOURCES["memory_limit"]
+    shm_size: str = SHM_SIZE
     """Memory-backed /dev/shm (the 64 MB container default crashes NCCL and data loaders)."""
     on_exit: Literal["delete", "keep", "suspend"] = "delete"
     """What happens to the job when the step fails, times out or is cancelled."""

@@ -9,6 +9,7 @@ Everything the job needs travels as URIs, never as local paths of the launcher.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from trainer.config import (
     TrainConfig,
     WorkerConfig,
     _require,
+    apply_overrides,
     from_dict,
     to_dict,
     to_json,
@@ -29,9 +31,11 @@ from trainer.config import (
 from trainer.errors import InputError
 from trainer.launch import Launcher
 
-# GPU_TOLERATION and OBJECT_STORE_ENV are re-exported (the pipeline's pod settings use them).
+# Re-exported: the pipeline's pod settings use them (the in-step train pod is a training pod).
 from trainer.launch.jobspec import GPU_TOLERATION as GPU_TOLERATION
 from trainer.launch.jobspec import OBJECT_STORE_ENV as OBJECT_STORE_ENV
+from trainer.launch.jobspec import SHM_SIZE as SHM_SIZE
+from trainer.launch.jobspec import TRAIN_POD_RESOURCES as TRAIN_POD_RESOURCES
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.local import LocalLauncher
 
@@ -82,6 +86,103 @@ class TrainStepConfig:
             "must be > 0",
             self.checkpoint_every_steps,
         )
+
+
+def step_settings(
+    *,
+    launcher: str = "local",
+    model_name: str = "mlp",
+    epochs: int = 10,
+    learning_rate: float = 0.001,
+    batch_size: int = 256,
+    seed: int = 0,
+    gpus_per_node: int = 1,
+    nodes: int = 1,
+    gpu_type: str = "nvidia.com/gpu",
+    gpu_node_selector: dict[str, Any] | None = None,
+    object_store_secret: str = "",
+    cuda_image: str = "",
+    cpu_image: str = "",
+    train_config_json: str | dict[str, Any] = "{}",
+    hyperparams_json: str | dict[str, Any] = "{}",
+    tuned_hyperparams_json: str | dict[str, Any] = "{}",
+) -> dict[str, Any]:
+    """The train step's settings (a :class:`TrainStepConfig` dict) for pipeline parameters.
+
+    The one mapping from the training pipeline's parameters (same names) to the train step's
+    config: the train and tune components and ``gpupipe render`` all call it, so a trial, the
+    rendered job and the trained model start from the same settings. Overrides apply in this
+    order: ``train_config_json`` (any ``TrainStepConfig`` field), ``hyperparams_json`` (the
+    user's dotted overrides), ``tuned_hyperparams_json`` (the tune step's best parameters).
+    The result is not validated: ``from_dict(TrainStepConfig, ...)`` does that.
+
+    Args:
+        launcher: ``local`` or ``pytorchjob`` (which adds the ``cluster`` section).
+        model_name: ``mlp`` or a user model ``package.module:build``.
+        epochs: passes over the training split.
+        learning_rate: the optimizer's peak learning rate.
+        batch_size: global batch (all processes together).
+        seed: initialisation, shuffling and dropout seed.
+        gpus_per_node: GPUs per node; 0 (a CPU cluster) still runs one process per node.
+        nodes: nodes of the job.
+        gpu_type: extended resource that counts GPUs.
+        gpu_node_selector: node labels of the GPU nodes.
+        object_store_secret: secret with the artifact store's credentials (pytorchjob).
+        cuda_image: the job's image with GPUs (pytorchjob).
+        cpu_image: the job's image without GPUs (pytorchjob).
+        train_config_json: further ``TrainStepConfig`` fields (JSON object or dict).
+        hyperparams_json: dotted overrides, e.g. ``{"optim.weight_decay": 0.1}``.
+        tuned_hyperparams_json: the tune step's best parameters, applied last.
+
+    Raises:
+        InputError: ``E_CONFIG`` when a JSON parameter is not a JSON object.
+    """
+    settings: dict[str, Any] = {
+        "launcher": launcher,
+        "nproc_per_node": processes_per_node(gpus_per_node),
+        "nnodes": nodes,
+        "model": {"name": model_name},
+        "optim": {"lr": learning_rate},
+        "train": {"epochs": epochs, "global_batch_size": batch_size, "seed": seed},
+    }
+    if launcher == "pytorchjob":
+        settings["cluster"] = {
+            "image": cuda_image if gpus_per_node > 0 else cpu_image,
+            "gpus_per_node": gpus_per_node,
+            "gpu_resource": gpu_type,
+            "node_selector": {str(k): str(v) for k, v in (gpu_node_selector or {}).items()},
+            "object_store_secret": object_store_secret or None,
+        }
+    layers = {
+        "train_config_json": train_config_json,
+        "hyperparams_json": hyperparams_json,
+        "tuned_hyperparams_json": tuned_hyperparams_json,
+    }
+    for name, overrides in layers.items():
+        settings = apply_overrides(settings, json_object(overrides, name))
+    return settings
+
+
+def processes_per_node(gpus_per_node: int) -> int:
+    """Training processes per node: one per GPU, and one (gloo) on a node without GPUs."""
+    return max(gpus_per_node, 1)
+
+
+def json_object(value: str | dict[str, Any], name: str) -> dict[str, Any]:
+    """The JSON object a string parameter ``name`` holds (``{}`` when empty).
+
+    Raises:
+        InputError: ``E_CONFIG`` naming ``name`` when the text is not a JSON object.
+    """
+    if isinstance(value, dict):
+        return value
+    try:
+        data = json.loads(value or "{}")
+    except json.JSONDecodeError as e:
+        raise InputError("E_CONFIG", f"{name} must be a JSON object: {e}", name) from None
+    if not isinstance(data, dict):
+        raise InputError("E_CONFIG", f"{name} must be a JSON object, got {value!r}", name)
+    return data
 
 
 @dataclass
