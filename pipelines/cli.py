@@ -238,7 +238,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def _print_schedules(runs: list[Any]) -> None:
     from pipelines import cron as cronlib
-    from pipelines.cluster import _utc
+    from pipelines.cluster import as_utc
 
     now = datetime.now(UTC)
     rows = [("NAME", "MODE", "CRON", "NEXT FIRE (UTC)", "ID")]
@@ -249,7 +249,7 @@ def _print_schedules(runs: list[Any]) -> None:
             expr, nxt = "(periodic)", "-"
         else:
             expr = cs.cron
-            start, end = _utc(cs.start_time), _utc(cs.end_time)
+            start, end = as_utc(cs.start_time), as_utc(cs.end_time)
             try:
                 t = cronlib.next_fire(cronlib.parse(cs.cron), max(now, start or now))
             except ValueError:

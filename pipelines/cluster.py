@@ -611,8 +611,8 @@ def same_schedule(a: kapi.V2beta1RecurringRun, b: kapi.V2beta1RecurringRun) -> b
         ref = r.pipeline_version_reference
         return (
             cs.cron if cs else None,
-            _utc(cs.start_time) if cs else None,
-            _utc(cs.end_time) if cs else None,
+            as_utc(cs.start_time) if cs else None,
+            as_utc(cs.end_time) if cs else None,
             ref.pipeline_id if ref else None,
             ref.pipeline_version_id if ref else None,
             json.dumps(
@@ -626,7 +626,12 @@ def same_schedule(a: kapi.V2beta1RecurringRun, b: kapi.V2beta1RecurringRun) -> b
     return key(a) == key(b)
 
 
-def _utc(t: datetime | str | None) -> datetime | None:
+def as_utc(t: datetime | str | None) -> datetime | None:
+    """``t`` (a datetime or ISO 8601 text; without a zone: UTC) in UTC; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: text that is not ISO 8601.
+    """
     if isinstance(t, str):
         t = datetime.fromisoformat(t.replace("Z", "+00:00"))
     if t is None:
@@ -641,7 +646,7 @@ def parse_time(text: str, flag: str) -> datetime:
         InputError: ``E_TIME`` when it does not parse.
     """
     try:
-        return _utc(text) or datetime.now(UTC)
+        return as_utc(text) or datetime.now(UTC)
     except ValueError as e:
         raise InputError(
             "E_TIME",

@@ -25,8 +25,12 @@ PrecisionName = Literal["auto", "fp32", "bf16", "fp16"]
 T = TypeVar("T")
 
 
-def _require(ok: bool, name: str, rule: str, value: Any) -> None:
-    """Raise a one-line error naming the field, the rule and the offending value."""
+def require(ok: bool, name: str, rule: str, value: Any) -> None:
+    """Raise a one-line error naming the field, the rule and the offending value.
+
+    Raises:
+        InputError: ``E_CONFIG`` naming ``name`` when ``ok`` is false.
+    """
     if not ok:
         raise InputError("E_CONFIG", f"{name} {rule}, got {value!r}", name)
 
@@ -61,28 +65,24 @@ class DataConfig:
     """Rows per rank per evaluation batch."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.train_uri), "data.train_uri", "must be set", self.train_uri)
+        require(bool(self.train_uri), "data.train_uri", "must be set", self.train_uri)
         if self.kind == "tabular":
-            _require(
+            require(
                 bool(self.target), "data.target", "must name a column for tabular data", self.target
             )
             if self.features is not None:
-                _require(
-                    len(self.features) > 0, "data.features", "must not be empty", self.features
-                )
-                _require(
+                require(len(self.features) > 0, "data.features", "must not be empty", self.features)
+                require(
                     self.target not in self.features,
                     "data.features",
                     f"must not contain the target {self.target!r}",
                     self.features,
                 )
                 dupes = sorted({f for f in self.features if self.features.count(f) > 1})
-                _require(
-                    not dupes, "data.features", f"has duplicate columns {dupes}", self.features
-                )
-        _require(self.seq_len > 0, "data.seq_len", "must be > 0", self.seq_len)
-        _require(self.max_memory_mb > 0, "data.max_memory_mb", "must be > 0", self.max_memory_mb)
-        _require(
+                require(not dupes, "data.features", f"has duplicate columns {dupes}", self.features)
+        require(self.seq_len > 0, "data.seq_len", "must be > 0", self.seq_len)
+        require(self.max_memory_mb > 0, "data.max_memory_mb", "must be > 0", self.max_memory_mb)
+        require(
             self.eval_batch_size > 0, "data.eval_batch_size", "must be > 0", self.eval_batch_size
         )
 
@@ -117,19 +117,19 @@ class ModelConfig:
     def __post_init__(self) -> None:
         builtin = self.name in ("mlp", "gpt")
         plugin = ":" in self.name and all(p for p in self.name.split(":", 1))
-        _require(
+        require(
             builtin or plugin,
             "model.name",
             "must be 'mlp', 'gpt' or 'package.module:build'",
             self.name,
         )
-        _require(self.hidden_dim > 0, "model.hidden_dim", "must be > 0", self.hidden_dim)
-        _require(self.num_layers >= 0, "model.num_layers", "must be >= 0", self.num_layers)
-        _require(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)", self.dropout)
-        _require(self.vocab_size > 1, "model.vocab_size", "must be > 1", self.vocab_size)
-        _require(self.n_layer > 0, "model.n_layer", "must be > 0", self.n_layer)
-        _require(self.n_head > 0, "model.n_head", "must be > 0", self.n_head)
-        _require(
+        require(self.hidden_dim > 0, "model.hidden_dim", "must be > 0", self.hidden_dim)
+        require(self.num_layers >= 0, "model.num_layers", "must be >= 0", self.num_layers)
+        require(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)", self.dropout)
+        require(self.vocab_size > 1, "model.vocab_size", "must be > 1", self.vocab_size)
+        require(self.n_layer > 0, "model.n_layer", "must be > 0", self.n_layer)
+        require(self.n_head > 0, "model.n_head", "must be > 0", self.n_head)
+        require(
             self.d_model > 0 and self.d_model % self.n_head == 0,
             "model.d_model",
             f"must be > 0 and divisible by model.n_head={self.n_head}",
@@ -163,19 +163,19 @@ class OptimConfig:
     """Clip the global gradient norm to this; ``None`` disables clipping."""
 
     def __post_init__(self) -> None:
-        _require(self.lr > 0, "optim.lr", "must be > 0", self.lr)
-        _require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0", self.weight_decay)
-        _require(0 <= self.beta1 < 1, "optim.beta1", "must be in [0, 1)", self.beta1)
-        _require(0 <= self.beta2 < 1, "optim.beta2", "must be in [0, 1)", self.beta2)
-        _require(self.eps > 0, "optim.eps", "must be > 0", self.eps)
-        _require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0", self.warmup_steps)
-        _require(
+        require(self.lr > 0, "optim.lr", "must be > 0", self.lr)
+        require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0", self.weight_decay)
+        require(0 <= self.beta1 < 1, "optim.beta1", "must be in [0, 1)", self.beta1)
+        require(0 <= self.beta2 < 1, "optim.beta2", "must be in [0, 1)", self.beta2)
+        require(self.eps > 0, "optim.eps", "must be > 0", self.eps)
+        require(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0", self.warmup_steps)
+        require(
             0 <= self.min_lr_ratio <= 1,
             "optim.min_lr_ratio",
             "must be in [0, 1]",
             self.min_lr_ratio,
         )
-        _require(
+        require(
             self.grad_clip is None or self.grad_clip > 0,
             "optim.grad_clip",
             "must be > 0 or null",
@@ -197,14 +197,14 @@ class EarlyStoppingConfig:
     """Smallest change that counts as an improvement."""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.metric.startswith("val_"),
             "train.early_stopping.metric",
             "must be a validation metric (val_*)",
             self.metric,
         )
-        _require(self.patience > 0, "train.early_stopping.patience", "must be > 0", self.patience)
-        _require(
+        require(self.patience > 0, "train.early_stopping.patience", "must be > 0", self.patience)
+        require(
             self.min_delta >= 0, "train.early_stopping.min_delta", "must be >= 0", self.min_delta
         )
 
@@ -250,48 +250,48 @@ class TrainConfig:
     on stdout, for Katib's StdOut metrics collector (Katib trials set it)."""
 
     def __post_init__(self) -> None:
-        _require(self.epochs > 0, "train.epochs", "must be > 0", self.epochs)
-        _require(
+        require(self.epochs > 0, "train.epochs", "must be > 0", self.epochs)
+        require(
             self.max_steps is None or self.max_steps > 0,
             "train.max_steps",
             "must be > 0 or null",
             self.max_steps,
         )
-        _require(
+        require(
             self.global_batch_size > 0,
             "train.global_batch_size",
             "must be > 0",
             self.global_batch_size,
         )
         if self.micro_batch_size is not None:
-            _require(
+            require(
                 0 < self.micro_batch_size <= self.global_batch_size,
                 "train.micro_batch_size",
                 f"must be in [1, train.global_batch_size={self.global_batch_size}]",
                 self.micro_batch_size,
             )
-        _require(
+        require(
             self.min_micro_batch_size > 0,
             "train.min_micro_batch_size",
             "must be > 0",
             self.min_micro_batch_size,
         )
-        _require(
+        require(
             self.eval_every_steps is None or self.eval_every_steps > 0,
             "train.eval_every_steps",
             "must be > 0 or null",
             self.eval_every_steps,
         )
-        _require(
+        require(
             self.log_every_steps > 0, "train.log_every_steps", "must be > 0", self.log_every_steps
         )
-        _require(
+        require(
             self.max_nan_rollbacks >= 0,
             "train.max_nan_rollbacks",
             "must be >= 0",
             self.max_nan_rollbacks,
         )
-        _require(
+        require(
             0 < self.nan_lr_factor <= 1,
             "train.nan_lr_factor",
             "must be in (0, 1]",
@@ -313,8 +313,8 @@ class CheckpointConfig:
     """Resume from the newest complete checkpoint under ``uri`` if one exists."""
 
     def __post_init__(self) -> None:
-        _require(self.every_steps > 0, "checkpoint.every_steps", "must be > 0", self.every_steps)
-        _require(self.keep_last > 0, "checkpoint.keep_last", "must be > 0", self.keep_last)
+        require(self.every_steps > 0, "checkpoint.every_steps", "must be > 0", self.every_steps)
+        require(self.keep_last > 0, "checkpoint.keep_last", "must be > 0", self.keep_last)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -327,7 +327,7 @@ class OutputConfig:
     """Optional JSON-lines file with every logged step and evaluation (for loss-curve plots)."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.model_uri), "output.model_uri", "must be set", self.model_uri)
+        require(bool(self.model_uri), "output.model_uri", "must be set", self.model_uri)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -340,7 +340,7 @@ class DistConfig:
     """Collective timeout; a hung rank fails the job after this long instead of forever."""
 
     def __post_init__(self) -> None:
-        _require(self.timeout_s > 0, "dist.timeout_s", "must be > 0", self.timeout_s)
+        require(self.timeout_s > 0, "dist.timeout_s", "must be > 0", self.timeout_s)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -357,21 +357,21 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         if self.train.early_stopping is not None:
-            _require(
+            require(
                 self.data.val_uri is not None,
                 "data.val_uri",
                 "must be set when train.early_stopping is on",
                 self.data.val_uri,
             )
         if self.model.name == "mlp":
-            _require(
+            require(
                 self.data.kind == "tabular",
                 "data.kind",
                 "must be 'tabular' for model 'mlp'",
                 self.data.kind,
             )
         if self.model.name == "gpt":
-            _require(
+            require(
                 self.data.kind == "tokens",
                 "data.kind",
                 "must be 'tokens' for model 'gpt'",
@@ -388,20 +388,20 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
+def coerce(value: Any, tp: Any, path: str) -> Any:
     """Check ``value`` against the annotation ``tp``; build nested dataclasses; name ``path``."""
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         options = get_args(tp)
         if value is None:
-            _require(type(None) in options, path, "must not be null", value)
+            require(type(None) in options, path, "must not be null", value)
             return None
         errors = []
         for option in options:
             if option is type(None):
                 continue
             try:
-                return _coerce(value, option, path)
+                return coerce(value, option, path)
             except ValueError as e:
                 errors.append(str(e))
         if len(errors) == 1:
@@ -409,28 +409,28 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         names = " or ".join(_type_name(o) for o in options)
         raise InputError("E_CONFIG", f"{path} must be {names}, got {value!r}", path)
     if origin is Literal:
-        _require(value in get_args(tp), path, f"must be one of {list(get_args(tp))}", value)
+        require(value in get_args(tp), path, f"must be one of {list(get_args(tp))}", value)
         return value
     if dataclasses.is_dataclass(tp):
-        _require(isinstance(value, dict), path or "config", "must be a mapping", value)
+        require(isinstance(value, dict), path or "config", "must be a mapping", value)
         return _from_dict(tp, value, path)  # type: ignore[arg-type]
     if origin is list:
-        _require(isinstance(value, list), path, "must be a list", value)
+        require(isinstance(value, list), path, "must be a list", value)
         (item_tp,) = get_args(tp)
-        return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
-        _require(isinstance(value, dict), path, "must be a mapping", value)
+        require(isinstance(value, dict), path, "must be a mapping", value)
         return dict(value)
     if tp is Any:
         return value
     if tp is bool:
-        _require(isinstance(value, bool), path, "must be true or false", value)
+        require(isinstance(value, bool), path, "must be true or false", value)
         return value
     if tp is int:
         # KFP hands ints inside ParallelFor items over as floats: accept integral floats.
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        _require(
+        require(
             isinstance(value, int) and not isinstance(value, bool),
             path,
             "must be an integer",
@@ -438,7 +438,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         )
         return value
     if tp is float:
-        _require(
+        require(
             isinstance(value, int | float) and not isinstance(value, bool),
             path,
             "must be a number",
@@ -446,7 +446,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         )
         return float(value)
     if tp is str:
-        _require(isinstance(value, str), path, "must be a string", value)
+        require(isinstance(value, str), path, "must be a string", value)
         return value
     raise TypeError(f"unsupported annotation {tp!r} at {path}")  # internal: a field we declared
 
@@ -462,7 +462,7 @@ def _from_dict(cls: type[T], data: dict[str, Any], path: str) -> T:
             f"unknown config key {prefix}{unknown[0]}; known keys: {', '.join(sorted(fields))}",
             f"{prefix}{unknown[0]}",
         )
-    kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
+    kwargs = {name: coerce(value, hints[name], prefix + name) for name, value in data.items()}
     missing = [
         name
         for name, f in fields.items()
@@ -483,7 +483,7 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     Raises:
         ValueError: one line naming the dotted key and the bad value.
     """
-    return _coerce(data, cls, "")
+    return coerce(data, cls, "")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
 
-from trainer.config import _require
+from trainer.config import require
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -95,7 +95,7 @@ def parse_quantity(text: str, name: str) -> Decimal:
         InputError: ``text`` is not a non-negative Kubernetes quantity (names ``name``).
     """
     m = _QUANTITY.match(text) if isinstance(text, str) else None
-    _require(m is not None, name, "must be a Kubernetes quantity like 500m, 4 or 16Gi", text)
+    require(m is not None, name, "must be a Kubernetes quantity like 500m, 4 or 16Gi", text)
     assert m is not None
     number, suffix = Decimal(m.group("num")), m.group("suffix") or ""
     if suffix in _BINARY:
@@ -106,7 +106,7 @@ def parse_quantity(text: str, name: str) -> Decimal:
 
 
 def _check_dns(value: str, name: str, pattern: re.Pattern[str], what: str, max_len: int) -> None:
-    _require(
+    require(
         isinstance(value, str) and len(value) <= max_len and bool(pattern.match(value)),
         name,
         f"must be {what} (at most {max_len} characters)",
@@ -121,13 +121,13 @@ def _check_label_key(key: str, name: str) -> None:
         and len(local) <= 63
         and (not prefix or (len(prefix) <= 253 and bool(_DNS1123_SUBDOMAIN.match(prefix))))
     )
-    _require(ok, name, "has an invalid key (expected [prefix/]name, name <= 63 characters)", key)
+    require(ok, name, "has an invalid key (expected [prefix/]name, name <= 63 characters)", key)
 
 
 def _check_labels(labels: dict[str, str], name: str) -> None:
     for key, value in labels.items():
         _check_label_key(key, name)
-        _require(
+        require(
             isinstance(value, str)
             and len(value) <= 63
             and (not value or bool(_QUALIFIED_NAME.match(value))),
@@ -135,7 +135,7 @@ def _check_labels(labels: dict[str, str], name: str) -> None:
             "must be a label value (alphanumerics, '-', '_', '.'; at most 63 characters)",
             value,
         )
-        _require(
+        require(
             key not in (LABEL_APP, LABEL_JOB),
             name,
             "must not set a label gpupipe sets itself",
@@ -147,26 +147,26 @@ def _check_toleration(tol: dict[str, Any], name: str) -> None:
     # The CRD is structural, so the API server drops unknown keys silently: a typo like
     # "efect" would turn a NoSchedule toleration into one that tolerates every effect.
     unknown = sorted(set(tol) - _TOLERATION_KEYS)
-    _require(
+    require(
         not unknown, name, f"has unknown keys {unknown} (allowed: {sorted(_TOLERATION_KEYS)})", tol
     )
     op = tol.get("operator", "Equal")
-    _require(op in ("Equal", "Exists"), f"{name}.operator", "must be 'Equal' or 'Exists'", op)
-    _require(
+    require(op in ("Equal", "Exists"), f"{name}.operator", "must be 'Equal' or 'Exists'", op)
+    require(
         op != "Exists" or "value" not in tol,
         f"{name}.value",
         "must be unset when operator is 'Exists'",
         tol.get("value"),
     )
     effect = tol.get("effect", "")
-    _require(
+    require(
         effect in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"),
         f"{name}.effect",
         "must be NoSchedule, PreferNoSchedule, NoExecute or empty",
         effect,
     )
     seconds = tol.get("tolerationSeconds")
-    _require(
+    require(
         seconds is None or (isinstance(seconds, int) and effect == "NoExecute"),
         f"{name}.tolerationSeconds",
         "must be an integer and needs effect 'NoExecute'",
@@ -202,20 +202,20 @@ class NcclConfig:
     failed or timed-out collective, so a hung rank ends the job instead of holding its GPUs."""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.socket_ifname is None
             or bool(re.match(r"^[\^=]?[A-Za-z0-9_.,:=^-]+$", self.socket_ifname)),
             "job.nccl.socket_ifname",
             "must be a comma-separated list of interface names or prefixes",
             self.socket_ifname,
         )
-        _require(
+        require(
             self.debug in (None, "VERSION", "WARN", "INFO", "TRACE"),
             "job.nccl.debug",
             "must be VERSION, WARN, INFO or TRACE",
             self.debug,
         )
-        _require(
+        require(
             self.heartbeat_timeout_s is None or self.heartbeat_timeout_s > 0,
             "job.nccl.heartbeat_timeout_s",
             "must be > 0 or null",
@@ -249,7 +249,7 @@ class SchedulingConfig:
     default), which is what DDP needs, since it cannot start with fewer."""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.queue is None or bool(self.queue.strip()),
             "job.scheduling.queue",
             "must not be empty",
@@ -263,7 +263,7 @@ class SchedulingConfig:
                 "a DNS-1123 subdomain",
                 253,
             )
-        _require(
+        require(
             self.min_available is None or self.min_available >= 1,
             "job.scheduling.min_available",
             "must be >= 1 or null",
@@ -285,14 +285,14 @@ class SecretEnv:
     """``False``: pods do not start without the secret (a clear event instead of a late 403)."""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             bool(_ENV_NAME.match(self.env)),
             "job.secret_env.env",
             "must be an environment variable name",
             self.env,
         )
         _check_dns(self.secret, "job.secret_env.secret", _DNS1123_SUBDOMAIN, "a secret name", 253)
-        _require(
+        require(
             bool(_SECRET_KEY.match(self.key)),
             "job.secret_env.key",
             "must be a secret key (alphanumerics, '-', '_', '.')",
@@ -320,15 +320,15 @@ class OwnerRef:
     """Kind of the owner."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.name), "job.owner.name", "must be set", self.name)
-        _require(
+        require(bool(self.name), "job.owner.name", "must be set", self.name)
+        require(
             bool(re.match(r"^[0-9a-fA-F-]{8,}$", self.uid)),
             "job.owner.uid",
             "must be a Kubernetes UID",
             self.uid,
         )
-        _require(bool(self.kind), "job.owner.kind", "must be set", self.kind)
-        _require(bool(self.api_version), "job.owner.api_version", "must be set", self.api_version)
+        require(bool(self.kind), "job.owner.kind", "must be set", self.kind)
+        require(bool(self.api_version), "job.owner.api_version", "must be set", self.api_version)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -409,15 +409,15 @@ class JobSpec:
     """Rendezvous port of the master (``MASTER_PORT``)."""
 
     def __post_init__(self) -> None:
-        _require(self.nnodes >= 1, "job.nnodes", "must be >= 1", self.nnodes)
-        _require(self.gpus_per_node >= 0, "job.gpus_per_node", "must be >= 0", self.gpus_per_node)
-        _require(
+        require(self.nnodes >= 1, "job.nnodes", "must be >= 1", self.nnodes)
+        require(self.gpus_per_node >= 0, "job.gpus_per_node", "must be >= 0", self.gpus_per_node)
+        require(
             self.nproc_per_node is None or self.nproc_per_node >= 1,
             "job.nproc_per_node",
             "must be >= 1 or null",
             self.nproc_per_node,
         )
-        _require(
+        require(
             self.gpus_per_node == 0
             or self.nproc_per_node is None
             or self.nproc_per_node == self.gpus_per_node,
@@ -434,15 +434,15 @@ class JobSpec:
             63 - len(longest_pod),
         )
         _check_dns(self.namespace, "job.namespace", _DNS1123_LABEL, "a namespace name", 63)
-        _require(
+        require(
             bool(self.image) and not any(c.isspace() for c in self.image),
             "job.image",
             "must be an image reference without spaces",
             self.image,
         )
-        _require(bool(self.config_uri), "job.config_uri", "must be set", self.config_uri)
+        require(bool(self.config_uri), "job.config_uri", "must be set", self.config_uri)
         _check_label_key(self.gpu_resource, "job.gpu_resource")
-        _require(
+        require(
             "/" in self.gpu_resource,
             "job.gpu_resource",
             "must be an extended resource with a domain, like nvidia.com/gpu",
@@ -450,11 +450,11 @@ class JobSpec:
         )
         self._check_resources()
         for i, tol in enumerate(self.tolerations):
-            _require(isinstance(tol, dict), f"job.tolerations[{i}]", "must be a mapping", tol)
+            require(isinstance(tol, dict), f"job.tolerations[{i}]", "must be a mapping", tol)
             _check_toleration(tol, f"job.tolerations[{i}]")
         for key, value in self.node_selector.items():
             _check_label_key(key, "job.node_selector")
-            _require(isinstance(value, str), f"job.node_selector[{key}]", "must be a string", value)
+            require(isinstance(value, str), f"job.node_selector[{key}]", "must be a string", value)
         for secret in self.image_pull_secrets:
             _check_dns(secret, "job.image_pull_secrets", _DNS1123_SUBDOMAIN, "a secret name", 253)
         if self.service_account is not None:
@@ -466,30 +466,30 @@ class JobSpec:
                 253,
             )
         self._check_env()
-        _require(
+        require(
             self.clean_pod_policy in ("None", "Running", "All"),
             "job.clean_pod_policy",
             "must be None, Running or All",
             self.clean_pod_policy,
         )
-        _require(self.backoff_limit >= 0, "job.backoff_limit", "must be >= 0", self.backoff_limit)
-        _require(
+        require(self.backoff_limit >= 0, "job.backoff_limit", "must be >= 0", self.backoff_limit)
+        require(
             self.active_deadline_s is None or self.active_deadline_s > 0,
             "job.active_deadline_s",
             "must be > 0 or null",
             self.active_deadline_s,
         )
-        _require(
+        require(
             self.ttl_s is None or self.ttl_s >= 0, "job.ttl_s", "must be >= 0 or null", self.ttl_s
         )
-        _require(
+        require(
             self.restart_policy in ("OnFailure", "ExitCode", "Never"),
             "job.restart_policy",
             "must be OnFailure, ExitCode or Never",
             self.restart_policy,
         )
         if self.scheduling is not None and self.scheduling.min_available is not None:
-            _require(
+            require(
                 self.scheduling.min_available <= self.nnodes,
                 "job.scheduling.min_available",
                 f"must be <= job.nnodes={self.nnodes}",
@@ -498,7 +498,7 @@ class JobSpec:
         _check_labels(self.labels, "job.labels")
         for key in self.annotations:
             _check_label_key(key, "job.annotations")
-        _require(1 <= self.port <= 65535, "job.port", "must be in 1..65535", self.port)
+        require(1 <= self.port <= 65535, "job.port", "must be in 1..65535", self.port)
 
     def _check_resources(self) -> None:
         values = {}
@@ -508,7 +508,7 @@ class JobSpec:
                 values[name] = parse_quantity(text, f"job.{name}")
         for kind in ("cpu", "memory"):
             req, lim = values.get(f"{kind}_request"), values.get(f"{kind}_limit")
-            _require(
+            require(
                 req is None or lim is None or req <= lim,
                 f"job.{kind}_request",
                 f"must be <= job.{kind}_limit={getattr(self, f'{kind}_limit')}",
@@ -517,7 +517,7 @@ class JobSpec:
         # Pages of a memory-backed emptyDir are charged to the pod: a /dev/shm larger than the
         # memory limit would let the kernel OOM-kill the trainer instead of failing the write.
         lim = values.get("memory_limit")
-        _require(
+        require(
             lim is None or values["shm_size"] <= lim,
             "job.shm_size",
             f"must be <= job.memory_limit={self.memory_limit} (/dev/shm counts against it)",
@@ -527,19 +527,19 @@ class JobSpec:
     def _check_env(self) -> None:
         names = [s.env for s in self.secret_env]
         for name in [*self.env, *names]:
-            _require(
+            require(
                 bool(_ENV_NAME.match(name)), "job.env", "must use environment variable names", name
             )
-            _require(
+            require(
                 name not in _RESERVED_ENV and not name.startswith("PET_"),
                 "job.env",
                 "must not set a variable owned by gpupipe or the training operator",
                 name,
             )
         dupes = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(self.env)))
-        _require(not dupes, "job.secret_env", "sets variables more than once", dupes)
+        require(not dupes, "job.secret_env", "sets variables more than once", dupes)
         for key, value in self.env.items():
-            _require(isinstance(value, str), f"job.env[{key}]", "must be a string", value)
+            require(isinstance(value, str), f"job.env[{key}]", "must be a string", value)
 
     @property
     def procs_per_node(self) -> int:
@@ -587,7 +587,7 @@ class ClusterConfig:
     """Service account of the job's pods (none needed for reading the object store by secret)."""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.gpus_per_node >= 0,
             "train.cluster.gpus_per_node",
             "must be >= 0",
@@ -665,8 +665,8 @@ def job_name(run_id: str, task_name: str, prefix: str = "gpupipe") -> str:
     Raises:
         InputError: ``run_id`` or ``task_name`` is empty.
     """
-    _require(bool(run_id), "job_name.run_id", "must not be empty", run_id)
-    _require(bool(task_name), "job_name.task_name", "must not be empty", task_name)
+    require(bool(run_id), "job_name.run_id", "must not be empty", run_id)
+    require(bool(task_name), "job_name.task_name", "must not be empty", task_name)
     digest = hashlib.sha256(f"{run_id}\x00{task_name}".encode()).hexdigest()[:10]
     readable = "-".join(p for p in (_slug(prefix), _slug(task_name), _slug(run_id)[:8]) if p)
     if not readable[:1].isalpha():

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from trainer import storage
-from trainer.config import _require, apply_overrides, from_dict
+from trainer.config import apply_overrides, from_dict, require
 from trainer.errors import InputError
 from trainer.outputs import atomic_dir, check_output_location
 from trainer.steps.tabular import (
@@ -94,53 +94,53 @@ class PreprocessConfig:
     and the other pyarrow defaults (e.g. ``["?", "-"]``)."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.target), "target", "must name a column", self.target)
-        _require(
+        require(bool(self.target), "target", "must name a column", self.target)
+        require(
             self.task in ("auto", "classification", "regression"),
             "task",
             "must be one of auto, classification, regression",
             self.task,
         )
         for name, kind in self.column_roles.items():
-            _require(
+            require(
                 kind in COLUMN_KINDS,
                 f"column_roles.{name}",
                 f"must be one of {', '.join(COLUMN_KINDS)}",
                 kind,
             )
-        _require(
+        require(
             self.target not in self.column_roles,
             f"column_roles.{self.target}",
             "must not name the target (the target is typed by the task parameter)",
             self.column_roles.get(self.target),
         )
-        _require(0 < self.val_fraction < 1, "val_fraction", "must be in (0, 1)", self.val_fraction)
-        _require(
+        require(0 < self.val_fraction < 1, "val_fraction", "must be in (0, 1)", self.val_fraction)
+        require(
             0 < self.test_fraction < 1, "test_fraction", "must be in (0, 1)", self.test_fraction
         )
-        _require(
+        require(
             self.val_fraction + self.test_fraction < 1,
             "test_fraction",
             f"plus val_fraction={self.val_fraction} must be < 1 (rows must remain for training)",
             self.test_fraction,
         )
-        _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
-        _require(self.max_categories > 0, "max_categories", "must be > 0", self.max_categories)
-        _require(
+        require(self.seed >= 0, "seed", "must be >= 0", self.seed)
+        require(self.max_categories > 0, "max_categories", "must be > 0", self.max_categories)
+        require(
             self.csv_delimiter in ("auto", "tab")
             or (len(self.csv_delimiter) == 1 and self.csv_delimiter not in '"\r\n'),
             "csv_delimiter",
             "must be one character (not a quote or line break), 'tab' or 'auto'",
             self.csv_delimiter,
         )
-        _require(
+        require(
             _is_codec(self.csv_encoding),
             "csv_encoding",
             "must name a text encoding",
             self.csv_encoding,
         )
         for value in self.csv_null_values:
-            _require(
+            require(
                 isinstance(value, str), "csv_null_values", "must hold strings", self.csv_null_values
             )
 

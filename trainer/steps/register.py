@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trainer import registry, storage
 from trainer.errors import InputError
 from trainer.export import META_FILE, WEIGHTS_FILE
-from trainer.steps.evaluate import HIGHER_IS_BETTER
+from trainer.steps.metrics import HIGHER_IS_BETTER
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import io
 import math
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from trainer.redact import redact
+from trainer.steps import figures
+from trainer.steps.metrics import HIGHER_IS_BETTER, TASK_METRICS, EvaluateResult
 from trainer.version import __version__
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-    from trainer.steps.evaluate import EvaluateResult
 
 __all__ = ["render_report"]
 
@@ -25,42 +20,8 @@ _MAX_SCATTER = 5000  # residual points drawn; more only blurs the picture and bl
 _MAX_ANNOTATED_CLASSES = 20  # beyond this, per-cell counts are unreadable
 _MAX_TICK_CHARS = 24
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
-max-width:70rem;color:#1f2328;padding:0 1rem}
-h1{font-size:1.6rem;margin-bottom:.2rem}
-h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #d0d7de;padding-bottom:.3rem}
-.sub{color:#59636e;margin-top:0}
-.gate{border-radius:8px;padding:1rem 1.2rem;margin:1.2rem 0;font-size:1.1rem}
-.gate.pass{background:#dafbe1;border:2px solid #1a7f37}
-.gate.fail{background:#ffebe9;border:2px solid #cf222e}
-.gate strong{font-size:1.4rem;margin-right:.6rem}
-table{border-collapse:collapse;margin:.5rem 0}
-th,td{border:1px solid #d0d7de;padding:.3rem .7rem;text-align:right}
-th:first-child,td:first-child{text-align:left}
-tr.gate-metric{font-weight:bold;background:#fff8c5}
-img{max-width:100%;height:auto;display:block;margin:.5rem 0}
-.note{color:#59636e;font-style:italic}
-dl{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem}
-dt{font-weight:bold}dd{margin:0;word-break:break-all}
-"""
-
 
 # --- Plots ----------------------------------------------------------------------------------------
-
-
-def _figure(width: float, height: float) -> Figure:
-    """A figure not registered with pyplot, so no global backend state is touched."""
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
-def _png(fig: Figure) -> str:
-    """The figure as base64 PNG text for a data: URI."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def _short(text: str) -> str:
@@ -88,7 +49,7 @@ def loss_curve_png(history: list[dict[str, Any]]) -> str | None:
     val = _finite_points(history, "eval", "val_loss")
     if not train[0] and not val[0]:
         return None
-    fig = _figure(7.5, 4)
+    fig = figures.figure(7.5, 4)
     ax = fig.add_subplot()
     if train[0]:
         ax.plot(*train, label="train loss", color="#0969da", linewidth=1.2)
@@ -99,7 +60,7 @@ def loss_curve_png(history: list[dict[str, Any]]) -> str | None:
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _png(fig)
+    return figures.png(fig)
 
 
 def confusion_png(matrix: list[list[int]], labels: list[str]) -> str:
@@ -107,7 +68,7 @@ def confusion_png(matrix: list[list[int]], labels: list[str]) -> str:
     cm = np.asarray(matrix)
     k = len(labels)
     side = min(12.0, max(4.5, 0.45 * k + 2.5))
-    fig = _figure(side + 1, side)
+    fig = figures.figure(side + 1, side)
     ax = fig.add_subplot()
     image = ax.imshow(cm, cmap="Blues", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="rows")
@@ -126,12 +87,12 @@ def confusion_png(matrix: list[list[int]], labels: list[str]) -> str:
     ax.set_title("Confusion matrix")
     ax.set_xlabel("predicted label")
     ax.set_ylabel("true label")
-    return _png(fig)
+    return figures.png(fig)
 
 
 def roc_png(roc: dict[str, list[float]], auc: float | None, multiclass: bool) -> str:
     """The ROC curve against the chance diagonal."""
-    fig = _figure(5.5, 5)
+    fig = figures.figure(5.5, 5)
     ax = fig.add_subplot()
     name = "micro-average" if multiclass else "positive class"
     label = f"{name} (AUC {auc:.3f})" if auc is not None and not multiclass else name
@@ -144,13 +105,13 @@ def roc_png(roc: dict[str, list[float]], auc: float | None, multiclass: bool) ->
     ax.set_ylabel("true positive rate")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    return _png(fig)
+    return figures.png(fig)
 
 
 def residuals_png(y_true: np.ndarray, y_pred: np.ndarray) -> str:
     """Residuals against predictions (left) and their distribution (right)."""
     residual = y_true - y_pred
-    fig = _figure(10, 4)
+    fig = figures.figure(10, 4)
     left, right = fig.subplots(1, 2)
     shown = np.arange(len(residual))
     if len(shown) > _MAX_SCATTER:
@@ -168,14 +129,10 @@ def residuals_png(y_true: np.ndarray, y_pred: np.ndarray) -> str:
     right.set_title("Residual distribution")
     right.set_xlabel("residual (true − predicted)")
     right.set_ylabel("rows")
-    return _png(fig)
+    return figures.png(fig)
 
 
 # --- HTML -----------------------------------------------------------------------------------------
-
-
-def _img(png: str, alt: str) -> str:
-    return f'<img src="data:image/png;base64,{png}" alt="{escape(alt)}">'
 
 
 def _num(value: float | None) -> str:
@@ -183,7 +140,6 @@ def _num(value: float | None) -> str:
 
 
 def _metrics_table(result: EvaluateResult, champion_label: str) -> str:
-    from trainer.steps.evaluate import HIGHER_IS_BETTER, TASK_METRICS
 
     champ = result.champion_metrics
     names = [m for m in TASK_METRICS[result.task] if m in result.metrics or (champ and m in champ)]
@@ -276,7 +232,7 @@ def render_report(
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>Evaluation: {verdict} ({escape(result.task)})</title>"
-        f"<style>{_CSS}</style></head><body>"
+        f"<style>{figures.CSS}</style></head><body>"
         f"<h1>Model evaluation report</h1>"
         f'<p class="sub">{escape(result.task)} model, scored on the {escape(split)} split</p>'
         f'<div class="gate {"pass" if result.gate_passed else "fail"}" id="gate">'
@@ -310,7 +266,9 @@ def _body(
     parts.append("<h2>Training loss</h2>")
     loss_png = loss_curve_png(history) if history else None
     if loss_png is not None:
-        parts.append(_img(loss_png, "training and validation loss against the optimizer step"))
+        parts.append(
+            figures.img(loss_png, "training and validation loss against the optimizer step")
+        )
     else:
         parts.append(
             '<p class="note">No training log (history.jsonl) with losses was found in the '
@@ -320,14 +278,14 @@ def _body(
     if result.confusion_matrix is not None and result.labels is not None:
         parts.append("<h2>Confusion matrix</h2>")
         cm_png = confusion_png(result.confusion_matrix, result.labels)
-        parts.append(_img(cm_png, "confusion matrix"))
+        parts.append(figures.img(cm_png, "confusion matrix"))
         if len(result.labels) <= _MAX_ANNOTATED_CLASSES:
             parts.append(_confusion_table(result.confusion_matrix, result.labels))
         parts.append("<h2>ROC curve</h2>")
         if result.roc is not None:
             multiclass = len(result.labels) > 2
             auc = result.metrics.get("roc_auc")
-            parts.append(_img(roc_png(result.roc, auc, multiclass), "ROC curve"))
+            parts.append(figures.img(roc_png(result.roc, auc, multiclass), "ROC curve"))
             if multiclass and auc is not None:
                 parts.append(f'<p class="note">roc_auc (one-vs-rest macro) = {auc:.4f}</p>')
         else:
@@ -336,5 +294,5 @@ def _body(
             )
     if y_true is not None and y_pred is not None:
         parts.append("<h2>Residuals</h2>")
-        parts.append(_img(residuals_png(y_true, y_pred), "residuals against predictions"))
+        parts.append(figures.img(residuals_png(y_true, y_pred), "residuals against predictions"))
     return "".join(parts)

@@ -22,9 +22,9 @@ from trainer.config import (
     OptimConfig,
     TrainConfig,
     WorkerConfig,
-    _require,
     apply_overrides,
     from_dict,
+    require,
     to_dict,
     to_json,
 )
@@ -64,23 +64,21 @@ class TrainStepConfig:
 
     def __post_init__(self) -> None:
         if self.launcher == "pytorchjob":
-            _require(
+            require(
                 bool(self.cluster.image),
                 "train.cluster.image",
                 "must be set for launcher 'pytorchjob'",
                 self.cluster.image,
             )
-        _require(
-            self.nproc_per_node > 0, "train.nproc_per_node", "must be > 0", self.nproc_per_node
-        )
-        _require(self.nnodes > 0, "train.nnodes", "must be > 0", self.nnodes)
-        _require(
+        require(self.nproc_per_node > 0, "train.nproc_per_node", "must be > 0", self.nproc_per_node)
+        require(self.nnodes > 0, "train.nnodes", "must be > 0", self.nnodes)
+        require(
             self.timeout_s is None or self.timeout_s > 0,
             "train.timeout_s",
             "must be > 0 or null",
             self.timeout_s,
         )
-        _require(
+        require(
             self.checkpoint_every_steps > 0,
             "train.checkpoint_every_steps",
             "must be > 0",

@@ -22,7 +22,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any, Literal
 
 from trainer import outputs, storage
-from trainer.config import WorkerConfig, _require, apply_overrides, from_dict, to_json
+from trainer.config import WorkerConfig, apply_overrides, from_dict, require, to_json
 from trainer.errors import InputError
 from trainer.steps.train import TrainStepConfig, build_worker_config, read_schema
 from trainer.tune.space import (
@@ -74,13 +74,13 @@ class TuneConfig:
     """Local: start no new trial after this many seconds; katib: the Experiment's deadline."""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self.trial_epochs is None or self.trial_epochs > 0,
             "tune.trial_epochs",
             "must be > 0 or null",
             self.trial_epochs,
         )
-        _require(
+        require(
             self.timeout_s is None or self.timeout_s > 0,
             "tune.timeout_s",
             "must be > 0 or null",
@@ -395,7 +395,7 @@ def _fmt(value: Any) -> str:
 def history_png(trials: list[TrialRecord], *, metric: str, maximize: bool) -> str | None:
     """Objective per trial (completed: dots; pruned: their last report, crosses) and the
     best-so-far line, as base64 PNG; None when no trial reported anything."""
-    from trainer.steps.report import _figure, _png
+    from trainer.steps.figures import figure, png
 
     done = [(t.number, t.value) for t in trials if t.state == "COMPLETE" and t.value is not None]
     pruned = [
@@ -403,7 +403,7 @@ def history_png(trials: list[TrialRecord], *, metric: str, maximize: bool) -> st
     ]
     if not done and not pruned:
         return None
-    fig = _figure(7.5, 4.0)
+    fig = figure(7.5, 4.0)
     ax = fig.add_subplot()
     if done:
         ax.scatter(*zip(*done, strict=True), label="completed trial", color="#0969da", zorder=3)
@@ -428,17 +428,17 @@ def history_png(trials: list[TrialRecord], *, metric: str, maximize: bool) -> st
     ax.set_title("Optimisation history")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
-    return _png(fig)
+    return png(fig)
 
 
 def importance_png(importances: dict[str, float]) -> str | None:
     """Parameter importances as a horizontal bar chart (base64 PNG)."""
-    from trainer.steps.report import _figure, _png
+    from trainer.steps.figures import figure, png
 
     if not importances:
         return None
     items = sorted(importances.items(), key=lambda kv: kv[1])
-    fig = _figure(7.5, 0.5 * len(items) + 1.4)
+    fig = figure(7.5, 0.5 * len(items) + 1.4)
     ax = fig.add_subplot()
     ax.barh([k for k, _ in items], [v for _, v in items], color="#1a7f37")
     for i, (_, v) in enumerate(items):
@@ -446,7 +446,7 @@ def importance_png(importances: dict[str, float]) -> str | None:
     ax.set_xlabel("importance (fANOVA, completed trials)")
     ax.set_xlim(0, max(1.0, max(v for _, v in items) * 1.15))
     ax.set_title("Parameter importances")
-    return _png(fig)
+    return png(fig)
 
 
 def _trials_table(study: StudyResult) -> str:
@@ -491,7 +491,7 @@ def render_tune_report(
     """
     import matplotlib
 
-    from trainer.steps.report import _CSS, _img
+    from trainer.steps.figures import CSS, img
 
     maximize = result.direction == "maximize"
     parts = ["<h2>Best parameters</h2>"]
@@ -507,14 +507,14 @@ def render_tune_report(
             parts.append("<h2>Optimisation history</h2>")
             png = history_png(study.trials, metric=result.objective_metric, maximize=maximize)
             parts.append(
-                _img(png, f"{result.objective_metric} per trial, with the best so far")
+                img(png, f"{result.objective_metric} per trial, with the best so far")
                 if png
                 else '<p class="note">No trial reported the objective.</p>'
             )
             parts.append("<h2>Parameter importances</h2>")
             imp = importance_png(study.importances or {})
             parts.append(
-                _img(imp, "parameter importances")
+                img(imp, "parameter importances")
                 if imp
                 else '<p class="note">Too few completed trials to estimate importances.</p>'
             )
@@ -548,7 +548,7 @@ def render_tune_report(
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>Tune: best {escape(result.objective_metric)} {escape(best)}</title>"
-        f"<style>{_CSS}{_CSS_EXTRA}</style></head><body>"
+        f"<style>{CSS}{_CSS_EXTRA}</style></head><body>"
         "<h1>Hyperparameter search report</h1>"
         f'<p class="sub">{escape(result.direction)} {escape(result.objective_metric)}</p>'
         f"<dl>{facts_html}</dl>"

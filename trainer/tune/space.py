@@ -22,7 +22,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer.config import _coerce, parse_value
+from trainer.config import coerce, parse_value
 from trainer.errors import InputError
 
 ParameterType = Literal["double", "int", "discrete", "categorical"]
@@ -215,7 +215,7 @@ def load_space(
     """
     if not isinstance(data, dict):
         raise InputError("E_CONFIG", f"{where} must be a mapping, got {data!r}", where)
-    space: SearchSpace = _coerce(_stringify(data), SearchSpace, where)
+    space: SearchSpace = coerce(_stringify(data), SearchSpace, where)
     validate_space(space, config_fields=config_fields, where=where)
     return space
 

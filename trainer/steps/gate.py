@@ -1,0 +1,130 @@
+"""The evaluate step's promotion gate: a threshold and the champion to beat, with a reason."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.errors import InputError
+from trainer.steps.metrics import HIGHER_IS_BETTER, is_number
+
+__all__ = ["GateConfig", "decide_gate", "stored_metric"]
+
+_TIE_TOLERANCE = 1e-12  # an improvement of exactly min_improvement passes despite float rounding
+
+
+@dataclass(kw_only=True, slots=True)
+class GateConfig:
+    """When a candidate model may be promoted."""
+
+    metric: str = "auto"
+    """Metric that decides: ``auto`` (classification: accuracy, regression: rmse) or one of
+    accuracy, f1_macro, roc_auc, log_loss (classification), rmse, mae, r2 (regression)."""
+    threshold: float | None = None
+    """The candidate must reach this: at least it for higher-is-better metrics, at most it for
+    rmse, mae and log_loss. ``None``: no threshold."""
+    min_improvement: float = 0.0
+    """Where a champion exists, the candidate must beat it by at least this much in the metric's
+    direction; with 0 it must be strictly better (a tie keeps the champion)."""
+
+    def __post_init__(self) -> None:
+        known = ["auto", *HIGHER_IS_BETTER]
+        if self.metric not in known:
+            raise InputError(
+                "E_CONFIG",
+                f"gate.metric must be one of {known}, got {self.metric!r}",
+                "gate.metric",
+            )
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise InputError(
+                "E_CONFIG",
+                f"gate.threshold must be a finite number, got {self.threshold!r}",
+                "gate.threshold",
+            )
+        if not (math.isfinite(self.min_improvement) and self.min_improvement >= 0):
+            raise InputError(
+                "E_CONFIG",
+                f"gate.min_improvement must be >= 0, got {self.min_improvement!r}",
+                "gate.min_improvement",
+            )
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def decide_gate(
+    *,
+    metric: str,
+    value: float | None,
+    threshold: float | None,
+    min_improvement: float,
+    has_champion: bool,
+    champion_value: float | None,
+    champion_name: str = "",
+    champion_note: str = "",
+) -> tuple[bool, str]:
+    """Apply the threshold and the champion comparison; return (passed, one-sentence reason).
+
+    Args:
+        metric: The gate metric; its direction comes from ``HIGHER_IS_BETTER``.
+        value: The candidate's score; None when it is undefined on the split (the gate fails).
+        threshold: The bar to reach, or None.
+        min_improvement: How much the candidate must beat the champion by.
+        has_champion: Whether a champion exists.
+        champion_value: The champion's score; None when it has none (the gate fails: a
+            champion that cannot be compared is not beaten).
+        champion_name: How the reason names the champion.
+        champion_note: Where the champion's score came from, added in the parentheses.
+
+    Returns:
+        Whether the gate passes, and why, e.g.
+        ``accuracy 0.86 >= threshold 0.8 and beats champion v3 (0.84)``.
+    """
+    higher = HIGHER_IS_BETTER[metric]
+    if value is None:
+        return False, f"{metric} is undefined on this split (one class only), so the gate fails"
+    passed = True
+    if threshold is None:
+        parts = [f"{metric} {_fmt(value)} (no threshold)"]
+    else:
+        ok = value >= threshold if higher else value <= threshold
+        op = (">=" if ok else "<") if higher else ("<=" if ok else ">")
+        parts = [f"{metric} {_fmt(value)} {op} threshold {_fmt(threshold)}"]
+        passed = ok
+    name = f"champion {champion_name}".rstrip()
+    note = f"; {champion_note}" if champion_note else ""
+    if not has_champion:
+        parts.append("no champion to beat")
+    elif champion_value is None:
+        parts.append(f"{name} has no {metric} to compare against{note}")
+        passed = False
+    else:
+        gain = value - champion_value if higher else champion_value - value
+        shown = f"{name} ({_fmt(champion_value)}{note})"
+        if gain <= 0:
+            parts.append(f"does not beat {shown}")
+            passed = False
+        elif gain < min_improvement - _TIE_TOLERANCE:
+            parts.append(
+                f"beats {shown} by only {_fmt(gain)}, less than min_improvement "
+                f"{_fmt(min_improvement)}"
+            )
+            passed = False
+        elif min_improvement > 0:
+            parts.append(
+                f"beats {shown} by {_fmt(gain)} >= min_improvement {_fmt(min_improvement)}"
+            )
+        else:
+            parts.append(f"beats {shown}")
+    return passed, " and ".join(parts)
+
+
+def stored_metric(metrics: dict[str, Any], metric: str) -> tuple[float | None, str]:
+    """The champion's stored score for ``metric`` and the key it came from."""
+    for key in (metric, f"test_{metric}", f"val_{metric}"):
+        value = metrics.get(key)
+        if is_number(value) and math.isfinite(value):
+            return float(value), key
+    return None, metric
