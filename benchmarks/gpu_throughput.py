@@ -2,7 +2,7 @@
 
 For each model, in one run on one device:
 
-- **trainer**: the real ``trainer.loop._Run`` built from a ``WorkerConfig`` over a Parquet token
+- **trainer**: the real ``trainer.loop.Run`` built from a ``WorkerConfig`` over a Parquet token
   file, exactly as ``train()`` builds it (bf16 autocast, ``torch.compile``, fused AdamW, TF32, SDPA
   flash attention on CUDA), fed by ``train()``'s data path (``BatchStream`` through the
   ``Prefetcher``: pinned memory, non-blocking copies on a side stream) and driven through
@@ -75,7 +75,7 @@ from trainer.config import (
 )
 from trainer.data import BatchStream, DataPosition
 from trainer.dist import DistContext
-from trainer.loop import LossWindow, StopSignal, _Run
+from trainer.loop import LossWindow, Run, StopSignal
 from trainer.models import ModelSpec, build_model, compute_loss, count_params, flops_per_token
 from trainer.telemetry import Telemetry
 
@@ -168,9 +168,9 @@ def make_config(case: Case, data: Path, out: Path, *, compile: bool) -> WorkerCo
     )
 
 
-def build_run(cfg: WorkerConfig, ctx: DistContext) -> _Run:
-    """``_Run`` as ``train()`` builds it, its telemetry sent to a sink."""
-    run = _Run(cfg, ctx, StopSignal())
+def build_run(cfg: WorkerConfig, ctx: DistContext) -> Run:
+    """``Run`` as ``train()`` builds it, its telemetry sent to a sink."""
+    run = Run(cfg, ctx, StopSignal())
     run.telemetry = Telemetry(
         enabled=ctx.is_main, job=ctx.run_id, total_steps=run.total_steps, stream=io.StringIO()
     )
@@ -180,35 +180,25 @@ def build_run(cfg: WorkerConfig, ctx: DistContext) -> _Run:
 Batches = Iterator[tuple[Any, torch.Tensor, torch.Tensor]]
 
 
-def trainer_step(run: _Run, batches: Batches) -> Callable[[], None]:
-    """One iteration of ``train()``'s loop body on ``batches`` (no eval or checkpoints)."""
-    ctx, t, s, tel = run.ctx, run.cfg.train, run.state, run.telemetry
-    window = LossWindow(ctx)
+def trainer_step(run: Run, batches: Batches) -> Callable[[], None]:
+    """One iteration of ``train()``'s loop (``Run.loop_step``) on ``batches``."""
+    window = LossWindow(run.ctx)
 
     def step() -> None:
         position, x, y = next(batches)
-        loss, _ = run.step_with_oom_fallback(x, y)
-        s.step += 1
-        s.position = position
-        window.add(loss, run.last_grad_norm if run.scaler is None else None, t.global_batch_size)
-        tel.advance(s.step)
-        if s.step % t.log_every_steps == 0:
-            mean_loss, bad, _ = window.sync()
-            if bad > 0:
-                raise RuntimeError(f"non-finite loss by step {s.step}: the benchmark diverged")
-            tel.emit("step", step=s.step, loss=mean_loss)
-            window.reset()
+        if run.loop_step(position, x, y, window).diverged:
+            raise RuntimeError(f"non-finite loss by step {run.state.step}: the benchmark diverged")
 
     return step
 
 
-def raw_step(cfg: WorkerConfig, ctx: DistContext, like: _Run, *, micro: int) -> Callable[[], None]:
+def raw_step(cfg: WorkerConfig, ctx: DistContext, like: Run, *, micro: int) -> Callable[[], None]:
     """A nanoGPT-style loop: same init, batches, micro-batch, compile, autocast and optimizer.
 
     ``like`` lends its dataset, model spec and precision (not its model or optimizer).
     """
     o = cfg.optim
-    loop.seed_everything(cfg.train.seed)  # as _Run does: the same initial weights
+    loop.seed_everything(cfg.train.seed)  # as Run does: the same initial weights
     model = build_model(cfg.model, like.spec).to(ctx.device)
     fwd = torch.compile(model) if cfg.train.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -343,7 +333,7 @@ def measure(
         fpt = flops_per_token(case.model, run.spec, n_params)
         _, x0, y0 = next(iter(run.stream))
         resident_batch = (DataPosition(), x0.to(device), y0.to(device))
-        batches = loop._batches(run)  # what train() iterates: the prefetcher by default
+        batches = loop.training_batches(run)  # what train() iterates: the prefetcher by default
         try:
             real = trainer_step(run, batches)
             resident = trainer_step(run, itertools.repeat(resident_batch))
@@ -389,7 +379,7 @@ def measure(
             compile_s = max(0.0, first - step_s)
             eager_run = build_run(replace(cfg, train=replace(cfg.train, compile=False)), ctx)
             eager_run.state.micro_batch_size = micro
-            eager_batches = loop._batches(eager_run)
+            eager_batches = loop.training_batches(eager_run)
             try:
                 eager = trainer_step(eager_run, eager_batches)
                 for _ in range(warmup):

@@ -6,7 +6,7 @@ matrices only, same fused flag), the same ``LambdaLR`` warmup-and-cosine schedul
 gradient clipping and the same precision policy, in one process (``dist.init()`` without
 torchrun: world size 1, the CPU unless a GPU is visible).
 
-- **ours** is the real ``trainer.loop._Run``, built from a ``WorkerConfig`` over a Parquet file
+- **ours** is the real ``trainer.loop.Run``, built from a ``WorkerConfig`` over a Parquet file
   exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)`` (micro-batch
   split, control agreement, backward, clip, optimizer and scheduler step), plus the per-step
   bookkeeping of ``train()``'s loop: the on-device loss window (``nan_to_num``, the non-finite
@@ -62,9 +62,9 @@ from trainer.config import (
 )
 from trainer.data import BatchStream
 from trainer.dist import DistContext
-from trainer.loop import LossWindow, StopSignal, _Run, lr_multiplier
+from trainer.loop import LossWindow, Run, StopSignal, lr_multiplier
 from trainer.models import build_model
-from trainer.telemetry import Telemetry, gpu_memory_gb
+from trainer.telemetry import Telemetry
 
 SEED = 0
 # Losses are compared with this tolerance; on one CPU process they are in fact bitwise equal.
@@ -136,48 +136,27 @@ def make_config(case: Case, data: Path, out: Path, total_steps: int) -> WorkerCo
     )
 
 
-def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor], _Run]:
-    """The trainer's step: ``_Run.step_with_oom_fallback`` plus ``train()``'s bookkeeping."""
-    run = _Run(cfg, ctx, StopSignal())
+def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor], Run]:
+    """The trainer's step: ``Run.loop_step``, the body of ``train()``'s loop."""
+    run = Run(cfg, ctx, StopSignal())
     # Same events as train() would emit, but into a sink so the table stays readable.
     run.telemetry = Telemetry(
         enabled=ctx.is_main, job=ctx.run_id, total_steps=run.total_steps, stream=io.StringIO()
     )
-    t, s, tel = cfg.train, run.state, run.telemetry
     window = LossWindow(ctx)
     it = iter(run.stream)
 
     def step() -> torch.Tensor:
         position, x, y = next(it)
-        loss, stop_now = run.step_with_oom_fallback(x, y)
-        s.step += 1
-        s.position = position
-        window.add(loss, run.last_grad_norm if run.scaler is None else None, t.global_batch_size)
-        tel.advance(s.step)
-        _, want_log, want_eval = run.due(stop_now)
-        if want_log or want_eval:
-            mean_loss, bad, samples_per_s = window.sync()
-            if bad > 0:
-                raise RuntimeError(f"non-finite loss by step {s.step}: the benchmark diverged")
-            norm = run.last_grad_norm
-            tel.emit(
-                "step",
-                step=s.step,
-                epoch=round(s.step / run.steps_per_epoch, 4),
-                loss=mean_loss,
-                lr=run.scheduler.get_last_lr()[0],
-                grad_norm=float(norm) if norm is not None else None,
-                samples_per_s=round(samples_per_s, 1),
-                micro_batch=s.micro_batch_size,
-                gpu_mem_gb=gpu_memory_gb(ctx.device),
-            )
-            window.reset()
-        return loss
+        outcome = run.loop_step(position, x, y, window)
+        if outcome.diverged:
+            raise RuntimeError(f"non-finite loss by step {run.state.step}: the benchmark diverged")
+        return outcome.loss
 
     return step, run
 
 
-def raw(cfg: WorkerConfig, ctx: DistContext, run: _Run) -> Callable[[], torch.Tensor]:
+def raw(cfg: WorkerConfig, ctx: DistContext, run: Run) -> Callable[[], torch.Tensor]:
     """A hand-written loop over the same dataset, model init, optimizer and schedule."""
     o, t = cfg.optim, cfg.train
     torch.manual_seed(t.seed)

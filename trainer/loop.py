@@ -191,7 +191,25 @@ class LossWindow:
         self.start, self.samples = time.perf_counter(), 0
 
 
-class _Run:
+@dataclass(slots=True)
+class StepOutcome:
+    """What one iteration of the training loop did and what the loop must do next."""
+
+    loss: torch.Tensor
+    """This step's loss, still on the device."""
+    stop_now: bool
+    """SIGTERM arrived: checkpoint and stop."""
+    checkpoint: bool
+    """A checkpoint is due after this step."""
+    evaluate: bool
+    """An evaluation is due after this step."""
+    mean_loss: float | None = None
+    """Mean loss since the last log line, where this step synced (logged or evaluates)."""
+    diverged: bool = False
+    """The synced window held a non-finite loss or gradient norm: roll back."""
+
+
+class Run:
     """One training run's objects, built once; methods are the loop's steps."""
 
     def __init__(self, cfg: WorkerConfig, ctx: DistContext, stop: StopSignal) -> None:
@@ -297,6 +315,49 @@ class _Run:
             self.ddp = DDP(self.raw_model, device_ids=device_ids)
         model: torch.nn.Module = self.ddp if self.ddp is not None else self.raw_model
         self.fwd_model = torch.compile(model) if self.cfg.train.compile else model
+
+    def loop_step(
+        self, position: DataPosition, x: torch.Tensor, y: torch.Tensor, window: LossWindow
+    ) -> StepOutcome:
+        """One iteration of :func:`train`'s loop on batch ``(x, y)`` (the benchmarks time it).
+
+        Steps the optimizer (with the OOM fallback), advances the state to ``position``, adds
+        the loss to ``window`` and, where a log line or an evaluation is due, syncs the window
+        and logs the step. A non-finite window is reported (``diverged``), not logged: the
+        caller rolls back. Evaluation and checkpoints are the caller's, as the outcome says.
+        """
+        s, t, tel = self.state, self.cfg.train, self.telemetry
+        loss, stop_now = self.step_with_oom_fallback(x, y)
+        s.step += 1
+        s.position = position
+        window.add(loss, self.last_grad_norm if self.scaler is None else None, t.global_batch_size)
+        tel.advance(s.step)
+        want_ckpt, want_log, want_eval = self.due(stop_now)
+        outcome = StepOutcome(
+            loss=loss, stop_now=stop_now, checkpoint=want_ckpt, evaluate=want_eval
+        )
+        if not (want_log or want_eval):
+            return outcome
+        # Sync point: the only place loss values leave the device.
+        mean_loss, bad, samples_per_s = window.sync()
+        if bad > 0:
+            outcome.diverged = True
+            return outcome
+        norm = self.last_grad_norm
+        tel.emit(
+            "step",
+            step=s.step,
+            epoch=round(s.step / self.steps_per_epoch, 4),
+            loss=mean_loss,
+            lr=self.scheduler.get_last_lr()[0],
+            grad_norm=float(norm) if norm is not None else None,
+            samples_per_s=round(samples_per_s, 1),
+            micro_batch=s.micro_batch_size,
+            gpu_mem_gb=gpu_memory_gb(self.ctx.device),
+        )
+        window.reset()
+        outcome.mean_loss = mean_loss
+        return outcome
 
     def due(self, stop_now: bool) -> tuple[bool, bool, bool]:
         """After the current step: (checkpoint, log, evaluate) due? A checkpoint implies a log
@@ -622,7 +683,7 @@ def train(
         Preempted: SIGTERM arrived; a checkpoint was written.
     """
     stop = stop or StopSignal()
-    run = _Run(cfg, ctx, stop)
+    run = Run(cfg, ctx, stop)
     t, s, tel = cfg.train, run.state, run.telemetry
     resumed = run.restore_latest(reason="resume") if cfg.checkpoint.resume else None
     if resumed is not None:
@@ -646,46 +707,22 @@ def train(
 
     metrics = s.metrics  # restored from the checkpoint on resume, so a re-export keeps them
     window = LossWindow(ctx)
-    it = _batches(run)
+    it = training_batches(run)
     try:
         while s.step < run.total_steps and not s.stopped_early:
             position, x, y = next(it)
-            loss, stop_now = run.step_with_oom_fallback(x, y)
-            s.step += 1
-            s.position = position
-            window.add(
-                loss, run.last_grad_norm if run.scaler is None else None, t.global_batch_size
-            )
-            tel.advance(s.step)
-
-            want_ckpt, want_log, want_eval = run.due(stop_now)
-            if not (want_log or want_eval):
-                continue
-
-            # Sync point: the only place loss values leave the device.
-            mean_loss, bad, samples_per_s = window.sync()
-            if bad > 0:
+            step = run.loop_step(position, x, y, window)
+            if step.diverged:
                 it.close()
                 _rollback(run, at_step=s.step)
-                it = _batches(run)  # from the restored position
+                it = training_batches(run)  # from the restored position
                 window.reset()
                 continue
-            norm = run.last_grad_norm
-            tel.emit(
-                "step",
-                step=s.step,
-                epoch=round(s.step / run.steps_per_epoch, 4),
-                loss=mean_loss,
-                lr=run.scheduler.get_last_lr()[0],
-                grad_norm=float(norm) if norm is not None else None,
-                samples_per_s=round(samples_per_s, 1),
-                micro_batch=s.micro_batch_size,
-                gpu_mem_gb=gpu_memory_gb(ctx.device),
-            )
-            metrics["train_loss"] = mean_loss
-            window.reset()
+            if step.mean_loss is None:  # nothing logged, evaluated or saved after this step
+                continue
+            metrics["train_loss"] = step.mean_loss
 
-            if want_eval:
+            if step.evaluate:
                 metrics.update(run.evaluate())
                 tel.emit(
                     "eval",
@@ -697,9 +734,9 @@ def train(
                 if on_eval is not None and _ask_to_stop(ctx, on_eval, s.step, metrics):
                     s.stopped_early = True
                     tel.emit("stop_requested", step=s.step)
-            if want_ckpt or (s.stopped_early and run.ckpt is not None):
+            if step.checkpoint or (s.stopped_early and run.ckpt is not None):
                 run.save_checkpoint()
-            if stop_now:
+            if step.stop_now:
                 tel.close()
                 raise Preempted(s.step, run.last_checkpoint)
             if s.stopped_early:
@@ -755,8 +792,8 @@ def train(
     return result
 
 
-def _batches(
-    run: _Run,
+def training_batches(
+    run: Run,
 ) -> Prefetcher[DataPosition] | Generator[tuple[DataPosition, torch.Tensor, torch.Tensor]]:
     """The training batches from ``run.stream``'s position: prefetched unless switched off."""
     if run.cfg.train.prefetch:
@@ -789,7 +826,7 @@ def _ask_to_stop(
     return bool(answer == "stop")
 
 
-def _rollback(run: _Run, *, at_step: int) -> None:
+def _rollback(run: Run, *, at_step: int) -> None:
     """Non-finite loss: restore the last good checkpoint with a lower learning rate."""
     s, t = run.state, run.cfg.train
     if run.ckpt is None:
