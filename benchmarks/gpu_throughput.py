@@ -76,7 +76,7 @@ from trainer.config import (
 from trainer.data import BatchStream, DataPosition
 from trainer.dist import DistContext
 from trainer.loop import LossWindow, Run, StopSignal
-from trainer.models import ModelSpec, build_model, compute_loss, count_params, flops_per_token
+from trainer.models import build_model, compute_loss, count_params, flops_per_token
 from trainer.telemetry import Telemetry
 
 SEED = 0
@@ -136,11 +136,6 @@ class Row:
 
 
 # ------------------------------------------------------------------------------------ set-up
-
-
-def case_flops(case: Case, n_params: int) -> float:
-    """FLOPs per token of ``case`` with ``N = n_params`` (the trainer's formula)."""
-    return flops_per_token(case.model, ModelSpec(task="lm", seq_len=case.seq_len), n_params)
 
 
 def write_tokens(case: Case, path: Path) -> None:

@@ -372,20 +372,6 @@ class TokenDataset:
         dtype = np.int32 if tokens.max() < 2**31 else np.int64
         return cls(torch.from_numpy(tokens.astype(dtype, copy=False)), seq_len=seq_len)
 
-    @classmethod
-    def synthetic(
-        cls, *, vocab_size: int, seq_len: int, num_samples: int, seed: int
-    ) -> TokenDataset:
-        """Uniformly random tokens, reproducible from `seed` (for smoke tests and benchmarks)."""
-        if vocab_size < 1 or num_samples < 1:
-            raise ValueError(
-                f"vocab_size and num_samples must be >= 1, got {vocab_size} and {num_samples}"
-            )
-        g = torch.Generator().manual_seed(seed)
-        dtype = torch.int32 if vocab_size <= 2**31 else torch.int64
-        tokens = torch.randint(vocab_size, (num_samples * seq_len + 1,), generator=g, dtype=dtype)
-        return cls(tokens, seq_len=seq_len, vocab_size=vocab_size)
-
     def __len__(self) -> int:
         return self._blocks.shape[0]
 

@@ -149,10 +149,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError)
-
-
 def _free_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()

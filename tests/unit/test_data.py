@@ -418,16 +418,6 @@ def test_token_dataset_shifts_targets_by_one(tmp_path: Path) -> None:
     assert ds.vocab_size == 41
 
 
-def test_token_dataset_synthetic_streams_and_is_reproducible() -> None:
-    a = TokenDataset.synthetic(vocab_size=50, seq_len=16, num_samples=64, seed=9)
-    b = TokenDataset.synthetic(vocab_size=50, seq_len=16, num_samples=64, seed=9)
-    assert len(a) == 64
-    assert torch.equal(a.tokens, b.tokens)
-    _, x, y = next(iter(BatchStream(a, global_batch_size=8, rank=1, world_size=2, seed=0)))
-    assert x.shape == y.shape == (4, 16)
-    assert int(x.max()) < 50
-
-
 @pytest.mark.parametrize(
     ("table", "message"),
     [

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tests.helpers import dist_session
 from trainer import dist
 
 TORCHRUN_VARS = (
@@ -172,7 +173,7 @@ def test_init_reads_the_job_name(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GPUPIPE_JOB", "nightly-42")
     monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
-    with dist.session() as ctx:
+    with dist_session() as ctx:
         assert ctx.run_id == "nightly-42"
 
 

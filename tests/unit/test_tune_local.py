@@ -12,6 +12,7 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
+from tests.helpers import dist_session  # noqa: E402
 from trainer.config import WorkerConfig, apply_overrides, from_dict  # noqa: E402
 from trainer.demo import make_table  # noqa: E402
 from trainer.errors import InputError  # noqa: E402
@@ -158,7 +159,6 @@ def test_cmaes_without_its_package_says_which(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_on_eval_stops_training_like_early_stopping(data: Path, tmp_path: Path) -> None:
-    from trainer import dist
 
     cfg = config_fn(data)(0, {"optim.lr": 0.01}, str(tmp_path))
     seen: list[tuple[int, dict[str, float]]] = []
@@ -167,7 +167,7 @@ def test_on_eval_stops_training_like_early_stopping(data: Path, tmp_path: Path) 
         seen.append((step, metrics))
         return True
 
-    with dist.session() as ctx:
+    with dist_session() as ctx:
         result = train(cfg, ctx, on_eval=on_eval)
     assert len(seen) == 1 and "val_loss" in seen[0][1]
     assert result.stopped_early and result.epochs == 1.0
