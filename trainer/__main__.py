@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer import storage
 from trainer.config import apply_overrides, from_dict
-from trainer.steps import run_guarded
+from trainer.entry import run_guarded
 
 _FOLDER_HELP = (
     "output folder: new, empty, or this step's own earlier output (replaced); anything else"

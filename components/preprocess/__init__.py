@@ -31,7 +31,7 @@ def preprocess(
     """
     from collections import namedtuple
 
-    from trainer.steps import run_guarded, write_metadata_file
+    from trainer.entry import run_guarded, write_metadata_file
     from trainer.steps.preprocess import config_from_parameters
     from trainer.steps.preprocess import preprocess as run
 
