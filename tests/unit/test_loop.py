@@ -20,14 +20,10 @@ from trainer import dist
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ModelConfig, WorkerConfig, apply_overrides, from_dict
 from trainer.demo import make_table
-from trainer.loop import (
-    Preempted,
-    StopSignal,
-    lr_multiplier,
-    make_optimizer,
-    train,
-)
+from trainer.loop import train
 from trainer.models import ModelSpec, build_model
+from trainer.optim import lr_multiplier, make_optimizer
+from trainer.stop import Preempted, StopSignal
 
 TORCHRUN_VARS = (
     "RANK",
