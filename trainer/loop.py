@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from trainer import dist, export, storage
 from trainer.config import WorkerConfig, to_dict
-from trainer.data import StreamingParquetDataset
 from trainer.dist import DistContext
 from trainer.run import LossWindow, Run, training_batches
 from trainer.stop import Preempted, StopSignal
+from trainer.streaming import StreamingParquetDataset
 
 log = logging.getLogger(__name__)
 

@@ -11,16 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from trainer import data
+from trainer import data, streaming
 from trainer.data import (
     BatchStream,
     DataPosition,
-    StreamingParquetDataset,
     TabularDataset,
     TokenDataset,
     eval_batches,
     load_dataset,
 )
+from trainer.streaming import StreamingParquetDataset
 
 ROWS = 600  # divisible by every global batch below, so an epoch visits every row
 ROW_GROUP = 50
@@ -214,13 +214,13 @@ def test_streaming_reads_one_window_at_a_time(
     one_file: str, monkeypatch: pytest.MonkeyPatch, window: int
 ) -> None:
     reads: list[int] = []
-    real = data._read_row_group
+    real = streaming._read_row_group
 
     def spy(fs, path, index, columns):  # type: ignore[no-untyped-def]
         reads.append(index)
         return real(fs, path, index, columns)
 
-    monkeypatch.setattr(data, "_read_row_group", spy)
+    monkeypatch.setattr(streaming, "_read_row_group", spy)
     ds = _dataset("streaming", one_file, window=window)
     groups = ROWS // ROW_GROUP
     stream = BatchStream(ds, global_batch_size=30, rank=0, world_size=1, seed=2)
@@ -236,9 +236,9 @@ def test_streaming_resume_reads_nothing_it_skips(
     one_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads: list[int] = []
-    real = data._read_row_group
+    real = streaming._read_row_group
     monkeypatch.setattr(
-        data, "_read_row_group", lambda fs, p, i, c: reads.append(i) or real(fs, p, i, c)
+        streaming, "_read_row_group", lambda fs, p, i, c: reads.append(i) or real(fs, p, i, c)
     )
     ds = _dataset("streaming", one_file, window=2)
     start = DataPosition(0, 9)  # 9 * 60 = 540 rows in: inside the last window
