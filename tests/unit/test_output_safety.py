@@ -32,7 +32,8 @@ from trainer.models import ModelSpec, build_model
 from trainer.outputs import OUTPUT_MARKER
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.evaluate import EvaluateConfig, evaluate
-from trainer.steps.preprocess import PreprocessConfig, preprocess
+from trainer.steps.preprocess import preprocess
+from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.train import TrainStepConfig, train_step
 
 REPO = Path(__file__).resolve().parents[2]
