@@ -9,24 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.helpers import dist_session
+from tests.helpers import TORCHRUN_VARS, dist_session
 from trainer import dist
-
-TORCHRUN_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "PET_NNODES",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "PET_MASTER_ADDR",
-    "GPUPIPE_JOB",
-)
 
 TORCHRUN_2x2 = {
     "RANK": "3",

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from tests.helpers import dist_session  # noqa: E402
+from tests.helpers import LR, MEDIAN, dist_session, write_dataset  # noqa: E402
 from trainer.config import WorkerConfig, apply_overrides, from_dict  # noqa: E402
-from trainer.demo import make_table  # noqa: E402
 from trainer.errors import InputError  # noqa: E402
 from trainer.loop import train  # noqa: E402
 from trainer.tune import local  # noqa: E402
@@ -27,31 +24,6 @@ from trainer.tune.local import (  # noqa: E402
     run_study,
 )
 from trainer.tune.space import load_space  # noqa: E402
-
-LR = {
-    "name": "optim.lr",
-    "parameterType": "double",
-    "feasibleSpace": {"min": "1e-5", "max": "0.1", "distribution": "logUniform"},
-}
-MEDIAN = {
-    "algorithmName": "medianstop",
-    "algorithmSettings": [
-        {"name": "min_trials_required", "value": "2"},
-        {"name": "start_step", "value": "1"},
-    ],
-}
-
-
-def write_dataset(root: Path, rows: int = 600) -> Path:
-    """A preprocess-shaped dataset: train/val Parquet and a schema.json."""
-    root.mkdir(parents=True, exist_ok=True)
-    table = make_table(rows + rows // 4, features=6, seed=0)
-    pq.write_table(table.slice(0, rows), root / "train.parquet")
-    pq.write_table(table.slice(rows), root / "val.parquet")
-    features = [n for n in table.column_names if n != "label"]
-    schema = {"target": "label", "task": "classification", "features": features}
-    (root / "schema.json").write_text(json.dumps(schema))
-    return root
 
 
 def space(**over: Any) -> Any:
