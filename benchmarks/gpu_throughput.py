@@ -2,7 +2,7 @@
 
 For each model, in one run on one device:
 
-- **trainer**: the real ``trainer.loop.Run`` built from a ``WorkerConfig`` over a Parquet token
+- **trainer**: the real ``trainer.run.Run`` built from a ``WorkerConfig`` over a Parquet token
   file, exactly as ``train()`` builds it (bf16 autocast, ``torch.compile``, fused AdamW, TF32, SDPA
   flash attention on CUDA), fed by ``train()``'s data path (``BatchStream`` through the
   ``Prefetcher``: pinned memory, non-blocking copies on a side stream) and driven through
@@ -64,7 +64,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import dist, loop
+from trainer import dist
 from trainer.config import (
     DataConfig,
     ModelConfig,
@@ -75,8 +75,9 @@ from trainer.config import (
 )
 from trainer.data import BatchStream, DataPosition
 from trainer.dist import DistContext
-from trainer.loop import LossWindow, Run, StopSignal
-from trainer.models import ModelSpec, build_model, compute_loss, count_params, flops_per_token
+from trainer.models import build_model, compute_loss, count_params, flops_per_token
+from trainer.run import LossWindow, Run, seed_everything, training_batches
+from trainer.stop import StopSignal
 from trainer.telemetry import Telemetry
 
 SEED = 0
@@ -138,11 +139,6 @@ class Row:
 # ------------------------------------------------------------------------------------ set-up
 
 
-def case_flops(case: Case, n_params: int) -> float:
-    """FLOPs per token of ``case`` with ``N = n_params`` (the trainer's formula)."""
-    return flops_per_token(case.model, ModelSpec(task="lm", seq_len=case.seq_len), n_params)
-
-
 def write_tokens(case: Case, path: Path) -> None:
     """Random token ids for a few global batches (the stream reshuffles each epoch)."""
     rng = np.random.default_rng(SEED)
@@ -198,7 +194,7 @@ def raw_step(cfg: WorkerConfig, ctx: DistContext, like: Run, *, micro: int) -> C
     ``like`` lends its dataset, model spec and precision (not its model or optimizer).
     """
     o = cfg.optim
-    loop.seed_everything(cfg.train.seed)  # as Run does: the same initial weights
+    seed_everything(cfg.train.seed)  # as Run does: the same initial weights
     model = build_model(cfg.model, like.spec).to(ctx.device)
     fwd = torch.compile(model) if cfg.train.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -333,7 +329,7 @@ def measure(
         fpt = flops_per_token(case.model, run.spec, n_params)
         _, x0, y0 = next(iter(run.stream))
         resident_batch = (DataPosition(), x0.to(device), y0.to(device))
-        batches = loop.training_batches(run)  # what train() iterates: the prefetcher by default
+        batches = training_batches(run)  # what train() iterates: the prefetcher by default
         try:
             real = trainer_step(run, batches)
             resident = trainer_step(run, itertools.repeat(resident_batch))
@@ -379,7 +375,7 @@ def measure(
             compile_s = max(0.0, first - step_s)
             eager_run = build_run(replace(cfg, train=replace(cfg.train, compile=False)), ctx)
             eager_run.state.micro_batch_size = micro
-            eager_batches = loop.training_batches(eager_run)
+            eager_batches = training_batches(eager_run)
             try:
                 eager = trainer_step(eager_run, eager_batches)
                 for _ in range(warmup):

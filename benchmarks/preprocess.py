@@ -55,7 +55,8 @@ def _status_kb(field: str) -> int:
 
 def run_ours(data: str, out: str) -> None:
     """The real step."""
-    from trainer.steps.preprocess import PreprocessConfig, preprocess
+    from trainer.steps.preprocess import preprocess
+    from trainer.steps.preprocess_config import PreprocessConfig
 
     preprocess(PreprocessConfig(target=TARGET, seed=SEED), data_uri=data, output_uri=out)
 

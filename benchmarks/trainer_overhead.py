@@ -6,7 +6,7 @@ matrices only, same fused flag), the same ``LambdaLR`` warmup-and-cosine schedul
 gradient clipping and the same precision policy, in one process (``dist.init()`` without
 torchrun: world size 1, the CPU unless a GPU is visible).
 
-- **ours** is the real ``trainer.loop.Run``, built from a ``WorkerConfig`` over a Parquet file
+- **ours** is the real ``trainer.run.Run``, built from a ``WorkerConfig`` over a Parquet file
   exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)`` (micro-batch
   split, control agreement, backward, clip, optimizer and scheduler step), plus the per-step
   bookkeeping of ``train()``'s loop: the on-device loss window (``nan_to_num``, the non-finite
@@ -62,8 +62,10 @@ from trainer.config import (
 )
 from trainer.data import BatchStream
 from trainer.dist import DistContext
-from trainer.loop import LossWindow, Run, StopSignal, lr_multiplier
 from trainer.models import build_model
+from trainer.optim import lr_multiplier
+from trainer.run import LossWindow, Run
+from trainer.stop import StopSignal
 from trainer.telemetry import Telemetry
 
 SEED = 0

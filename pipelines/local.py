@@ -34,8 +34,6 @@ ROOT_MARKER = ".gpupipe-root.json"
 """Written into a ``--root`` the suite created; a folder without it is never written into."""
 REGISTRY_TIMEOUT_S = 5.0
 """How long the pre-flight check waits for a registry server to answer."""
-EXIT_INTERRUPTED = 130
-"""128 + SIGINT: what a shell reports for a Ctrl-C'd command."""
 EXTERNAL_CODES = frozenset({"E_EXTERNAL", "E_INTERNAL", "E_FAILED"})
 """Codes of failures that are not the user's input: the run then exits 1, not 2."""
 

@@ -340,7 +340,7 @@ _PREPROCESS_FIELDS = {
 def preprocess_config(p: dict[str, Any]) -> Any:
     """The preprocess step's ``PreprocessConfig`` for parameters ``p`` (all present), built as
     the preprocess component builds it."""
-    from trainer.steps.preprocess import config_from_parameters
+    from trainer.steps.preprocess_config import config_from_parameters
 
     return config_from_parameters(
         target=str(p["target"]),

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer import storage
 from trainer.config import apply_overrides, from_dict
-from trainer.steps import run_guarded
+from trainer.entry import run_guarded
 
 _FOLDER_HELP = (
     "output folder: new, empty, or this step's own earlier output (replaced); anything else"
@@ -31,7 +31,8 @@ def _config(args: argparse.Namespace, cls: type) -> Any:
 
 
 def _preprocess(args: argparse.Namespace) -> dict[str, Any]:
-    from trainer.steps.preprocess import PreprocessConfig, preprocess
+    from trainer.steps.preprocess import preprocess
+    from trainer.steps.preprocess_config import PreprocessConfig
 
     cfg = _config(args, PreprocessConfig)
     return preprocess(cfg, data_uri=args.data, output_uri=args.output).to_dict()

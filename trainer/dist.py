@@ -11,8 +11,6 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,16 +199,6 @@ def close(ctx: DistContext) -> None:
     if ctx.is_distributed and tdist.is_initialized():
         tdist.destroy_process_group()
     _control_group = None
-
-
-@contextmanager
-def session(backend: str = "auto", timeout_s: int = 1800) -> Iterator[DistContext]:
-    """``with dist.session() as ctx:`` — init, run, and always close."""
-    ctx = init(backend, timeout_s)
-    try:
-        yield ctx
-    finally:
-        close(ctx)
 
 
 def control_any(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:

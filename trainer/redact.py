@@ -208,9 +208,9 @@ def _excepthook(base: Any) -> Any:
 def install() -> None:
     """Redact this process's log records and uncaught tracebacks from now on (idempotent).
 
-    Entry points call it (``run_guarded`` does): what MLflow, pyarrow or boto put in a log line
-    or an exception message (a tracking URI with a password, a presigned URL) then reaches
-    stderr without the secret.
+    Entry points call it (``trainer.entry.run_guarded`` does): what MLflow, pyarrow or boto put
+    in a log line or an exception message (a tracking URI with a password, a presigned URL)
+    then reaches stderr without the secret.
     """
     global _installed
     if _installed:

@@ -16,7 +16,8 @@ from trainer import dist
 from trainer.config import WorkerConfig, load_worker_config
 from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED, error_line
 from trainer.launch import torchrun
-from trainer.loop import Preempted, StopSignal, train
+from trainer.loop import train
+from trainer.stop import Preempted, StopSignal
 
 log = logging.getLogger("trainer.worker")
 

@@ -28,7 +28,7 @@ def evaluate(
     model artifact may make this step import, and only from the installed environment.
     """
     from trainer.config import from_dict
-    from trainer.steps import run_guarded, write_metadata_file
+    from trainer.entry import run_guarded, write_metadata_file
     from trainer.steps.evaluate import EvaluateConfig
     from trainer.steps.evaluate import evaluate as run
 

@@ -29,7 +29,7 @@ def register(
     from collections import namedtuple
 
     from trainer.config import from_dict
-    from trainer.steps import run_guarded
+    from trainer.entry import run_guarded
     from trainer.steps.register import RegisterConfig
     from trainer.steps.register import register as run
 

@@ -50,8 +50,8 @@ def train(
     """
     from trainer import storage
     from trainer.config import from_dict
+    from trainer.entry import run_guarded, write_metadata_file
     from trainer.launch.jobspec import job_name
-    from trainer.steps import run_guarded, write_metadata_file
     from trainer.steps.train import TrainStepConfig, step_settings, train_step
 
     def body():

@@ -60,7 +60,7 @@ def tune(
     from collections import namedtuple
 
     from trainer.config import apply_overrides, from_dict
-    from trainer.steps import run_guarded, write_metadata_file
+    from trainer.entry import run_guarded, write_metadata_file
     from trainer.steps.train import step_settings
     from trainer.steps.tune import TuneConfig
     from trainer.steps.tune import tune as run

@@ -24,6 +24,7 @@ import torch.distributed as tdist
 from safetensors.torch import load_file
 
 from trainer import dist, loop
+from trainer import run as run_module
 from trainer.checkpoint import CheckpointManager
 from trainer.config import WorkerConfig, from_dict
 from trainer.demo import make_table
@@ -216,14 +217,14 @@ def test_nccl_all_reduce_and_ddp_training_on_one_gpu(
     assert dist.control_any(ctx, False, True) == (False, True)  # over the gloo control group
 
     wrapped: list[Any] = []
-    real_ddp = loop.DDP
+    real_ddp = run_module.DDP
 
     def spy(module: torch.nn.Module, **kwargs: Any) -> Any:
         ddp = real_ddp(module, **kwargs)
         wrapped.append(ddp)
         return ddp
 
-    monkeypatch.setattr(loop, "DDP", spy)
+    monkeypatch.setattr(run_module, "DDP", spy)
     run = tmp_path / "ddp"
     cfg = from_dict(WorkerConfig, mlp_config(run, table_data, precision="fp32"))
     result = loop.train(cfg, ctx)

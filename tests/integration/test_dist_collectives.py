@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.helpers import dist_session
 from trainer import dist
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ def _rank_main(rank: int, port: int, out: str) -> None:
             "CUDA_VISIBLE_DEVICES": "",
         }
     )
-    with dist.session("gloo", timeout_s=60) as ctx:
+    with dist_session("gloo", timeout_s=60) as ctx:
         # Each rank raises a different flag; "any" must agree on every rank.
         any_flags = dist.control_any(ctx, rank == 1, False, rank == 0)
         nobody = dist.control_any(ctx, False)

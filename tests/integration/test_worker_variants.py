@@ -16,9 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.integration.test_torchrun import ROOT, env, history, torchrun
-from trainer.data import StreamingParquetDataset, load_dataset
+from trainer.data import load_dataset
 from trainer.demo import make_table
 from trainer.export import load_model
+from trainer.streaming import StreamingParquetDataset
 
 pytestmark = pytest.mark.integration
 

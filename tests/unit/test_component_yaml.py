@@ -141,7 +141,7 @@ def test_component_installs_nothing_at_run_time(name: str) -> None:
 def test_component_is_a_thin_adapter_to_trainer_steps(name: str) -> None:
     text = _container_text(name)
     assert f"from trainer.steps.{name} import" in text
-    assert "from trainer.steps import run_guarded" in text
+    assert "from trainer.entry import run_guarded" in text
     for heavy in ("import torch", "import sklearn", "import mlflow", "torch.nn"):
         assert heavy not in text, f"{name} does work itself ({heavy!r}) instead of trainer.steps"
 

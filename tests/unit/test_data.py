@@ -11,16 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from trainer import data
+from trainer import data, streaming
 from trainer.data import (
     BatchStream,
     DataPosition,
-    StreamingParquetDataset,
     TabularDataset,
     TokenDataset,
     eval_batches,
     load_dataset,
 )
+from trainer.streaming import StreamingParquetDataset
 
 ROWS = 600  # divisible by every global batch below, so an epoch visits every row
 ROW_GROUP = 50
@@ -214,13 +214,13 @@ def test_streaming_reads_one_window_at_a_time(
     one_file: str, monkeypatch: pytest.MonkeyPatch, window: int
 ) -> None:
     reads: list[int] = []
-    real = data._read_row_group
+    real = streaming._read_row_group
 
     def spy(fs, path, index, columns):  # type: ignore[no-untyped-def]
         reads.append(index)
         return real(fs, path, index, columns)
 
-    monkeypatch.setattr(data, "_read_row_group", spy)
+    monkeypatch.setattr(streaming, "_read_row_group", spy)
     ds = _dataset("streaming", one_file, window=window)
     groups = ROWS // ROW_GROUP
     stream = BatchStream(ds, global_batch_size=30, rank=0, world_size=1, seed=2)
@@ -236,9 +236,9 @@ def test_streaming_resume_reads_nothing_it_skips(
     one_file: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads: list[int] = []
-    real = data._read_row_group
+    real = streaming._read_row_group
     monkeypatch.setattr(
-        data, "_read_row_group", lambda fs, p, i, c: reads.append(i) or real(fs, p, i, c)
+        streaming, "_read_row_group", lambda fs, p, i, c: reads.append(i) or real(fs, p, i, c)
     )
     ds = _dataset("streaming", one_file, window=2)
     start = DataPosition(0, 9)  # 9 * 60 = 540 rows in: inside the last window
@@ -416,16 +416,6 @@ def test_token_dataset_shifts_targets_by_one(tmp_path: Path) -> None:
     assert y[0].tolist() == list(range(33, 41))
     assert torch.equal(x[:, 1:], y[:, :-1])
     assert ds.vocab_size == 41
-
-
-def test_token_dataset_synthetic_streams_and_is_reproducible() -> None:
-    a = TokenDataset.synthetic(vocab_size=50, seq_len=16, num_samples=64, seed=9)
-    b = TokenDataset.synthetic(vocab_size=50, seq_len=16, num_samples=64, seed=9)
-    assert len(a) == 64
-    assert torch.equal(a.tokens, b.tokens)
-    _, x, y = next(iter(BatchStream(a, global_batch_size=8, rank=1, world_size=2, seed=0)))
-    assert x.shape == y.shape == (4, 16)
-    assert int(x.max()) < 50
 
 
 @pytest.mark.parametrize(

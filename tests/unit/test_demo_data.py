@@ -12,7 +12,8 @@ import pytest
 
 from trainer.errors import InputError
 from trainer.steps.demo_data import REGIONS, make_demo_table, write_demo_data
-from trainer.steps.preprocess import PreprocessConfig, preprocess
+from trainer.steps.preprocess import preprocess
+from trainer.steps.preprocess_config import PreprocessConfig
 
 
 @pytest.mark.parametrize(

@@ -9,23 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tests.helpers import TORCHRUN_VARS, dist_session
 from trainer import dist
-
-TORCHRUN_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "PET_NNODES",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "PET_MASTER_ADDR",
-    "GPUPIPE_JOB",
-)
 
 TORCHRUN_2x2 = {
     "RANK": "3",
@@ -172,7 +157,7 @@ def test_init_reads_the_job_name(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GPUPIPE_JOB", "nightly-42")
     monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
-    with dist.session() as ctx:
+    with dist_session() as ctx:
         assert ctx.run_id == "nightly-42"
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks import gpu_throughput
-from trainer.models import ModelSpec, build_model, count_params
+from trainer.models import ModelSpec, build_model, count_params, flops_per_token
 
 TINY_ARGS = ["--tiny", "--no-compile", "--steps", "2", "--repeats", "2", "--warmup", "1"]
 
@@ -37,7 +37,8 @@ def test_flops_per_token_matches_a_hand_count() -> None:
     model = build_model(case.model, ModelSpec(task="lm", seq_len=case.seq_len))
     assert count_params(model, exclude_embeddings=True) == n
     expected = 6 * n + 12 * layers * heads * q * t
-    assert gpu_throughput.case_flops(case, n) == expected == 788_352
+    spec = ModelSpec(task="lm", seq_len=case.seq_len)
+    assert flops_per_token(case.model, spec, n) == expected == 788_352
 
 
 @pytest.mark.timeout(60)

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import copy
-import functools
-import os
-import re
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
-import yaml
 
+from tests.helpers import DNS1035, assert_valid_job, needs_crd, schema_errors
 from trainer.errors import InputError
 from trainer.launch.jobspec import (
     MAX_JOB_NAME_LEN,
@@ -26,92 +21,6 @@ from trainer.launch.jobspec import (
     job_name,
     parse_quantity,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-CRD_DIR = Path(os.environ.get("GPUPIPE_CRD_DIR") or REPO.parent / "shared" / "crds")
-CRD_FILE = CRD_DIR / "kubeflow.org_pytorchjobs.yaml"
-CRD_MISSING = (
-    None
-    if CRD_FILE.is_file()
-    else f"needs the upstream PyTorchJob CRD: {CRD_FILE} not found (set GPUPIPE_CRD_DIR)"
-)
-needs_crd = pytest.mark.skipif(CRD_MISSING is not None, reason=CRD_MISSING or "")
-DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-
-# --------------------------------------------------------------------------------------------
-# The CRD schema as the API server applies it
-# --------------------------------------------------------------------------------------------
-
-
-def _structural(node: Any) -> Any:
-    """A Kubernetes structural schema -> a JSON schema with the API server's strictness.
-
-    ``x-kubernetes-int-or-string`` becomes ``anyOf: [integer, string]``; objects with declared
-    properties reject unknown fields (what ``kubectl apply`` does with its default strict field
-    validation; without it, the API server would drop them silently); other ``x-kubernetes-*``
-    keys (CEL rules, list and map types) are left out.
-    """
-    if isinstance(node, list):
-        return [_structural(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: _structural(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
-    if node.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
-    if (
-        "properties" in node
-        and "additionalProperties" not in node
-        and not node.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        out["additionalProperties"] = False
-    return out
-
-
-@functools.cache
-def crd_validator() -> jsonschema.protocols.Validator:
-    """A validator for ``spec.versions[0].schema.openAPIV3Schema`` of the PyTorchJob CRD."""
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    version = crd["spec"]["versions"][0]
-    assert version["name"] == "v1"
-    schema = _structural(version["schema"]["openAPIV3Schema"])
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
-    cls.check_schema(schema)
-    return cls(schema)
-
-
-def schema_errors(job: dict[str, Any]) -> list[str]:
-    """Every reason the API server or the operator's webhook would reject ``job``."""
-    errors = [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-        for e in crd_validator().iter_errors(job)
-    ]
-    # What the CRD schema leaves to the API server (metadata) and the operator's webhook.
-    if job.get("apiVersion") != "kubeflow.org/v1" or job.get("kind") != "PyTorchJob":
-        errors.append("apiVersion/kind must be kubeflow.org/v1 PyTorchJob")
-    name = job.get("metadata", {}).get("name", "")
-    if not (DNS1035.match(name) and len(name) <= 63):
-        errors.append(f"metadata.name {name!r} is not a DNS-1035 label")
-    replicas = job.get("spec", {}).get("pytorchReplicaSpecs", {})
-    if replicas.get("Master", {}).get("replicas") != 1:
-        errors.append("Master replicas must be 1")
-    for rtype, rspec in replicas.items():
-        if rtype not in ("Master", "Worker"):
-            errors.append(f"unknown replica type {rtype}")
-        names = [
-            c.get("name") for c in rspec.get("template", {}).get("spec", {}).get("containers", [])
-        ]
-        if "pytorch" not in names:
-            errors.append(f"{rtype} has no container named pytorch")
-    return errors
-
-
-def assert_valid_job(job: dict[str, Any]) -> None:
-    """Fail with every schema and webhook error of ``job``."""
-    errors = schema_errors(job)
-    assert not errors, "\n".join(errors)
-
 
 # --------------------------------------------------------------------------------------------
 # Jobs under test

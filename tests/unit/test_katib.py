@@ -15,7 +15,7 @@ from kubernetes import client
 
 from pipelines.render import render_experiment
 from tests.fakes.kube_api import ExperimentScenario, FakeKubeApi, TrialPlan
-from tests.unit.test_jobspec import needs_crd, schema_errors
+from tests.helpers import needs_crd, schema_errors
 from trainer.config import WorkerConfig, apply_overrides, parse_value
 from trainer.errors import InputError
 from trainer.launch.jobspec import JobSpec, build_pytorchjob

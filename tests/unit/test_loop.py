@@ -16,30 +16,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import TORCHRUN_VARS
 from trainer import dist
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ModelConfig, WorkerConfig, apply_overrides, from_dict
 from trainer.demo import make_table
-from trainer.loop import (
-    Preempted,
-    StopSignal,
-    lr_multiplier,
-    make_optimizer,
-    train,
-)
+from trainer.loop import train
 from trainer.models import ModelSpec, build_model
-
-TORCHRUN_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "TORCHELASTIC_RUN_ID",
-    "PET_NNODES",
-    "GROUP_RANK",
-    "GPUPIPE_JOB",
-)
+from trainer.optim import lr_multiplier, make_optimizer
+from trainer.stop import Preempted, StopSignal
 
 # ---------------------------------------------------------------------------------- schedule
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tests.unit.test_worker import TORCHRUN_VARS
+from tests.helpers import TORCHRUN_VARS
 from trainer import outputs, storage, worker
 from trainer.checkpoint import ROOT_STEP, CheckpointManager
 from trainer.config import ModelConfig, from_dict
@@ -32,7 +32,8 @@ from trainer.models import ModelSpec, build_model
 from trainer.outputs import OUTPUT_MARKER
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.evaluate import EvaluateConfig, evaluate
-from trainer.steps.preprocess import PreprocessConfig, preprocess
+from trainer.steps.preprocess import preprocess
+from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.train import TrainStepConfig, train_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -596,8 +597,7 @@ def test_evaluate_cli_refuses_a_user_file_as_report(
 
 def test_tune_refuses_a_user_file_and_a_user_work_folder(tmp_path: Path) -> None:
     pytest.importorskip("optuna")
-    from tests.unit.test_tune_local import write_dataset
-    from tests.unit.test_tune_step import _cfg
+    from tests.helpers import tune_config, write_dataset
     from trainer.steps.tune import tune
 
     data = str(write_dataset(tmp_path / "data"))
@@ -615,7 +615,7 @@ def test_tune_refuses_a_user_file_and_a_user_work_folder(tmp_path: Path) -> None
             **kwargs,
         }
         with pytest.raises(InputError) as info:
-            tune(_cfg(), dataset_uri=data, **{k: str(tmp_path / v) for k, v in uris.items()})
+            tune(tune_config(), dataset_uri=data, **{k: str(tmp_path / v) for k, v in uris.items()})
         assert info.value.code == "E_OUTPUT" and info.value.where == str(tmp_path / shown)
         assert fragment in str(info.value)
         assert snapshot(tmp_path) == before

@@ -25,12 +25,11 @@ from trainer.errors import InputError
 from trainer.outputs import OUTPUT_MARKER
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.preprocess import (
-    PreprocessConfig,
     PreprocessResult,
-    config_from_parameters,
     display_uri,
     preprocess,
 )
+from trainer.steps.preprocess_config import PreprocessConfig, config_from_parameters
 from trainer.steps.tabular import split_indices
 
 ROWS = 3000

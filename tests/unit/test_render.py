@@ -9,7 +9,7 @@ import yaml
 
 from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.render import pipeline_defaults, render_pytorchjob
-from tests.unit.test_jobspec import assert_valid_job, needs_crd
+from tests.helpers import assert_valid_job, needs_crd
 from trainer.errors import InputError
 
 

@@ -16,7 +16,7 @@ from kfp import dsl
 from safetensors.torch import load_file
 
 from components.train import train as train_component
-from tests.unit.test_tune_local import write_dataset
+from tests.helpers import write_dataset
 from trainer.config import from_dict
 from trainer.errors import InputError
 from trainer.steps.train import TrainStepConfig, step_settings

@@ -14,7 +14,7 @@ from kubernetes import client
 from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.render import render_pytorchjob
 from tests.fakes.kube_api import FakeKubeApi, Scenario
-from tests.unit.test_jobspec import assert_valid_job, needs_crd
+from tests.helpers import assert_valid_job, needs_crd
 from trainer import outputs, storage
 from trainer.config import from_dict
 from trainer.errors import InputError

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 optuna = pytest.importorskip("optuna")
 
+from tests.helpers import LR, MEDIAN, dist_session, write_dataset  # noqa: E402
 from trainer.config import WorkerConfig, apply_overrides, from_dict  # noqa: E402
-from trainer.demo import make_table  # noqa: E402
 from trainer.errors import InputError  # noqa: E402
 from trainer.loop import train  # noqa: E402
 from trainer.tune import local  # noqa: E402
@@ -26,31 +24,6 @@ from trainer.tune.local import (  # noqa: E402
     run_study,
 )
 from trainer.tune.space import load_space  # noqa: E402
-
-LR = {
-    "name": "optim.lr",
-    "parameterType": "double",
-    "feasibleSpace": {"min": "1e-5", "max": "0.1", "distribution": "logUniform"},
-}
-MEDIAN = {
-    "algorithmName": "medianstop",
-    "algorithmSettings": [
-        {"name": "min_trials_required", "value": "2"},
-        {"name": "start_step", "value": "1"},
-    ],
-}
-
-
-def write_dataset(root: Path, rows: int = 600) -> Path:
-    """A preprocess-shaped dataset: train/val Parquet and a schema.json."""
-    root.mkdir(parents=True, exist_ok=True)
-    table = make_table(rows + rows // 4, features=6, seed=0)
-    pq.write_table(table.slice(0, rows), root / "train.parquet")
-    pq.write_table(table.slice(rows), root / "val.parquet")
-    features = [n for n in table.column_names if n != "label"]
-    schema = {"target": "label", "task": "classification", "features": features}
-    (root / "schema.json").write_text(json.dumps(schema))
-    return root
 
 
 def space(**over: Any) -> Any:
@@ -158,7 +131,6 @@ def test_cmaes_without_its_package_says_which(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_on_eval_stops_training_like_early_stopping(data: Path, tmp_path: Path) -> None:
-    from trainer import dist
 
     cfg = config_fn(data)(0, {"optim.lr": 0.01}, str(tmp_path))
     seen: list[tuple[int, dict[str, float]]] = []
@@ -167,7 +139,7 @@ def test_on_eval_stops_training_like_early_stopping(data: Path, tmp_path: Path) 
         seen.append((step, metrics))
         return True
 
-    with dist.session() as ctx:
+    with dist_session() as ctx:
         result = train(cfg, ctx, on_eval=on_eval)
     assert len(seen) == 1 and "val_loss" in seen[0][1]
     assert result.stopped_early and result.epochs == 1.0

@@ -8,39 +8,16 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from tests.unit.test_tune_local import LR, MEDIAN, write_dataset
-from trainer.config import from_dict
+from tests.helpers import LR, tune_config, write_dataset
 from trainer.errors import InputError
-from trainer.steps.tune import TuneConfig, tune
-
-
-def _cfg(**over) -> TuneConfig:
-    data = {
-        "runner": "in_process",
-        "trial_epochs": 2,
-        "train": {
-            "model": {"hidden_dim": 16},
-            "train": {"global_batch_size": 100, "log_every_steps": 1000},
-        },
-        "space": {
-            "parameters": [LR],
-            "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
-            "algorithm": {"algorithmName": "tpe"},
-            "earlyStopping": MEDIAN,
-            "maxTrialCount": 5,
-            "parallelTrialCount": 1,
-            "maxFailedTrialCount": 1,
-        },
-    }
-    data.update(over)
-    return from_dict(TuneConfig, data)
+from trainer.steps.tune import tune
 
 
 def test_tune_step_writes_best_params_metrics_and_report(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data")
     out = tmp_path / "out"
     result = tune(
-        _cfg(),
+        tune_config(),
         dataset_uri=str(data),
         work_uri=str(out / "work"),
         output_uri=str(out / "best.json"),
@@ -77,9 +54,9 @@ def test_report_escapes_text(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("over", "message"),
     [
-        ({"space": {**_cfg().space, "parameters": [{**LR, "name": "optim.learning_rate"}]}},
+        ({"space": {**tune_config().space, "parameters": [{**LR, "name": "optim.learning_rate"}]}},
          "tune.space.parameters[0].name maps to no trainer config field"),
-        ({"space": {**_cfg().space, "parameters": [{**LR, "name": "data.train_uri"}]}},
+        ({"space": {**tune_config().space, "parameters": [{**LR, "name": "data.train_uri"}]}},
          "maps to no trainer config field"),
         ({"train": {"optim": {"lr": -1}}}, "optim.lr must be > 0"),
         ({"trial_epochs": 0}, "tune.trial_epochs must be > 0"),
@@ -88,13 +65,13 @@ def test_report_escapes_text(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_bad_config_fails_before_any_trial(over: dict, message: str) -> None:
     with pytest.raises(InputError, match=re.escape(message)):
-        _cfg(**over)
+        tune_config(**over)
 
 
 def test_study_name_is_stable_when_trial_counts_change() -> None:
-    a = _cfg()
-    b = _cfg(space={**a.space, "maxTrialCount": 9})
-    c = _cfg(space={**a.space, "algorithm": {"algorithmName": "random"}})
+    a = tune_config()
+    b = tune_config(space={**a.space, "maxTrialCount": 9})
+    c = tune_config(space={**a.space, "algorithm": {"algorithmName": "random"}})
     assert a.study_name() == b.study_name() != c.study_name()
 
 
@@ -102,7 +79,7 @@ def test_katib_engine_needs_an_image(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "data", rows=40)
     with pytest.raises(InputError, match=r"tune\.train\.cluster\.image"):
         tune(
-            _cfg(engine="katib"),
+            tune_config(engine="katib"),
             dataset_uri=str(data),
             work_uri="s3://bucket/work",
             output_uri=str(tmp_path / "b.json"),

@@ -15,22 +15,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import TORCHRUN_VARS
 from trainer import worker
 from trainer.demo import make_table
 from trainer.errors import EXIT_PEER_LOST
 
 ROOT = Path(__file__).resolve().parents[2]
-TORCHRUN_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "TORCHELASTIC_RUN_ID",
-    "PET_NNODES",
-    "GROUP_RANK",
-    "GPUPIPE_JOB",
-)
 
 
 @pytest.fixture(autouse=True)

@@ -232,45 +232,6 @@ class KubeApi:
             raise
         return True
 
-    # PyTorchJobs
-
-    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create the PyTorchJob ``body``; ``None`` when one of that name already exists."""
-        return self.create_object(VERSION, PLURAL, namespace, body)
-
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The PyTorchJob, or ``None`` when there is none of that name."""
-        return self.get_object(VERSION, PLURAL, namespace, name)
-
-    def delete_job(self, namespace: str, name: str) -> bool:
-        """Delete the PyTorchJob and (in the background) its pods; ``False`` if already gone."""
-        return self.delete_object(VERSION, PLURAL, namespace, name)
-
-    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
-        """JSON-merge-patch the PyTorchJob; ``None`` when it is gone."""
-        return self.patch_object(VERSION, PLURAL, namespace, name, patch)
-
-    # Katib Experiments and Trials
-
-    def create_experiment(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create the Katib Experiment ``body``; ``None`` when one of that name already exists."""
-        return self.create_object(KATIB_VERSION, EXPERIMENTS, namespace, body)
-
-    def get_experiment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The Experiment, or ``None`` when there is none of that name."""
-        return self.get_object(KATIB_VERSION, EXPERIMENTS, namespace, name)
-
-    def patch_experiment(
-        self, namespace: str, name: str, patch: dict[str, Any]
-    ) -> dict[str, Any] | None:
-        """JSON-merge-patch the Experiment; ``None`` when it is gone."""
-        return self.patch_object(KATIB_VERSION, EXPERIMENTS, namespace, name, patch)
-
-    def delete_experiment(self, namespace: str, name: str) -> bool:
-        """Delete the Experiment; its Trials and their jobs go with it (owner references).
-        ``False`` if it was already gone."""
-        return self.delete_object(KATIB_VERSION, EXPERIMENTS, namespace, name)
-
     def list_trials(self, namespace: str, experiment: str) -> list[dict[str, Any]]:
         """The Trials of ``experiment`` (by Katib's experiment label)."""
         out = self._call(

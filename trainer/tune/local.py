@@ -294,7 +294,6 @@ class StudyResult:
     best_trial: int | None
     trials: list[TrialRecord]
     importances: dict[str, float] | None
-    storage_uri: str
     stopped_reason: str
 
     def count(self, state: str) -> int:
@@ -669,7 +668,6 @@ def run_study(
             best_trial=best[0] if best else None,
             trials=_records(study, space.objective.objectiveMetricName),
             importances=_importances(study),
-            storage_uri=storage.join(work_uri, JOURNAL_NAME),
             stopped_reason=state["reason"],
         )
 

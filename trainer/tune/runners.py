@@ -124,7 +124,8 @@ class InProcessTrialRunner:
         import torch
 
         from trainer.dist import DistContext
-        from trainer.loop import StopSignal, train
+        from trainer.loop import train
+        from trainer.stop import StopSignal
 
         if nproc_per_node != 1:
             raise InputError(

@@ -1,0 +1,195 @@
+"""Helpers shared by the test modules (unit and integration); test files import from here only."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from trainer import dist
+from trainer.demo import make_table
+
+if TYPE_CHECKING:
+    from trainer.steps.tune import TuneConfig
+
+
+@contextmanager
+def dist_session(backend: str = "auto", timeout_s: int = 1800) -> Iterator[dist.DistContext]:
+    """``with dist_session() as ctx:``: ``dist.init``, run the body, and always ``dist.close``."""
+    ctx = dist.init(backend, timeout_s)
+    try:
+        yield ctx
+    finally:
+        dist.close(ctx)
+
+
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "GPUPIPE_JOB",
+)
+"""Variables torchrun, the training operator or a job set: a test deletes them to run as one
+process."""
+
+
+# --- the PyTorchJob CRD, as the API server applies it ----------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_DIR = Path(os.environ.get("GPUPIPE_CRD_DIR") or REPO.parent / "shared" / "crds")
+CRD_FILE = CRD_DIR / "kubeflow.org_pytorchjobs.yaml"
+CRD_MISSING = (
+    None
+    if CRD_FILE.is_file()
+    else f"needs the upstream PyTorchJob CRD: {CRD_FILE} not found (set GPUPIPE_CRD_DIR)"
+)
+needs_crd = pytest.mark.skipif(CRD_MISSING is not None, reason=CRD_MISSING or "")
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+# --------------------------------------------------------------------------------------------
+# The CRD schema as the API server applies it
+# --------------------------------------------------------------------------------------------
+
+
+def _structural(node: Any) -> Any:
+    """A Kubernetes structural schema -> a JSON schema with the API server's strictness.
+
+    ``x-kubernetes-int-or-string`` becomes ``anyOf: [integer, string]``; objects with declared
+    properties reject unknown fields (what ``kubectl apply`` does with its default strict field
+    validation; without it, the API server would drop them silently); other ``x-kubernetes-*``
+    keys (CEL rules, list and map types) are left out.
+    """
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _structural(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def crd_validator() -> jsonschema.protocols.Validator:
+    """A validator for ``spec.versions[0].schema.openAPIV3Schema`` of the PyTorchJob CRD."""
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1"
+    schema = _structural(version["schema"]["openAPIV3Schema"])
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def schema_errors(job: dict[str, Any]) -> list[str]:
+    """Every reason the API server or the operator's webhook would reject ``job``."""
+    errors = [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in crd_validator().iter_errors(job)
+    ]
+    # What the CRD schema leaves to the API server (metadata) and the operator's webhook.
+    if job.get("apiVersion") != "kubeflow.org/v1" or job.get("kind") != "PyTorchJob":
+        errors.append("apiVersion/kind must be kubeflow.org/v1 PyTorchJob")
+    name = job.get("metadata", {}).get("name", "")
+    if not (DNS1035.match(name) and len(name) <= 63):
+        errors.append(f"metadata.name {name!r} is not a DNS-1035 label")
+    replicas = job.get("spec", {}).get("pytorchReplicaSpecs", {})
+    if replicas.get("Master", {}).get("replicas") != 1:
+        errors.append("Master replicas must be 1")
+    for rtype, rspec in replicas.items():
+        if rtype not in ("Master", "Worker"):
+            errors.append(f"unknown replica type {rtype}")
+        names = [
+            c.get("name") for c in rspec.get("template", {}).get("spec", {}).get("containers", [])
+        ]
+        if "pytorch" not in names:
+            errors.append(f"{rtype} has no container named pytorch")
+    return errors
+
+
+def assert_valid_job(job: dict[str, Any]) -> None:
+    """Fail with every schema and webhook error of ``job``."""
+    errors = schema_errors(job)
+    assert not errors, "\n".join(errors)
+
+
+# --- tune --------------------------------------------------------------------------------
+
+LR = {
+    "name": "optim.lr",
+    "parameterType": "double",
+    "feasibleSpace": {"min": "1e-5", "max": "0.1", "distribution": "logUniform"},
+}
+MEDIAN = {
+    "algorithmName": "medianstop",
+    "algorithmSettings": [
+        {"name": "min_trials_required", "value": "2"},
+        {"name": "start_step", "value": "1"},
+    ],
+}
+
+
+def write_dataset(root: Path, rows: int = 600) -> Path:
+    """A preprocess-shaped dataset: train/val Parquet and a schema.json."""
+    root.mkdir(parents=True, exist_ok=True)
+    table = make_table(rows + rows // 4, features=6, seed=0)
+    pq.write_table(table.slice(0, rows), root / "train.parquet")
+    pq.write_table(table.slice(rows), root / "val.parquet")
+    features = [n for n in table.column_names if n != "label"]
+    schema = {"target": "label", "task": "classification", "features": features}
+    (root / "schema.json").write_text(json.dumps(schema))
+    return root
+
+
+def tune_config(**over: Any) -> TuneConfig:
+    """A small in-process tune config (TPE over ``optim.lr``, median stopping); ``over`` replaces
+    top-level fields."""
+    from trainer.config import from_dict
+    from trainer.steps.tune import TuneConfig
+
+    data: dict[str, Any] = {
+        "runner": "in_process",
+        "trial_epochs": 2,
+        "train": {
+            "model": {"hidden_dim": 16},
+            "train": {"global_batch_size": 100, "log_every_steps": 1000},
+        },
+        "space": {
+            "parameters": [LR],
+            "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
+            "algorithm": {"algorithmName": "tpe"},
+            "earlyStopping": MEDIAN,
+            "maxTrialCount": 5,
+            "parallelTrialCount": 1,
+            "maxFailedTrialCount": 1,
+        },
+    }
+    data.update(over)
+    return from_dict(TuneConfig, data)

@@ -1,0 +1,58 @@
+"""Entry-point helpers: what a KFP component body and ``python -m trainer`` do around a step.
+
+They live in ``trainer`` (not ``components``) because a component body runs under kfp's
+executor with ``_KFP_RUNTIME=true``, where ``kfp.dsl`` has no ``component`` decorator: importing
+anything under the ``components`` package there runs its ``__init__``, which defines the
+components, and fails. A body can import only ``trainer`` (baked into the image) and kfp itself.
+Nothing here imports kfp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from trainer import redact
+from trainer.errors import EXIT_BAD_INPUT, error_line
+
+T = TypeVar("T")
+
+
+EXTERNAL_ERROR_CODE = "E_EXTERNAL"
+"""Code of the one line for a failed external system (registry, object store, API server)."""
+
+
+def run_guarded(step: str, fn: Callable[[], T]) -> T:
+    """Run ``fn``; turn its expected failures into one ``ERROR [<step>] E_...`` line.
+
+    Bad input (``ValueError``, ``FileNotFoundError``) exits 2, permanent; a failing external
+    system (``RuntimeError``, ``TimeoutError``, ``ConnectionError``: the registry, an object
+    store, the Kubernetes API) exits 1, retryable. Anything else is a bug and keeps its
+    traceback. For entry points only (components, the CLI): library code raises, it never exits.
+    Log records and an uncaught traceback of the process are redacted from here on.
+    """
+    redact.install()
+    try:
+        return fn()
+    except (ValueError, FileNotFoundError) as e:
+        print(error_line(step, e), file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except (RuntimeError, TimeoutError, ConnectionError) as e:
+        if type(e) is RuntimeError and not str(e):
+            raise
+        print(error_line(step, e, default_code=EXTERNAL_ERROR_CODE), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def write_metadata_file(path: str, metadata: dict[str, Any]) -> None:
+    """Give a metrics-style KFP output artifact a file: its metadata as JSON.
+
+    ``Metrics.log_metric`` only fills metadata; an output artifact with no file counts as
+    missing to kfp.local's cache, which then never serves the step from cache.
+    """
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(metadata, f, sort_keys=True, indent=2, default=str)

@@ -1,0 +1,174 @@
+"""The preprocess step's config: ``PreprocessConfig`` and its mapping from pipeline parameters."""
+
+from __future__ import annotations
+
+import codecs
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trainer.config import apply_overrides, from_dict, require
+from trainer.errors import InputError
+from trainer.steps.tabular import (
+    CsvOptions,
+)
+
+COLUMN_KINDS = ("numeric", "categorical", "drop")
+
+
+@dataclass(kw_only=True, slots=True)
+class PreprocessConfig:
+    """What preprocess reads, how it types the columns, and how it splits the rows."""
+
+    target: str
+    """The target column."""
+    task: Literal["auto", "classification", "regression"] = "auto"
+    """``auto``: text or bool targets, and integer-valued targets with at most 20 distinct values,
+    are classification; any other numeric target is regression."""
+    column_roles: dict[str, str] = field(default_factory=dict)
+    """Declared roles of feature columns: ``numeric``, ``categorical`` or ``drop``. Columns not
+    named here are inferred: numbers are numeric, text is categorical. (Pipeline parameter
+    ``column_roles_json``.)"""
+    val_fraction: float = 0.15
+    """Share of rows for the validation split (train validates on it; at least one row)."""
+    test_fraction: float = 0.15
+    """Share of rows for the test split (evaluate scores it; at least one row)."""
+    seed: int = 0
+    """Seed of the split; the same input and seed give byte-identical outputs."""
+    max_categories: int = 50
+    """Categories kept per categorical column (most frequent in train); rarer -> ``__other__``."""
+    missing_indicator: bool = True
+    """Add a ``<col>__missing`` 0/1 feature for numeric columns with missing values in train."""
+    csv_delimiter: str = "auto"
+    """Field separator of CSV input: one character, ``tab``, or ``auto`` (a tab for ``.tsv``
+    files, else a comma)."""
+    csv_header: bool = True
+    """CSV files start with a header line; without one columns are ``column_1``, ``column_2`` ..."""
+    csv_encoding: str = "utf-8"
+    """Text encoding of CSV files (a Python codec name such as ``latin-1`` or ``cp1252``)."""
+    csv_null_values: list[str] = field(default_factory=list)
+    """CSV values read as missing, besides the empty field, ``NA``, ``N/A``, ``null``, ``NaN``
+    and the other pyarrow defaults (e.g. ``["?", "-"]``)."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.target), "target", "must name a column", self.target)
+        require(
+            self.task in ("auto", "classification", "regression"),
+            "task",
+            "must be one of auto, classification, regression",
+            self.task,
+        )
+        for name, kind in self.column_roles.items():
+            require(
+                kind in COLUMN_KINDS,
+                f"column_roles.{name}",
+                f"must be one of {', '.join(COLUMN_KINDS)}",
+                kind,
+            )
+        require(
+            self.target not in self.column_roles,
+            f"column_roles.{self.target}",
+            "must not name the target (the target is typed by the task parameter)",
+            self.column_roles.get(self.target),
+        )
+        require(0 < self.val_fraction < 1, "val_fraction", "must be in (0, 1)", self.val_fraction)
+        require(
+            0 < self.test_fraction < 1, "test_fraction", "must be in (0, 1)", self.test_fraction
+        )
+        require(
+            self.val_fraction + self.test_fraction < 1,
+            "test_fraction",
+            f"plus val_fraction={self.val_fraction} must be < 1 (rows must remain for training)",
+            self.test_fraction,
+        )
+        require(self.seed >= 0, "seed", "must be >= 0", self.seed)
+        require(self.max_categories > 0, "max_categories", "must be > 0", self.max_categories)
+        require(
+            self.csv_delimiter in ("auto", "tab")
+            or (len(self.csv_delimiter) == 1 and self.csv_delimiter not in '"\r\n'),
+            "csv_delimiter",
+            "must be one character (not a quote or line break), 'tab' or 'auto'",
+            self.csv_delimiter,
+        )
+        require(
+            _is_codec(self.csv_encoding),
+            "csv_encoding",
+            "must name a text encoding",
+            self.csv_encoding,
+        )
+        for value in self.csv_null_values:
+            require(
+                isinstance(value, str), "csv_null_values", "must hold strings", self.csv_null_values
+            )
+
+    def csv_options(self) -> CsvOptions:
+        """How CSV input is parsed."""
+        return CsvOptions(
+            delimiter=self.csv_delimiter,
+            header=self.csv_header,
+            encoding=self.csv_encoding,
+            null_values=tuple(self.csv_null_values),
+        )
+
+
+def _is_codec(name: str) -> bool:
+    try:
+        return codecs.lookup(name) is not None
+    except LookupError:
+        return False
+
+
+def config_from_parameters(
+    *,
+    target: str,
+    task: str,
+    seed: int,
+    column_roles_json: str = "{}",
+    csv_delimiter: str = "auto",
+    csv_header: bool = True,
+    csv_encoding: str = "utf-8",
+    csv_null_values: str = "",
+    config_json: str = "{}",
+) -> PreprocessConfig:
+    """The step's config from the pipeline's parameters (what the KFP component receives).
+
+    ``config_json`` (the pipeline's ``preprocess_config_json``) holds further
+    :class:`PreprocessConfig` fields, dotted or nested, applied last.
+
+    Args:
+        target: Target column.
+        task: ``auto``, ``classification`` or ``regression``.
+        seed: Split seed.
+        column_roles_json: JSON object ``{"column": "numeric" | "categorical" | "drop"}``.
+        csv_delimiter: One character, ``tab`` or ``auto``.
+        csv_header: Whether CSV files start with a header line.
+        csv_encoding: Text encoding of CSV files.
+        csv_null_values: Extra CSV values read as missing, comma-separated (``?,-``).
+        config_json: JSON object of further fields (``{"val_fraction": 0.2}``).
+
+    Raises:
+        InputError: ``E_PARAM`` for a parameter that is not the JSON it must be; ``E_CONFIG``
+            for a bad value (naming the field).
+    """
+    base: dict[str, Any] = {
+        "target": target,
+        "task": task,
+        "seed": seed,
+        "column_roles": _json_object(column_roles_json, "column_roles_json"),
+        "csv_delimiter": csv_delimiter,
+        "csv_header": csv_header,
+        "csv_encoding": csv_encoding,
+        "csv_null_values": [v.strip() for v in csv_null_values.split(",") if v.strip()],
+    }
+    overrides = _json_object(config_json, "preprocess_config_json")
+    return from_dict(PreprocessConfig, apply_overrides(base, overrides))
+
+
+def _json_object(text: str, name: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError as e:
+        raise InputError("E_PARAM", f"{name} is not valid JSON ({e.msg}): {text!r}", name) from e
+    if not isinstance(value, dict):
+        raise InputError("E_PARAM", f"{name} must be a JSON object, got {text!r}", name)
+    return value
