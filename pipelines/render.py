@@ -7,7 +7,8 @@ from typing import Any
 import yaml
 
 from trainer.config import from_dict
-from trainer.launch.jobspec import JobSpec, build_pytorchjob, job_name
+from trainer.launch.jobspec import JobSpec, job_name
+from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.steps.train import TrainStepConfig, job_spec, step_settings
 
 DEFAULT_NAMESPACE = "kubeflow"

@@ -17,10 +17,10 @@ from trainer.launch.jobspec import (
     OwnerRef,
     SchedulingConfig,
     SecretEnv,
-    build_pytorchjob,
     job_name,
     parse_quantity,
 )
+from trainer.launch.pytorchjob import build_pytorchjob
 
 # --------------------------------------------------------------------------------------------
 # Jobs under test

@@ -18,8 +18,9 @@ from tests.fakes.kube_api import ExperimentScenario, FakeKubeApi, TrialPlan
 from tests.helpers import needs_crd, schema_errors
 from trainer.config import WorkerConfig, apply_overrides, parse_value
 from trainer.errors import InputError
-from trainer.launch.jobspec import JobSpec, build_pytorchjob
+from trainer.launch.jobspec import JobSpec
 from trainer.launch.kube import KubeApi, RetryPolicy
+from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.launch.watch import LaunchCancelled, PodRef
 from trainer.tune.katib import (
     KATIB_API_CALLS,

@@ -18,10 +18,10 @@ from tests.helpers import assert_valid_job, needs_crd
 from trainer import outputs, storage
 from trainer.config import from_dict
 from trainer.errors import InputError
-from trainer.launch.jobspec import ClusterConfig, build_pytorchjob, job_name
+from trainer.launch.jobspec import ClusterConfig, job_name
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.local import LocalLauncher
-from trainer.launch.pytorchjob import PyTorchJobLauncher
+from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
 from trainer.steps.train import (
     TrainStepConfig,
     job_spec,

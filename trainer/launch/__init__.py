@@ -8,12 +8,16 @@ The job is always ``python -m trainer.launch ... -m trainer.worker --config <uri
 - :mod:`~trainer.launch.local`: :class:`~trainer.launch.local.LocalLauncher` (a child process
   here) and the one child-process output pump, shared with the tune trial runner;
 - :mod:`~trainer.launch.jobspec`: the cluster settings, :class:`~trainer.launch.jobspec.JobSpec`
-  and the PyTorchJob built from it, without a client;
+  and the pod pieces built from it, without a client (field checks in
+  :mod:`~trainer.launch.kubefields`);
 - :mod:`~trainer.launch.kube`: the Kubernetes calls, typed, retried and named;
 - :mod:`~trainer.launch.watch`: the one create-or-adopt / wait / deadline / cancel / diagnose
   loop for any custom resource (a PyTorchJob, a Katib Experiment), with a small adapter each;
 - :mod:`~trainer.launch.podlog`: a pod's log, followed by polling, streamed into the step's log;
-- :mod:`~trainer.launch.pytorchjob`: the PyTorchJob launcher, a :class:`JobSpec` on that loop.
+- :mod:`~trainer.launch.pytorchjob`: a :class:`JobSpec` as a Training Operator PyTorchJob, and
+  its launcher on that loop;
+- :mod:`~trainer.launch.trainjob`: the same :class:`JobSpec` as a Kubeflow Trainer v2 TrainJob,
+  and its launcher on the same loop.
 
 This package imports neither :mod:`trainer.steps` nor :mod:`trainer.tune`: they import it.
 Importing it is cheap (no ``torch``, no ``kubernetes``).

@@ -1,11 +1,14 @@
-"""One typed :class:`JobSpec` -> one Training Operator PyTorchJob (``kubeflow.org/v1``) as a dict.
+"""One typed :class:`JobSpec` of a training run on a cluster, and the pod pieces built from it.
 
 The step's cluster settings (:class:`ClusterConfig`, with the pod's defaults) live here too, with
-the one mapping from them to a :class:`JobSpec` (:meth:`ClusterConfig.job_spec`).
+the one mapping from them to a :class:`JobSpec` (:meth:`ClusterConfig.job_spec`). The resources
+that carry a spec are built elsewhere, from the pieces at the end of this module:
+:func:`trainer.launch.pytorchjob.build_pytorchjob` (Training Operator ``kubeflow.org/v1``) and
+:func:`trainer.launch.trainjob.build_trainjob` (Kubeflow Trainer ``trainer.kubeflow.org/v1alpha1``).
 
-The job is built as plain dicts (no ``kubernetes`` or ``kubeflow.training`` import), so this module
+Everything is plain dicts (no ``kubernetes`` or ``kubeflow.training`` import), so this module
 works in the bare trainer image and in tests; the tests validate every generated job against the
-upstream CRD schema. Everything a user can get wrong is checked here, before the API server or the
+upstream CRD schemas. Everything a user can get wrong is checked here, before the API server or the
 operator sees it, with an :class:`~trainer.errors.InputError` naming the ``job.<field>``.
 
 Decisions worth knowing:
@@ -29,17 +32,22 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Literal
 
 from trainer.config import require
+from trainer.launch.kubefields import (
+    DNS1035,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    ENV_NAME,
+    SECRET_KEY,
+    check_dns,
+    check_label_key,
+    check_labels,
+    check_toleration,
+    parse_quantity,
+)
 
-API_VERSION = "kubeflow.org/v1"
-KIND = "PyTorchJob"
-CONTAINER_NAME = "pytorch"
-"""The operator injects its variables into the container of this name only."""
-PORT_NAME = "pytorchjob-port"
-"""The operator takes ``MASTER_PORT`` from the container port of this name."""
 LABEL_APP = "app.kubernetes.io/name"
 LABEL_JOB = "gpupipe.dev/job"
 ISTIO_INJECT = "sidecar.istio.io/inject"
@@ -50,23 +58,8 @@ WORKER_COMMAND = ["python", "-m", "trainer.launch", "-m", "trainer.worker", "--c
 """The training command of every replica (torchrun via :mod:`trainer.launch.torchrun`); the URI
 follows."""
 
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-_QUANTITY = re.compile(
-    r"^(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-)
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _RESERVED_ENV = ("GPUPIPE_JOB", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 """Set by gpupipe or the operator; a user value would silently break rendezvous or logs."""
-_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 """Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -81,98 +74,6 @@ TRAIN_POD_RESOURCES = {
     "memory_limit": "64Gi",
 }
 """CPU and memory of a training pod: every PyTorchJob replica, and the in-step train pod."""
-
-
-# --------------------------------------------------------------------------------------------
-# Small validators (each raises InputError naming the field)
-# --------------------------------------------------------------------------------------------
-
-
-def parse_quantity(text: str, name: str) -> Decimal:
-    """The value of a Kubernetes quantity (``500m``, ``4``, ``16Gi``, ``1e3``).
-
-    Raises:
-        InputError: ``text`` is not a non-negative Kubernetes quantity (names ``name``).
-    """
-    m = _QUANTITY.match(text) if isinstance(text, str) else None
-    require(m is not None, name, "must be a Kubernetes quantity like 500m, 4 or 16Gi", text)
-    assert m is not None
-    number, suffix = Decimal(m.group("num")), m.group("suffix") or ""
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number.scaleb(_DECIMAL[suffix])
-    return number.scaleb(int(suffix[1:]))
-
-
-def _check_dns(value: str, name: str, pattern: re.Pattern[str], what: str, max_len: int) -> None:
-    require(
-        isinstance(value, str) and len(value) <= max_len and bool(pattern.match(value)),
-        name,
-        f"must be {what} (at most {max_len} characters)",
-        value,
-    )
-
-
-def _check_label_key(key: str, name: str) -> None:
-    prefix, _, local = key.rpartition("/")
-    ok = (
-        bool(_QUALIFIED_NAME.match(local))
-        and len(local) <= 63
-        and (not prefix or (len(prefix) <= 253 and bool(_DNS1123_SUBDOMAIN.match(prefix))))
-    )
-    require(ok, name, "has an invalid key (expected [prefix/]name, name <= 63 characters)", key)
-
-
-def _check_labels(labels: dict[str, str], name: str) -> None:
-    for key, value in labels.items():
-        _check_label_key(key, name)
-        require(
-            isinstance(value, str)
-            and len(value) <= 63
-            and (not value or bool(_QUALIFIED_NAME.match(value))),
-            f"{name}[{key}]",
-            "must be a label value (alphanumerics, '-', '_', '.'; at most 63 characters)",
-            value,
-        )
-        require(
-            key not in (LABEL_APP, LABEL_JOB),
-            name,
-            "must not set a label gpupipe sets itself",
-            key,
-        )
-
-
-def _check_toleration(tol: dict[str, Any], name: str) -> None:
-    # The CRD is structural, so the API server drops unknown keys silently: a typo like
-    # "efect" would turn a NoSchedule toleration into one that tolerates every effect.
-    unknown = sorted(set(tol) - _TOLERATION_KEYS)
-    require(
-        not unknown, name, f"has unknown keys {unknown} (allowed: {sorted(_TOLERATION_KEYS)})", tol
-    )
-    op = tol.get("operator", "Equal")
-    require(op in ("Equal", "Exists"), f"{name}.operator", "must be 'Equal' or 'Exists'", op)
-    require(
-        op != "Exists" or "value" not in tol,
-        f"{name}.value",
-        "must be unset when operator is 'Exists'",
-        tol.get("value"),
-    )
-    effect = tol.get("effect", "")
-    require(
-        effect in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"),
-        f"{name}.effect",
-        "must be NoSchedule, PreferNoSchedule, NoExecute or empty",
-        effect,
-    )
-    seconds = tol.get("tolerationSeconds")
-    require(
-        seconds is None or (isinstance(seconds, int) and effect == "NoExecute"),
-        f"{name}.tolerationSeconds",
-        "must be an integer and needs effect 'NoExecute'",
-        seconds,
-    )
-
 
 # --------------------------------------------------------------------------------------------
 # The spec
@@ -256,10 +157,10 @@ class SchedulingConfig:
             self.queue,
         )
         if self.priority_class is not None:
-            _check_dns(
+            check_dns(
                 self.priority_class,
                 "job.scheduling.priority_class",
-                _DNS1123_SUBDOMAIN,
+                DNS1123_SUBDOMAIN,
                 "a DNS-1123 subdomain",
                 253,
             )
@@ -286,14 +187,14 @@ class SecretEnv:
 
     def __post_init__(self) -> None:
         require(
-            bool(_ENV_NAME.match(self.env)),
+            bool(ENV_NAME.match(self.env)),
             "job.secret_env.env",
             "must be an environment variable name",
             self.env,
         )
-        _check_dns(self.secret, "job.secret_env.secret", _DNS1123_SUBDOMAIN, "a secret name", 253)
+        check_dns(self.secret, "job.secret_env.secret", DNS1123_SUBDOMAIN, "a secret name", 253)
         require(
-            bool(_SECRET_KEY.match(self.key)),
+            bool(SECRET_KEY.match(self.key)),
             "job.secret_env.key",
             "must be a secret key (alphanumerics, '-', '_', '.')",
             self.key,
@@ -426,14 +327,14 @@ class JobSpec:
             self.nproc_per_node,
         )
         longest_pod = "-master-0" if self.nnodes == 1 else f"-worker-{self.nnodes - 2}"
-        _check_dns(
+        check_dns(
             self.name,
             "job.name",
-            _DNS1035,
+            DNS1035,
             f"a DNS-1035 label that leaves room for the pod name suffix {longest_pod!r}",
             63 - len(longest_pod),
         )
-        _check_dns(self.namespace, "job.namespace", _DNS1123_LABEL, "a namespace name", 63)
+        check_dns(self.namespace, "job.namespace", DNS1123_LABEL, "a namespace name", 63)
         require(
             bool(self.image) and not any(c.isspace() for c in self.image),
             "job.image",
@@ -441,7 +342,7 @@ class JobSpec:
             self.image,
         )
         require(bool(self.config_uri), "job.config_uri", "must be set", self.config_uri)
-        _check_label_key(self.gpu_resource, "job.gpu_resource")
+        check_label_key(self.gpu_resource, "job.gpu_resource")
         require(
             "/" in self.gpu_resource,
             "job.gpu_resource",
@@ -451,17 +352,17 @@ class JobSpec:
         self._check_resources()
         for i, tol in enumerate(self.tolerations):
             require(isinstance(tol, dict), f"job.tolerations[{i}]", "must be a mapping", tol)
-            _check_toleration(tol, f"job.tolerations[{i}]")
+            check_toleration(tol, f"job.tolerations[{i}]")
         for key, value in self.node_selector.items():
-            _check_label_key(key, "job.node_selector")
+            check_label_key(key, "job.node_selector")
             require(isinstance(value, str), f"job.node_selector[{key}]", "must be a string", value)
         for secret in self.image_pull_secrets:
-            _check_dns(secret, "job.image_pull_secrets", _DNS1123_SUBDOMAIN, "a secret name", 253)
+            check_dns(secret, "job.image_pull_secrets", DNS1123_SUBDOMAIN, "a secret name", 253)
         if self.service_account is not None:
-            _check_dns(
+            check_dns(
                 self.service_account,
                 "job.service_account",
-                _DNS1123_SUBDOMAIN,
+                DNS1123_SUBDOMAIN,
                 "a service account name",
                 253,
             )
@@ -495,9 +396,9 @@ class JobSpec:
                 f"must be <= job.nnodes={self.nnodes}",
                 self.scheduling.min_available,
             )
-        _check_labels(self.labels, "job.labels")
+        check_labels(self.labels, "job.labels", reserved=(LABEL_APP, LABEL_JOB))
         for key in self.annotations:
-            _check_label_key(key, "job.annotations")
+            check_label_key(key, "job.annotations")
         require(1 <= self.port <= 65535, "job.port", "must be in 1..65535", self.port)
 
     def _check_resources(self) -> None:
@@ -528,7 +429,7 @@ class JobSpec:
         names = [s.env for s in self.secret_env]
         for name in [*self.env, *names]:
             require(
-                bool(_ENV_NAME.match(name)), "job.env", "must use environment variable names", name
+                bool(ENV_NAME.match(name)), "job.env", "must use environment variable names", name
             )
             require(
                 name not in _RESERVED_ENV and not name.startswith("PET_"),
@@ -638,7 +539,7 @@ class ClusterConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Names and the job
+# Names
 # --------------------------------------------------------------------------------------------
 
 
@@ -675,7 +576,39 @@ def job_name(run_id: str, task_name: str, prefix: str = "gpupipe") -> str:
     return f"{readable}-{digest}"
 
 
-def _env(spec: JobSpec) -> list[dict[str, Any]]:
+# --------------------------------------------------------------------------------------------
+# The pod pieces every job resource carries (PyTorchJob replicas, TrainJob nodes)
+# --------------------------------------------------------------------------------------------
+
+
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    """Labels of the job and its pods: the user's, then gpupipe's own."""
+    return {**spec.labels, LABEL_APP: "gpupipe", LABEL_JOB: spec.name}
+
+
+def pod_annotations(spec: JobSpec) -> dict[str, str]:
+    """Annotations of the job's pods: the user's, and no Istio sidecar."""
+    return {**spec.annotations, ISTIO_INJECT: "false"}
+
+
+def owner_references(spec: JobSpec) -> list[dict[str, Any]]:
+    """The job's ownerReferences: the launcher pod, when known (see :class:`OwnerRef`)."""
+    if spec.owner is None:
+        return []
+    return [
+        {
+            "apiVersion": spec.owner.api_version,
+            "kind": spec.owner.kind,
+            "name": spec.owner.name,
+            "uid": spec.owner.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+    ]
+
+
+def container_env(spec: JobSpec) -> list[dict[str, Any]]:
+    """The training container's environment: gpupipe's defaults, NCCL, the user's, secrets."""
     plain = {"GPUPIPE_JOB": spec.name, "PYTHONUNBUFFERED": "1"}
     if spec.read_only_root_fs:
         plain["HOME"] = "/tmp"
@@ -693,7 +626,8 @@ def _env(spec: JobSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(spec: JobSpec) -> dict[str, Any]:
+def container_resources(spec: JobSpec) -> dict[str, Any]:
+    """Requests and limits of the training container (GPUs as limits only)."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     for kind in ("cpu", "memory"):
@@ -712,7 +646,9 @@ def _resources(spec: JobSpec) -> dict[str, Any]:
     return out
 
 
-def _pod_template(spec: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
+def pod_volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, the training container's mounts): memory-backed /dev/shm, and a writable /tmp
+    under a read-only root."""
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
@@ -720,112 +656,25 @@ def _pod_template(spec: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
     if spec.read_only_root_fs:
         mounts.append({"name": "tmp", "mountPath": "/tmp"})
         volumes.append({"name": "tmp", "emptyDir": {}})
-    container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
-        "image": spec.image,
-        "command": [*WORKER_COMMAND, spec.config_uri],
-        "env": _env(spec),
-        "ports": [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}],
-        "resources": _resources(spec),
-        "volumeMounts": mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": spec.read_only_root_fs,
-            "runAsNonRoot": True,
-        },
-    }
-    pod: dict[str, Any] = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": spec.run_as_user,
-            "runAsGroup": spec.run_as_user,
-            "fsGroup": spec.run_as_user,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "automountServiceAccountToken": spec.automount_service_account_token,
-        "containers": [container],
-        "volumes": volumes,
-    }
-    if spec.service_account is not None:
-        pod["serviceAccountName"] = spec.service_account
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = [dict(t) for t in spec.tolerations]
+    return volumes, mounts
+
+
+def container_security_context(spec: JobSpec) -> dict[str, Any]:
+    """The restricted Pod Security Standard for the training container."""
     return {
-        "metadata": {
-            "labels": dict(labels),
-            "annotations": {**spec.annotations, ISTIO_INJECT: "false"},
-        },
-        "spec": pod,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": spec.read_only_root_fs,
+        "runAsNonRoot": True,
     }
 
 
-def build_pytorchjob(spec: JobSpec) -> dict[str, Any]:
-    """The PyTorchJob of ``spec``, as the dict to send to the API server.
-
-    Args:
-        spec: a validated job spec.
-
-    Returns:
-        A complete ``kubeflow.org/v1`` PyTorchJob (apiVersion, kind, metadata, spec) that
-        validates against the upstream CRD schema and the operator's webhook rules.
-    """
-    labels = {**spec.labels, LABEL_APP: "gpupipe", LABEL_JOB: spec.name}
-    metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "labels": labels}
-    if spec.annotations:
-        metadata["annotations"] = dict(spec.annotations)
-    if spec.owner is not None:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": spec.owner.api_version,
-                "kind": spec.owner.kind,
-                "name": spec.owner.name,
-                "uid": spec.owner.uid,
-                "controller": False,
-                "blockOwnerDeletion": False,
-            }
-        ]
-    replicas: dict[str, Any] = {
-        "Master": {
-            "replicas": 1,
-            "restartPolicy": spec.restart_policy,
-            "template": _pod_template(spec, labels),
-        }
-    }
-    if spec.nnodes > 1:
-        replicas["Worker"] = {
-            "replicas": spec.nnodes - 1,
-            "restartPolicy": spec.restart_policy,
-            "template": _pod_template(spec, labels),
-        }
-    run_policy: dict[str, Any] = {
-        "cleanPodPolicy": spec.clean_pod_policy,
-        "backoffLimit": spec.backoff_limit,
-    }
-    if spec.active_deadline_s is not None:
-        run_policy["activeDeadlineSeconds"] = spec.active_deadline_s
-    if spec.ttl_s is not None:
-        run_policy["ttlSecondsAfterFinished"] = spec.ttl_s
-    if spec.scheduling is not None:
-        sched: dict[str, Any] = {}
-        if spec.scheduling.queue is not None:
-            sched["queue"] = spec.scheduling.queue
-        if spec.scheduling.priority_class is not None:
-            sched["priorityClass"] = spec.scheduling.priority_class
-        if spec.scheduling.min_available is not None:
-            sched["minAvailable"] = spec.scheduling.min_available
-        run_policy["schedulingPolicy"] = sched
+def pod_security_context(spec: JobSpec) -> dict[str, Any]:
+    """The restricted Pod Security Standard for the pod: non-root, RuntimeDefault seccomp."""
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": metadata,
-        "spec": {
-            "nprocPerNode": str(spec.procs_per_node),
-            "pytorchReplicaSpecs": replicas,
-            "runPolicy": run_policy,
-        },
+        "runAsNonRoot": True,
+        "runAsUser": spec.run_as_user,
+        "runAsGroup": spec.run_as_user,
+        "fsGroup": spec.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
     }

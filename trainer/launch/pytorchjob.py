@@ -1,5 +1,6 @@
-"""The PyTorchJob launcher: a :class:`~trainer.launch.jobspec.JobSpec` run as a Training Operator
-job on the one watch loop (:mod:`trainer.launch.watch`), its master's log streamed."""
+"""The PyTorchJob launcher: a :class:`~trainer.launch.jobspec.JobSpec` built into a Training
+Operator job (:func:`build_pytorchjob`) and run on the one watch loop
+(:mod:`trainer.launch.watch`), its master's log streamed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,19 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.launch.jobspec import CONTAINER_NAME, ClusterConfig, JobSpec, build_pytorchjob
+from trainer.launch.jobspec import (
+    WORKER_COMMAND,
+    ClusterConfig,
+    JobSpec,
+    container_env,
+    container_resources,
+    container_security_context,
+    job_labels,
+    owner_references,
+    pod_annotations,
+    pod_security_context,
+    pod_volumes,
+)
 from trainer.launch.kube import PLURAL, VERSION, KubeApi
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
 from trainer.launch.podlog import PodLog
@@ -21,9 +34,113 @@ from trainer.launch.watch import (
     job_state,
 )
 
-__all__ = ["API_CALLS", "LaunchCancelled", "PodRef", "PyTorchJobLauncher", "job_state"]
+__all__ = [
+    "API_CALLS",
+    "LaunchCancelled",
+    "PodRef",
+    "PyTorchJobLauncher",
+    "build_pytorchjob",
+    "job_state",
+]
 
 log = logging.getLogger(__name__)
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+CONTAINER_NAME = "pytorch"
+"""The operator injects its variables into the container of this name only."""
+PORT_NAME = "pytorchjob-port"
+"""The operator takes ``MASTER_PORT`` from the container port of this name."""
+
+
+def _pod_template(spec: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
+    volumes, mounts = pod_volumes(spec)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": [*WORKER_COMMAND, spec.config_uri],
+        "env": container_env(spec),
+        "ports": [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}],
+        "resources": container_resources(spec),
+        "volumeMounts": mounts,
+        "securityContext": container_security_context(spec),
+    }
+    pod: dict[str, Any] = {
+        "securityContext": pod_security_context(spec),
+        "automountServiceAccountToken": spec.automount_service_account_token,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.service_account is not None:
+        pod["serviceAccountName"] = spec.service_account
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = [dict(t) for t in spec.tolerations]
+    return {
+        "metadata": {"labels": dict(labels), "annotations": pod_annotations(spec)},
+        "spec": pod,
+    }
+
+
+def build_pytorchjob(spec: JobSpec) -> dict[str, Any]:
+    """The PyTorchJob of ``spec``, as the dict to send to the API server.
+
+    Args:
+        spec: a validated job spec.
+
+    Returns:
+        A complete ``kubeflow.org/v1`` PyTorchJob (apiVersion, kind, metadata, spec) that
+        validates against the upstream CRD schema and the operator's webhook rules.
+    """
+    labels = job_labels(spec)
+    metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "labels": labels}
+    if spec.annotations:
+        metadata["annotations"] = dict(spec.annotations)
+    if owners := owner_references(spec):
+        metadata["ownerReferences"] = owners
+    replicas: dict[str, Any] = {
+        "Master": {
+            "replicas": 1,
+            "restartPolicy": spec.restart_policy,
+            "template": _pod_template(spec, labels),
+        }
+    }
+    if spec.nnodes > 1:
+        replicas["Worker"] = {
+            "replicas": spec.nnodes - 1,
+            "restartPolicy": spec.restart_policy,
+            "template": _pod_template(spec, labels),
+        }
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": spec.clean_pod_policy,
+        "backoffLimit": spec.backoff_limit,
+    }
+    if spec.active_deadline_s is not None:
+        run_policy["activeDeadlineSeconds"] = spec.active_deadline_s
+    if spec.ttl_s is not None:
+        run_policy["ttlSecondsAfterFinished"] = spec.ttl_s
+    if spec.scheduling is not None:
+        sched: dict[str, Any] = {}
+        if spec.scheduling.queue is not None:
+            sched["queue"] = spec.scheduling.queue
+        if spec.scheduling.priority_class is not None:
+            sched["priorityClass"] = spec.scheduling.priority_class
+        if spec.scheduling.min_available is not None:
+            sched["minAvailable"] = spec.scheduling.min_available
+        run_policy["schedulingPolicy"] = sched
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {
+            "nprocPerNode": str(spec.procs_per_node),
+            "pytorchReplicaSpecs": replicas,
+            "runPolicy": run_policy,
+        },
+    }
 
 
 class _PyTorchJob(Resource):

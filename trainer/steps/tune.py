@@ -320,7 +320,7 @@ def _tune_katib(
     task_name: str,
 ) -> TuneStepResult:
     """One Katib Experiment whose trials are the train launcher's PyTorchJob."""
-    from trainer.launch.jobspec import build_pytorchjob
+    from trainer.launch.pytorchjob import build_pytorchjob
     from trainer.steps.train import job_spec
     from trainer.tune.katib import KatibLauncher, build_experiment, experiment_name
 

@@ -211,7 +211,7 @@ def build_experiment(
         name: the Experiment's name (see :func:`experiment_name`).
         namespace: where the Experiment and its trials run.
         trial_job: the PyTorchJob of one trial, from
-            :func:`trainer.launch.jobspec.build_pytorchjob` (its name and namespace are
+            :func:`trainer.launch.pytorchjob.build_pytorchjob` (its name and namespace are
             dropped: Katib names trial jobs).
         base_overrides: dotted config overrides every trial gets (``{"train.epochs": 5}``);
             searched fields may not appear here.
