@@ -1,14 +1,17 @@
-"""A fake Kubernetes API server on 127.0.0.1 that plays the Training Operator for PyTorchJobs
-and Katib for Experiments (with their Trials).
+"""A fake Kubernetes API server on 127.0.0.1 that plays the Training Operator for PyTorchJobs,
+Kubeflow Trainer v2 (with JobSet) for TrainJobs, and Katib for Experiments (with their Trials).
 
 It serves the REST paths the PyTorchJob launcher calls with the JSON a real API server returns
 (Status bodies for errors, text/plain logs), so the real ``kubernetes`` client can be pointed at
 it. The operator is simulated lazily from each job's age: Created, a Pending master pod, Running
 with log lines appearing over time, then Succeeded or Failed as the job's :class:`Scenario`
-says. Faults (error statuses with ``Retry-After``, slow answers) can be injected per path, and
-every request is recorded. Katib is simulated the same way: an Experiment's trials start and end
-on a clock from its creation as its :class:`ExperimentScenario` says, and its status (conditions,
-trial counts, ``currentOptimalTrial``) follows Katib's own rules.
+says. A TrainJob follows the same :class:`Scenario` the way Trainer reports it: conditions
+``Complete``/``Failed``/``Suspended`` only, ``status.jobsStatus`` while it runs, and JobSet's pods
+(``<job>-node-0-<index>-<suffix>``, JobSet's labels, the Indexed Job's completion index) with a
+``node`` container. Faults (error statuses with ``Retry-After``, slow answers) can be injected
+per path, and every request is recorded. Katib is simulated the same way: an Experiment's trials
+start and end on a clock from its creation as its :class:`ExperimentScenario` says, and its
+status (conditions, trial counts, ``currentOptimalTrial``) follows Katib's own rules.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from urllib.parse import parse_qs, urlsplit
 
 _JOBS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs$")
 _JOB = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs/([^/]+)$")
+_TRAINJOBS = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs$")
+_TRAINJOB = re.compile(
+    r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs/([^/]+)$"
+)
+_POD_NAME = re.compile(r"^(?P<job>.+?)(?:-master-0|-node-0-(?P<index>\d+)-[a-z0-9]{5})$")
 _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 _LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
@@ -34,6 +42,9 @@ _EXPS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments
 _EXP = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments/([^/]+)$")
 _TRIALS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials$")
 _TRIAL = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials/([^/]+)$")
+NODE = "node"
+"""Trainer's torch runtimes: the trainer's replicated job and container."""
+TRAINJOBS_RESOURCE = "trainjobs.trainer.kubeflow.org"
 _REASONS = {
     400: "BadRequest",
     403: "Forbidden",
@@ -117,6 +128,30 @@ class _Job:
     created: float
     frozen_at: float | None = None
     gone_at: float | None = None
+    resumed: bool = False
+
+    @property
+    def kind(self) -> str:
+        return str(self.body.get("kind") or "PyTorchJob")
+
+    @property
+    def suspended(self) -> bool:
+        spec = self.body.get("spec") or {}
+        if self.kind == "TrainJob":
+            return bool(spec.get("suspend"))
+        return bool((spec.get("runPolicy") or {}).get("suspend"))
+
+    def set_suspended(self, value: bool) -> None:
+        if self.kind == "TrainJob":
+            self.body["spec"]["suspend"] = value
+        else:
+            self.body["spec"].setdefault("runPolicy", {})["suspend"] = value
+
+    @property
+    def nodes(self) -> int:
+        if self.kind == "TrainJob":
+            return int(((self.body.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1)
+        return 1
 
     @property
     def name(self) -> str:
@@ -292,15 +327,17 @@ class FakeKubeApi:
         suspended: bool = False,
         deleting_for_s: float | None = None,
         owners: list[dict[str, Any]] | None = None,
+        kind: Literal["PyTorchJob", "TrainJob"] = "PyTorchJob",
     ) -> None:
         """A job that exists already (an earlier attempt's), ``age_s`` seconds into its life."""
         now = time.time()
-        body = minimal_job(name, namespace)
+        body = minimal_job(name, namespace) if kind == "PyTorchJob" else minimal_trainjob(name)
+        body["metadata"]["namespace"] = namespace
         if owners:
             body["metadata"]["ownerReferences"] = owners
         job = self._store(body, scenario or self.scenario, now - age_s)
         if suspended:
-            job.body["spec"].setdefault("runPolicy", {})["suspend"] = True
+            job.set_suspended(True)
             job.frozen_at = now
         if deleting_for_s is not None:
             job.body["metadata"]["deletionTimestamp"] = rfc3339(now)
@@ -361,6 +398,11 @@ class FakeKubeApi:
         with self._lock:
             exp = self._live_experiment(namespace, name)
             return None if exp is None else self._render_experiment(exp, time.time())
+
+    def trainjob(self, name: str, namespace: str = "team-a") -> dict[str, Any] | None:
+        """The TrainJob as ``GET`` would return it, or ``None``."""
+        got = self.job(name, namespace)
+        return got if got is not None and got["kind"] == "TrainJob" else None
 
     def job(self, name: str, namespace: str = "team-a") -> dict[str, Any] | None:
         """The job as ``GET`` would return it, or ``None``."""
@@ -427,22 +469,30 @@ class FakeKubeApi:
         body: Any,
     ) -> tuple[int, str, bytes, dict[str, str]]:
         now = time.time()
-        if (m := _JOBS.match(path)) and method == "POST":
-            return self._json(201, self._create(m.group(1), body, now))
-        if m := _JOB.match(path):
-            ns, name = m.groups()
-            job = self._live(ns, name)
-            if job is None:
-                raise _HttpError(404, f'pytorchjobs.kubeflow.org "{name}" not found')
-            if method == "GET":
-                return self._json(200, self._render(job, now))
-            if method == "DELETE":
-                del self._jobs[(ns, name)]
-                return self._json(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
-            if method == "PATCH":
-                if headers.get("content-type") != "application/merge-patch+json":
-                    raise _HttpError(415, f"unsupported patch type {headers.get('content-type')}")
-                return self._json(200, self._patch(job, body, now))
+        for many, one, kind, resource in (
+            (_JOBS, _JOB, "PyTorchJob", "pytorchjobs.kubeflow.org"),
+            (_TRAINJOBS, _TRAINJOB, "TrainJob", "trainjobs.trainer.kubeflow.org"),
+        ):
+            if (m := many.match(path)) and method == "POST":
+                return self._json(201, self._create(m.group(1), body, now, kind))
+            if m := one.match(path):
+                ns, name = m.groups()
+                job = self._live(ns, name)
+                if job is None or job.kind != kind:
+                    raise _HttpError(404, f'{resource} "{name}" not found')
+                if method == "GET":
+                    return self._json(200, self._render(job, now))
+                if method == "DELETE":
+                    del self._jobs[(ns, name)]
+                    return self._json(
+                        200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+                    )
+                if method == "PATCH":
+                    if headers.get("content-type") != "application/merge-patch+json":
+                        raise _HttpError(
+                            415, f"unsupported patch type {headers.get('content-type')}"
+                        )
+                    return self._json(200, self._patch(job, body, now))
         if (m := _PODS.match(path)) and method == "GET":
             return self._json(200, self._pods(m.group(1), query, now))
         if (m := _LOG.match(path)) and method == "GET":
@@ -474,12 +524,17 @@ class FakeKubeApi:
             return None
         return job
 
-    def _create(self, namespace: str, body: Any, now: float) -> dict[str, Any]:
+    def _create(self, namespace: str, body: Any, now: float, kind: str) -> dict[str, Any]:
         name = str(((body or {}).get("metadata") or {}).get("name") or "")
+        resource = "pytorchjobs.kubeflow.org" if kind == "PyTorchJob" else TRAINJOBS_RESOURCE
         if not name:
-            raise _HttpError(422, "PyTorchJob.kubeflow.org is invalid: metadata.name: Required")
+            raise _HttpError(
+                422, f"{kind}.{resource.split('.', 1)[1]} is invalid: metadata.name: Required"
+            )
+        if (body or {}).get("kind") != kind:
+            raise _HttpError(400, f"the body is a {(body or {}).get('kind')}, not a {kind}")
         if self._live(namespace, name) is not None:
-            raise _HttpError(409, f'pytorchjobs.kubeflow.org "{name}" already exists')
+            raise _HttpError(409, f'{resource} "{name}" already exists')
         body = copy.deepcopy(body)
         body["metadata"]["namespace"] = namespace
         job = self._store(body, self.scenario, now)
@@ -487,18 +542,21 @@ class FakeKubeApi:
         return self._render(job, now)
 
     def _patch(self, job: _Job, patch: Any, now: float) -> dict[str, Any]:
-        was = bool(job.body["spec"].get("runPolicy", {}).get("suspend"))
+        was = job.suspended
         _merge(job.body, patch)
-        suspended = bool(job.body["spec"].get("runPolicy", {}).get("suspend"))
+        suspended = job.suspended
         if suspended and not was:
             job.frozen_at = now
         elif was and not suspended and job.frozen_at is not None:
             # Resuming restarts the clock where it stopped (a real job restarts its pods).
             job.created += now - job.frozen_at
             job.frozen_at = None
+            job.resumed = True
         return self._render(job, now)
 
     def _render(self, job: _Job, now: float) -> dict[str, Any]:
+        if job.kind == "TrainJob":
+            return self._render_trainjob(job, now)
         out = copy.deepcopy(job.body)
         age, sc, name = job.age(now), job.scenario, job.name
         stamp = rfc3339(job.created)
@@ -541,6 +599,76 @@ class FakeKubeApi:
             )
         out["status"] = {"conditions": conds, "startTime": stamp}
         return out
+
+    def _render_trainjob(self, job: _Job, now: float) -> dict[str, Any]:
+        """A TrainJob as Trainer reports it: Complete/Failed/Suspended and jobsStatus."""
+        out = copy.deepcopy(job.body)
+        out["spec"].setdefault("suspend", False)
+        out["spec"].setdefault("managedBy", "trainer.kubeflow.org/trainjob-controller")
+        age, sc = job.age(now), job.scenario
+        stamp = rfc3339(job.created)
+        finished = job.finished(now)
+        conds: list[dict[str, Any]] = []
+        if job.frozen_at is not None and not finished:
+            conds.append(_cond("Suspended", "True", "Suspended", "TrainJob is suspended", stamp))
+        elif job.resumed:
+            conds.append(_cond("Suspended", "False", "Resumed", "TrainJob is resumed", stamp))
+        if finished and sc.outcome is not None:
+            if sc.outcome == "Succeeded":
+                reason, message = "AllJobsCompleted", "jobset completed successfully"
+            else:
+                reason, message = "FailedJobs", "jobset failed due to one or more job failures"
+            conds.append(
+                _cond(
+                    "Complete" if sc.outcome == "Succeeded" else "Failed",
+                    "True",
+                    sc.reason or reason,
+                    sc.message or message,
+                    stamp,
+                )
+            )
+        running = age >= sc.pending_s and not finished and job.frozen_at is None
+        status: dict[str, Any] = {
+            "jobsStatus": [
+                {
+                    "name": NODE,
+                    "active": 1 if running or (not finished and job.frozen_at is None) else 0,
+                    "ready": 1 if running else 0,
+                    "succeeded": 1 if finished and sc.outcome == "Succeeded" else 0,
+                    "failed": 1 if finished and sc.outcome == "Failed" else 0,
+                    "suspended": 1 if job.frozen_at is not None and not finished else 0,
+                }
+            ]
+        }
+        if conds:
+            status["conditions"] = conds
+        out["status"] = status
+        return out
+
+    def _node_pods(self, job: _Job, now: float) -> list[dict[str, Any]]:
+        """The pods of a job: a PyTorchJob's master, or every node of a TrainJob's JobSet."""
+        master = self._master(job, now)
+        if master is None or job.kind != "TrainJob":
+            return [master] if master is not None else []
+        pods = []
+        for index in range(job.nodes):
+            pod = copy.deepcopy(master)
+            suffix = uuid.uuid5(uuid.NAMESPACE_URL, f"{job.body['metadata']['uid']}/{index}").hex
+            pod["metadata"]["name"] = f"{job.name}-{NODE}-0-{index}-{suffix[:5]}"
+            pod["metadata"]["labels"] = {
+                "jobset.sigs.k8s.io/jobset-name": job.name,
+                "jobset.sigs.k8s.io/replicatedjob-name": NODE,
+                "jobset.sigs.k8s.io/job-index": "0",
+                "batch.kubernetes.io/job-completion-index": str(index),
+                "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
+            }
+            pod["metadata"]["annotations"] = {
+                "batch.kubernetes.io/job-completion-index": str(index)
+            }
+            pod["spec"]["containers"][0]["name"] = NODE
+            pod["status"]["containerStatuses"][0]["name"] = NODE
+            pods.append(pod)
+        return pods
 
     def _master(self, job: _Job, now: float) -> dict[str, Any] | None:
         if job.frozen_at is not None and not job.finished(now):
@@ -595,24 +723,35 @@ class FakeKubeApi:
         items = []
         for (job_ns, name), _ in list(self._jobs.items()):
             job = self._live(job_ns, name)
-            pod = None if job is None or job_ns != ns else self._master(job, now)
-            if pod and all(pod["metadata"]["labels"].get(k) == v for k, v in want.items()):
-                items.append(pod)
+            pods = [] if job is None or job_ns != ns else self._node_pods(job, now)
+            for pod in pods:
+                if all(pod["metadata"]["labels"].get(k) == v for k, v in want.items()):
+                    items.append(pod)
         return {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
 
     def _log(self, ns: str, pod_name: str, query: dict[str, list[str]], now: float) -> str:
-        job = self._live(ns, pod_name.removesuffix("-master-0"))
-        pod = None if job is None else self._master(job, now)
+        m = _POD_NAME.match(pod_name)
+        job = None if m is None else self._live(ns, m.group("job"))
+        pods = {} if job is None else {p["metadata"]["name"]: p for p in self._node_pods(job, now)}
+        pod = pods.get(pod_name)
         if job is None or pod is None:
             raise _HttpError(404, f'pods "{pod_name}" not found')
+        (container,) = pod["spec"]["containers"]
+        if query.get("container", [container["name"]])[0] != container["name"]:
+            raise _HttpError(
+                400,
+                f"container {query['container'][0]} is not valid for pod {pod_name}",
+            )
         if pod["status"]["phase"] == "Pending":
             raise _HttpError(
                 400,
-                f'container "pytorch" in pod "{pod_name}" is waiting to start: ContainerCreating',
+                f'container "{container["name"]}" in pod "{pod_name}" is waiting to start: '
+                "ContainerCreating",
             )
         age = job.age(now)
+        index = int(m.group("index") or 0) if m else 0
         lines = [
-            (job.created + t, line)
+            (job.created + t, line if index == 0 else f"[node {index}] {line}")
             for t, line in zip(job.scenario.line_times(), job.scenario.lines, strict=True)
             if t <= age
         ]
@@ -635,12 +774,40 @@ class FakeKubeApi:
             job = self._live(job_ns, name)
             if job is None or job_ns != ns:
                 continue
-            pod = f"{name}-master-0"
+            pods = self._node_pods(job, now)
+            pod = pods[0]["metadata"]["name"] if pods else f"{name}-master-0"
+            if job.kind == "TrainJob":
+                created = (
+                    "JobSet",
+                    name,
+                    "Normal",
+                    "SuccessfulCreate",
+                    f"Created job {name}-node-0",
+                )
+            else:
+                created = (
+                    "PyTorchJob",
+                    name,
+                    "Normal",
+                    "SuccessfulCreatePod",
+                    f"Created pod: {pod}",
+                )
             happened = [
-                ("PyTorchJob", name, "Normal", "SuccessfulCreatePod", f"Created pod: {pod}", 0.0),
+                (*created, 0.0),
                 *(("Pod", pod, *e, 0.01) for e in job.scenario.pod_events),
             ]
-            if job.finished(now) and job.scenario.outcome == "Failed":
+            if job.finished(now) and job.scenario.outcome == "Failed" and job.kind == "TrainJob":
+                happened.append(
+                    (
+                        "JobSet",
+                        name,
+                        "Warning",
+                        "FailedJobs",
+                        f"job {name}-node-0 failed: BackoffLimitExceeded",
+                        job.scenario.finish_at(),
+                    )
+                )
+            elif job.finished(now) and job.scenario.outcome == "Failed":
                 happened.append(
                     (
                         "PyTorchJob",
@@ -917,6 +1084,19 @@ def minimal_job(name: str, namespace: str = "team-a") -> dict[str, Any]:
                 "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}
             },
             "runPolicy": {"cleanPodPolicy": "None"},
+        },
+    }
+
+
+def minimal_trainjob(name: str, namespace: str = "team-a") -> dict[str, Any]:
+    """A small valid TrainJob (tests that do not need the full spec builder)."""
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed"},
+            "trainer": {"image": "gpupipe:test", "command": ["true"], "numNodes": 1},
         },
     }
 

@@ -457,7 +457,8 @@ class JobSpec:
 
 @dataclass(kw_only=True, slots=True)
 class ClusterConfig:
-    """Where and how the ``pytorchjob`` launcher runs the job (ignored by the local launcher).
+    """Where and how the ``pytorchjob`` and ``trainjob`` launchers run the job (ignored by the
+    local launcher).
 
     The step's config carries it (``train.cluster``, ``tune.train.cluster``); its defaults are
     the pod's defaults. :meth:`job_spec` is the one mapping to a :class:`JobSpec`, shared by the
@@ -465,7 +466,7 @@ class ClusterConfig:
     """
 
     namespace: str | None = None
-    """Namespace of the PyTorchJob; ``None``: the launcher pod's own (downward API)."""
+    """Namespace of the job; ``None``: the launcher pod's own (downward API)."""
     image: str = ""
     """Image of the job's pods (the component sets the package's CUDA or CPU image)."""
     gpus_per_node: int = 0
@@ -486,8 +487,20 @@ class ClusterConfig:
     """What happens to the job when the step fails, times out or is cancelled."""
     service_account: str | None = None
     """Service account of the job's pods (none needed for reading the object store by secret)."""
+    runtime: str = "torch-distributed"
+    """TrainJob only: the training runtime, ``<name>`` (a ClusterTrainingRuntime) or
+    ``TrainingRuntime/<name>`` (one in the job's namespace)."""
+    runtime_patches: bool = True
+    """TrainJob only: carry /dev/shm, /tmp, security contexts, placement, pull secrets and the
+    service account in ``spec.runtimePatches``; ``False``: the runtime must set them."""
 
     def __post_init__(self) -> None:
+        require(
+            isinstance(self.runtime, str) and bool(self.runtime),
+            "train.cluster.runtime",
+            "must name a training runtime",
+            self.runtime,
+        )
         require(
             self.gpus_per_node >= 0,
             "train.cluster.gpus_per_node",

@@ -1,4 +1,5 @@
-"""The Kubernetes calls of the launchers (PyTorchJob, Katib): typed, retried when transient."""
+"""The Kubernetes calls of the launchers (PyTorchJob, TrainJob, Katib): typed, retried when
+transient."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ CONTAINER = "pytorch"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+
+TRAINER_GROUP = "trainer.kubeflow.org"
+"""Kubeflow Trainer v2's API group (TrainJob, TrainingRuntime, ClusterTrainingRuntime)."""
+TRAINER_VERSION = "v1alpha1"
+TRAINJOBS = "trainjobs"
 
 KATIB_VERSION = "v1beta1"
 EXPERIMENTS = "experiments"
@@ -48,7 +54,20 @@ PYTORCHJOB_API_CALLS: list[tuple[str, str, str]] = [
 ]
 """The calls of the PyTorchJob (train) launcher."""
 
-API_CALLS: list[tuple[str, str, str]] = [*PYTORCHJOB_API_CALLS, *KATIB_API_CALLS]
+TRAINJOB_API_CALLS: list[tuple[str, str, str]] = [
+    (TRAINER_GROUP, TRAINJOBS, "create"),
+    (TRAINER_GROUP, TRAINJOBS, "get"),
+    (TRAINER_GROUP, TRAINJOBS, "delete"),
+    (TRAINER_GROUP, TRAINJOBS, "patch"),
+    ("", "pods", "list"),
+    ("", "pods/log", "get"),
+    ("", "events", "list"),
+]
+"""The calls of the TrainJob (train) launcher: the job, its node-0 pod, its log, events."""
+
+API_CALLS: list[tuple[str, str, str]] = list(
+    dict.fromkeys([*PYTORCHJOB_API_CALLS, *TRAINJOB_API_CALLS, *KATIB_API_CALLS])
+)
 """(API group, resource, verb) of every call :class:`KubeApi` makes: what RBAC must grant."""
 
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -155,17 +174,23 @@ class KubeApi:
     # Custom objects: one implementation per verb, for PyTorchJobs and Katib objects alike
 
     def create_object(
-        self, version: str, plural: str, namespace: str, body: dict[str, Any]
+        self,
+        version: str,
+        plural: str,
+        namespace: str,
+        body: dict[str, Any],
+        *,
+        group: str = GROUP,
     ) -> dict[str, Any] | None:
         """Create ``body``; ``None`` when an object of that name already exists (409)."""
         name = str(body.get("metadata", {}).get("name", "?"))
         try:
             return self._call(
-                (GROUP, plural, "create"),
+                (group, plural, "create"),
                 namespace,
                 name,
                 lambda: self._custom.create_namespaced_custom_object(
-                    GROUP, version, namespace, plural, body, _request_timeout=self._timeout
+                    group, version, namespace, plural, body, _request_timeout=self._timeout
                 ),
             )
         except KubeApiError as e:
@@ -174,16 +199,16 @@ class KubeApi:
             raise
 
     def get_object(
-        self, version: str, plural: str, namespace: str, name: str
+        self, version: str, plural: str, namespace: str, name: str, *, group: str = GROUP
     ) -> dict[str, Any] | None:
         """The object, or ``None`` when there is none of that name (404)."""
         try:
             return self._call(
-                (GROUP, plural, "get"),
+                (group, plural, "get"),
                 namespace,
                 name,
                 lambda: self._custom.get_namespaced_custom_object(
-                    GROUP, version, namespace, plural, name, _request_timeout=self._timeout
+                    group, version, namespace, plural, name, _request_timeout=self._timeout
                 ),
             )
         except KubeApiError as e:
@@ -192,16 +217,23 @@ class KubeApi:
             raise
 
     def patch_object(
-        self, version: str, plural: str, namespace: str, name: str, patch: dict[str, Any]
+        self,
+        version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        group: str = GROUP,
     ) -> dict[str, Any] | None:
         """JSON-merge-patch the object; ``None`` when it is gone (404)."""
         try:
             return self._call(
-                (GROUP, plural, "patch"),
+                (group, plural, "patch"),
                 namespace,
                 name,
                 lambda: self._custom.patch_namespaced_custom_object(
-                    GROUP, version, namespace, plural, name, patch, _request_timeout=self._timeout
+                    group, version, namespace, plural, name, patch, _request_timeout=self._timeout
                 ),
             )
         except KubeApiError as e:
@@ -209,15 +241,17 @@ class KubeApi:
                 return None
             raise
 
-    def delete_object(self, version: str, plural: str, namespace: str, name: str) -> bool:
+    def delete_object(
+        self, version: str, plural: str, namespace: str, name: str, *, group: str = GROUP
+    ) -> bool:
         """Delete the object (dependents in the background); ``False`` if already gone."""
         try:
             self._call(
-                (GROUP, plural, "delete"),
+                (group, plural, "delete"),
                 namespace,
                 name,
                 lambda: self._custom.delete_namespaced_custom_object(
-                    GROUP,
+                    group,
                     version,
                     namespace,
                     plural,
@@ -256,10 +290,14 @@ class KubeApi:
     # Pods, logs, events
 
     def master_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        """The job's master pods (usually one; two while the operator replaces it)."""
+        """The PyTorchJob's master pods (usually one; two while the operator replaces it)."""
         selector = (
             f"{JOB_NAME_LABEL}={job_name},{REPLICA_TYPE_LABEL}=master,{REPLICA_INDEX_LABEL}=0"
         )
+        return self.list_pods(namespace, selector, job_name)
+
+    def list_pods(self, namespace: str, selector: str, job_name: str) -> list[dict[str, Any]]:
+        """The pods matching the label ``selector`` (the job ``job_name``'s, for messages)."""
         pods = self._call(
             ("", "pods", "list"),
             namespace,
@@ -278,13 +316,15 @@ class KubeApi:
         since_seconds: int | None = None,
         tail_lines: int | None = None,
         timestamps: bool = False,
+        container: str = CONTAINER,
     ) -> str | None:
-        """The training container's log, or ``None`` while there is none to read.
+        """The ``container``'s log (a PyTorchJob's training container by default), or ``None``
+        while there is none to read.
 
         ``None`` covers 400 (container still being created) and 404 (pod gone): both are
         states of a job, not failures of the call.
         """
-        kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": timestamps}
+        kwargs: dict[str, Any] = {"container": container, "timestamps": timestamps}
         if since_seconds is not None:
             kwargs["since_seconds"] = since_seconds
         if tail_lines is not None:

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from trainer.errors import InputError, StepFailure, parse_error_line
-from trainer.launch.kube import KubeApi
+from trainer.launch.kube import CONTAINER, KubeApi
 from trainer.redact import redact
 
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
@@ -34,9 +34,18 @@ class PodLog:
     """Follows a pod's log by polling with timestamps: reconnects and pod restarts neither
     repeat nor lose lines, and no thread is left blocked on a stream when the step ends."""
 
-    def __init__(self, api: KubeApi, namespace: str, *, tail: int, reattached: bool) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        *,
+        tail: int,
+        reattached: bool,
+        container: str = CONTAINER,
+    ) -> None:
         self.api = api
         self.namespace = namespace
+        self.container = container
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
         self.errors: list[InputError | StepFailure] = []
         # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
@@ -59,6 +68,7 @@ class PodLog:
             since_seconds=since,
             tail_lines=self._first_tail if since is None else None,
             timestamps=True,
+            container=self.container,
         )
         if text is None:
             return
@@ -95,7 +105,10 @@ class PodLog:
         if self.tail or pod is None:
             return list(self.tail)
         text = self.api.pod_log(
-            self.namespace, pod["metadata"]["name"], tail_lines=self.tail.maxlen
+            self.namespace,
+            pod["metadata"]["name"],
+            tail_lines=self.tail.maxlen,
+            container=self.container,
         )
         for line in (text or "").splitlines():
             self.tail.append(line)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal, Self
 
-from trainer.launch.kube import KubeApi, KubeApiError
+from trainer.launch.kube import GROUP, KubeApi, KubeApiError
 from trainer.launch.podlog import PodLog
 from trainer.redact import redact
 
@@ -112,14 +112,21 @@ class Resource:
     """How messages name it: ``PyTorchJob``, ``Katib Experiment``."""
     kubectl: str = ""
     """Its name for ``kubectl delete``: ``pytorchjob``, ``experiment``."""
+    group: str = GROUP
+    """API group: ``kubeflow.org`` (Training Operator, Katib), ``trainer.kubeflow.org``."""
     version: str = ""
-    """API version in the ``kubeflow.org`` group."""
+    """API version in ``group``."""
     plural: str = ""
     """Resource name in the API's paths."""
     noun: str = "job"
     """What the step calls it: "no job had been created"."""
     deleted: str = "it was deleted (on_exit=delete)"
     """What ``on_exit=delete`` did, for the step's message."""
+
+    def state(self, obj: Mapping[str, Any]) -> str:
+        """The object's state, in the loop's words: ``Succeeded`` and ``Failed`` end it
+        (:data:`TERMINAL`), ``Suspended`` is resumable; default :func:`job_state`."""
+        return job_state(obj)
 
     def observe(self, obj: dict[str, Any], state: str) -> bool:
         """Called after every read of the object (stream a log, report progress); whether the
@@ -236,11 +243,12 @@ class Watch:
             raise
 
     def _get(self) -> dict[str, Any] | None:
-        return self.api.get_object(self.resource.version, self.resource.plural, self.ns, self.name)
+        r = self.resource
+        return self.api.get_object(r.version, r.plural, self.ns, self.name, group=r.group)
 
     def _patch(self, patch: dict[str, Any]) -> dict[str, Any] | None:
         r = self.resource
-        return self.api.patch_object(r.version, r.plural, self.ns, self.name, patch)
+        return self.api.patch_object(r.version, r.plural, self.ns, self.name, patch, group=r.group)
 
     def _start(self, body: dict[str, Any]) -> dict[str, Any]:
         """The object: the existing one of that name (adopted), else a new one."""
@@ -251,7 +259,7 @@ class Watch:
             obj = self._get()
             if obj is None:
                 r = self.resource
-                obj = self.api.create_object(r.version, r.plural, self.ns, body)
+                obj = self.api.create_object(r.version, r.plural, self.ns, body, group=r.group)
                 if obj is not None:
                     self.have = True
                     self.report(f"created {self.what}")
@@ -277,7 +285,7 @@ class Watch:
     def _adopt(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Re-attach to an object: own it too; resume it if an earlier attempt suspended it."""
         self.resource.on_adopt()
-        self.state = job_state(obj)
+        self.state = self.resource.state(obj)
         self.report(f"{self.what} exists ({self.state}): re-attaching instead of creating another")
         if self.state in TERMINAL:
             return obj
@@ -296,7 +304,7 @@ class Watch:
     def _wait(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Poll until the resource says the object is done; the finished object."""
         while True:
-            self.state = job_state(obj)
+            self.state = self.resource.state(obj)
             if self.resource.observe(obj, self.state):
                 return obj
             self.sleep(self.poll_s)
@@ -321,7 +329,7 @@ class Watch:
                 if self._patch(patch) is None:
                     return "it was already gone"
                 return "it was suspended (on_exit=suspend); a retry of the step resumes it"
-            if not self.api.delete_object(r.version, r.plural, self.ns, self.name):
+            if not self.api.delete_object(r.version, r.plural, self.ns, self.name, group=r.group):
                 return "it was already gone"
             return r.deleted
         except KubeApiError as e:
