@@ -271,11 +271,15 @@ def _print_schedules(runs: list[Any]) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from pipelines.params import check_parameters
-    from pipelines.render import render_experiment, render_pytorchjob
+    from pipelines.render import render_experiment, render_pytorchjob, render_trainjob
 
     params = _params(args.param)
     check_parameters({"data_uri": "<data>", **params})
-    render = render_pytorchjob if args.kind == "pytorchjob" else render_experiment
+    render = {
+        "pytorchjob": render_pytorchjob,
+        "trainjob": render_trainjob,
+        "experiment": render_experiment,
+    }[args.kind]
     print(render(params, namespace=args.namespace), end="")
     return 0
 
@@ -329,8 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print a resource the pipeline would create, as YAML")
     p.add_argument(
         "kind",
-        choices=["pytorchjob", "experiment"],
-        help="pytorchjob: the train step's job; experiment: the tune step's Katib Experiment",
+        choices=["pytorchjob", "trainjob", "experiment"],
+        help="pytorchjob or trainjob: the train step's job with that launcher; experiment: the "
+        "tune step's Katib Experiment",
     )
     p.add_argument(
         "--param",

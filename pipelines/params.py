@@ -197,6 +197,7 @@ _TRAIN_FIELDS = {
     "model_name": ("model.name",),
     "gpu_type": ("cluster.gpu_resource",),
     "gpu_node_selector": ("cluster.node_selector",),
+    "trainer_runtime": ("cluster.runtime",),
 }
 
 
@@ -281,7 +282,7 @@ def _check_register(p: dict[str, Any]) -> None:
 
 def _check_choices(p: dict[str, Any]) -> None:
     choices = {
-        "launcher": ("local", "pytorchjob"),
+        "launcher": ("local", "pytorchjob", "trainjob"),
         "tune_engine": ("local", "katib"),
         "task": ("auto", "classification", "regression"),
     }

@@ -1,8 +1,9 @@
-"""``gpupipe render pytorchjob``: the PyTorchJob the train step would create, as YAML, offline."""
+"""``gpupipe render pytorchjob|trainjob|experiment``: what the train or tune step would create, as
+YAML, offline."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -10,6 +11,8 @@ from trainer.config import from_dict
 from trainer.launch.jobspec import JobSpec, job_name
 from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.steps.train import TrainStepConfig, job_spec, step_settings
+
+Launcher = Literal["pytorchjob", "trainjob"]
 
 DEFAULT_NAMESPACE = "kubeflow"
 """Where KFP standalone runs its pipelines (multi-user installs use the profile's namespace)."""
@@ -26,15 +29,14 @@ def pipeline_defaults() -> dict[str, Any]:
     return pipeline_parameters()
 
 
-def train_job_spec(
+def train_step(
     params: dict[str, Any],
     *,
-    run_id: str = "render",
     namespace: str = DEFAULT_NAMESPACE,
-    config_uri: str = CONFIG_URI_PLACEHOLDER,
-) -> JobSpec:
-    """The job spec of the train step for these pipeline parameters (``launcher`` is ignored:
-    this is what ``launcher=pytorchjob`` creates).
+    launcher: Launcher = "pytorchjob",
+) -> TrainStepConfig:
+    """The train step's settings for these pipeline parameters with a cluster ``launcher`` (the
+    ``launcher`` parameter is ignored: this is what that launcher creates).
 
     The step's settings come from the train component's own mapping
     (:func:`trainer.steps.train.step_settings`: base parameters, then ``train_config_json``,
@@ -43,9 +45,8 @@ def train_job_spec(
 
     Args:
         params: training pipeline parameters by name; missing ones take the pipeline's defaults.
-        run_id: the KFP run id that names the job.
         namespace: namespace of the job.
-        config_uri: URI of the worker config.
+        launcher: ``pytorchjob`` or ``trainjob``.
 
     Raises:
         InputError: an unknown parameter (the message lists the valid ones) or a bad value.
@@ -53,9 +54,25 @@ def train_job_spec(
     from pipelines.params import check_parameters, step_arguments
 
     p = check_parameters({"data_uri": "<data>", **params})
-    settings = step_settings(**{**step_arguments(p), "launcher": "pytorchjob"})
+    settings = step_settings(**{**step_arguments(p), "launcher": launcher})
     settings["cluster"]["namespace"] = namespace
-    step = from_dict(TrainStepConfig, settings)
+    return from_dict(TrainStepConfig, settings)
+
+
+def train_job_spec(
+    params: dict[str, Any],
+    *,
+    run_id: str = "render",
+    namespace: str = DEFAULT_NAMESPACE,
+    config_uri: str = CONFIG_URI_PLACEHOLDER,
+    launcher: Launcher = "pytorchjob",
+) -> JobSpec:
+    """The job spec of the train step for these pipeline parameters (see :func:`train_step`).
+
+    Raises:
+        InputError: an unknown parameter (the message lists the valid ones) or a bad value.
+    """
+    step = train_step(params, namespace=namespace, launcher=launcher)
     return job_spec(
         step, name=job_name(run_id, "train"), namespace=namespace, config_uri=config_uri
     )
@@ -86,6 +103,34 @@ def render_pytorchjob(
     """
     spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
     return yaml.safe_dump(build_pytorchjob(spec), sort_keys=False)
+
+
+def render_trainjob(
+    params: dict[str, Any],
+    *,
+    namespace: str = DEFAULT_NAMESPACE,
+    config_uri: str = CONFIG_URI_PLACEHOLDER,
+) -> str:
+    """YAML of the TrainJob the train step would create with ``launcher=trainjob``.
+
+    The same job spec as :func:`render_pytorchjob` (one mapping), as a Kubeflow Trainer v2
+    TrainJob on the runtime the ``trainer_runtime`` parameter names.
+
+    Raises:
+        InputError: an unknown parameter (the message lists the valid ones) or a bad value.
+    """
+    from trainer.launch.trainjob import RuntimeRef, build_trainjob
+
+    step = train_step(params, namespace=namespace, launcher="trainjob")
+    spec = job_spec(
+        step, name=job_name("render", "train"), namespace=namespace, config_uri=config_uri
+    )
+    job = build_trainjob(
+        spec,
+        runtime=RuntimeRef.parse(step.cluster.runtime),
+        runtime_patches=step.cluster.runtime_patches,
+    )
+    return yaml.safe_dump(job, sort_keys=False)
 
 
 TRIAL_URI_PLACEHOLDER = "minio://mlpipeline/v2/artifacts/<run-id>/tune/trials"

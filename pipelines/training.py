@@ -51,8 +51,8 @@ DOWNWARD_API_ENV = {
     "POD_NAMESPACE": "metadata.namespace",
     "POD_UID": "metadata.uid",
 }
-"""The PyTorchJob launcher's own pod: the job's namespace and its ownerReference (a deleted
-run then takes the job with it)."""
+"""The cluster launchers' own pod: the job's namespace and its ownerReference (a deleted run
+then takes the job with it)."""
 
 
 def _configure(
@@ -70,11 +70,12 @@ def _configure(
 
 
 def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> Any:
-    """Build the pipeline: ``retries`` per step; ``cluster`` adds the PyTorchJob branch.
+    """Build the pipeline: ``retries`` per step; ``cluster`` adds the cluster-job branch
+    (PyTorchJob or TrainJob).
 
     Local runs (``pipelines/local.py``) use ``retries=0, cluster=False``: KFP's retry policy
     cannot tell a permanent failure (bad input, exit code 2) from a transient one, and a person
-    is waiting; and the PyTorchJob launcher needs a cluster, while kfp.local 2.17 cannot join
+    is waiting; and the cluster launchers need a cluster, while kfp.local 2.17 cannot join
     the two train branches (``dsl.OneOf`` over artifacts inside the exit handler fails there).
     """
 
@@ -102,6 +103,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         gpus_per_node: int = 1,
         nodes: int = 1,
         launcher: str = "local",
+        trainer_runtime: str = "torch-distributed",
         gpu_node_selector: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
         hyperparams_json: str = "{}",
         tune_enabled: bool = False,
@@ -141,7 +143,11 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             gpu_type: accelerator resource of the train step (``nvidia.com/gpu``).
             gpus_per_node: GPUs per node (= processes per node).
             nodes: nodes of the training job.
-            launcher: ``local`` (torchrun in the train step's pod) or ``pytorchjob``.
+            launcher: ``local`` (torchrun in the train step's pod), ``pytorchjob`` (a Kubeflow
+                Training Operator PyTorchJob) or ``trainjob`` (a Kubeflow Trainer v2 TrainJob).
+            trainer_runtime: the TrainJob's training runtime (``launcher=trainjob``):
+                ``<name>`` of a ClusterTrainingRuntime or ``TrainingRuntime/<name>`` in the
+                run's namespace.
             gpu_node_selector: node labels for the GPU nodes, e.g.
                 ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``.
             hyperparams_json: dotted trainer overrides, e.g. ``{"optim.weight_decay": 0.1}``.
@@ -229,6 +235,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                     object_store_secret=object_store_secret,
                     cuda_image=CUDA_IMAGE,
                     cpu_image=CPU_IMAGE,
+                    trainer_runtime=trainer_runtime,
                 )
 
             def train_in_step() -> dsl.PipelineTask:
@@ -250,9 +257,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             if not cluster:
                 model = train_in_step().outputs["model"]
             else:
-                with dsl.If(launcher == "pytorchjob", name="train-on-cluster"):
-                    # This pod only creates and watches the PyTorchJob: no GPU for it.
-                    job = train_task().set_display_name("train (PyTorchJob)")
+                # Both cluster launchers (PyTorchJob, TrainJob): this pod only creates and
+                # watches the job, so it needs no GPU; the launcher parameter picks the resource.
+                with dsl.If(launcher != "local", name="train-on-cluster"):
+                    job = train_task().set_display_name("train (cluster job)")
                     _configure(job, "train-launcher", object_store_secret, retries=retries)
                     job.set_caching_options(TRAIN_CACHING)
                     for env, path in DOWNWARD_API_ENV.items():

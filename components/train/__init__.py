@@ -1,4 +1,5 @@
-"""The train component: launches the training job (local torchrun or a PyTorchJob) and waits."""
+"""The train component: launches the training job (local torchrun, a PyTorchJob or a TrainJob)
+and waits."""
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
@@ -29,6 +30,7 @@ def train(
     object_store_secret: str = "",
     cuda_image: str = "",
     cpu_image: str = "",
+    trainer_runtime: str = "torch-distributed",
 ):
     """Train on the preprocessed dataset (see trainer.steps.train).
 
@@ -42,7 +44,8 @@ def train(
     ``gpu_type`` is the accelerator the pipeline asked for; it is recorded in the model's
     metadata (and, being an input, it reaches the step's sub-DAG on every backend).
 
-    With ``launcher="pytorchjob"`` this pod only launches and watches: the job's pods (GPU
+    With ``launcher="pytorchjob"`` or ``"trainjob"`` this pod only launches and watches (a
+    TrainJob runs on the training runtime ``trainer_runtime``): the job's pods (GPU
     limits, node selector, object-store secret from here) cannot see this pod's files, so they
     get URIs, and rank 0 writes the model straight into KFP's artifact store. The job runs
     ``cuda_image`` (GPUs) or ``cpu_image``; the pipeline passes this package version's images
@@ -69,12 +72,13 @@ def train(
             object_store_secret=object_store_secret,
             cuda_image=cuda_image,
             cpu_image=cpu_image,
+            trainer_runtime=trainer_runtime,
             train_config_json=config_json,
             hyperparams_json=hyperparams_json,
             tuned_hyperparams_json=tuned_hyperparams_json,
         )
         cfg = from_dict(TrainStepConfig, settings)
-        remote = cfg.launcher == "pytorchjob"
+        remote = cfg.launcher != "local"
         model_uri = model.uri if remote else model.path
         result = train_step(
             cfg,

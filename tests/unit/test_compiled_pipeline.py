@@ -19,8 +19,8 @@ from trainer.version import __version__
 
 REPO = Path(__file__).resolve().parents[2]
 COMPILED = REPO / "pipelines" / "compiled" / "gpupipe-training.yaml"
-TRAIN_ON_CLUSTER = "train (PyTorchJob)"
-"""The PyTorchJob branch's train task: it only creates and watches the job."""
+TRAIN_ON_CLUSTER = "train (cluster job)"
+"""The cluster branch's train task (PyTorchJob or TrainJob): it only creates and watches the job."""
 TRAIN_IN_STEP = "train"
 """The in-step branch's train task: torchrun on the step's own GPUs."""
 TRAINS = (TRAIN_ON_CLUSTER, TRAIN_IN_STEP)
@@ -249,7 +249,8 @@ def test_train_branches_are_conditions_on_the_launcher_parameter(compiled: Compi
     assert on_cluster[2] == in_step[2] == "launcher"
     assert on_cluster[0] == in_step[0], "the train tasks are not branches of one If/Else"
     assert on_cluster[0].startswith("comp-condition-branches"), on_cluster[0]
-    assert re.fullmatch(r"inputs\.parameter_values\['[^']+'\] == 'pytorchjob'", on_cluster[1])
+    # Both cluster launchers (pytorchjob, trainjob) take this branch; only local trains in-step.
+    assert re.fullmatch(r"inputs\.parameter_values\['[^']+'\] != 'local'", on_cluster[1])
     assert in_step[1] == f"!({on_cluster[1]})", "the in-step branch is not the Else"
 
 

@@ -495,12 +495,10 @@ class ClusterConfig:
     service account in ``spec.runtimePatches``; ``False``: the runtime must set them."""
 
     def __post_init__(self) -> None:
-        require(
-            isinstance(self.runtime, str) and bool(self.runtime),
-            "train.cluster.runtime",
-            "must name a training runtime",
-            self.runtime,
-        )
+        # Checked here, before any job exists (the TrainJob module owns what a runtime is).
+        from trainer.launch.trainjob import RuntimeRef
+
+        RuntimeRef.parse(self.runtime, "train.cluster.runtime")
         require(
             self.gpus_per_node >= 0,
             "train.cluster.gpus_per_node",

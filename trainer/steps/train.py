@@ -3,7 +3,8 @@
 The job itself is always ``torchrun ... -m trainer.worker --config <uri>``; a
 :class:`trainer.launch.Launcher` decides where it runs. :class:`~trainer.launch.local.LocalLauncher`
 runs it as a subprocess on this machine (what ``kfp.local`` and laptops use); the PyTorchJob
-launcher (:mod:`trainer.launch.pytorchjob`) runs it on a cluster behind the same protocol.
+(:mod:`trainer.launch.pytorchjob`) and TrainJob (:mod:`trainer.launch.trainjob`) launchers run
+it on a cluster behind the same protocol, from the same job spec.
 Everything the job needs travels as URIs, never as local paths of the launcher.
 """
 
@@ -41,13 +42,17 @@ from trainer.launch.local import LocalLauncher
 
 log = logging.getLogger(__name__)
 
+CLUSTER_LAUNCHERS = ("pytorchjob", "trainjob")
+"""Launchers that run the job as a custom resource on a cluster (the ``cluster`` section)."""
+
 
 @dataclass(kw_only=True, slots=True)
 class TrainStepConfig:
     """What the pipeline's train step asks for; data and output locations come from KFP."""
 
-    launcher: Literal["local", "pytorchjob"] = "local"
-    """``local``: torchrun subprocess here; ``pytorchjob``: a Training Operator job."""
+    launcher: Literal["local", "pytorchjob", "trainjob"] = "local"
+    """``local``: torchrun subprocess here; ``pytorchjob``: a Training Operator PyTorchJob;
+    ``trainjob``: a Kubeflow Trainer v2 TrainJob."""
     nproc_per_node: int = 1
     """Processes per node: GPUs per node on a cluster, CPU processes locally."""
     nnodes: int = 1
@@ -63,11 +68,17 @@ class TrainStepConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
-        if self.launcher == "pytorchjob":
+        require(
+            self.launcher in CLUSTER_LAUNCHERS or self.launcher == "local",
+            "train.launcher",
+            f"must be local or one of {', '.join(CLUSTER_LAUNCHERS)}",
+            self.launcher,
+        )
+        if self.launcher in CLUSTER_LAUNCHERS:
             require(
                 bool(self.cluster.image),
                 "train.cluster.image",
-                "must be set for launcher 'pytorchjob'",
+                f"must be set for launcher {self.launcher!r}",
                 self.cluster.image,
             )
         require(self.nproc_per_node > 0, "train.nproc_per_node", "must be > 0", self.nproc_per_node)
@@ -101,6 +112,7 @@ def step_settings(
     object_store_secret: str = "",
     cuda_image: str = "",
     cpu_image: str = "",
+    trainer_runtime: str = "torch-distributed",
     train_config_json: str | dict[str, Any] = "{}",
     hyperparams_json: str | dict[str, Any] = "{}",
     tuned_hyperparams_json: str | dict[str, Any] = "{}",
@@ -115,7 +127,8 @@ def step_settings(
     The result is not validated: ``from_dict(TrainStepConfig, ...)`` does that.
 
     Args:
-        launcher: ``local`` or ``pytorchjob`` (which adds the ``cluster`` section).
+        launcher: ``local``, ``pytorchjob`` or ``trainjob`` (the last two add the ``cluster``
+            section).
         model_name: ``mlp`` or a user model ``package.module:build``.
         epochs: passes over the training split.
         learning_rate: the optimizer's peak learning rate.
@@ -128,6 +141,8 @@ def step_settings(
         object_store_secret: secret with the artifact store's credentials (pytorchjob).
         cuda_image: the job's image with GPUs (pytorchjob).
         cpu_image: the job's image without GPUs (pytorchjob).
+        trainer_runtime: the TrainJob's training runtime, ``<name>`` (a
+            ClusterTrainingRuntime) or ``TrainingRuntime/<name>`` (trainjob only).
         train_config_json: further ``TrainStepConfig`` fields (JSON object or dict).
         hyperparams_json: dotted overrides, e.g. ``{"optim.weight_decay": 0.1}``.
         tuned_hyperparams_json: the tune step's best parameters, applied last.
@@ -143,7 +158,7 @@ def step_settings(
         "optim": {"lr": learning_rate},
         "train": {"epochs": epochs, "global_batch_size": batch_size, "seed": seed},
     }
-    if launcher == "pytorchjob":
+    if launcher in CLUSTER_LAUNCHERS:
         settings["cluster"] = {
             "image": cuda_image if gpus_per_node > 0 else cpu_image,
             "gpus_per_node": gpus_per_node,
@@ -151,6 +166,8 @@ def step_settings(
             "node_selector": {str(k): str(v) for k, v in (gpu_node_selector or {}).items()},
             "object_store_secret": object_store_secret or None,
         }
+        if launcher == "trainjob":
+            settings["cluster"]["runtime"] = trainer_runtime
     layers = {
         "train_config_json": train_config_json,
         "hyperparams_json": hyperparams_json,
@@ -324,8 +341,9 @@ def train_step(
 
 
 def job_spec(cfg: TrainStepConfig, *, name: str, namespace: str, config_uri: str) -> JobSpec:
-    """The PyTorchJob spec of a train step (:meth:`ClusterConfig.job_spec` with the step's
-    nodes, processes and deadline): what ``gpupipe render`` shows."""
+    """The job spec of a train step, for a PyTorchJob or a TrainJob
+    (:meth:`ClusterConfig.job_spec` with the step's nodes, processes and deadline): what
+    ``gpupipe render`` shows."""
     return cfg.cluster.job_spec(
         name=name,
         namespace=namespace,
@@ -341,15 +359,17 @@ def make_launcher(cfg: TrainStepConfig) -> Launcher:
     if cfg.launcher == "local":
         return LocalLauncher()
     from trainer.launch.pytorchjob import PyTorchJobLauncher
+    from trainer.launch.trainjob import TrainJobLauncher
 
     namespace = cfg.cluster.namespace or os.environ.get("POD_NAMESPACE")
     if not namespace:
         raise InputError(
             "E_CONFIG",
-            "the pytorchjob launcher needs a namespace: set "
+            f"the {cfg.launcher} launcher needs a namespace: set "
             "train.cluster.namespace or POD_NAMESPACE (downward API)",
             "train.cluster.namespace",
         )
-    return PyTorchJobLauncher.from_environment(
+    cls = TrainJobLauncher if cfg.launcher == "trainjob" else PyTorchJobLauncher
+    return cls.from_environment(
         cluster=cfg.cluster, namespace=namespace, on_exit=cfg.cluster.on_exit
     )
