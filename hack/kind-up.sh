@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Create a kind cluster for the end-to-end run and install everything the pipeline needs:
-# KFP 2.17.0 (standalone), the Training Operator v1.9.2, Katib v0.19.0, gpupipe's RBAC and an
-# MLflow server, then build the CPU image and load it into the nodes.
+# KFP 2.17.0 (standalone), a training operator (the Training Operator v1.9.2 for
+# launcher=pytorchjob, Kubeflow Trainer v2.3.0 for launcher=trainjob, or both), Katib v0.19.0,
+# gpupipe's RBAC and an MLflow server, then build the CPU image and load it into the nodes.
 # Needs: docker, kind (>= v0.29.0, for the pinned node image), kubectl (with kustomize), git, and
 # network access to GitHub and the image registries. Safe to rerun: it reuses the cluster and
 # re-applies the manifests.
-# Environment: GPUPIPE_KIND_CLUSTER (default gpupipe), GPUPIPE_KIND_WAIT (default 900s).
+# Environment: GPUPIPE_KIND_CLUSTER (default gpupipe), GPUPIPE_KIND_WAIT (default 900s),
+# OPERATOR: training-operator (default; PyTorchJob, also what Katib trials run), trainer
+# (Kubeflow Trainer v2: TrainJob) or both.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,6 +16,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cluster="${GPUPIPE_KIND_CLUSTER:-gpupipe}"
 wait_timeout="${GPUPIPE_KIND_WAIT:-900s}"
 context="kind-${cluster}"
+operator="${OPERATOR:-training-operator}"
+case "$operator" in
+  training-operator | trainer | both) ;;
+  *)
+    echo "error: OPERATOR must be training-operator, trainer or both, got '${operator}'" >&2
+    exit 2
+    ;;
+esac
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -38,8 +49,19 @@ kubectl wait --for condition=established --timeout=120s crd --all
 step "installing Kubeflow Pipelines 2.17.0: standalone (platform-agnostic)"
 kubectl apply -k manifests/kfp/platform-agnostic
 
-step "installing the Training Operator v1.9.2 (server-side: its CRDs are large)"
-kubectl apply --server-side --force-conflicts -k manifests/training-operator
+if [[ "$operator" != trainer ]]; then
+  step "installing the Training Operator v1.9.2 (server-side: its CRDs are large)"
+  kubectl apply --server-side --force-conflicts -k manifests/training-operator
+fi
+
+if [[ "$operator" != training-operator ]]; then
+  step "installing Kubeflow Trainer v2.3.0 and JobSet (server-side: its CRDs are large)"
+  kubectl apply --server-side --force-conflicts -k manifests/trainer/manager
+  step "waiting up to ${wait_timeout} for the Trainer controller and its webhook"
+  kubectl -n kubeflow-system wait --for condition=Available deployment --all --timeout "$wait_timeout"
+  step "installing Kubeflow Trainer v2.3.0's training runtimes (torch-distributed, ...)"
+  kubectl apply --server-side --force-conflicts -k manifests/trainer/runtimes
+fi
 
 step "installing Katib v0.19.0"
 kubectl apply --server-side --force-conflicts -k manifests/katib
@@ -65,4 +87,4 @@ docker tag "$cpu_image" "$cuda_image"
 step "loading the images into kind"
 kind load docker-image --name "$cluster" "$cpu_image" "$cuda_image"
 
-step "ready: kubectl context ${context}; run hack/e2e.sh (make e2e)"
+step "ready: kubectl context ${context} (operator: ${operator}); run hack/e2e.sh (make e2e)"

@@ -122,6 +122,8 @@ def test_every_manifest_folder_is_found() -> None:
         "manifests/rbac/base",
         "manifests/rbac/profile",
         "manifests/training-operator",
+        "manifests/trainer/manager",
+        "manifests/trainer/runtimes",
         "manifests/katib",
         "manifests/kfp/cluster-scoped-resources",
         "manifests/kfp/platform-agnostic",
@@ -153,6 +155,9 @@ def test_remote_base_is_pinned_to_a_release_tag(url: str) -> None:
     ("folder", "repo", "tag"),
     [
         ("training-operator", "github.com/kubeflow/training-operator.git", "v1.9.2"),
+        # Kubeflow Trainer v2 (TrainJob): the release whose CRDs are in ../shared/crds.
+        ("trainer/manager", "github.com/kubeflow/trainer.git", "v2.3.0"),
+        ("trainer/runtimes", "github.com/kubeflow/trainer.git", "v2.3.0"),
         ("katib", "github.com/kubeflow/katib.git", "v0.19.0"),
         # The KFP backend release of the SDK that compiles the pipelines (constraints.txt).
         ("kfp/cluster-scoped-resources", "github.com/kubeflow/pipelines", "2.17.0"),
@@ -175,8 +180,9 @@ def test_kfp_backend_matches_the_sdk() -> None:
 
 def _expected_calls() -> set[tuple[str, str, str]]:
     from trainer.launch.pytorchjob import API_CALLS
+    from trainer.launch.trainjob import API_CALLS as TRAINJOB_CALLS
 
-    return set(API_CALLS) | KATIB_CALLS
+    return set(API_CALLS) | set(TRAINJOB_CALLS) | KATIB_CALLS
 
 
 def _granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
