@@ -59,6 +59,11 @@ def test_the_trainjob_and_the_pytorchjob_carry_one_job_spec() -> None:
     assert render(gpus_per_node=0)["spec"]["trainer"]["image"] == CPU_IMAGE
 
 
+def test_runtime_patches_can_be_left_to_the_runtime() -> None:
+    assert render()["spec"]["runtimePatches"][0]["manager"] == "gpupipe.dev/launcher"
+    assert "runtimePatches" not in render(**PARAMS["no-patches"])["spec"]
+
+
 def test_the_runtime_parameter_selects_the_runtime() -> None:
     assert render()["spec"]["runtimeRef"]["name"] == "torch-distributed"
     ref = render(trainer_runtime="TrainingRuntime/torch-h200")["spec"]["runtimeRef"]

@@ -234,7 +234,7 @@ class OwnerRef:
 
 @dataclass(kw_only=True, slots=True)
 class JobSpec:
-    """Everything that decides the PyTorchJob of one training run."""
+    """Everything that decides the job of one training run (a PyTorchJob or a TrainJob)."""
 
     name: str
     """Job name: a DNS-1035 label short enough for the operator's pod names (see

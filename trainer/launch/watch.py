@@ -1,6 +1,6 @@
 """One loop that runs a custom resource to its end, for every launcher that makes one.
 
-A launcher (the PyTorchJob one, Katib's Experiment one, a TrainJob one next) hands :class:`Watch`
+A launcher (the PyTorchJob and TrainJob ones, Katib's Experiment one) hands :class:`Watch`
 the object to create and a small :class:`Resource` adapter that says how to read the object's
 state, what to print while it runs, how to resume and suspend it. The loop is the same for all:
 
