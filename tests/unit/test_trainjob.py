@@ -8,6 +8,8 @@ import functools
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -676,3 +678,11 @@ def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
     launch(launcher(own_pod=POD))  # adopt: patch the ownerReference
 
     assert {_rbac(r.method, r.path) for r in fake.requests} == set(API_CALLS)
+
+
+def test_importing_the_launcher_does_not_import_kubernetes() -> None:
+    code = "import sys, trainer.launch.trainjob; print('kubernetes' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"
