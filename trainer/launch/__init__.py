@@ -7,9 +7,9 @@ The job is always ``python -m trainer.launch ... -m trainer.worker --config <uri
   (exit codes the operator can act on) and :func:`~trainer.launch.torchrun.torchrun_command`;
 - :mod:`~trainer.launch.local`: :class:`~trainer.launch.local.LocalLauncher` (a child process
   here) and the one child-process output pump, shared with the tune trial runner;
-- :mod:`~trainer.launch.jobspec`: the cluster settings, :class:`~trainer.launch.jobspec.JobSpec`
-  and the pod pieces built from it, without a client (field checks in
-  :mod:`~trainer.launch.kubefields`);
+- :mod:`~trainer.launch.jobspec`: the cluster settings and :class:`~trainer.launch.jobspec.JobSpec`,
+  without a client (field checks in :mod:`~trainer.launch.kubefields`); the pod pieces built
+  from a spec in :mod:`~trainer.launch.podspec`;
 - :mod:`~trainer.launch.kube`: the Kubernetes calls, typed, retried and named;
 - :mod:`~trainer.launch.watch`: the one create-or-adopt / wait / deadline / cancel / diagnose
   loop for any custom resource (a PyTorchJob, a Katib Experiment), with a small adapter each;

@@ -8,10 +8,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.launch.jobspec import (
-    WORKER_COMMAND,
-    ClusterConfig,
-    JobSpec,
+from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
+from trainer.launch.kube import PLURAL, VERSION, KubeApi
+from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
+from trainer.launch.podlog import PodLog
+from trainer.launch.podspec import (
     container_env,
     container_resources,
     container_security_context,
@@ -21,9 +22,6 @@ from trainer.launch.jobspec import (
     pod_security_context,
     pod_volumes,
 )
-from trainer.launch.kube import PLURAL, VERSION, KubeApi
-from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
-from trainer.launch.podlog import PodLog
 from trainer.launch.watch import (
     TERMINAL,
     LaunchCancelled,

@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainer.config import require
-from trainer.launch.jobspec import (
-    WORKER_COMMAND,
-    ClusterConfig,
-    JobSpec,
+from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
+from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, KubeApi
+from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
+from trainer.launch.kubefields import DNS1123_SUBDOMAIN, check_dns
+from trainer.launch.podlog import PodLog
+from trainer.launch.podspec import (
     container_env,
     container_resources,
     container_security_context,
@@ -38,10 +40,6 @@ from trainer.launch.jobspec import (
     pod_security_context,
     pod_volumes,
 )
-from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, KubeApi
-from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
-from trainer.launch.kubefields import DNS1123_SUBDOMAIN, check_dns
-from trainer.launch.podlog import PodLog
 from trainer.launch.watch import (
     TERMINAL,
     LaunchCancelled,
