@@ -140,6 +140,122 @@ def assert_valid_job(job: dict[str, Any]) -> None:
     assert not errors, "\n".join(errors)
 
 
+# --- the TrainJob CRD (Kubeflow Trainer v2.3.0), with its CEL rules ----------------------------
+
+TRAINJOB_CRD_FILE = CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"
+TORCH_RUNTIME_FILE = CRD_DIR / "runtime_torch_distributed.yaml"
+TRAINJOB_CRD_MISSING = (
+    None
+    if TRAINJOB_CRD_FILE.is_file() and TORCH_RUNTIME_FILE.is_file()
+    else f"needs the upstream TrainJob CRD and torch runtime in {CRD_DIR} (set GPUPIPE_CRD_DIR)"
+)
+needs_trainjob_crd = pytest.mark.skipif(
+    TRAINJOB_CRD_MISSING is not None, reason=TRAINJOB_CRD_MISSING or ""
+)
+
+
+@functools.cache
+def _trainjob_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(TRAINJOB_CRD_FILE.read_text())
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1"
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
+@functools.cache
+def trainjob_crd_validator() -> jsonschema.protocols.Validator:
+    """A validator for the TrainJob CRD's schema, strict like the PyTorchJob one."""
+    schema = _structural(_trainjob_schema())
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")
+_MANAGED_BY = ["trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"]
+CEL_RULES: dict[str, Any] = {
+    # Transition rules compare with the stored object: a create has none, so they hold.
+    "self == oldSelf": lambda v: True,
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": lambda v: bool(
+        DNS1035.match(v["metadata"]["name"])
+    ),
+    "size(self.metadata.name) <= 63": lambda v: len(v["metadata"]["name"]) <= 63,
+    "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']": (
+        lambda v: v in _MANAGED_BY
+    ),
+    "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')": lambda v: (
+        v == "" or bool(_URI.match(v))
+    ),
+    "has(self.lastUpdatedTime)": lambda v: "lastUpdatedTime" in v,
+}
+"""Every CEL rule of the v2.3.0 TrainJob CRD, evaluated by hand (no CEL library installs here):
+a rule this table does not know is an error, so a new upstream rule cannot pass unchecked."""
+
+
+def cel_errors(obj: Any, schema: dict[str, Any] | None = None, path: str = "") -> list[str]:
+    """The ``x-kubernetes-validations`` rules ``obj`` breaks, walking the schema with it."""
+    schema = _trainjob_schema() if schema is None else schema
+    errors = []
+    for rule in schema.get("x-kubernetes-validations") or []:
+        check = CEL_RULES.get(rule["rule"])
+        if check is None:
+            errors.append(f"{path or '/'}: unknown CEL rule {rule['rule']!r}: add it to CEL_RULES")
+        elif not check(obj):
+            errors.append(f"{path or '/'}: {rule['message']}")
+    if isinstance(obj, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                errors += cel_errors(value, sub, f"{path}/{key}")
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            errors += cel_errors(item, schema["items"], f"{path}/{i}")
+    return errors
+
+
+@functools.cache
+def torch_runtime_containers() -> frozenset[tuple[str, str]]:
+    """(replicated job, container) pairs of the default ``torch-distributed`` runtime."""
+    runtime = yaml.safe_load(TORCH_RUNTIME_FILE.read_text())
+    return frozenset(
+        (rj["name"], c["name"])
+        for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        for c in rj["template"]["spec"]["template"]["spec"]["containers"]
+    )
+
+
+def trainjob_schema_errors(job: dict[str, Any]) -> list[str]:
+    """Every reason the API server (schema, CEL) or Trainer's webhook would reject ``job``."""
+    errors = [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in trainjob_crd_validator().iter_errors(job)
+    ]
+    errors += cel_errors(job)
+    if job.get("apiVersion") != "trainer.kubeflow.org/v1alpha1" or job.get("kind") != "TrainJob":
+        errors.append("apiVersion/kind must be trainer.kubeflow.org/v1alpha1 TrainJob")
+    # The torch plugin's webhook: no torchrun variables of the user's own in trainer.env.
+    for env in (job.get("spec") or {}).get("trainer", {}).get("env") or []:
+        if env.get("name", "").startswith("PET_"):
+            errors.append(f"spec/trainer/env: reserved torchrun variable {env['name']}")
+    # Patched containers must exist in the runtime.
+    for patch in (job.get("spec") or {}).get("runtimePatches") or []:
+        rjobs = patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
+        for rjob in rjobs.get("replicatedJobs") or []:
+            pod = rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+            for c in pod.get("containers") or []:
+                if (rjob["name"], c["name"]) not in torch_runtime_containers():
+                    errors.append(f"runtime has no container {rjob['name']}/{c['name']}")
+    return errors
+
+
+def assert_valid_trainjob(job: dict[str, Any]) -> None:
+    """Fail with every schema, CEL and webhook error of ``job``."""
+    errors = trainjob_schema_errors(job)
+    assert not errors, "\n".join(errors)
+
+
 # --- tune --------------------------------------------------------------------------------
 
 LR = {

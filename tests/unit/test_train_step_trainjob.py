@@ -14,7 +14,8 @@ import yaml
 from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.params import check_parameters
 from pipelines.render import render_pytorchjob, render_trainjob
-from tests.unit.test_trainjob import assert_valid, needs_crd
+from tests.helpers import assert_valid_trainjob as assert_valid
+from tests.helpers import needs_trainjob_crd as needs_crd
 from trainer.config import from_dict
 from trainer.errors import InputError
 from trainer.launch.trainjob import TrainJobLauncher

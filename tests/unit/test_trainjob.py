@@ -4,7 +4,6 @@ and the TrainJob launcher against a fake API server that plays Kubeflow Trainer 
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import re
 import signal
@@ -15,15 +14,26 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jsonschema
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.fakes.kube_api import FakeKubeApi, Scenario
-from tests.unit.test_jobspec import BASE, CRD_DIR, CREDS, GPU_TOL, NCCL, OWNER, _structural
+from tests.helpers import (
+    assert_valid_trainjob,
+    cel_errors,
+    needs_trainjob_crd,
+    trainjob_schema_errors,
+)
 from trainer.errors import InputError
-from trainer.launch.jobspec import ClusterConfig, JobSpec, SchedulingConfig, job_name
+from trainer.launch.jobspec import (
+    ClusterConfig,
+    JobSpec,
+    NcclConfig,
+    OwnerRef,
+    SchedulingConfig,
+    SecretEnv,
+    job_name,
+)
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.trainjob import (
     API_CALLS,
@@ -36,125 +46,27 @@ from trainer.launch.trainjob import (
     trainjob_state,
 )
 
-CRD_FILE = CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"
-RUNTIME_FILE = CRD_DIR / "runtime_torch_distributed.yaml"
-CRD_MISSING = (
-    None
-    if CRD_FILE.is_file()
-    else f"needs the upstream TrainJob CRD: {CRD_FILE} not found (set GPUPIPE_CRD_DIR)"
-)
-needs_crd = pytest.mark.skipif(CRD_MISSING is not None, reason=CRD_MISSING or "")
-
-
-# --------------------------------------------------------------------------------------------
-# The CRD schema and its CEL rules, as the API server applies them on create
-# --------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _version() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    (version,) = crd["spec"]["versions"]
-    assert version["name"] == "v1alpha1"
-    return dict(version["schema"]["openAPIV3Schema"])
-
-
-@functools.cache
-def crd_validator() -> jsonschema.protocols.Validator:
-    schema = _structural(_version())
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
-    cls.check_schema(schema)
-    return cls(schema)
-
-
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")
-MANAGED_BY = ["trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"]
-CEL_RULES: dict[str, Callable[[Any], bool]] = {
-    # Transition rules compare with the stored object: a create has none, so they hold.
-    "self == oldSelf": lambda v: True,
-    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": lambda v: bool(
-        _DNS1035.match(v["metadata"]["name"])
-    ),
-    "size(self.metadata.name) <= 63": lambda v: len(v["metadata"]["name"]) <= 63,
-    "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']": (
-        lambda v: v in MANAGED_BY
-    ),
-    "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')": lambda v: (
-        v == "" or bool(_URI.match(v))
-    ),
-    "has(self.lastUpdatedTime)": lambda v: "lastUpdatedTime" in v,
-}
-"""Every CEL rule of the v2.3.0 TrainJob CRD, by hand (no CEL library installs here): a rule
-this table does not know fails the test, so a new upstream rule cannot pass unchecked."""
-
-
-def cel_errors(obj: Any, schema: dict[str, Any] | None = None, path: str = "") -> list[str]:
-    """The ``x-kubernetes-validations`` rules ``obj`` breaks, walking the schema with it."""
-    schema = _version() if schema is None else schema
-    errors = []
-    for rule in schema.get("x-kubernetes-validations") or []:
-        check = CEL_RULES.get(rule["rule"])
-        if check is None:
-            errors.append(f"{path or '/'}: unknown CEL rule {rule['rule']!r}: add it to CEL_RULES")
-        elif not check(obj):
-            errors.append(f"{path or '/'}: {rule['message']}")
-    if isinstance(obj, dict):
-        props = schema.get("properties") or {}
-        extra = schema.get("additionalProperties")
-        for key, value in obj.items():
-            sub = props.get(key, extra if isinstance(extra, dict) else None)
-            if sub is not None:
-                errors += cel_errors(value, sub, f"{path}/{key}")
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(obj):
-            errors += cel_errors(item, schema["items"], f"{path}/{i}")
-    return errors
-
-
-def schema_errors(job: dict[str, Any]) -> list[str]:
-    """Every reason the API server (schema, CEL) or Trainer's webhook would reject ``job``."""
-    errors = [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-        for e in crd_validator().iter_errors(job)
-    ]
-    errors += cel_errors(job)
-    if job.get("apiVersion") != "trainer.kubeflow.org/v1alpha1" or job.get("kind") != "TrainJob":
-        errors.append("apiVersion/kind must be trainer.kubeflow.org/v1alpha1 TrainJob")
-    # What the torch plugin's webhook checks: no torchrun variables of its own in trainer.env.
-    for env in (job.get("spec") or {}).get("trainer", {}).get("env") or []:
-        if env.get("name", "").startswith("PET_"):
-            errors.append(f"spec/trainer/env: reserved torchrun variable {env['name']}")
-    # Patched containers must exist in the runtime (the webhook refuses unknown ones).
-    for patch in (job.get("spec") or {}).get("runtimePatches") or []:
-        rjobs = patch.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
-        for rjob in rjobs.get("replicatedJobs") or []:
-            pod = rjob.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
-            for c in pod.get("containers") or []:
-                if (rjob["name"], c["name"]) not in runtime_containers():
-                    errors.append(f"runtime has no container {rjob['name']}/{c['name']}")
-    return errors
-
-
-@functools.cache
-def runtime_containers() -> set[tuple[str, str]]:
-    """(replicated job, container) pairs of the default torch-distributed runtime."""
-    runtime = yaml.safe_load(RUNTIME_FILE.read_text())
-    return {
-        (rj["name"], c["name"])
-        for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]
-        for c in rj["template"]["spec"]["template"]["spec"]["containers"]
-    }
-
-
-def assert_valid(job: dict[str, Any]) -> None:
-    errors = schema_errors(job)
-    assert not errors, "\n".join(errors)
-
-
 # --------------------------------------------------------------------------------------------
 # Jobs under test
 # --------------------------------------------------------------------------------------------
+
+BASE = {
+    "name": "gpupipe-train-abc123",
+    "namespace": "team-a",
+    "image": "ghcr.io/gpupipe/trainer-cuda:0.1.0",
+    "config_uri": "s3://bucket/runs/r1/worker-config.json",
+}
+OWNER = OwnerRef(name="train-pod-xyz", uid="0b5c3a9e-3f7d-4b8e-9a51-2f0c3c1d9e77")
+NCCL = NcclConfig(socket_ifname="^lo,docker", debug="INFO", ib_disable=True)
+GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+CREDS = [
+    SecretEnv(env="AWS_ACCESS_KEY_ID", secret="object-store", key="accesskey"),
+    SecretEnv(env="AWS_SECRET_ACCESS_KEY", secret="object-store", key="secretkey"),
+]
+needs_crd = needs_trainjob_crd
+schema_errors = trainjob_schema_errors
+assert_valid = assert_valid_trainjob
+
 
 CASES: dict[str, tuple[dict[str, Any], bool]] = {
     "1-node-cpu": ({}, True),
