@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -138,5 +139,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit_now(code: int) -> None:
+    """Flush and leave without running C++ static destructors.
+
+    After a step fails, interpreter shutdown can race pyarrow's native thread pools and abort
+    ("terminate called without an active exception", exit -6) once in a few hundred runs on a
+    busy machine. The step's exit code is its contract (2 is permanent under the operator's
+    ExitCode policy, SIGABRT would be retried), so it is delivered directly.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if status == 0:
+            raise
+        _exit_now(status)
+    sys.exit(status)
