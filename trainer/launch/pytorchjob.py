@@ -8,7 +8,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
+from trainer.launch.joblauncher import ClusterJobLauncher
+from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
 from trainer.launch.kube import PLURAL, VERSION, KubeApi
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
 from trainer.launch.podlog import PodLog
@@ -25,10 +26,8 @@ from trainer.launch.podspec import (
 from trainer.launch.watch import (
     TERMINAL,
     LaunchCancelled,
-    OnExit,
     PodRef,
     Resource,
-    ResourceLauncher,
     job_state,
 )
 
@@ -190,7 +189,7 @@ class _PyTorchJob(Resource):
         return max(live, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
 
 
-class PyTorchJobLauncher(ResourceLauncher):
+class PyTorchJobLauncher(ClusterJobLauncher):
     """Runs the training job as a Training Operator PyTorchJob and waits for its outcome.
 
     The job is named by the caller from the KFP run and task, so a retried or restarted step
@@ -214,72 +213,6 @@ class PyTorchJobLauncher(ResourceLauncher):
         ValueError: an argument is out of range.
     """
 
-    def __init__(
-        self,
-        *,
-        namespace: str,
-        cluster: ClusterConfig,
-        api: KubeApi | None = None,
-        on_exit: OnExit = "delete",
-        poll_s: float = 2.0,
-        log_tail: int = 50,
-        own_pod: PodRef | None = None,
-    ) -> None:
-        super().__init__(
-            namespace=namespace, api=api, own_pod=own_pod, poll_s=poll_s, on_exit=on_exit
-        )
-        if log_tail < 1:
-            raise ValueError(f"log_tail must be >= 1, got {log_tail}")
-        self.cluster = cluster
-        self.log_tail = log_tail
-
-    def job_spec(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> JobSpec:
-        """The job spec of one run: the cluster settings, in this launcher's namespace."""
-        return self.cluster.job_spec(
-            name=job_name,
-            namespace=self.namespace,
-            config_uri=config_uri,
-            nnodes=nnodes,
-            nproc_per_node=nproc_per_node,
-            timeout_s=timeout_s,
-        )
-
-    def launch(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> None:
-        """Create (or re-attach to) the PyTorchJob ``job_name`` and return when it succeeded.
-
-        Raises:
-            InputError: the job failed on bad input (the worker's ``ERROR [train] E_...`` line),
-                or the cluster settings make no valid job.
-            RuntimeError: the job failed (conditions, events and the master's last log lines in
-                the message), the API refused a call, or the step was cancelled
-                (:class:`LaunchCancelled`).
-            TimeoutError: ``timeout_s`` passed before the job finished.
-        """
-        spec = self.job_spec(
-            job_name=job_name,
-            config_uri=config_uri,
-            nproc_per_node=nproc_per_node,
-            nnodes=nnodes,
-            timeout_s=timeout_s,
-        )
-        self.run(spec, timeout_s=timeout_s)
-
     def run(self, spec: JobSpec, *, timeout_s: float | None) -> None:
         """Create (or re-attach to) the PyTorchJob of ``spec``; return when it succeeded.
 
@@ -287,10 +220,7 @@ class PyTorchJobLauncher(ResourceLauncher):
             ValueError: ``spec`` is for another namespace.
             InputError, RuntimeError, TimeoutError: as :meth:`launch`.
         """
-        if spec.namespace != self.namespace:
-            raise ValueError(
-                f"the job spec is for namespace {spec.namespace!r}, not {self.namespace!r}"
-            )
+        self.check_namespace(spec)
         job = _PyTorchJob(self.api, self.namespace, spec.name, self.log_tail)
         watch = self.watch(job, spec.name, timeout_s)
         found = watch.run(build_pytorchjob(spec))

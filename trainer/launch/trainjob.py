@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainer.config import require
+from trainer.launch.joblauncher import ClusterJobLauncher
 from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
 from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, KubeApi
 from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
@@ -46,7 +47,6 @@ from trainer.launch.watch import (
     OnExit,
     PodRef,
     Resource,
-    ResourceLauncher,
 )
 
 __all__ = [
@@ -322,7 +322,7 @@ def _completion_index(pod: Mapping[str, Any]) -> str | None:
     return found if found is not None else (meta.get("labels") or {}).get(COMPLETION_INDEX)
 
 
-class TrainJobLauncher(ResourceLauncher):
+class TrainJobLauncher(ClusterJobLauncher):
     """Runs the training job as a Kubeflow Trainer v2 TrainJob and waits for its outcome.
 
     The same behaviour as :class:`~trainer.launch.pytorchjob.PyTorchJobLauncher`, on the same
@@ -358,42 +358,16 @@ class TrainJobLauncher(ResourceLauncher):
         own_pod: PodRef | None = None,
     ) -> None:
         super().__init__(
-            namespace=namespace, api=api, own_pod=own_pod, poll_s=poll_s, on_exit=on_exit
+            namespace=namespace,
+            cluster=cluster,
+            api=api,
+            on_exit=on_exit,
+            poll_s=poll_s,
+            log_tail=log_tail,
+            own_pod=own_pod,
         )
-        if log_tail < 1:
-            raise ValueError(f"log_tail must be >= 1, got {log_tail}")
-        self.cluster = cluster
         self.runtime = RuntimeRef.parse(cluster.runtime)
         self.log_tail = log_tail
-
-    def launch(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> None:
-        """Create (or re-attach to) the TrainJob ``job_name`` and return when it succeeded.
-
-        Raises:
-            InputError: the job failed on bad input (the worker's ``ERROR [train] E_...`` line),
-                or the cluster settings make no valid job.
-            RuntimeError: the job failed (conditions, events and node 0's last log lines in
-                the message), the API refused a call, or the step was cancelled
-                (:class:`LaunchCancelled`).
-            TimeoutError: ``timeout_s`` passed before the job finished.
-        """
-        spec = self.cluster.job_spec(
-            name=job_name,
-            namespace=self.namespace,
-            config_uri=config_uri,
-            nnodes=nnodes,
-            nproc_per_node=nproc_per_node,
-            timeout_s=timeout_s,
-        )
-        self.run(spec, timeout_s=timeout_s)
 
     def run(self, spec: JobSpec, *, timeout_s: float | None) -> None:
         """Create (or re-attach to) the TrainJob of ``spec``; return when it succeeded.
@@ -402,10 +376,7 @@ class TrainJobLauncher(ResourceLauncher):
             ValueError: ``spec`` is for another namespace.
             InputError, RuntimeError, TimeoutError: as :meth:`launch`.
         """
-        if spec.namespace != self.namespace:
-            raise ValueError(
-                f"the job spec is for namespace {spec.namespace!r}, not {self.namespace!r}"
-            )
+        self.check_namespace(spec)
         body = build_trainjob(
             spec, runtime=self.runtime, runtime_patches=self.cluster.runtime_patches
         )
