@@ -1,7 +1,7 @@
 """The local tune engine: a Katib-style search space run as an Optuna study over real trainings.
 
 Katib's algorithms map onto Optuna samplers and its median stopping (or Hyperband) onto pruners
-(:data:`SAMPLERS`, :data:`PRUNERS`). Each trial is a real training run of ``trainer.loop``,
+(:mod:`trainer.tune.samplers`). Each trial is a real training run of ``trainer.loop``,
 driven by a :class:`TrialRunner`: a ``trainer.worker`` subprocess whose JSON ``eval`` lines are
 reported to the trial as they appear (:class:`SubprocessTrialRunner`), or a call of
 ``trainer.loop.train`` in this process (:class:`InProcessTrialRunner`, for tests and benchmarks).
@@ -50,7 +50,8 @@ from trainer.tune.runners import (
     TrialRunner,
     is_number,
 )
-from trainer.tune.space import Parameter, SearchSpace, grid_points, sample_value
+from trainer.tune.samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, suggest
+from trainer.tune.space import SearchSpace, grid_points
 
 if TYPE_CHECKING:
     import optuna
@@ -59,23 +60,6 @@ log = logging.getLogger(__name__)
 
 JOURNAL_NAME = "study.journal"
 """File of the study inside the work URI."""
-
-SAMPLERS: dict[str, str] = {
-    "random": "RandomSampler",
-    "grid": "GridSampler",
-    "tpe": "TPESampler",
-    "multivariate-tpe": "TPESampler(multivariate=True)",
-    "cmaes": "CmaEsSampler",
-    "bayesianoptimization": "GPSampler",
-    "hyperband": "TPESampler (+ HyperbandPruner)",
-}
-"""Katib algorithm -> the Optuna sampler that plays its part."""
-PRUNERS: dict[str | None, str] = {
-    None: "NopPruner",
-    "medianstop": "MedianPruner(n_startup_trials=min_trials_required, n_warmup_steps=start_step)",
-    "hyperband": "HyperbandPruner(min_resource, max_resource, reduction_factor=eta)",
-}
-"""Katib early stopping (or the hyperband algorithm) -> the Optuna pruner."""
 
 _INTERRUPTED_ATTR = "interrupted_trials"
 """Study user attribute: numbers of trials a killed attempt left unfinished (re-queued)."""
@@ -101,164 +85,6 @@ __all__ = [
 
 class TooManyFailedTrials(RuntimeError):
     """More trials failed than ``maxFailedTrialCount`` allows: the search has failed."""
-
-
-# --------------------------------------------------------------------------------------------
-# Samplers, pruners, distributions
-# --------------------------------------------------------------------------------------------
-
-
-def _int_setting(space: SearchSpace, name: str, default: int | None) -> int | None:
-    value = space.setting(name)
-    return default if value is None else int(float(value))
-
-
-def _float_setting(space: SearchSpace, name: str, default: float | None) -> float | None:
-    value = space.setting(name)
-    return default if value is None else float(value)
-
-
-def make_sampler(space: SearchSpace, *, seed: int) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler of the space's algorithm (see :data:`SAMPLERS`).
-
-    ``random_state`` in the algorithm settings overrides ``seed``.
-
-    Raises:
-        InputError: the algorithm needs a package that is not installed (cmaes).
-    """
-    import optuna
-
-    algo = space.algorithm.algorithmName
-    seed = _int_setting(space, "random_state", seed) or 0
-    samplers = optuna.samplers
-    if algo == "random":
-        return samplers.RandomSampler(seed=seed)
-    if algo == "grid":
-        axes: dict[str, list[Any]] = {p.name: [] for p in space.parameters}
-        for point in grid_points(space):
-            for k, v in point.items():
-                if v not in axes[k]:
-                    axes[k].append(v)
-        return samplers.GridSampler(axes, seed=seed)
-    if algo in ("tpe", "multivariate-tpe", "hyperband"):
-        kwargs: dict[str, Any] = {"seed": seed}
-        if (n := _int_setting(space, "n_startup_trials", None)) is not None:
-            kwargs["n_startup_trials"] = n
-        if (n := _int_setting(space, "n_ei_candidates", None)) is not None:
-            kwargs["n_ei_candidates"] = n
-        if (w := _float_setting(space, "prior_weight", None)) is not None:
-            kwargs["prior_weight"] = w
-        if (g := _float_setting(space, "gamma", None)) is not None:
-            share = g  # hyperopt's gamma: the share of trials that count as good
-
-            def gamma(n: int) -> int:
-                return min(math.ceil(share * n), 25)
-
-            kwargs["gamma"] = gamma
-        if algo == "multivariate-tpe":
-            kwargs["multivariate"] = True
-        return samplers.TPESampler(**kwargs)
-    if algo == "cmaes":
-        try:
-            import cmaes  # noqa: F401  (optuna imports it lazily, at the first sample)
-        except ImportError:
-            raise InputError(
-                "E_CONFIG",
-                "algorithm cmaes needs the Python package 'cmaes' (pip install cmaes), "
-                "which is not installed in this image",
-                "tune.algorithm.algorithmName",
-            ) from None
-        return samplers.CmaEsSampler(
-            seed=seed,
-            sigma0=_float_setting(space, "sigma", None),
-            restart_strategy=space.setting("restart_strategy"),
-        )
-    if algo == "bayesianoptimization":
-        ignored = [
-            s.name for s in space.algorithm.algorithmSettings if s.name not in ("random_state",)
-        ]
-        ignored = [n for n in ignored if n != "n_initial_points"]
-        if ignored:
-            log.info(
-                "bayesianoptimization: settings %s have no Optuna GPSampler equivalent", ignored
-            )
-        return samplers.GPSampler(
-            seed=seed, n_startup_trials=_int_setting(space, "n_initial_points", 10) or 10
-        )
-    raise AssertionError(f"unhandled algorithm {algo}")  # validate_space rejects others
-
-
-def _resource(space: SearchSpace) -> Parameter | None:
-    """Hyperband's resource parameter (fixed at its max; the pruner cuts trials short)."""
-    if space.algorithm.algorithmName != "hyperband":
-        return None
-    name = space.setting("resource_name")
-    return next((p for p in space.parameters if p.name == name), None)
-
-
-def make_pruner(space: SearchSpace) -> optuna.pruners.BasePruner:
-    """The Optuna pruner of the space's early stopping or Hyperband (see :data:`PRUNERS`)."""
-    import optuna
-
-    res = _resource(space)
-    if res is not None:
-        lo = max(1, math.floor(float(res.feasibleSpace.min or 1)))
-        hi = max(
-            lo, math.floor(float(_float_setting(space, "r_l", None) or res.feasibleSpace.max or lo))
-        )
-        eta = _float_setting(space, "eta", 3.0) or 3.0
-        return optuna.pruners.HyperbandPruner(
-            min_resource=lo, max_resource=hi, reduction_factor=max(2, round(eta))
-        )
-    if space.earlyStopping is not None:
-        return optuna.pruners.MedianPruner(
-            n_startup_trials=int(space.early_stopping_setting("min_trials_required", "3") or 3),
-            n_warmup_steps=int(space.early_stopping_setting("start_step", "4") or 4),
-        )
-    return optuna.pruners.NopPruner()
-
-
-def suggest(trial: optuna.trial.Trial, space: SearchSpace) -> dict[str, Any]:
-    """Draw one assignment: dotted config field -> value typed for the config.
-
-    Katib's ``normal``/``logNormal`` have no Optuna counterpart: they are drawn uniformly
-    (log-uniformly) over ``min``..``max``. Grid search draws every parameter from its grid axis.
-    """
-    out: dict[str, Any] = {}
-    res = _resource(space)
-    grid = space.algorithm.algorithmName == "grid"
-    axes = _grid_axes(space) if grid else {}
-    for p in space.parameters:
-        fs = p.feasibleSpace
-        if res is not None and p.name == res.name:
-            out[p.name] = sample_value(p, fs.max)
-            continue
-        if grid:
-            raw: Any = trial.suggest_categorical(p.name, axes[p.name])
-        elif p.parameterType in ("discrete", "categorical"):
-            choices = [sample_value(p, v) for v in fs.list or []]
-            raw = trial.suggest_categorical(p.name, choices)
-        else:
-            log_scale = fs.distribution in ("logUniform", "logNormal")
-            lo, hi = float(fs.min or 0), float(fs.max or 0)
-            step = float(fs.step) if fs.step is not None and not log_scale else None
-            if p.parameterType == "int":
-                raw = trial.suggest_int(
-                    p.name, int(lo), int(hi), step=int(step or 1), log=log_scale
-                )
-            else:
-                raw = trial.suggest_float(p.name, lo, hi, step=step, log=log_scale)
-        out[p.name] = sample_value(p, raw)
-    return out
-
-
-def _grid_axes(space: SearchSpace) -> dict[str, list[Any]]:
-    axes: dict[str, list[Any]] = {p.name: [] for p in space.parameters}
-    for point in grid_points(space):
-        for k, v in point.items():
-            if v not in axes[k]:
-                axes[k].append(v)
-    return axes
 
 
 # --------------------------------------------------------------------------------------------
@@ -575,61 +401,15 @@ def run_study(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    metric = space.objective.objectiveMetricName
     with _study_file(work_uri) as (path, save):
         study = _open_study(path, study_name, space, seed)
-        requeued = _resume(study)
-        records = _records(study, space.objective.objectiveMetricName)
-        if records:
-            log.info(
-                "resuming study %s: %d trials finished before, %d re-queued (%s)",
-                study_name,
-                sum(
-                    r.state in ("COMPLETE", "PRUNED", "FAIL") and not r.interrupted for r in records
-                ),
-                len(requeued),
-                path,
-            )
-        failed = _failed(study)
-        if len(failed) > space.maxFailedTrialCount:
-            raise _too_many_failed(failed, space.maxFailedTrialCount)
-        remaining = space.maxTrialCount - _finished(study) - len(failed)
+        _log_resume(study, study_name, metric, requeued=_resume(study), path=path)
+        _raise_if_too_many_failed(study, space)
+        remaining = space.maxTrialCount - _finished(study) - len(_failed(study))
         reason = _stop_reason(study, space)
-        jobs = max(1, min(space.parallelTrialCount, runner.capacity))
-        if jobs < space.parallelTrialCount:
-            log.info(
-                "running %d trials at a time (parallelTrialCount %d; this machine fits %d)",
-                jobs,
-                space.parallelTrialCount,
-                runner.capacity,
-            )
-        state = {"reason": reason or "maxTrialCount reached"}
-        lock = threading.Lock()
-
-        def after_trial(st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-            with lock:
-                save()
-                fails = _failed(st)
-                done = _finished(st) + len(fails)
-                best = _best(st)
-                log.info(
-                    "trial %d %s%s; %d/%d finished, %d failed, best %s",
-                    trial.number,
-                    trial.state.name.lower(),
-                    f" {space.objective.objectiveMetricName}={trial.value:.6g}"
-                    if trial.value is not None
-                    else "",
-                    done,
-                    space.maxTrialCount,
-                    len(fails),
-                    f"{best[1]:.6g} (trial {best[0]})" if best else "none yet",
-                )
-                if len(fails) > space.maxFailedTrialCount:
-                    state["reason"] = "failed"
-                    st.stop()
-                elif (why := _stop_reason(st, space)) is not None:
-                    state["reason"] = why
-                    st.stop()
-
+        jobs = _parallel_jobs(space, runner)
+        progress = _Progress(space, save, reason or "maxTrialCount reached")
         objective = _Objective(space, trial_config, runner, nproc_per_node, study_name, work_uri)
         previous = _on_sigterm(runner)
         try:
@@ -640,36 +420,114 @@ def run_study(
                     n_jobs=jobs,
                     timeout=timeout_s,
                     catch=(TrialFailed,),
-                    callbacks=[after_trial],
+                    callbacks=[progress],
                 )
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
             save()
-        failed = _failed(study)
-        if len(failed) > space.maxFailedTrialCount:
-            raise _too_many_failed(failed, space.maxFailedTrialCount)
-        if state["reason"] == "maxTrialCount reached" and (
-            _finished(study) + len(failed) < space.maxTrialCount
-        ):
-            state["reason"] = f"timeout: no new trials after {timeout_s} s"
-        if _grid_exhausted(study, space):
-            state["reason"] = "grid exhausted"
-        best = _best(study)
-        best_params: dict[str, Any] = {}
-        if best is not None:
-            best_params = dict(study.trials[best[0]].user_attrs.get("assignment", {}))
-        return StudyResult(
-            study_name=study_name,
-            objective_metric=space.objective.objectiveMetricName,
-            direction=space.objective.type,
-            best_params=best_params,
-            best_value=best[1] if best else None,
-            best_trial=best[0] if best else None,
-            trials=_records(study, space.objective.objectiveMetricName),
-            importances=_importances(study),
-            stopped_reason=state["reason"],
+        _raise_if_too_many_failed(study, space)
+        return _result(study, space, study_name, progress.reason, timeout_s)
+
+
+def _log_resume(
+    study: optuna.Study, study_name: str, metric: str, *, requeued: list[int], path: str
+) -> None:
+    records = _records(study, metric)
+    if records:
+        log.info(
+            "resuming study %s: %d trials finished before, %d re-queued (%s)",
+            study_name,
+            sum(r.state in ("COMPLETE", "PRUNED", "FAIL") and not r.interrupted for r in records),
+            len(requeued),
+            path,
         )
+
+
+def _raise_if_too_many_failed(study: optuna.Study, space: SearchSpace) -> None:
+    failed = _failed(study)
+    if len(failed) > space.maxFailedTrialCount:
+        raise _too_many_failed(failed, space.maxFailedTrialCount)
+
+
+def _parallel_jobs(space: SearchSpace, runner: TrialRunner) -> int:
+    jobs = max(1, min(space.parallelTrialCount, runner.capacity))
+    if jobs < space.parallelTrialCount:
+        log.info(
+            "running %d trials at a time (parallelTrialCount %d; this machine fits %d)",
+            jobs,
+            space.parallelTrialCount,
+            runner.capacity,
+        )
+    return jobs
+
+
+class _Progress:
+    """Study callback after each trial: save the journal, log progress, stop when done.
+
+    ``reason`` says why the search ended (``failed``, a goal or grid stop, or the default).
+    """
+
+    def __init__(self, space: SearchSpace, save: Callable[[], None], reason: str) -> None:
+        self.space = space
+        self.save = save
+        self.reason = reason
+        self._lock = threading.Lock()
+
+    def __call__(self, st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        space = self.space
+        with self._lock:
+            self.save()
+            fails = _failed(st)
+            best = _best(st)
+            log.info(
+                "trial %d %s%s; %d/%d finished, %d failed, best %s",
+                trial.number,
+                trial.state.name.lower(),
+                f" {space.objective.objectiveMetricName}={trial.value:.6g}"
+                if trial.value is not None
+                else "",
+                _finished(st) + len(fails),
+                space.maxTrialCount,
+                len(fails),
+                f"{best[1]:.6g} (trial {best[0]})" if best else "none yet",
+            )
+            if len(fails) > space.maxFailedTrialCount:
+                self.reason = "failed"
+                st.stop()
+            elif (why := _stop_reason(st, space)) is not None:
+                self.reason = why
+                st.stop()
+
+
+def _result(
+    study: optuna.Study,
+    space: SearchSpace,
+    study_name: str,
+    reason: str,
+    timeout_s: float | None,
+) -> StudyResult:
+    if reason == "maxTrialCount reached" and (
+        _finished(study) + len(_failed(study)) < space.maxTrialCount
+    ):
+        reason = f"timeout: no new trials after {timeout_s} s"
+    if _grid_exhausted(study, space):
+        reason = "grid exhausted"
+    best = _best(study)
+    best_params: dict[str, Any] = {}
+    if best is not None:
+        best_params = dict(study.trials[best[0]].user_attrs.get("assignment", {}))
+    return StudyResult(
+        study_name=study_name,
+        objective_metric=space.objective.objectiveMetricName,
+        direction=space.objective.type,
+        best_params=best_params,
+        best_value=best[1] if best else None,
+        best_trial=best[0] if best else None,
+        trials=_records(study, space.objective.objectiveMetricName),
+        importances=_importances(study),
+        stopped_reason=reason,
+    )
 
 
 def _best(study: optuna.Study) -> tuple[int, float] | None:
