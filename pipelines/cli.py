@@ -175,7 +175,7 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from pipelines import cron as cronlib
-    from pipelines.cluster import parse_time, same_schedule, schedule_body
+    from pipelines.schedule import parse_time, same_schedule, schedule_body
 
     for action in ("enable", "disable", "delete"):
         if name := getattr(args, action):
@@ -238,7 +238,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def _print_schedules(runs: list[Any]) -> None:
     from pipelines import cron as cronlib
-    from pipelines.cluster import as_utc
+    from pipelines.schedule import as_utc
 
     now = datetime.now(UTC)
     rows = [("NAME", "MODE", "CRON", "NEXT FIRE (UTC)", "ID")]
