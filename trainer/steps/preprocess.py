@@ -165,6 +165,68 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
     bounds = {"train": (0, n_train), "val": (n_train, n_train + val_idx.size)}
     bounds["test"] = (bounds["val"][1], n)
 
+    fits, outputs, stats = _encode_columns(columns, perm, n_train, cfg, data, data_uri)
+    features = _feature_names(fits, cfg.target, data_uri)
+    y_perm = y[perm]
+    target_type = pa.int64() if classes is not None else pa.float32()
+    schema = pa.schema(
+        [pa.field(f, pa.float32(), nullable=False) for f in features]
+        + [pa.field(cfg.target, target_type, nullable=False)]
+    )
+    splits = {name: hi - lo for name, (lo, hi) in bounds.items()}
+    schema_doc = {
+        "format": SCHEMA_FORMAT,
+        "target": cfg.target,
+        "task": task,
+        "features": features,
+        "columns": [fit.to_dict() for fit in fits],
+        "dropped": dropped,
+        "classes": classes,
+        "data_hash": data.data_hash,
+        "source": display_uri(data_uri),
+        "seed": cfg.seed,
+        "splits": splits,
+    }
+    stats_doc = {
+        "rows": n,
+        "columns": stats,
+        "target": {
+            name: _target_stats(y_perm[lo:hi], classes) for name, (lo, hi) in bounds.items()
+        },
+    }
+    numeric_outputs = {fit.name for fit in fits if isinstance(fit, NumericFit)}
+    dictionary_columns = [f for f in features if f not in numeric_outputs]
+    if classes is not None:
+        dictionary_columns.append(cfg.target)
+    # Slices of contiguous columns: pyarrow wraps them without copying.
+    tables = {
+        name: pa.table(
+            [pa.array(a[lo:hi]) for a in outputs] + [pa.array(y_perm[lo:hi])], schema=schema
+        )
+        for name, (lo, hi) in bounds.items()
+    }
+    docs = {"schema.json": schema_doc, "stats.json": stats_doc}
+    _publish(output_uri, tables, dictionary_columns, docs)
+    return PreprocessResult(
+        train_rows=splits["train"],
+        val_rows=splits["val"],
+        test_rows=splits["test"],
+        features=features,
+        task=task,
+        classes=classes,
+        data_hash=data.data_hash,
+    )
+
+
+def _encode_columns(
+    columns: list[Any],
+    perm: np.ndarray,
+    n_train: int,
+    cfg: PreprocessConfig,
+    data: Any,
+    data_uri: str,
+) -> tuple[list[NumericFit | CategoricalFit], list[np.ndarray], dict[str, Any]]:
+    """Fit and apply each column's encoding on the training split; rows in ``perm`` order."""
     fits: list[NumericFit | CategoricalFit] = []
     outputs: list[np.ndarray] = []
     stats: dict[str, Any] = {}
@@ -207,8 +269,15 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
         col.numbers = col.codes = None  # encoded: free the raw values early
         fits.append(fit)
         outputs.extend(arrays)
+    return fits, outputs, stats
+
+
+def _feature_names(
+    fits: list[NumericFit | CategoricalFit], target: str, data_uri: str
+) -> list[str]:
+    """The output feature names, refusing one produced twice or equal to the target."""
     features = [name for fit in fits for name in fit.outputs]
-    clash = sorted({f for f in features if features.count(f) > 1} | ({cfg.target} & set(features)))
+    clash = sorted({f for f in features if features.count(f) > 1} | ({target} & set(features)))
     if clash:
         raise InputError(
             "E_SCHEMA",
@@ -217,56 +286,25 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
             "target); rename a column in the data",
             data_uri,
         )
-    y_perm = y[perm]
-    target_type = pa.int64() if classes is not None else pa.float32()
-    schema = pa.schema(
-        [pa.field(f, pa.float32(), nullable=False) for f in features]
-        + [pa.field(cfg.target, target_type, nullable=False)]
-    )
-    splits = {name: hi - lo for name, (lo, hi) in bounds.items()}
-    schema_doc = {
-        "format": SCHEMA_FORMAT,
-        "target": cfg.target,
-        "task": task,
-        "features": features,
-        "columns": [fit.to_dict() for fit in fits],
-        "dropped": dropped,
-        "classes": classes,
-        "data_hash": data.data_hash,
-        "source": display_uri(data_uri),
-        "seed": cfg.seed,
-        "splits": splits,
-    }
-    stats_doc = {
-        "rows": n,
-        "columns": stats,
-        "target": {
-            name: _target_stats(y_perm[lo:hi], classes) for name, (lo, hi) in bounds.items()
-        },
-    }
-    numeric_outputs = {fit.name for fit in fits if isinstance(fit, NumericFit)}
-    dictionary_columns = [f for f in features if f not in numeric_outputs]
-    if classes is not None:
-        dictionary_columns.append(cfg.target)
-    with atomic_dir(output_uri, step="preprocess") as tmp, ThreadPoolExecutor(len(bounds)) as pool:
-        writes = []
-        for name, (lo, hi) in bounds.items():
-            # Slices of contiguous columns: pyarrow wraps them without copying.
-            arrays = [pa.array(a[lo:hi]) for a in outputs] + [pa.array(y_perm[lo:hi])]
-            table = pa.table(arrays, schema=schema)
-            uri = storage.join(tmp, f"{name}.parquet")
-            # The Parquet writer releases the GIL: the three splits encode in parallel.
-            writes.append(pool.submit(_write_parquet, uri, table, dictionary_columns))
+    return features
+
+
+def _publish(
+    output_uri: str,
+    tables: dict[str, pa.Table],
+    dictionary_columns: list[str],
+    docs: dict[str, dict[str, Any]],
+) -> None:
+    """Write ``<split>.parquet`` for each table (in parallel) and the JSON docs, atomically."""
+    with atomic_dir(output_uri, step="preprocess") as tmp, ThreadPoolExecutor(len(tables)) as pool:
+        # The Parquet writer releases the GIL: the splits encode in parallel.
+        writes = [
+            pool.submit(
+                _write_parquet, storage.join(tmp, f"{name}.parquet"), table, dictionary_columns
+            )
+            for name, table in tables.items()
+        ]
         for write in writes:
             write.result()
-        storage.write_json(storage.join(tmp, "schema.json"), schema_doc)
-        storage.write_json(storage.join(tmp, "stats.json"), stats_doc)
-    return PreprocessResult(
-        train_rows=splits["train"],
-        val_rows=splits["val"],
-        test_rows=splits["test"],
-        features=features,
-        task=task,
-        classes=classes,
-        data_hash=data.data_hash,
-    )
+        for name, doc in docs.items():
+            storage.write_json(storage.join(tmp, name), doc)
