@@ -325,23 +325,9 @@ def register(
         with registry.mlflow_errors(f"searching versions of model {name!r}", uri):
             existing = registry.find_version(client, name, pipeline_run_id)
         if existing is not None:
-            version = str(existing.version)
-            champion, why = False, "the gate did not pass"
-            with registry.mlflow_errors(f"setting alias of model {name!r} version {version}", uri):
-                if gate_passed:
-                    champion, why = _move_alias(client, cfg, version, checked_metrics, uri)
-                else:
-                    champion = registry.alias_version(client, name, cfg.champion_alias) == version
-            return RegisterResult(
-                model_name=name,
-                version=version,
-                created=False,
-                champion=champion,
-                champion_reason=why,
-                model_uri=f"models:/{name}/{version}",
-                run_id=existing.run_id or "",
+            return _confirm_existing(
+                client, cfg, existing, gate_passed=gate_passed, metrics=checked_metrics, uri=uri
             )
-
         tags = {
             registry.TAG_PIPELINE_RUN_ID: pipeline_run_id,
             registry.TAG_DATA_HASH: data_hash,
@@ -397,4 +383,33 @@ def register(
         champion_reason=why,
         model_uri=f"models:/{name}/{version}",
         run_id=run_id,
+    )
+
+
+def _confirm_existing(
+    client: MlflowClient,
+    cfg: RegisterConfig,
+    existing: Any,
+    *,
+    gate_passed: bool,
+    metrics: dict[str, float],
+    uri: str,
+) -> RegisterResult:
+    """A retried task: the version its run registered, with the alias made right."""
+    name = cfg.model_name
+    version = str(existing.version)
+    champion, why = False, "the gate did not pass"
+    with registry.mlflow_errors(f"setting alias of model {name!r} version {version}", uri):
+        if gate_passed:
+            champion, why = _move_alias(client, cfg, version, metrics, uri)
+        else:
+            champion = registry.alias_version(client, name, cfg.champion_alias) == version
+    return RegisterResult(
+        model_name=name,
+        version=version,
+        created=False,
+        champion=champion,
+        champion_reason=why,
+        model_uri=f"models:/{name}/{version}",
+        run_id=existing.run_id or "",
     )
