@@ -62,7 +62,7 @@ def tune(
     from trainer.config import apply_overrides, from_dict
     from trainer.entry import run_guarded, write_metadata_file
     from trainer.steps.train import step_settings
-    from trainer.steps.tune import TuneConfig
+    from trainer.steps.tune import TuneConfig, tune_disabled
     from trainer.steps.tune import tune as run
 
     def body():
@@ -102,19 +102,13 @@ def tune(
             task_name=task_name,
         )
 
+    outputs = namedtuple("Outputs", ["best_hyperparams", "best_hyperparams_json"])
     if not enabled:
-        import html
-
-        with open(best_params.path, "w") as f:
-            f.write("{}\n")
-        with open(report.path, "w") as f:
-            f.write(
-                "<!doctype html><meta charset='utf-8'><title>tune</title>"
-                f"<p>{html.escape('Hyperparameter search disabled (tune_enabled=false).')}</p>"
-            )
+        run_guarded(
+            "tune", lambda: tune_disabled(output_uri=best_params.path, report_uri=report.path)
+        )
         metrics.log_metric("enabled", 0.0)
         write_metadata_file(metrics.path, dict(metrics.metadata))
-        outputs = namedtuple("Outputs", ["best_hyperparams", "best_hyperparams_json"])
         return outputs({}, "{}")
 
     result = run_guarded("tune", body)
@@ -131,5 +125,4 @@ def tune(
     )
     report.metadata.update({"stopped_reason": result.stopped_reason})
     write_metadata_file(metrics.path, dict(metrics.metadata))
-    outputs = namedtuple("Outputs", ["best_hyperparams", "best_hyperparams_json"])
     return outputs(dict(result.best_params), json.dumps(result.best_params, sort_keys=True))

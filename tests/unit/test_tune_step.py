@@ -107,3 +107,24 @@ def test_component_compiles_with_typed_outputs(tmp_path: Path) -> None:
         "metrics": "system.Metrics",
         "report": "system.HTML",
     }
+
+
+def test_disabled_search_writes_empty_parameters_and_says_so(tmp_path: Path) -> None:
+    from trainer.steps.tune import tune_disabled
+
+    out, report = tmp_path / "best.json", tmp_path / "report.html"
+    tune_disabled(output_uri=str(out), report_uri=str(report))
+    assert json.loads(out.read_text()) == {}
+    assert "search disabled (tune_enabled=false)" in report.read_text()
+
+
+def test_disabled_search_refuses_a_users_file(tmp_path: Path) -> None:
+    from trainer.errors import InputError
+    from trainer.steps.tune import tune_disabled
+
+    mine = tmp_path / "notes.txt"
+    mine.write_text("keep me")
+    with pytest.raises(InputError, match="not written by gpupipe") as e:
+        tune_disabled(output_uri=str(mine), report_uri=str(tmp_path / "report.html"))
+    assert e.value.code == "E_OUTPUT"
+    assert mine.read_text() == "keep me"
