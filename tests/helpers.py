@@ -6,6 +6,8 @@ import functools
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 import pyarrow.parquet as pq
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from trainer import dist
 from trainer.demo import make_table
@@ -309,3 +313,111 @@ def tune_config(**over: Any) -> TuneConfig:
     }
     data.update(over)
     return from_dict(TuneConfig, data)
+
+
+# --------------------------------------------------------------------------------------------
+# Real worker runs: torchrun (or python -m trainer.launch) over a small table
+# --------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The checkout: on every worker's PYTHONPATH, the working directory of every run."""
+
+
+def write_data(tmp: Path, rows: int = 2048, seed: int = 0) -> tuple[str, str]:
+    table = make_table(rows + 512, features=6, classes=3, seed=seed)
+    train, val = tmp / "train.parquet", tmp / "val.parquet"
+    pq.write_table(table.slice(0, rows), train, row_group_size=512)
+    pq.write_table(table.slice(rows), val)
+    return str(train), str(val)
+
+
+def make_config(tmp: Path, name: str, *, data: tuple[str, str], **sections: dict[str, Any]) -> Path:
+    """A small worker config under tmp/name; sections override the defaults below."""
+    run = tmp / name
+    run.mkdir(parents=True, exist_ok=True)
+    cfg: dict[str, Any] = {
+        "data": {"train_uri": data[0], "val_uri": data[1], "target": "label"},
+        "model": {"name": "mlp", "hidden_dim": 32, "num_layers": 2},
+        "optim": {"lr": 5e-3, "warmup_steps": 5},
+        "train": {"epochs": 3, "global_batch_size": 64, "log_every_steps": 8, "seed": 7},
+        "checkpoint": {"uri": str(run / "ckpt"), "every_steps": 16, "keep_last": 2},
+        "output": {"model_uri": str(run / "model"), "history_uri": str(run / "history.jsonl")},
+    }
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path = run / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")])
+    e["OMP_NUM_THREADS"] = "1"
+    e.pop("RANK", None)
+    return e
+
+
+def torchrun_cmd(config: Path, nproc: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainer.worker",
+        "--config",
+        str(config),
+    ]
+
+
+def torchrun(
+    config: Path, nproc: int, *, check: bool = True, timeout: int = 240
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        torchrun_cmd(config, nproc),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"torchrun exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def history(config: Path) -> list[dict[str, Any]]:
+    path = config.parent / "history.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def weights(config: Path) -> dict[str, torch.Tensor]:
+    """The trained weights, named as in the plain MLP (fault plugins wrap it as ``inner``)."""
+    loaded = load_file(str(config.parent / "model" / "model.safetensors"))
+    return {k.removeprefix("inner."): v for k, v in loaded.items()}
+
+
+def launch_cmd(config: Path, nproc: int = 2) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainer.worker",
+        "--config",
+        str(config),
+    ]
+
+
+def run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def mapping_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("gpupipe launch:")]

@@ -10,13 +10,21 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_torchrun import ROOT, env, make_config, torchrun_cmd, write_data
+from tests.helpers import (
+    ROOT,
+    env,
+    launch_cmd,
+    make_config,
+    mapping_lines,
+    run,
+    torchrun_cmd,
+    write_data,
+)
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import EXIT_PEER_LOST
 from trainer.launch.torchrun import (
@@ -29,28 +37,6 @@ from trainer.launch.torchrun import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def launch_cmd(config: Path, nproc: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainer.launch",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "trainer.worker",
-        "--config",
-        str(config),
-    ]
-
-
-def run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-
-def mapping_lines(stderr: str) -> list[str]:
-    return [ln for ln in stderr.splitlines() if ln.startswith("gpupipe launch:")]
 
 
 @pytest.fixture(scope="module")

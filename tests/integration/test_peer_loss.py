@@ -24,8 +24,17 @@ from typing import IO, Any
 import pytest
 import torch
 
-from tests.integration.test_launch_exit_codes import launch_cmd, mapping_lines, run
-from tests.integration.test_torchrun import ROOT, env, history, make_config, weights, write_data
+from tests.helpers import (
+    ROOT,
+    env,
+    history,
+    launch_cmd,
+    make_config,
+    mapping_lines,
+    run,
+    weights,
+    write_data,
+)
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import EXIT_PEER_LOST
 from trainer.launch.jobspec import WORKER_COMMAND

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.integration.test_torchrun import ROOT, env, history, torchrun
+from tests.helpers import ROOT, env, history, torchrun
 from trainer.data import load_dataset
 from trainer.demo import make_table
 from trainer.export import load_model
