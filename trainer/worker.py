@@ -12,10 +12,9 @@ import argparse
 import logging
 import sys
 
-from trainer import dist
+from trainer import dist, exitcodes
 from trainer.config import WorkerConfig, load_worker_config
 from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED, error_line
-from trainer.launch import torchrun
 from trainer.loop import train
 from trainer.stop import Preempted, StopSignal
 
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop = StopSignal()
     stop.install()  # before the (slow) setup, so an early SIGTERM is not lost
-    torchrun.record_started()
+    exitcodes.record_started()
     rank: int | None = None
     exit_code = 1  # what an exception escaping below means: a bug (permanent), with its traceback
     try:
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.uninstall()
         # torchrun reports every failure as 1: tell the trainer.launch wrapper what really happened.
-        torchrun.record_exit_code(exit_code, rank)
+        exitcodes.record_exit_code(exit_code, rank)
 
 
 def _peer_lost(e: BaseException) -> int:

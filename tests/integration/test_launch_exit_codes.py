@@ -27,14 +27,14 @@ from tests.helpers import (
 )
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import EXIT_PEER_LOST
-from trainer.launch.torchrun import (
+from trainer.exitcodes import (
     EXIT_DIR_ENV,
     read_exit_codes,
     read_vanished,
     record_exit_code,
     record_started,
-    resolve_exit_code,
 )
+from trainer.launch.torchrun import resolve_exit_code
 
 pytestmark = pytest.mark.integration
 

@@ -41,6 +41,7 @@ from trainer.launch.kubefields import (
     DNS1123_SUBDOMAIN,
     ENV_NAME,
     SECRET_KEY,
+    RuntimeRef,
     check_dns,
     check_label_key,
     check_labels,
@@ -495,9 +496,7 @@ class ClusterConfig:
     service account in ``spec.runtimePatches``; ``False``: the runtime must set them."""
 
     def __post_init__(self) -> None:
-        # Checked here, before any job exists (the TrainJob module owns what a runtime is).
-        from trainer.launch.trainjob import RuntimeRef
-
+        # Checked here, before any job exists.
         RuntimeRef.parse(self.runtime, "train.cluster.runtime")
         require(
             self.gpus_per_node >= 0,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from trainer.config import require
 
@@ -112,3 +113,45 @@ def check_toleration(tol: dict[str, Any], name: str) -> None:
         "must be an integer and needs effect 'NoExecute'",
         seconds,
     )
+
+
+DEFAULT_RUNTIME = "torch-distributed"
+"""The ClusterTrainingRuntime a default Trainer install ships."""
+RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeRef:
+    """The training runtime a TrainJob runs on: cluster-wide or in the job's namespace."""
+
+    name: str = DEFAULT_RUNTIME
+    """Name of the runtime."""
+    kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
+    """``ClusterTrainingRuntime`` (cluster-scoped) or ``TrainingRuntime`` (the job's namespace)."""
+
+    def __post_init__(self) -> None:
+        check_dns(self.name, "job.runtime.name", DNS1123_SUBDOMAIN, "a runtime name", 253)
+        require(
+            self.kind in RUNTIME_KINDS,
+            "job.runtime.kind",
+            f"must be one of {', '.join(RUNTIME_KINDS)}",
+            self.kind,
+        )
+
+    @classmethod
+    def parse(cls, text: str, where: str = "train.cluster.runtime") -> RuntimeRef:
+        """``name`` (a ClusterTrainingRuntime) or ``<kind>/<name>``.
+
+        Raises:
+            InputError: an unknown kind or a bad name (names ``where``).
+        """
+        kind, _, name = text.rpartition("/")
+        require(
+            kind in ("", *RUNTIME_KINDS),
+            where,
+            f"must be <name> or <kind>/<name> with kind one of {', '.join(RUNTIME_KINDS)}",
+            text,
+        )
+        require(bool(name), where, "must name a runtime", text)
+        check_dns(name, where, DNS1123_SUBDOMAIN, "a runtime name", 253)
+        return cls(name=name, kind=kind or "ClusterTrainingRuntime")  # type: ignore[arg-type]

@@ -40,92 +40,19 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from types import FrameType
 
 from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED
+from trainer.exitcodes import (
+    EXIT_DIR_ENV,
+    read_exit_codes,
+    read_vanished,
+)
 
 log = logging.getLogger(__name__)
 
-EXIT_DIR_ENV = "GPUPIPE_EXIT_DIR"
-"""Directory in which each worker records its exit code; set by this wrapper for torchrun."""
 _FORWARDED = (signal.SIGTERM, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
-
-
-def _started_path(directory: str) -> str:
-    return os.path.join(directory, f"started-{os.getpid()}")
-
-
-def record_started() -> None:
-    """Mark this worker as started; :func:`record_exit_code` removes the mark again.
-
-    A mark that outlives its worker means the worker died without a word (SIGKILL, the OOM
-    killer, a fatal signal): the job lost a member, which is retryable. A no-op unless
-    ``GPUPIPE_EXIT_DIR`` is set; errors are logged, never raised.
-    """
-    directory = os.environ.get(EXIT_DIR_ENV)
-    if not directory:
-        return
-    try:
-        with open(_started_path(directory), "w", encoding="utf-8"):
-            pass
-    except OSError as e:
-        log.warning("could not mark this worker as started in %s: %s", directory, e)
-
-
-def read_vanished(directory: str | os.PathLike[str]) -> list[int]:
-    """Process ids of workers that marked themselves started but never recorded a code."""
-    pids: list[int] = []
-    for path in Path(directory).glob("started-*"):
-        pid = path.name.removeprefix("started-")
-        if pid.isdigit():
-            pids.append(int(pid))
-    return sorted(pids)
-
-
-def record_exit_code(code: int, rank: int | None) -> None:
-    """Leave this worker's exit code for the wrapper; a no-op unless ``GPUPIPE_EXIT_DIR`` is set.
-
-    The file is written under a temporary name and renamed, so the wrapper never reads half a
-    number. Failing to write it only loses the mapping (the job then gets torchrun's code), so
-    errors are logged, never raised.
-
-    Args:
-        code: the worker's exit code.
-        rank: the global rank from the ``DistContext``; ``None`` when the worker failed before it
-            had one (the file is then named after the process id).
-    """
-    directory = os.environ.get(EXIT_DIR_ENV)
-    if not directory:
-        return
-    name = f"rank-{rank}.code" if rank is not None else f"rank-unknown-{os.getpid()}.code"
-    target = os.path.join(directory, name)
-    tmp = f"{target}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(f"{code}\n")
-        os.replace(tmp, target)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_started_path(directory))
-    except OSError as e:
-        log.warning("could not record exit code %d in %s: %s", code, target, e)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-
-
-def read_exit_codes(directory: str | os.PathLike[str]) -> dict[str, int]:
-    """The codes the workers recorded, keyed ``"<rank>"`` or ``"unknown-<pid>"``.
-
-    Unreadable or malformed files are skipped: the mapping is best effort by design.
-    """
-    codes: dict[str, int] = {}
-    for path in Path(directory).glob("rank-*.code"):
-        try:
-            codes[path.name.removeprefix("rank-").removesuffix(".code")] = int(path.read_text())
-        except (OSError, ValueError):
-            log.warning("ignoring unreadable worker exit code file %s", path)
-    return codes
 
 
 def resolve_exit_code(

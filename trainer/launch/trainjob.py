@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from trainer.config import require
 from trainer.launch.joblauncher import ClusterJobLauncher
 from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
 from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, KubeApi
 from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
-from trainer.launch.kubefields import DNS1123_SUBDOMAIN, check_dns
+from trainer.launch.kubefields import RuntimeRef
 from trainer.launch.podlog import PodLog
 from trainer.launch.podspec import (
     container_env,
@@ -68,9 +67,6 @@ NODE = "node"
 the torch plugin injects the ``PET_*`` variables into the container of this name."""
 MANAGER = "gpupipe.dev/launcher"
 """Our key in ``spec.runtimePatches`` (patches are keyed by manager, e.g. Kueue's own)."""
-DEFAULT_RUNTIME = "torch-distributed"
-"""The ClusterTrainingRuntime a default Trainer install ships."""
-RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 """JobSet's label on every pod of a JobSet; Trainer names the JobSet after the TrainJob."""
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -78,43 +74,6 @@ JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 """The pod's index in its Indexed Job (an annotation always, a label since Kubernetes 1.28):
 Trainer's ``PET_NODE_RANK``."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RuntimeRef:
-    """The training runtime a TrainJob runs on: cluster-wide or in the job's namespace."""
-
-    name: str = DEFAULT_RUNTIME
-    """Name of the runtime."""
-    kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
-    """``ClusterTrainingRuntime`` (cluster-scoped) or ``TrainingRuntime`` (the job's namespace)."""
-
-    def __post_init__(self) -> None:
-        check_dns(self.name, "job.runtime.name", DNS1123_SUBDOMAIN, "a runtime name", 253)
-        require(
-            self.kind in RUNTIME_KINDS,
-            "job.runtime.kind",
-            f"must be one of {', '.join(RUNTIME_KINDS)}",
-            self.kind,
-        )
-
-    @classmethod
-    def parse(cls, text: str, where: str = "train.cluster.runtime") -> RuntimeRef:
-        """``name`` (a ClusterTrainingRuntime) or ``<kind>/<name>``.
-
-        Raises:
-            InputError: an unknown kind or a bad name (names ``where``).
-        """
-        kind, _, name = text.rpartition("/")
-        require(
-            kind in ("", *RUNTIME_KINDS),
-            where,
-            f"must be <name> or <kind>/<name> with kind one of {', '.join(RUNTIME_KINDS)}",
-            text,
-        )
-        require(bool(name), where, "must name a runtime", text)
-        check_dns(name, where, DNS1123_SUBDOMAIN, "a runtime name", 253)
-        return cls(name=name, kind=kind or "ClusterTrainingRuntime")  # type: ignore[arg-type]
 
 
 def _check(spec: JobSpec) -> None:
