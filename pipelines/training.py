@@ -69,6 +69,42 @@ def _configure(
     return task
 
 
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    """The pipeline parameters (channels) that place a training pod on GPUs."""
+
+    type: Any
+    per_node: Any
+    node_selector: Any
+    object_store_secret: Any
+
+
+def _train_in_step(tr: dsl.PipelineTask, gpu: _Gpu, *, retries: int) -> dsl.PipelineTask:
+    """The train step that trains in its own pod: GPUs, /dev/shm, toleration, node selector."""
+    tr.set_display_name("train")
+    _configure(tr, "train", gpu.object_store_secret, retries=retries)
+    tr.set_caching_options(TRAIN_CACHING)
+    tr.set_accelerator_type(gpu.type).set_accelerator_limit(gpu.per_node)
+    kubernetes.empty_dir_mount(
+        tr, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
+    )
+    kubernetes.add_toleration(tr, **GPU_TOLERATION)
+    kubernetes.add_node_selector_json(tr, gpu.node_selector)
+    return tr
+
+
+def _train_launcher(
+    job: dsl.PipelineTask, object_store_secret: Any, *, retries: int
+) -> dsl.PipelineTask:
+    """The train step that launches and watches a cluster job: no GPU, its own pod's identity."""
+    job.set_display_name("train (cluster job)")
+    _configure(job, "train-launcher", object_store_secret, retries=retries)
+    job.set_caching_options(TRAIN_CACHING)
+    for env, path in DOWNWARD_API_ENV.items():
+        kubernetes.use_field_path_as_env(job, env_name=env, field_path=path)
+    return job
+
+
 def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> Any:
     """Build the pipeline: ``retries`` per step; ``cluster`` adds the cluster-job branch
     (PyTorchJob or TrainJob).
@@ -238,35 +274,16 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                     trainer_runtime=trainer_runtime,
                 )
 
-            def train_in_step() -> dsl.PipelineTask:
-                tr = train_task().set_display_name("train")
-                _configure(tr, "train", object_store_secret, retries=retries)
-                tr.set_caching_options(TRAIN_CACHING)
-                tr.set_accelerator_type(gpu_type).set_accelerator_limit(gpus_per_node)
-                kubernetes.empty_dir_mount(
-                    tr,
-                    volume_name="dshm",
-                    mount_path="/dev/shm",
-                    medium="Memory",
-                    size_limit=SHM_SIZE,
-                )
-                kubernetes.add_toleration(tr, **GPU_TOLERATION)
-                kubernetes.add_node_selector_json(tr, gpu_node_selector)
-                return tr
-
+            gpu = _Gpu(gpu_type, gpus_per_node, gpu_node_selector, object_store_secret)
             if not cluster:
-                model = train_in_step().outputs["model"]
+                model = _train_in_step(train_task(), gpu, retries=retries).outputs["model"]
             else:
                 # Both cluster launchers (PyTorchJob, TrainJob): this pod only creates and
                 # watches the job, so it needs no GPU; the launcher parameter picks the resource.
                 with dsl.If(launcher != "local", name="train-on-cluster"):
-                    job = train_task().set_display_name("train (cluster job)")
-                    _configure(job, "train-launcher", object_store_secret, retries=retries)
-                    job.set_caching_options(TRAIN_CACHING)
-                    for env, path in DOWNWARD_API_ENV.items():
-                        kubernetes.use_field_path_as_env(job, env_name=env, field_path=path)
+                    job = _train_launcher(train_task(), object_store_secret, retries=retries)
                 with dsl.Else(name="train-in-step"):
-                    tr = train_in_step()
+                    tr = _train_in_step(train_task(), gpu, retries=retries)
                 model = dsl.OneOf(job.outputs["model"], tr.outputs["model"])
 
             ev = evaluate(
