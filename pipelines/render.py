@@ -22,13 +22,6 @@ CONFIG_URI_PLACEHOLDER = (
 """Stands for the worker config the train step writes next to its model artifact."""
 
 
-def pipeline_defaults() -> dict[str, Any]:
-    """The training pipeline's parameters and their defaults (``None`` where there is none)."""
-    from pipelines.params import pipeline_parameters
-
-    return pipeline_parameters()
-
-
 def train_step(
     params: dict[str, Any],
     *,

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from components.images import CPU_IMAGE, CUDA_IMAGE
-from pipelines.render import pipeline_defaults, render_pytorchjob
+from pipelines.params import pipeline_parameters
+from pipelines.render import render_pytorchjob
 from tests.helpers import assert_valid_job, needs_crd
 from trainer.errors import InputError
 
@@ -47,7 +48,7 @@ def test_rendered_job_is_complete_and_valid(params: dict[str, Any]) -> None:
 
 def test_defaults_match_the_pipelines_defaults() -> None:
     job = render()
-    defaults = pipeline_defaults()
+    defaults = pipeline_parameters()
     assert "Worker" not in job["spec"]["pytorchReplicaSpecs"]  # nodes=1
     assert job["spec"]["nprocPerNode"] == str(defaults["gpus_per_node"])
     limits = pod(job)["containers"][0]["resources"]["limits"]
