@@ -12,6 +12,7 @@ import torch
 
 from benchmarks import gpu_throughput
 from benchmarks.lib import gpu_contenders as hf
+from benchmarks.lib import gpu_report
 from trainer import dist
 from trainer.models import ModelSpec, build_model, count_params, flops_per_token
 
@@ -75,7 +76,7 @@ def test_tiny_run_prints_the_table_and_the_mfu_ratio_last(
     # the comparison table: the trainer against its old loss and (where importable) HF
     hf_header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["model", "tok/s"])
     cmp = lines[hf_header + 1].split()
-    assert len(cmp) == len(gpu_throughput.HF_COLUMNS) and cmp[0] == "gpt-tiny"
+    assert len(cmp) == len(gpu_report.HF_COLUMNS) and cmp[0] == "gpt-tiny"
     assert cmp[1] == tok_s and float(cmp[2]) > 0  # old-loss tok/s
     assert float(cmp[4]) == pytest.approx(float(tok_s) / float(cmp[2]), rel=0.01)
     # fp32 on one CPU process: the chunked and the full-logits loss give the same curve
