@@ -105,8 +105,9 @@ def test_without_grad_mode_only_the_loss_is_computed() -> None:
         (0, None, "chunk must be > 0"),
         (4, ((B, T, D), (V, D + 1), (B, T)), "expected hidden"),
         (4, ((B, T, D), (V, D), (B, T + 1)), "expected hidden"),
+        (4, ((0, T, D), (V, D), (0, T)), "needs at least one token"),
     ],
-    ids=["chunk", "weight", "target"],
+    ids=["chunk", "weight", "target", "empty"],
 )
 def test_bad_arguments_are_rejected(chunk: int, shapes: Any, message: str) -> None:
     hidden, weight, target = inputs()

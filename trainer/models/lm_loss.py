@@ -23,9 +23,10 @@ gradient is kept *unscaled* (``softmax - onehot``, in [-1, 1]) until after the m
 fp16 or bf16 however many tokens there are. Under fp16 the weight gradient's matmul runs in fp32
 (a chunk's sum over thousands of tokens could overflow fp16's 65504).
 
-``torch.compile`` traces the function into the model's graph (no graph break, checked on the
-CPU's Inductor): the chunk loop unrolls and Inductor fuses each chunk's softmax, loss and
-gradient into a few kernels, so the fp32 temporaries never reach memory.
+``torch.compile`` traces the function into the model's graph (``fullgraph=True`` holds, checked
+with the CPU's Inductor): the chunk loop unrolls, and Inductor can fuse each chunk's upcast,
+softmax, loss and logit gradient into a few kernels, so the fp32 temporaries need not reach
+memory; eagerly, one fp32 ``[chunk, V]`` buffer is made and worked on in place.
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ def _chunk_ce(
     loss = torch.where(valid, lse - picked, 0.0).sum()
     if not with_grad:
         return loss, None
-    p = torch.exp(z - lse.unsqueeze(1))
-    p = p.scatter_add(1, safe, torch.full_like(picked, -1.0).unsqueeze(1))
-    p = p * valid.unsqueeze(1)
+    # In place on z (a fresh upcast, or the fresh fp32 matmul output, that nothing else holds):
+    # eager mode then keeps one fp32 [chunk, V] buffer; under compile Inductor fuses all this.
+    p = z.sub_(lse.unsqueeze(1)).exp_()
+    p.scatter_add_(1, safe, torch.full_like(picked, -1.0).unsqueeze(1))
+    p.mul_(valid.unsqueeze(1))
     return loss, p.to(logits.dtype)
 
 
@@ -95,14 +98,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             h_wg = h if wg_dtype == dtype else h.to(wg_dtype)
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             grad_h = torch.empty_like(h)
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            for start, end in _bounds(h.shape[0], chunk):
+            grad_w = torch.empty(0)  # set by the first chunk
+            for i, (start, end) in enumerate(_bounds(h.shape[0], chunk)):
                 logits = h[start:end] @ w.t()
                 part, g = _chunk_ce(logits, target[start:end], ignore_index, with_grad=True)
                 assert g is not None
+                del logits  # freed before the matmuls (in fp32, g reuses its storage)
                 loss = loss + part
                 grad_h[start:end] = g @ w
-                grad_w += (g.to(wg_dtype).t() @ h_wg[start:end]).float()
+                gw = (g.to(wg_dtype).t() @ h_wg[start:end]).float()
+                grad_w = gw if i == 0 else grad_w.add_(gw)
             n_valid = (target != ignore_index).sum().to(torch.float32)
             inv_n = 1.0 / n_valid  # 0 valid targets: inf, and the loss NaN, as F.cross_entropy
         ctx.save_for_backward(grad_h, grad_w, inv_n)
@@ -164,6 +169,8 @@ def chunked_lm_loss(
     """
     if chunk <= 0:
         raise ValueError(f"chunk must be > 0, got {chunk}")
+    if target.numel() == 0:
+        raise ValueError("chunked_lm_loss needs at least one token, got none")
     d = hidden.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != d or target.shape != hidden.shape[:-1]:
         raise ValueError(
