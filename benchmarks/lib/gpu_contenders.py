@@ -116,7 +116,8 @@ def hf_step(
 
     def step() -> None:
         _, x, _ = next(it)
-        x = x.to(device, non_blocking=True)
+        if device.type == "cuda":  # as the raw loop: nanoGPT's pinned, non-blocking copy
+            x = x.pin_memory().to(device, non_blocking=True)
         n = x.shape[0]
         loss = torch.zeros((), device=device)
         for mx in x.split(micro):
