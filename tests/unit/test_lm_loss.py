@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import weakref
 from typing import Any
@@ -182,11 +183,25 @@ def test_compiles_into_one_graph_with_gradients() -> None:
 
 @pytest.mark.integration
 @pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor on the CPU needs a C++ compiler")
-def test_inductor_compiles_it_under_bf16_autocast() -> None:
-    hidden, weight, target = inputs(ignored=3, v=128)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = loss_and_grads(chunked_lm_loss, hidden, weight, target, chunk=8)
-        compiled = torch.compile(chunked_lm_loss, fullgraph=True)
-        got = loss_and_grads(compiled, hidden, weight, target, chunk=8)
-    for a, b in zip(got, want, strict=True):
+def test_inductor_fuses_the_softmax_gradient_without_fp32_chunk_buffers() -> None:
+    """Compiled under bf16 autocast: same results, and the only [chunk, V] buffer is bf16."""
+    from torch._inductor.utils import run_and_get_code
+
+    chunk, v = 32, 128
+    hidden, weight, target = inputs(ignored=3, v=v, n=(4, 32))  # 4 chunks
+
+    def fn(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return chunked_lm_loss(h, w, y, chunk=chunk)
+
+    want = loss_and_grads(fn, hidden, weight, target)
+    compiled = torch.compile(fn, fullgraph=True)
+    (loss, codes) = run_and_get_code(compiled, hidden, weight, target)
+    gh, gw = torch.autograd.grad(loss * 0.75, (hidden, weight))
+    for a, b in zip((loss.detach(), gh, gw), want, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
+    buffers = re.findall(
+        r"empty_strided_cpu\(\((\d+), (\d+)\), \([^)]*\), torch\.(\w+)\)", "".join(codes)
+    )
+    chunk_sized = {dtype for rows, cols, dtype in buffers if int(rows) * int(cols) >= chunk * v}
+    assert chunk_sized == {"bfloat16"}, buffers

@@ -23,10 +23,12 @@ gradient is kept *unscaled* (``softmax - onehot``, in [-1, 1]) until after the m
 fp16 or bf16 however many tokens there are. Under fp16 the weight gradient's matmul runs in fp32
 (a chunk's sum over thousands of tokens could overflow fp16's 65504).
 
-``torch.compile`` traces the function into the model's graph (``fullgraph=True`` holds, checked
-with the CPU's Inductor): the chunk loop unrolls, and Inductor can fuse each chunk's upcast,
-softmax, loss and logit gradient into a few kernels, so the fp32 temporaries need not reach
-memory; eagerly, one fp32 ``[chunk, V]`` buffer is made and worked on in place.
+``torch.compile`` traces the function into the model's graph (``fullgraph=True`` holds): the
+chunk loop unrolls and, the one-hot being written as a comparison rather than a scatter,
+Inductor fuses each chunk's upcast, softmax, loss and logit gradient so that the only
+``[chunk, V]`` buffer is the compute-dtype logits (checked in the CPU's generated code; the
+Triton code is not yet inspected). Eagerly, one fp32 ``[chunk, V]`` buffer is made and worked
+on in place.
 """
 
 from __future__ import annotations
@@ -64,8 +66,14 @@ def _chunk_ce(
     loss = torch.where(valid, lse - picked, 0.0).sum()
     if not with_grad:
         return loss, None
-    # In place on z (a fresh upcast, or the fresh fp32 matmul output, that nothing else holds):
-    # eager mode then keeps one fp32 [chunk, V] buffer; under compile Inductor fuses all this.
+    if torch.compiler.is_compiling():
+        # All pointwise (the one-hot as a comparison with a column index, not a scatter), so
+        # Inductor fuses upcast, softmax, one-hot and downcast into one kernel: no fp32 buffer.
+        cols = torch.arange(z.shape[1], device=z.device).unsqueeze(0)
+        p = torch.exp(z - lse.unsqueeze(1)) - (cols == safe).to(z.dtype)
+        return loss, torch.where(valid.unsqueeze(1), p, 0.0).to(logits.dtype)
+    # Eager: in place on z (a fresh upcast, or the fresh fp32 matmul output that nothing else
+    # holds), so one fp32 [chunk, V] buffer is all the softmax gradient needs.
     p = z.sub_(lse.unsqueeze(1)).exp_()
     p.scatter_add_(1, safe, torch.full_like(picked, -1.0).unsqueeze(1))
     p.mul_(valid.unsqueeze(1))
