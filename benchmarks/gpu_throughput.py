@@ -36,10 +36,10 @@ Models (vocab 50304, sequence 1024, tied embeddings, no biases; N as counted for
   width and head size, with GPT-2's vocabulary);
 - gpt-1b: 24 layers x 2048, 16 heads (Q=128), N = 1.311B, batch 32 x 1024 (llm-foundry's "1b").
 
-The batches are sized (by estimate, not yet measured) to fit an H200 (141 GB) without activation
-checkpointing; should one not fit, the trainer's OOM fallback halves the micro-batch (the table
-shows the one used) and the raw loop uses the same. ``--act-ckpt`` turns activation
-checkpointing on.
+Without activation checkpointing, on an H100 80GB with the old loss, gpt-1b needed the OOM
+fallback to micro-batch 16; the trainer starts from ``--micro`` (default: the whole batch) and
+halves the micro-batch on OOM (the table shows the one used), the raw loop uses the same, and so
+does HF unless it runs out of memory. ``--act-ckpt`` turns activation checkpointing on.
 
 Each model's ratios against Hugging Face (ours/HF tok/s, goal >= 1.10; ours/HF peak memory, goal
 <= 1.00) follow the table; the worst tok/s ratio is the last line when HF ran, else the MFU ratio.
@@ -48,7 +48,7 @@ Without CUDA (or with ``--tiny``) it runs a tiny GPT (2 x 64, 2 heads, sequence 
 fp32, without compile unless ``--compile``, against a measured fp32 matmul as the "peak", so CI
 tests the logic; the output has the same structure. The MFU ratio of the largest model against
 the measured matmul is the last line. On an H100/H200, from the repository root, one model
-per call (each well under 10 minutes; see benchmarks/README.md):
+per call (a command there may run 10 minutes; benchmarks/README.md lists the calls):
 
     PYTHONPATH=. python benchmarks/gpu_throughput.py --models 124m
 """
