@@ -69,6 +69,17 @@ def test_bf16_autocast_matches_the_plain_head_within_bf16_tolerance() -> None:
         assert (a - b).abs().max() <= 0.02 * scale, name
 
 
+def test_fp16_autocast_with_a_grad_scaler_factor_matches_fp32() -> None:
+    """fp16 (the trainer's fp16 mode scales the loss by 2**16): finite, close to fp32."""
+    hidden, weight, target = inputs(v=256, n=(4, 32))
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = chunked_lm_loss(hidden, weight, target, chunk=24)
+    got = torch.autograd.grad(loss * 65536.0, (hidden, weight))
+    want = torch.autograd.grad(plain_loss(hidden, weight, target) * 65536.0, (hidden, weight))
+    for a, b in zip(got, want, strict=True):
+        assert a.isfinite().all() and (a - b).abs().max() <= 0.01 * b.abs().max()
+
+
 def test_tied_weight_gets_both_the_embedding_and_the_head_gradient() -> None:
     g = torch.Generator().manual_seed(1)
     emb = torch.nn.Embedding(V, D)
