@@ -15,6 +15,14 @@ For each model, in one run on one device:
   batch copy: the trainer's step time over this one should stay <= 1.02.
 - **eager** (when compiling): the trainer without ``torch.compile``: the compile speedup. The
   compile time is the first step's time less a steady step, reported separately.
+- **old loss**: the trainer with ``model.loss_chunk = 0``: the head's full ``[B, T, V]`` logits
+  and their fp32 copy, as before the chunked linear + cross-entropy (``trainer/models/lm_loss.py``).
+- **hf** (when ``transformers`` is importable; not a project dependency): Hugging Face's
+  ``GPT2LMHeadModel`` of the same shape, SDPA attention, same autocast, compile, fused AdamW,
+  clipping, batches and micro-batch (halved only if it runs out of memory: the table shows it).
+- **curve**: the trainer with the new and the old loss, ``--curve-steps`` steps each from one
+  seed on a learnable token stream: the max |loss difference| over the curve and between the
+  means of its last 10%.
 
 MFU = tokens/s x FLOPs per token / peak, with FLOPs per token ``6N + 12*L*H*Q*T`` (PaLM appendix
 B; ``N`` without the position embedding, the tied output head included), against both the
@@ -28,17 +36,21 @@ Models (vocab 50304, sequence 1024, tied embeddings, no biases; N as counted for
   width and head size, with GPT-2's vocabulary);
 - gpt-1b: 24 layers x 2048, 16 heads (Q=128), N = 1.311B, batch 32 x 1024 (llm-foundry's "1b").
 
-The batches are sized (by estimate, not yet measured) to fit an H200 (141 GB) without activation
-checkpointing; should one not fit, the trainer's OOM fallback halves the micro-batch (the table
-shows the one used) and the raw loop uses the same. ``--act-ckpt`` turns activation
-checkpointing on.
+Without activation checkpointing, on an H100 80GB with the old loss, gpt-1b needed the OOM
+fallback to micro-batch 16; the trainer starts from ``--micro`` (default: the whole batch) and
+halves the micro-batch on OOM (the table shows the one used), the raw loop uses the same, and so
+does HF unless it runs out of memory. ``--act-ckpt`` turns activation checkpointing on.
+
+Each model's ratios against Hugging Face (ours/HF tok/s, goal >= 1.10; ours/HF peak memory, goal
+<= 1.00) follow the table; the worst tok/s ratio is the last line when HF ran, else the MFU ratio.
 
 Without CUDA (or with ``--tiny``) it runs a tiny GPT (2 x 64, 2 heads, sequence 64, vocab 256) in
 fp32, without compile unless ``--compile``, against a measured fp32 matmul as the "peak", so CI
 tests the logic; the output has the same structure. The MFU ratio of the largest model against
-the measured matmul is the last line. On an H200, from the repository root:
+the measured matmul is the last line. On an H100/H200, from the repository root, one model
+per call (a command there may run 10 minutes; benchmarks/README.md lists the calls):
 
-    PYTHONPATH=. python benchmarks/gpu_throughput.py
+    PYTHONPATH=. python benchmarks/gpu_throughput.py --models 124m
 """
 
 from __future__ import annotations
@@ -52,7 +64,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +76,18 @@ import torch
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.lib import gpu_contenders as hf
+from benchmarks.lib.gpu_report import (
+    COLUMNS,
+    CONTENDERS,
+    Case,
+    Row,
+    Settings,
+    Side,
+    format_row,
+    print_summary,
+    row_cells,
+)
 from trainer import dist
 from trainer.config import (
     DataConfig,
@@ -75,7 +99,7 @@ from trainer.config import (
 )
 from trainer.data import BatchStream, DataPosition
 from trainer.dist import DistContext
-from trainer.models import build_model, compute_loss, count_params, flops_per_token
+from trainer.models import build_model, count_params, flops_per_token, forward_loss
 from trainer.run import LossWindow, Run, seed_everything, training_batches
 from trainer.stop import StopSignal
 from trainer.telemetry import Telemetry
@@ -84,23 +108,6 @@ SEED = 0
 DATASHEET_BF16_FLOPS = 989e12  # H100/H200 SXM, dense bf16 (no sparsity)
 GPU_MATMUL_N = 8192
 CPU_MATMUL_N = 512
-MFU_GOAL = "goal >= 0.45 at 0.5-1B on H200"
-RATIO_GOAL = "goal <= 1.02"
-
-
-@dataclass(frozen=True)
-class Case:
-    """One model row: the GPT's shape and its batch."""
-
-    name: str
-    model: ModelConfig
-    seq_len: int
-    batch: int
-    """Sequences per optimizer step (one process)."""
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch * self.seq_len
 
 
 def _gpt(n_layer: int, d_model: int, n_head: int, vocab: int = 50304) -> ModelConfig:
@@ -117,25 +124,6 @@ GPU_CASES = {
 TINY_CASE = Case("gpt-tiny", _gpt(2, 64, 2, vocab=256), seq_len=64, batch=8)
 
 
-@dataclass
-class Row:
-    """What one model measured."""
-
-    case: Case
-    n_params: int
-    flops_per_token: float
-    micro_batch: int
-    step_s: float
-    tokens_per_s: float
-    mfu_datasheet: float | None
-    mfu_matmul: float
-    raw_ratio: float
-    data_ratio: float
-    compile_s: float | None
-    compile_speedup: float | None
-    peak_gb: float | None
-
-
 # ------------------------------------------------------------------------------------ set-up
 
 
@@ -146,7 +134,9 @@ def write_tokens(case: Case, path: Path) -> None:
     pq.write_table(pa.table({"tokens": rng.integers(0, case.model.vocab_size, n)}), path)
 
 
-def make_config(case: Case, data: Path, out: Path, *, compile: bool) -> WorkerConfig:
+def make_config(
+    case: Case, data: Path, out: Path, *, compile: bool, micro: int | None = None
+) -> WorkerConfig:
     """The trainer's config: its defaults (auto precision, TF32, fused AdamW on CUDA, prefetch)."""
     return WorkerConfig(
         data=DataConfig(train_uri=str(data), kind="tokens", target="tokens", seq_len=case.seq_len),
@@ -160,6 +150,7 @@ def make_config(case: Case, data: Path, out: Path, *, compile: bool) -> WorkerCo
             seed=SEED,
             compile=compile,
             log_every_steps=10,
+            micro_batch_size=micro,
         ),
     )
 
@@ -196,7 +187,7 @@ def raw_step(cfg: WorkerConfig, ctx: DistContext, like: Run, *, micro: int) -> C
     o = cfg.optim
     seed_everything(cfg.train.seed)  # as Run does: the same initial weights
     model = build_model(cfg.model, like.spec).to(ctx.device)
-    fwd = torch.compile(model) if cfg.train.compile else model
+    fwd: Any = torch.compile(model) if cfg.train.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -227,10 +218,10 @@ def raw_step(cfg: WorkerConfig, ctx: DistContext, like: Run, *, micro: int) -> C
             x = x.pin_memory().to(ctx.device, non_blocking=True)
             y = y.pin_memory().to(ctx.device, non_blocking=True)
         n = x.shape[0]
+        autocast = lambda: torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None)  # noqa: E731
         for mx, my in zip(x.split(micro), y.split(micro), strict=True):
-            with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
-                logits = fwd(mx)
-            loss = compute_loss("lm", logits, my) * (mx.shape[0] / n)
+            # the model's own loss path (the chunked head when model.loss_chunk > 0)
+            loss = forward_loss(fwd, "lm", mx, my, autocast) * (mx.shape[0] / n)
             loss.backward()
         if o.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
@@ -303,88 +294,143 @@ def _free(device: torch.device) -> None:
 # ---------------------------------------------------------------------------------- measuring
 
 
-def measure(
-    case: Case,
-    ctx: DistContext,
-    *,
-    compile: bool,
-    steps: int,
-    repeats: int,
-    warmup: int,
-    peak_flops: float,
-    datasheet_flops: float | None,
-) -> Row:
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+
+
+def steady(step: Callable[[], None], device: torch.device, s: Settings) -> float:
+    """Median seconds per step over ``s.repeats`` blocks after ``s.warmup`` untimed ones."""
+    for _ in range(s.warmup):
+        timed(step, s.steps, device)
+    return statistics.median(timed(step, s.steps, device) for _ in range(s.repeats))
+
+
+def measure_trainer(
+    cfg: WorkerConfig, ctx: DistContext, s: Settings
+) -> tuple[Run, float, float, float]:
+    """The trainer on the real data path vs a resident batch, in interleaved blocks.
+
+    Returns:
+        The run (its model still built), the first step's seconds, the median step seconds
+        and the median data-path ratio (real over resident).
+    """
+    device = ctx.device
+    _reset_peak(device)
+    run = build_run(cfg, ctx)
+    _, x0, y0 = next(iter(run.stream))
+    resident_batch = (DataPosition(), x0.to(device), y0.to(device))
+    batches = training_batches(run)  # what train() iterates: the prefetcher by default
+    try:
+        real = trainer_step(run, batches)
+        resident = trainer_step(run, itertools.repeat(resident_batch))
+        first = first_step(real, device)
+        for _ in range(s.warmup):
+            timed(real, s.steps, device)
+            timed(resident, s.steps, device)
+        real_s: list[float] = []
+        ratios: list[float] = []
+        for r in range(s.repeats):
+            # alternate which goes first so neither always follows the other
+            if r % 2 == 0:
+                a, b = timed(real, s.steps, device), timed(resident, s.steps, device)
+            else:
+                b, a = timed(resident, s.steps, device), timed(real, s.steps, device)
+            real_s.append(a)
+            ratios.append(a / b)
+    finally:
+        batches.close()
+    return run, first, statistics.median(real_s), statistics.median(ratios)
+
+
+def release(run: Run) -> None:
+    """Free a run's model and optimizer (its dataset and spec stay for the next contender)."""
+    for attr in ("raw_model", "fwd_model", "ddp", "optimizer", "scheduler"):
+        setattr(run, attr, None)
+
+
+def measure_side(cfg: WorkerConfig, ctx: DistContext, s: Settings, case: Case) -> Side:
+    """The trainer under ``cfg`` (e.g. the old loss), with its own OOM fallback."""
+    _reset_peak(ctx.device)
+    run = build_run(cfg, ctx)
+    batches = training_batches(run)
+    try:
+        step = trainer_step(run, batches)
+        first_step(step, ctx.device)
+        step_s = steady(step, ctx.device, s)
+    finally:
+        batches.close()
+    side = Side(case.tokens_per_step / step_s, _peak_gb(ctx.device), run.state.micro_batch_size)
+    release(run)
+    del run, step, batches
+    _free(ctx.device)
+    return side
+
+
+def measure_hf(cfg: WorkerConfig, ctx: DistContext, like: Run, s: Settings, case: Case) -> Side:
+    """Hugging Face GPT-2 at the trainer's micro-batch (halved only if it does not fit)."""
+    _reset_peak(ctx.device)
+    micro = like.state.micro_batch_size
+    (step, model), used = hf.oom_fallback(lambda m: hf.hf_step(cfg, ctx, like, micro=m), micro)
+    step_s = steady(step, ctx.device, s)
+    side = Side(case.tokens_per_step / step_s, _peak_gb(ctx.device), used)
+    del step, model
+    _free(ctx.device)
+    return side
+
+
+def measure(case: Case, ctx: DistContext, s: Settings) -> Row:
     """All contenders for one model, one after another on the same device."""
     device = ctx.device
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "tokens.parquet"
         write_tokens(case, data)
-        cfg = make_config(case, data, Path(tmp) / "model", compile=compile)
-
-        # trainer, real data path vs a resident batch, in interleaved blocks
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        run = build_run(cfg, ctx)
+        cfg = make_config(case, data, Path(tmp) / "model", compile=s.compile, micro=s.micro)
+        run, first, step_s, data_ratio = measure_trainer(cfg, ctx, s)
+        micro = run.state.micro_batch_size
+        peak_gb = _peak_gb(device)
         n_params = count_params(run.raw_model, exclude_embeddings=True)
         fpt = flops_per_token(case.model, run.spec, n_params)
-        _, x0, y0 = next(iter(run.stream))
-        resident_batch = (DataPosition(), x0.to(device), y0.to(device))
-        batches = training_batches(run)  # what train() iterates: the prefetcher by default
-        try:
-            real = trainer_step(run, batches)
-            resident = trainer_step(run, itertools.repeat(resident_batch))
-            first = first_step(real, device)
-            for _ in range(warmup):
-                timed(real, steps, device)
-                timed(resident, steps, device)
-            real_s: list[float] = []
-            ratios: list[float] = []
-            for r in range(repeats):
-                # alternate which goes first so neither always follows the other
-                if r % 2 == 0:
-                    a, b = timed(real, steps, device), timed(resident, steps, device)
-                else:
-                    b, a = timed(resident, steps, device), timed(real, steps, device)
-                real_s.append(a)
-                ratios.append(a / b)
-        finally:
-            batches.close()
-        step_s = statistics.median(real_s)
-        micro = run.state.micro_batch_size
-        peak_gb = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
-        # Free the trainer's model and optimizer before the next contender builds its own.
-        for attr in ("raw_model", "fwd_model", "ddp", "optimizer", "scheduler"):
-            setattr(run, attr, None)
-        del real, resident, batches, resident_batch
+        release(run)
         _free(device)
 
-        # the hand-written loop
-        raw = raw_step(cfg, ctx, run, micro=micro)
+        raw_ratio = None
+        if "raw" not in s.skip:  # the hand-written loop
+            raw = raw_step(cfg, ctx, run, micro=micro)
+            first_step(raw, device)
+            raw_ratio = step_s / steady(raw, device, s)
+            del raw
+            _free(device)
+
+        compile_s = speedup = None
+        if s.compile and "eager" not in s.skip:  # eager, for the compile speedup
+            compile_s = max(0.0, first - step_s)
+            eager_cfg = replace(
+                cfg, train=replace(cfg.train, compile=False, micro_batch_size=micro)
+            )
+            speedup = (
+                case.tokens_per_step / step_s / measure_side(eager_cfg, ctx, s, case).tokens_per_s
+            )
+
+        old = None
+        if "old" not in s.skip:
+            old = measure_side(replace(cfg, model=replace(cfg.model, loss_chunk=0)), ctx, s, case)
+        hf_side = None
+        if "hf" not in s.skip and hf.hf_unavailable() is None:
+            hf_side = measure_hf(cfg, ctx, run, s, case)
         del run
         _free(device)
-        first_step(raw, device)
-        for _ in range(warmup):
-            timed(raw, steps, device)
-        raw_s = statistics.median(timed(raw, steps, device) for _ in range(repeats))
-        del raw
-        _free(device)
-
-        # eager, for the compile speedup
-        compile_s = speedup = None
-        if compile:
-            compile_s = max(0.0, first - step_s)
-            eager_run = build_run(replace(cfg, train=replace(cfg.train, compile=False)), ctx)
-            eager_run.state.micro_batch_size = micro
-            eager_batches = training_batches(eager_run)
-            try:
-                eager = trainer_step(eager_run, eager_batches)
-                for _ in range(warmup):
-                    timed(eager, steps, device)
-                eager_s = statistics.median(timed(eager, steps, device) for _ in range(repeats))
-            finally:
-                eager_batches.close()
-            speedup = eager_s / step_s
-            del eager_run, eager, eager_batches
+        curve = None
+        if "curve" not in s.skip and s.curve_steps > 0:
+            new_chunk = case.model.loss_chunk
+            a, b = hf.loss_curves(
+                cfg, ctx, build_run, steps=s.curve_steps, loss_chunks=(new_chunk, 0)
+            )
+            curve = hf.curve_diff(a, b)
             _free(device)
 
     tokens_per_s = case.tokens_per_step / step_s
@@ -395,67 +441,20 @@ def measure(
         micro_batch=micro,
         step_s=step_s,
         tokens_per_s=tokens_per_s,
-        mfu_datasheet=tokens_per_s * fpt / datasheet_flops if datasheet_flops else None,
-        mfu_matmul=tokens_per_s * fpt / peak_flops,
-        raw_ratio=step_s / raw_s,
-        data_ratio=statistics.median(ratios),
+        mfu_datasheet=tokens_per_s * fpt / s.datasheet_flops if s.datasheet_flops else None,
+        mfu_matmul=tokens_per_s * fpt / s.peak_flops,
+        raw_ratio=raw_ratio,
+        data_ratio=data_ratio,
         compile_s=compile_s,
         compile_speedup=speedup,
         peak_gb=peak_gb,
+        old=old,
+        hf=hf_side,
+        curve=curve,
     )
 
 
-# ------------------------------------------------------------------------------------ output
-
-COLUMNS = (
-    ("model", "{:10s}"),
-    ("N", "{:>8s}"),
-    ("FLOP/tok", "{:>10s}"),
-    ("tok/step", "{:>8s}"),
-    ("micro", "{:>5s}"),
-    ("step ms", "{:>9s}"),
-    ("tok/s", "{:>10s}"),
-    ("TFLOP/s", "{:>8s}"),
-    ("MFU sheet", "{:>9s}"),
-    ("MFU mm", "{:>7s}"),
-    ("raw", "{:>6s}"),
-    ("data", "{:>6s}"),
-    ("compile s", "{:>9s}"),
-    ("speedup", "{:>7s}"),
-    ("peak GB", "{:>7s}"),
-)
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_row(cells: list[str]) -> str:
-    return " ".join(f.format(c) for (_, f), c in zip(COLUMNS, cells, strict=True))
-
-
-def row_cells(row: Row) -> list[str]:
-    return [
-        row.case.name,
-        f"{row.n_params / 1e6:.1f}M",
-        f"{row.flops_per_token:.4e}",
-        str(row.case.tokens_per_step),
-        str(row.micro_batch),
-        f"{row.step_s * 1e3:.2f}",
-        f"{row.tokens_per_s:.0f}",
-        f"{row.tokens_per_s * row.flops_per_token / 1e12:.4g}",
-        _fmt(row.mfu_datasheet, ".3f"),
-        f"{row.mfu_matmul:.3f}",
-        f"{row.raw_ratio:.3f}",
-        f"{row.data_ratio:.3f}",
-        _fmt(row.compile_s, ".1f"),
-        _fmt(row.compile_speedup, ".2f"),
-        _fmt(row.peak_gb, ".1f"),
-    ]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Measures each model, prints the table, and the MFU ratio of the largest model last."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--models", default=",".join(GPU_CASES), help=f"of {','.join(GPU_CASES)} (on CUDA)"
@@ -474,6 +473,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed blocks per contender")
     parser.add_argument("--warmup", type=int, default=1, help="untimed blocks per contender")
     parser.add_argument(
+        "--micro", type=int, default=None, help="micro-batch to start from (default: the batch)"
+    )
+    parser.add_argument(
+        "--loss-chunk",
+        type=int,
+        default=None,
+        help="model.loss_chunk of the trainer (default: the config default; 0 = old loss)",
+    )
+    parser.add_argument(
+        "--skip",
+        default="",
+        help=f"contenders to leave out, comma-separated, of {','.join(CONTENDERS)}",
+    )
+    parser.add_argument(
+        "--curve-steps",
+        type=int,
+        default=None,
+        help="steps of the old-vs-new loss curve (default: 200 on CUDA, 20 on the CPU)",
+    )
+    parser.add_argument(
         "--datasheet-tflops",
         type=float,
         default=DATASHEET_BF16_FLOPS / 1e12,
@@ -482,36 +501,74 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.steps, args.repeats) < 1 or args.warmup < 0:
         parser.error("--steps and --repeats must be >= 1, --warmup >= 0")
+    args.skip = frozenset(c.strip() for c in args.skip.split(",") if c.strip())
+    if not args.skip <= set(CONTENDERS):
+        parser.error(f"--skip must name some of {', '.join(CONTENDERS)}, got {sorted(args.skip)}")
+    if (args.micro is not None and args.micro < 1) or (args.curve_steps or 0) < 0:
+        parser.error("--micro must be >= 1 and --curve-steps >= 0")
+    if args.loss_chunk is not None and args.loss_chunk < 0:
+        parser.error("--loss-chunk must be >= 0")
+    args.parser = parser
+    return args
 
-    ctx = dist.init()
-    if ctx.is_distributed:
-        parser.error("run it as one process (not under torchrun)")
-    device = ctx.device
-    cuda = device.type == "cuda"
-    tiny = args.tiny or not cuda
+
+def select_cases(args: argparse.Namespace, tiny: bool) -> list[Case]:
     if tiny:
         cases = [TINY_CASE]
     else:
         names = [n.strip() for n in args.models.split(",") if n.strip()]
         unknown = [n for n in names if n not in GPU_CASES]
         if unknown or not names:
-            parser.error(f"--models must name some of {', '.join(GPU_CASES)}, got {args.models!r}")
+            args.parser.error(
+                f"--models must name some of {', '.join(GPU_CASES)}, got {args.models!r}"
+            )
         cases = [GPU_CASES[n] for n in names]
     if args.act_ckpt:
         cases = [replace(c, model=replace(c.model, activation_checkpointing=True)) for c in cases]
+    if args.loss_chunk is not None:
+        cases = [replace(c, model=replace(c.model, loss_chunk=args.loss_chunk)) for c in cases]
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measures each model, prints the tables, and the headline ratio last.
+
+    Returns:
+        0, or 1 when the old and new loss paths' curves differ by more than bf16 noise.
+    """
+    args = parse_args(argv)
+    ctx = dist.init()
+    if ctx.is_distributed:
+        args.parser.error("run it as one process (not under torchrun)")
+    device = ctx.device
+    cuda = device.type == "cuda"
+    tiny = args.tiny or not cuda
+    cases = select_cases(args, tiny)
     compile = args.compile if args.compile is not None else cuda
     torch.set_grad_enabled(True)
 
     peak_n = CPU_MATMUL_N if not cuda else GPU_MATMUL_N
     peak = matmul_peak(device, n=peak_n)
     datasheet = args.datasheet_tflops * 1e12 if cuda else None
+    curve_steps = args.curve_steps if args.curve_steps is not None else (200 if cuda else 20)
+    settings = Settings(
+        compile=compile,
+        steps=args.steps,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        peak_flops=peak,
+        datasheet_flops=datasheet,
+        skip=args.skip,
+        curve_steps=curve_steps,
+        micro=args.micro,
+    )
     name = torch.cuda.get_device_name(device) if cuda else f"cpu, {torch.get_num_threads()} threads"
     precision = "bf16" if cuda else "fp32"
     print(
         f"device {device} ({name}), torch {torch.__version__}, {precision}, "
         f"compile {'on' if compile else 'off'}, activation checkpointing "
-        f"{'on' if args.act_ckpt else 'off'}; {args.repeats} blocks of {args.steps} steps "
-        f"(+{args.warmup} warmup)"
+        f"{'on' if args.act_ckpt else 'off'}, loss_chunk {cases[0].model.loss_chunk}; "
+        f"{args.repeats} blocks of {args.steps} steps (+{args.warmup} warmup)"
     )
     sheet = f"{args.datasheet_tflops:.0f} TFLOP/s datasheet" if cuda else "no datasheet peak"
     print(
@@ -521,16 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_row([c for c, _ in COLUMNS]))
     rows: list[Row] = []
     for case in cases:
-        row = measure(
-            case,
-            ctx,
-            compile=compile,
-            steps=args.steps,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            peak_flops=peak,
-            datasheet_flops=datasheet,
-        )
+        row = measure(case, ctx, settings)
         rows.append(row)
         print(format_row(row_cells(row)), flush=True)
     dist.close(ctx)
@@ -541,15 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         "(median of interleaved block pairs); compile s = first step less a steady one; "
         "speedup = eager step time over compiled; peak GB = trainer's max allocated"
     )
-    largest = max(rows, key=lambda r: r.n_params)
-    where = "cpu tiny config" if not cuda else ("tiny config" if tiny else largest.case.name)
-    if largest.mfu_datasheet is not None:
-        print(f"mfu vs datasheet ({where}): {largest.mfu_datasheet:.3f}")
-    print(f"raw-loop ratio ({where}): {largest.raw_ratio:.3f} ({RATIO_GOAL})")
-    print(f"data-path ratio ({where}): {largest.data_ratio:.3f} ({RATIO_GOAL})")
-    suffix = f" ({where})" if tiny else ""
-    print(f"gpu_throughput mfu_ratio: {largest.mfu_matmul:.3f} ({MFU_GOAL}){suffix}")
-    return 0
+    return print_summary(rows, settings, cuda=cuda, tiny=tiny)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ torchrun: world size 1, the CPU unless a GPU is visible).
   ``train()`` itself is not timed because it cannot be paused to interleave blocks with the other
   contender and its history holds only windowed, rounded losses, so the step-for-step loss check
   would be impossible; the bookkeeping here mirrors its loop body line for line.
-- **raw** is a nanoGPT-style loop: ``loss = F.cross_entropy(model(x), y); loss.backward();
-  clip; opt.step(); sched.step(); opt.zero_grad(set_to_none=True)``, with ``loss.item()`` every
-  ``log_every_steps`` as nanoGPT logs.
+- **raw** is a nanoGPT-style loop: ``loss = F.cross_entropy(model(x), y)`` (or, as nanoGPT,
+  ``model(x, targets=y)`` for a model that computes its own loss: the GPT's chunked head);
+  ``loss.backward(); clip; opt.step(); sched.step(); opt.zero_grad(set_to_none=True)``, with
+  ``loss.item()`` every ``log_every_steps`` as nanoGPT logs.
 
 Blocks of ``--steps`` steps alternate between the two (after warmup blocks that are not
 measured) for ``--repeats`` rounds; every step is timed (the device is synchronised after each
@@ -62,7 +63,7 @@ from trainer.config import (
 )
 from trainer.data import BatchStream
 from trainer.dist import DistContext
-from trainer.models import build_model
+from trainer.models import build_model, computes_loss
 from trainer.optim import lr_multiplier
 from trainer.run import LossWindow, Run
 from trainer.stop import StopSignal
@@ -196,8 +197,10 @@ def raw(cfg: WorkerConfig, ctx: DistContext, run: Run) -> Callable[[], torch.Ten
         _, x, y = next(it)
         x, y = x.to(ctx.device), y.to(ctx.device)
         with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
-            out = model(x)
-        loss = F.cross_entropy(out.float().flatten(0, -2), y.flatten())
+            if computes_loss(model):  # nanoGPT's `logits, loss = model(X, Y)`
+                loss = model(x, targets=y)
+            else:
+                loss = F.cross_entropy(model(x).float().flatten(0, -2), y.flatten())
         loss.backward()
         if o.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)

@@ -111,6 +111,11 @@ class ModelConfig:
     """GPT: embedding width; must divide by ``n_head``."""
     activation_checkpointing: bool = False
     """GPT: recompute each block's activations in the backward pass to save memory."""
+    loss_chunk: int = 8192
+    """GPT: tokens per chunk of the fused head + cross-entropy, which never holds the full
+    ``[batch, seq, vocab]`` logits (the largest is ``[loss_chunk, vocab]``, 0.8 GB in bf16 at
+    vocab 50304; fewer, larger chunks mean fewer passes over the fp32 weight gradient); 0
+    computes the loss from the full logits (the old path, kept to compare against)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Free-form keyword arguments handed to a user model's ``build`` function."""
 
@@ -129,6 +134,7 @@ class ModelConfig:
         require(self.vocab_size > 1, "model.vocab_size", "must be > 1", self.vocab_size)
         require(self.n_layer > 0, "model.n_layer", "must be > 0", self.n_layer)
         require(self.n_head > 0, "model.n_head", "must be > 0", self.n_head)
+        require(self.loss_chunk >= 0, "model.loss_chunk", "must be >= 0", self.loss_chunk)
         require(
             self.d_model > 0 and self.d_model % self.n_head == 0,
             "model.d_model",

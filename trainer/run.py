@@ -39,7 +39,7 @@ from trainer.data import (
     load_dataset,
 )
 from trainer.dist import DistContext
-from trainer.models import ModelSpec, build_model, compute_loss
+from trainer.models import ModelSpec, build_model, compute_loss, forward_loss
 from trainer.optim import lr_multiplier, make_optimizer
 from trainer.precision import Precision, configure_backends, resolve_precision
 from trainer.prefetch import Prefetcher
@@ -417,9 +417,9 @@ class Run:
             sync = self.ddp.no_sync() if (self.ddp is not None and not last) else nullcontext()
             try:
                 with sync:
-                    with self.precision.autocast():
-                        out = self.fwd_model(mx)
-                    loss = compute_loss(self.spec.task, out, my) * (mx.shape[0] / n_total)
+                    loss = forward_loss(
+                        self.fwd_model, self.spec.task, mx, my, self.precision.autocast
+                    ) * (mx.shape[0] / n_total)
                     if last:
                         pending = loss  # backward only after the ranks agree (below)
                     else:

@@ -11,14 +11,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig
+from trainer.errors import InputError
 from trainer.models import (
     GPT,
     ModelSpec,
     TabularMLP,
     build_model,
     compute_loss,
+    computes_loss,
     count_params,
     flops_per_token,
+    forward_loss,
     plugin_allowed,
     unwrap_model,
     validate_plugin_entries,
@@ -312,6 +315,81 @@ def test_gpt_learns_a_repeated_sequence() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gpt_chunked_loss_matches_the_loss_from_logits_with_all_gradients() -> None:
+    model = tiny_gpt(loss_chunk=5).train()  # 16 tokens: chunks of 5, 5, 5, 1
+    idx = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(3))
+    target = torch.roll(idx, -1, dims=1)
+    target[:, -1] = -100  # ignored, like a sequence's last position without a next token
+    plain = compute_loss("lm", model(idx), target)
+    plain.backward()
+    want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    chunked = model(idx, targets=target)
+    chunked.backward()
+    got = _grads(model)
+    torch.testing.assert_close(chunked, plain)
+    assert got.keys() == want.keys() and "wte.weight" in got  # the tied head/embedding
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize(("loss_chunk", "head_called"), [(0, True), (4, False)], ids=["old", "new"])
+def test_forward_loss_skips_the_full_logits_when_the_model_computes_its_loss(
+    loss_chunk: int, head_called: bool
+) -> None:
+    model = tiny_gpt(loss_chunk=loss_chunk).train()
+    calls: list[tuple[int, ...]] = []
+    model.lm_head.register_forward_hook(lambda m, i, out: calls.append(tuple(out.shape)))
+    idx = torch.randint(0, 32, (2, 8))
+    wrapped = torch.compile(model, backend="eager")  # forward_loss looks through wrappers
+    assert computes_loss(wrapped) is (not head_called)
+    loss = forward_loss(wrapped, "lm", idx, idx, torch.no_grad)
+    assert loss.shape == () and loss.dtype == torch.float32
+    assert calls == ([(2, 8, 32)] if head_called else [])
+    torch.testing.assert_close(loss, compute_loss("lm", model(idx), idx).detach())
+
+
+def test_gpt_loss_paths_give_the_same_training_curve() -> None:
+    """20 AdamW steps with the old (full logits) and new (chunked) loss: same losses."""
+    curves = []
+    for loss_chunk in (0, 6):
+        model = tiny_gpt(loss_chunk=loss_chunk).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(0)
+        losses = []
+        for _ in range(20):
+            seq = torch.randint(0, 8, (4, 9), generator=g) * 3 % 32
+            loss = forward_loss(model, "lm", seq[:, :-1], seq[:, 1:])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(losses)
+    assert curves[0][-1] < 0.8 * curves[0][0]  # it trains
+    assert curves[1] == pytest.approx(curves[0], rel=1e-4, abs=1e-5)
+
+
+def test_gpt_with_chunked_loss_compiles_to_one_graph() -> None:
+    model = tiny_gpt(loss_chunk=4).train()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    idx = torch.randint(0, 32, (2, 8))
+    loss = compiled(idx, targets=idx)
+    loss.backward()
+    torch.testing.assert_close(loss, compute_loss("lm", model(idx), idx))
+    assert model.wte.weight.grad is not None
+
+
+def test_loss_chunk_must_not_be_negative() -> None:
+    with pytest.raises(InputError, match=r"model\.loss_chunk must be >= 0, got -1"):
+        ModelConfig(name="gpt", loss_chunk=-1)
+    with pytest.raises(ValueError, match="loss_chunk must be >= 0"):
+        GPT(vocab_size=8, block_size=4, n_layer=1, n_head=1, d_model=4, loss_chunk=-1)
 
 
 # ----------------------------------------------------------------------------------------------

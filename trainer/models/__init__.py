@@ -8,8 +8,8 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, get_args
@@ -37,8 +37,10 @@ __all__ = [
     "TabularMLP",
     "build_model",
     "compute_loss",
+    "computes_loss",
     "count_params",
     "flops_per_token",
+    "forward_loss",
     "plugin_allowed",
     "plugin_module",
     "unwrap_model",
@@ -331,6 +333,7 @@ def build_model(
             d_model=cfg.d_model,
             dropout=cfg.dropout,
             activation_checkpointing=cfg.activation_checkpointing,
+            loss_chunk=cfg.loss_chunk,
         )
     return _build_plugin(cfg, spec, untrusted_dirs)
 
@@ -362,6 +365,48 @@ def compute_loss(task: str, outputs: torch.Tensor, target: torch.Tensor) -> torc
         logits = outputs.float()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
     raise ValueError(f"task must be one of {list(_TASKS)}, got {task!r}")
+
+
+def computes_loss(model: nn.Module) -> bool:
+    """Whether ``model`` (through its wrappers) returns its own loss given ``targets=``.
+
+    A model opts in with a true ``computes_loss`` attribute (the GPT with ``loss_chunk > 0``):
+    its ``forward(x, targets=y)`` returns the scalar mean loss, which it can compute more
+    cheaply than :func:`compute_loss` can from the logits.
+    """
+    return getattr(unwrap_model(model), "computes_loss", False) is True
+
+
+def forward_loss(
+    model: nn.Module,
+    task: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> torch.Tensor:
+    """The training loss of ``model`` on ``(x, y)``: the forward pass and the loss.
+
+    Calls ``model(x, targets=y)`` under ``autocast`` when the model computes its own loss (the
+    chunked LM head, which never materialises the logits), else ``compute_loss(task, model(x),
+    y)`` with the forward under ``autocast`` and the loss outside it, as before.
+
+    Args:
+        model: The model or its DDP / torch.compile wrapper (called as given).
+        task: The data's task (see :func:`compute_loss`).
+        x: Model inputs.
+        y: Targets.
+        autocast: A factory of the precision context for the forward pass.
+
+    Returns:
+        A scalar float32 tensor.
+    """
+    if task == "lm" and computes_loss(model):
+        with autocast():
+            loss: torch.Tensor = model(x, targets=y)
+        return loss
+    with autocast():
+        out = model(x)
+    return compute_loss(task, out, y)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

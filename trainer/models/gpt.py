@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.models.lm_loss import chunked_lm_loss
+
 # Linear and LayerNorm layers carry no bias: it saves a little memory and time per step and, as in
 # nanoGPT and most modern LMs, costs nothing in quality.
 _INIT_STD = 0.02
@@ -89,6 +91,12 @@ class GPT(nn.Module):
     under ``torch.compile`` and runs under bf16/fp16 autocast (logits then come out in the
     autocast dtype; ``compute_loss`` upcasts them).
 
+    Given ``targets``, the forward returns the mean next-token loss instead of the logits. With
+    ``loss_chunk > 0`` the head and the loss run ``loss_chunk`` tokens at a time
+    (:func:`~trainer.models.lm_loss.chunked_lm_loss`), so the ``[B, T, vocab_size]`` logits are
+    never materialised; ``computes_loss`` is then true, which tells the trainer to call
+    ``model(x, targets=y)`` rather than compute the loss from logits.
+
     Args:
         vocab_size: Number of token ids.
         block_size: Longest sequence the model accepts (size of the position embedding).
@@ -98,6 +106,8 @@ class GPT(nn.Module):
         dropout: Dropout on embeddings, attention weights and residual branches.
         activation_checkpointing: Recompute each block's activations in the backward pass
             (training mode only) to trade compute for memory.
+        loss_chunk: Tokens per chunk of the chunked head + loss; 0 computes the loss from the
+            full logits.
 
     Raises:
         ValueError: If ``d_model`` does not divide by ``n_head`` or a size is not positive.
@@ -112,8 +122,11 @@ class GPT(nn.Module):
         d_model: int,
         dropout: float = 0.0,
         activation_checkpointing: bool = False,
+        loss_chunk: int = 0,
     ) -> None:
         super().__init__()
+        if loss_chunk < 0:
+            raise ValueError(f"GPT loss_chunk must be >= 0, got {loss_chunk}")
         if min(vocab_size, block_size, n_layer, n_head, d_model) <= 0 or d_model % n_head:
             raise ValueError(
                 f"GPT sizes must be positive and d_model divisible by n_head, got "
@@ -122,6 +135,7 @@ class GPT(nn.Module):
             )
         self.block_size = block_size
         self.activation_checkpointing = activation_checkpointing
+        self.loss_chunk = loss_chunk
         self.wte = nn.Embedding(vocab_size, d_model)
         self.wpe = nn.Embedding(block_size, d_model)
         self.drop = nn.Dropout(dropout)
@@ -142,14 +156,22 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Next-token logits for every position.
+    @property
+    def computes_loss(self) -> bool:
+        """Whether ``forward(idx, targets=...)`` is the cheaper way to the training loss."""
+        return self.loss_chunk > 0
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits for every position, or the mean loss against ``targets``.
 
         Args:
             idx: Token ids, int64 ``[B, T]`` with ``T <= block_size``.
+            targets: Next-token ids ``[B, T]`` (``-100`` entries are ignored), or None.
 
         Returns:
-            Logits ``[B, T, vocab_size]``; position ``t`` depends only on ``idx[:, : t + 1]``.
+            Without ``targets``: logits ``[B, T, vocab_size]``; position ``t`` depends only on
+            ``idx[:, : t + 1]``. With them: the scalar float32 mean cross-entropy, computed
+            chunk by chunk when ``loss_chunk > 0``.
 
         Raises:
             ValueError: If the sequence is longer than ``block_size``.
@@ -166,4 +188,10 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        return self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
+        if targets is None:
+            return self.lm_head(x)
+        if self.loss_chunk > 0:
+            return chunked_lm_loss(x, self.lm_head.weight, targets, chunk=self.loss_chunk)
+        logits = self.lm_head(x).float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
