@@ -24,8 +24,10 @@ import logging
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -59,7 +61,7 @@ _DCP_MODULES = ("torch.distributed.checkpoint.metadata",)
 _ALLOWED_GLOBALS = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
-    ("torch._utils", "_get_layout"),
+    ("torch.serialization", "_get_layout"),
     ("pathlib", "PosixPath"),
     ("pathlib", "PurePosixPath"),
     ("collections", "OrderedDict"),
@@ -71,7 +73,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         allowed = (
-            module in _DCP_MODULES
+            (module in _DCP_MODULES and isinstance(getattr(sys.modules[module], name, None), type))
             or (module, name) in _ALLOWED_GLOBALS
             or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
         )
@@ -130,6 +132,14 @@ def _local_folder(uri: str) -> Iterator[tuple[str, bool]]:
         yield staging, True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _download(uri: str, folder: str) -> None:
+    """Copy a remote step folder's DCP files into a local staging folder."""
+    for name in storage.list_dir(uri):
+        if name != STATE_FILE:
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(storage.read_bytes(storage.join(uri, name)))
 
 
 def _own_files(folder: str, ctx: DistContext) -> list[str]:
@@ -200,13 +210,37 @@ def load_sharded(
     shards = _shard_state(model, optimizer, with_optimizer=with_optimizer)
     with _local_folder(uri) as (folder, staged):
         if staged:
-            for name in storage.list_dir(uri):
-                if name != STATE_FILE:
-                    with open(os.path.join(folder, name), "wb") as f:
-                        f.write(storage.read_bytes(storage.join(uri, name)))
+            _download(uri, folder)
         tdcp.load(shards, storage_reader=_SafeReader(folder), planner=_SafePlanner())
     set_model_state_dict(model, shards["model"])
     if with_optimizer:
         set_optimizer_state_dict(model, optimizer, shards["optim"])
     else:
         optimizer.state.clear()  # the checkpoint's optimizer had not stepped yet
+
+
+def read_model_state(step_uri: str, model: nn.Module) -> nn.Module:
+    """Load the model weights of a sharded checkpoint into a plain model, in one process.
+
+    For looking into a checkpoint (or exporting from it) without starting the job: DCP reads
+    every shard and reassembles the full tensors. The step folder is not verified here; use it
+    on a folder :class:`trainer.checkpoint.CheckpointManager` lists as complete.
+
+    Args:
+        step_uri: A ``step-<n>/`` folder written by :func:`save_sharded`.
+        model: A freshly built, unsharded model of the same architecture.
+
+    Returns:
+        ``model``, with the checkpoint's weights.
+    """
+    state = {"model": model.state_dict()}
+    with _local_folder(step_uri) as (folder, staged):
+        if staged:
+            _download(step_uri, folder)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            tdcp.load(
+                state, storage_reader=_SafeReader(folder), planner=_SafePlanner(), no_dist=True
+            )
+    model.load_state_dict(state["model"])
+    return model
