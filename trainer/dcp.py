@@ -37,6 +37,7 @@ import torch.distributed.checkpoint as tdcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
@@ -48,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from trainer import dist, storage
-from trainer.checkpoint import STATE_FILE, CheckpointManager, file_entry
+from trainer.checkpoint import STATE_FILE, CheckpointManager, CorruptCheckpointError, file_entry
 from trainer.dist import DistContext
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,15 @@ def _local_folder(uri: str) -> Iterator[tuple[str, bool]]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _why(error: CheckpointException) -> str:
+    """The line of DCP's multi-rank report that says what was wrong."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    for line in lines:
+        if "refused global" in line:
+            return "its DCP " + line[line.index("refused global") :].split(";")[0]
+    return f"DCP could not read it: {lines[-1][:300] if lines else type(error).__name__}"
+
+
 def _download(uri: str, folder: str) -> None:
     """Copy a remote step folder's DCP files into a local staging folder."""
     for name in storage.list_dir(uri):
@@ -211,7 +221,10 @@ def load_sharded(
     with _local_folder(uri) as (folder, staged):
         if staged:
             _download(uri, folder)
-        tdcp.load(shards, storage_reader=_SafeReader(folder), planner=_SafePlanner())
+        try:
+            tdcp.load(shards, storage_reader=_SafeReader(folder), planner=_SafePlanner())
+        except CheckpointException as e:
+            raise CorruptCheckpointError(uri, _why(e)) from e
     set_model_state_dict(model, shards["model"])
     if with_optimizer:
         set_optimizer_state_dict(model, optimizer, shards["optim"])
