@@ -245,6 +245,7 @@ class Run:
         """
         if self.sharded:
             if not sharding.is_sharded(self.raw_model):
+                dist.ensure_group(self.ctx)  # one process still shards over a (1-rank) group
                 sharding.apply_fsdp(
                     self.raw_model,
                     precision=self.precision,

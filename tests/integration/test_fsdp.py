@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.integration.test_torchrun import history, make_config, torchrun, weights, write_data
+from tests.integration.test_torchrun import (
+    ROOT,
+    env,
+    history,
+    make_config,
+    torchrun,
+    weights,
+    write_data,
+)
 from trainer import dcp, export
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ModelConfig
@@ -195,3 +205,29 @@ def test_fsdp_nan_loss_rolls_back_to_the_sharded_checkpoint(
     rollback = [r for r in history(cfg) if r["event"] == "rollback"]
     assert marker.exists() and len(rollback) == 1 and rollback[0]["step"] == 32
     assert all(torch.isfinite(t).all() for t in weights(cfg).values())
+
+
+def test_one_process_shards_over_a_one_rank_group_and_resumes(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    cfg = make_config(tmp_path, "one", data=data, train={"max_steps": 20, **FSDP})
+
+    def worker() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "trainer.worker", "--config", str(cfg)],
+            env=env(),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+
+    first = worker()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (cfg.parent / "ckpt" / "step-00000016" / "__0_0.distcp").is_file()
+    raw = json.loads(cfg.read_text())
+    raw["train"]["max_steps"] = 24
+    cfg.write_text(json.dumps(raw))
+    again = worker()
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [r["step"] for r in history(cfg) if r["event"] == "restore"] == [16]
