@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,11 @@ from tests.integration.test_torchrun import (
     history,
     make_config,
     torchrun,
+    torchrun_cmd,
     weights,
     write_data,
 )
-from trainer import dcp, export
+from trainer import dcp, export, storage
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ModelConfig
 from trainer.models import ModelSpec, build_model
@@ -230,4 +233,63 @@ def test_one_process_shards_over_a_one_rank_group_and_resumes(
     cfg.write_text(json.dumps(raw))
     again = worker()
     assert again.returncode == 0, again.stderr[-2000:]
+    assert [r["step"] for r in history(cfg) if r["event"] == "restore"] == [16]
+
+
+def test_sigterm_writes_a_complete_sharded_checkpoint_and_rerun_finishes(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    cfg = make_config(
+        tmp_path,
+        "term",
+        data=data,
+        train={"epochs": 400, "log_every_steps": 4, **FSDP},
+        checkpoint={"every_steps": 100000},
+    )
+    proc = subprocess.Popen(
+        torchrun_cmd(cfg, 2),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:  # wait until training is really under way
+        if '"event": "step"' in line and json.loads(line)["step"] >= 20:
+            break
+        assert time.monotonic() < deadline, "training never got going"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    mgr = CheckpointManager(str(cfg.parent / "ckpt"))
+    last = mgr.steps()[-1]
+    assert last >= 20
+    marker = json.loads((cfg.parent / "ckpt" / f"step-{last:08d}" / "COMPLETE.json").read_text())
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(marker["files"])
+
+    raw = json.loads(cfg.read_text())
+    raw["train"]["max_steps"] = last + 8
+    cfg.write_text(json.dumps(raw))
+    torchrun(cfg, 2)
+    assert [r["step"] for r in history(cfg) if r["event"] == "restore"] == [last]
+
+
+def test_sharded_checkpoints_on_s3_resume(
+    tmp_path: Path, data: tuple[str, str], s3_server: str, s3_bucket: str
+) -> None:
+    root = f"s3://{s3_bucket}/run/ckpt"
+    cfg = make_config(
+        tmp_path, "s3", data=data, train={"max_steps": 20, **FSDP}, checkpoint={"uri": root}
+    )
+    torchrun(cfg, 2)
+    assert CheckpointManager(root).steps() == [0, 16]
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(
+        storage.list_dir(f"{root}/step-00000016")
+    )
+    raw = json.loads(cfg.read_text())
+    raw["train"]["max_steps"] = 24
+    cfg.write_text(json.dumps(raw))
+    torchrun(cfg, 2)
     assert [r["step"] for r in history(cfg) if r["event"] == "restore"] == [16]
