@@ -20,6 +20,7 @@ import math
 import random
 import time
 from collections.abc import Generator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -338,14 +339,6 @@ class Run:
             return {}
         return {k: v.detach().to("cpu", copy=True) for k, v in self.raw_model.state_dict().items()}
 
-    def load_full_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Load weights from :meth:`full_state` (all ranks call it; only the main rank's count
-        under FSDP, which broadcasts them)."""
-        if self.sharded:
-            sharding.load_full_state(self.raw_model, state)
-        else:
-            self.raw_model.load_state_dict(state)
-
     # ---------------------------------------------------------------- one step
 
     def _micro_batches(
@@ -373,20 +366,24 @@ class Run:
         pending: torch.Tensor | None = None
         for i, (mx, my) in enumerate(micro):
             last = i == len(micro) - 1
+            # Gradients sync in the last micro-batch's backward only. DDP's no_sync must cover
+            # the forward too: DDP decides there whether the backward all-reduces.
+            sync = self._no_sync() if not last else nullcontext()
             try:
-                with self.precision.autocast():
-                    out = self.fwd_model(mx)
-                loss = compute_loss(self.spec.task, out, my) * (mx.shape[0] / n_total)
-                if last:
-                    pending = loss  # backward only after the ranks agree (below)
-                else:
-                    self._backward(loss, sync=False)
+                with sync:
+                    with self.precision.autocast():
+                        out = self.fwd_model(mx)
+                    loss = compute_loss(self.spec.task, out, my) * (mx.shape[0] / n_total)
+                    if last:
+                        pending = loss  # backward only after the ranks agree (below)
+                    else:
+                        self._backward(loss)
                 loss_sum += loss.detach()
             except torch.OutOfMemoryError:
                 oom = True
                 break
         # Every rank reaches this point exactly once per step, whatever happened above.
-        oom, stop = dist.control_any(ctx, oom, self.stop.requested.is_set())
+        oom, stop = self._agree(oom)
         if oom:
             del pending
             self.optimizer.zero_grad(set_to_none=True)
@@ -413,18 +410,36 @@ class Run:
         self.last_grad_norm = self._optimizer_step()
         return loss_sum, stop
 
-    def _backward(self, loss: torch.Tensor, *, sync: bool = True) -> None:
-        """Backward; with ``sync`` False the gradients only accumulate locally (DDP's
-        ``no_sync``, FSDP's ``set_requires_gradient_sync(False)``): accumulation micro-batches
-        communicate nothing, the last one reduces the sum."""
-        if self.ddp is not None and not sync:
-            with self.ddp.no_sync():
-                self._backward_unsynced(loss)
-            return
-        sharding.set_gradient_sync(self.raw_model, sync)
-        self._backward_unsynced(loss)
+    def _agree(self, oom: bool) -> tuple[bool, bool]:
+        """(any rank out of memory, any rank asked to stop), agreed by every rank.
 
-    def _backward_unsynced(self, loss: torch.Tensor) -> None:
+        Under FSDP the forward is a chain of collectives, so a rank that ran out of memory
+        alone waits here while its peers wait in their next all-gather, until the collective
+        timeout. That failure is this rank's, not a lost peer's: say so, permanently.
+        """
+        try:
+            return dist.control_any(self.ctx, oom, self.stop.requested.is_set())
+        except RuntimeError as e:
+            if not (oom and self.sharded):
+                raise
+            # The collective's own text would read as a lost peer (retryable): leave it out.
+            log.warning("agreeing on an out-of-memory error failed: %s", e)
+            raise RuntimeError(
+                f"out of memory at micro-batch {self.state.micro_batch_size} on rank "
+                f"{self.ctx.rank} while the other ranks went on; under FSDP an out-of-memory "
+                f"error on some ranks only cannot be recovered in place: set "
+                f"train.micro_batch_size lower"
+            ) from None
+
+    def _no_sync(self) -> AbstractContextManager[object]:
+        """Accumulate gradients locally: DDP's ``no_sync``, FSDP's gradient-sync switch."""
+        if self.ddp is not None:
+            return self.ddp.no_sync()
+        if self.sharded:
+            return sharding.no_sync(self.raw_model)
+        return nullcontext()
+
+    def _backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:

@@ -56,8 +56,9 @@ def fsdp_run(tmp: Path, name: str, data: tuple[str, str], **train: Any) -> Path:
         {"precision": "bf16"},
         {"precision": "bf16", "compile": True},
         {"precision": "bf16", "fsdp_cpu_offload": True},
+        {"precision": "fp16"},  # fp16 parameters under a GradScaler over DTensor gradients
     ],
-    ids=["bf16", "bf16-compile-per-block", "bf16-cpu-offload"],
+    ids=["bf16", "bf16-compile-per-block", "bf16-cpu-offload", "fp16-scaler"],
 )
 def test_fsdp_on_one_gpu_learns_and_exports_fp32(
     tmp_path: Path, token_data: tuple[str, str], train: dict[str, Any]

@@ -293,3 +293,24 @@ def test_sharded_checkpoints_on_s3_resume(
     cfg.write_text(json.dumps(raw))
     torchrun(cfg, 2)
     assert [r["step"] for r in history(cfg) if r["event"] == "restore"] == [16]
+
+
+def test_fsdp_oom_on_one_rank_only_fails_with_a_line_that_says_what_to_do(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    # The other rank waits in its next all-gather: no agreement reaches it. The OOM rank's
+    # control collective times out (dist.timeout_s) and names the fix, as a permanent error.
+    cfg = make_config(
+        tmp_path,
+        "oom1",
+        data=data,
+        train={"epochs": 1, **FSDP},
+        model={"name": "tests.plugins.faults:oom", "options": {"max_rows": 12, "rank": 1}},
+        dist={"timeout_s": 15},
+    )
+    proc = torchrun(cfg, 2, check=False)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR [train] E_TRAIN")]
+    assert errors and "out of memory at micro-batch 16 on rank 1" in errors[0]
+    assert "set train.micro_batch_size lower" in errors[0]
+    assert not (cfg.parent / "model").exists()

@@ -33,17 +33,18 @@ GIB = 2**30
         ("ddp", "cuda", 8, 10**10, 80 * GIB, "ddp", "train.strategy is 'ddp'"),
         ("fsdp", "cpu", 2, 10, None, "fsdp", "train.strategy is 'fsdp'"),
         ("auto", "cpu", 2, 10**10, None, "ddp", "auto on a cpu device: ddp unless 'fsdp'"),
-        # 124M params: 1.9 GiB of state, far below 65% of 80 GiB
-        ("auto", "cuda", 8, 124 * 10**6, 80 * GIB, "ddp", "fits one device's 52.0 GiB budget"),
-        # 1.3B params: 19.4 GiB fits 80 GiB with room for activations
-        ("auto", "cuda", 8, 1_300_000_000, 80 * GIB, "ddp", "19.4 GiB of parameter"),
-        # 7B params: 104 GiB of state does not fit one 80 GiB GPU: shard over 8 (13 GiB each)
+        # 124M params: 1.9 GiB of state, far below a fifth of 80 GiB
+        ("auto", "cuda", 8, 124 * 10**6, 80 * GIB, "ddp", "fits one device's 16.0 GiB budget"),
+        ("auto", "cuda", 8, 10**9, 80 * GIB, "ddp", "14.9 GiB of parameter"),
+        # 1.3B: 19.4 GiB of state; measured to need the OOM fallback on an 80 GB H100
+        ("auto", "cuda", 8, 1_300_000_000, 80 * GIB, "fsdp", "over 8 ranks (2.4 GiB each)"),
         ("auto", "cuda", 8, 7 * 10**9, 80 * GIB, "fsdp", "sharding over 8 ranks (13.0 GiB each)"),
-        # just over the budget: 3.4 GiB of state vs 65% of 5 GiB
-        ("auto", "cuda", 2, 230_000_000, 5 * GIB, "fsdp", "exceeds one device's 3.2 GiB budget"),
+        # the edge: exactly the budget (a fifth of 5 GiB) still fits, one parameter more does not
+        ("auto", "cuda", 2, GIB // 16, 5 * GIB, "ddp", "1.0 GiB of parameter"),
+        ("auto", "cuda", 2, GIB // 16 + 1, 5 * GIB, "fsdp", "exceeds one device's 1.0 GiB"),
         ("auto", "cuda", 1, 7 * 10**9, 80 * GIB, "ddp", "one process has no peers to shard"),
     ],
-    ids=["ddp", "fsdp-cpu", "auto-cpu", "124m", "1.3b", "7b", "edge", "7b-one-gpu"],
+    ids=["ddp", "fsdp-cpu", "auto-cpu", "124m", "1b", "1.3b", "7b", "edge", "edge+1", "7b-1gpu"],
 )
 def test_choose_strategy(
     requested: str,
