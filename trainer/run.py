@@ -418,7 +418,8 @@ class Run:
         timeout. That failure is this rank's, not a lost peer's: say so, permanently.
         """
         try:
-            return dist.control_any(self.ctx, oom, self.stop.requested.is_set())
+            any_oom, stop = dist.control_any(self.ctx, oom, self.stop.requested.is_set())
+            return any_oom, stop
         except RuntimeError as e:
             if not (oom and self.sharded):
                 raise
