@@ -163,7 +163,7 @@ def apply_fsdp(
         precision: The run's precision; bf16/fp16 become the all-gathered parameter dtype.
         cpu_offload: Keep shards, gradients and optimizer state on the CPU (CUDA only: on a CPU
             device they are there already, and FSDP refuses the policy, so it is skipped).
-        compile_units: ``torch.compile`` each unit (in place, so parameter names are unchanged).
+        compile_units: ``torch.compile`` each unit's forward.
 
     Returns:
         The same module object (its class is now an ``FSDPModule`` subclass).
@@ -177,7 +177,9 @@ def apply_fsdp(
     units = shard_units(model)
     for unit in units:
         if compile_units:
-            unit.compile()
+            # The forward only: FSDP's all-gather and reshard hooks stay eager around it, and
+            # parameter names do not change (no ``_orig_mod.`` wrapper).
+            unit.forward = torch.compile(unit.forward)
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     log.info(

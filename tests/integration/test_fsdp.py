@@ -121,6 +121,30 @@ def test_gpt_shards_per_block_and_early_stopping_exports_the_best_weights(
         assert not torch.allclose(loaded.module(idx), last(idx))
 
 
+def test_gpt_blocks_compiled_under_fsdp_train_and_export(tmp_path: Path) -> None:
+    from tests.integration.test_worker_variants import GPT, tokens
+
+    train, val = tokens(tmp_path / "t.parquet", 400), tokens(tmp_path / "v.parquet", 40)
+    cfg = make_config(tmp_path, "gpt", data=(train, val), model=GPT)
+    raw = json.loads(cfg.read_text())
+    raw["data"] = {"train_uri": train, "val_uri": val, "kind": "tokens", "seq_len": 16}
+    raw["train"] = {"max_steps": 12, "global_batch_size": 32, "log_every_steps": 4, **FSDP}
+    raw["train"]["compile"] = True
+    cfg.write_text(json.dumps(raw))
+    proc = torchrun(cfg, 2, timeout=480)
+    assert (
+        "FSDP: 2 shard units + root, parameter dtype fp32, cpu offload False, compiled units True"
+        in proc.stderr
+    )
+    curve = [r["loss"] for r in history(cfg) if r["event"] == "step"]
+    assert curve[-1] < 0.85 * curve[0], curve
+    loaded = export.load_model(str(cfg.parent / "model"))
+    assert set(loaded.meta["tied"]) == {"lm_head.weight"}  # no "_orig_mod." in any name
+    idx = torch.arange(16).remainder(64).unsqueeze(0)
+    with torch.no_grad():
+        assert torch.isfinite(loaded.module(idx)).all()
+
+
 def test_fsdp_sigkill_one_rank_then_rerun_resumes_to_identical_weights(
     tmp_path: Path, data: tuple[str, str]
 ) -> None:
