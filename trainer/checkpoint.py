@@ -123,18 +123,57 @@ class CheckpointManager:
             raise ValueError(f"checkpoint state must be a dict, got {type(state).__name__}")
         _check_loadable(state, "state")
         started = time.monotonic()
-        name = _dir_name(step)
-        final, tmp, aside = (self._uri(name + suffix) for suffix in ("", ".tmp", ".replaced"))
+        self.begin(step)
+        return self.commit(step, state, started=started)
 
+    def begin(self, step: int) -> str:
+        """Start a save of ``step``: claim the root and create an empty ``step-<n>.tmp/``.
+
+        :meth:`save` is ``begin`` then :meth:`commit`. A sharded save puts the ranks' shard
+        files into the returned folder in between and lists them in ``commit``'s ``files``.
+
+        Returns:
+            The URI of the temporary folder.
+        """
+        _check_step(step)
         if not self._claimed:  # marker before any step folder: the root is ours from now on
             outputs.claim_output_dir(self.root, ROOT_STEP)
             self._claimed = True
+        tmp = self._uri(_dir_name(step) + ".tmp")
         storage.delete(tmp)  # a stale one from a crashed save would mix old files into this one
         storage.makedirs(tmp)
-        entry = _write_state(storage.join(tmp, STATE_FILE), state)
+        return tmp
+
+    def commit(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        files: dict[str, dict[str, Any]] | None = None,
+        started: float | None = None,
+    ) -> str:
+        """Finish a save begun with :meth:`begin`: ``state.pt``, the marker, the rename, pruning.
+
+        Args:
+            step: The step passed to ``begin``.
+            state: What ``state.pt`` holds (checked as in :meth:`save`).
+            files: Other files already written into the temporary folder, with their
+                ``{"sha256", "bytes"}`` entries; the marker lists and later verifies them.
+            started: ``time.monotonic()`` when the save started (for the log line).
+
+        Returns:
+            The URI of the complete ``step-<n>/`` directory.
+        """
+        _check_step(step)
+        _check_loadable(state, "state")
+        started = time.monotonic() if started is None else started
+        name = _dir_name(step)
+        final, tmp, aside = (self._uri(name + suffix) for suffix in ("", ".tmp", ".replaced"))
+        entries = dict(files or {})
+        entries[STATE_FILE] = _write_state(storage.join(tmp, STATE_FILE), state)
         marker = {
             "step": step,
-            "files": {STATE_FILE: entry},
+            "files": entries,
             "format": FORMAT,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -157,7 +196,7 @@ class CheckpointManager:
         logger.info(
             "saved checkpoint %s (%d bytes in %.2f s)",
             final,
-            entry["bytes"],
+            sum(int(e["bytes"]) for e in entries.values()),
             time.monotonic() - started,
         )
         return final
@@ -467,6 +506,17 @@ def _write_state(uri: str, state: dict[str, Any]) -> dict[str, Any]:
     finally:
         os.close(fd)
     digest, size = _hash_file(local)
+    return {"sha256": digest, "bytes": size}
+
+
+def file_entry(uri: str) -> dict[str, Any]:
+    """The ``{"sha256", "bytes"}`` marker entry of a file already written at ``uri``."""
+    local = _local_file(uri)
+    if local is not None:
+        digest, size = _hash_file(local)
+    else:
+        data = storage.read_bytes(uri)
+        digest, size = hashlib.sha256(data).hexdigest(), len(data)
     return {"sha256": digest, "bytes": size}
 
 

@@ -21,6 +21,7 @@ from trainer.errors import InputError
 
 Task = Literal["classification", "regression"]
 PrecisionName = Literal["auto", "fp32", "bf16", "fp16"]
+StrategyName = Literal["auto", "ddp", "fsdp"]
 
 T = TypeVar("T")
 
@@ -234,7 +235,15 @@ class TrainConfig:
     precision: PrecisionName = "auto"
     """``auto`` picks bf16 on GPUs that support it, else fp32; fp16 uses a gradient scaler."""
     compile: bool = False
-    """``torch.compile`` the model (worth it on GPUs for long runs)."""
+    """``torch.compile`` the model (worth it on GPUs for long runs); under FSDP, block by block."""
+    strategy: StrategyName = "auto"
+    """``ddp`` (every rank holds the whole model), ``fsdp`` (FSDP2: parameters, gradients and
+    optimizer state sharded over the ranks, per transformer block and at the root) or ``auto``:
+    FSDP when that state would not leave room for activations on one GPU, else DDP (always DDP on
+    CPU devices). The choice is logged."""
+    fsdp_cpu_offload: bool = False
+    """FSDP on CUDA: keep the sharded parameters, gradients and optimizer state in CPU memory
+    (the optimizer steps on the CPU); slower, for models whose shards still do not fit."""
     tf32: bool = True
     """Allow TF32 tensor cores for fp32 matmuls on CUDA."""
     prefetch: bool = True
@@ -276,6 +285,18 @@ class TrainConfig:
                 f"must be in [1, train.global_batch_size={self.global_batch_size}]",
                 self.micro_batch_size,
             )
+        require(
+            self.strategy in get_args(StrategyName),
+            "train.strategy",
+            f"must be one of {list(get_args(StrategyName))}",
+            self.strategy,
+        )
+        require(
+            not self.fsdp_cpu_offload or self.strategy != "ddp",
+            "train.fsdp_cpu_offload",
+            "needs train.strategy 'fsdp' or 'auto'",
+            self.fsdp_cpu_offload,
+        )
         require(
             self.min_micro_batch_size > 0,
             "train.min_micro_batch_size",

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 # Control decisions (OOM, stop) travel over a CPU group: agreeing on them never syncs the GPU.
 _control_group: Any = None
+# Set when ensure_group() started a one-process group, so that close() ends it.
+_own_single_group = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,12 +195,29 @@ def _quiet_non_main(ctx: DistContext) -> None:
     root.setLevel(level)
 
 
+def ensure_group(ctx: DistContext) -> None:
+    """Start a one-process group where a single process needs one (FSDP shards over a group).
+
+    The context keeps saying "not distributed", so the trainer's collectives stay no-ops; only
+    code that asks torch.distributed for its default group (``fully_shard``, DCP) sees it. The
+    store lives in memory: there is no peer to rendezvous with.
+    """
+    global _own_single_group
+    if tdist.is_initialized():
+        return
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"device_id": ctx.device} if backend == "nccl" else {}
+    tdist.init_process_group(backend, store=tdist.HashStore(), rank=0, world_size=1, **kwargs)
+    _own_single_group = True
+
+
 def close(ctx: DistContext) -> None:
     """Tear the process group down (safe to call twice or after a failure)."""
-    global _control_group
-    if ctx.is_distributed and tdist.is_initialized():
+    global _control_group, _own_single_group
+    if (ctx.is_distributed or _own_single_group) and tdist.is_initialized():
         tdist.destroy_process_group()
     _control_group = None
+    _own_single_group = False
 
 
 def control_any(ctx: DistContext, *flags: bool) -> tuple[bool, ...]:

@@ -52,7 +52,9 @@ class LoadedModel:
     """The architecture it was built from."""
 
 
-def _state_for_safetensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _state_for_safetensors(
+    state: dict[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """CPU copies of the state dict with tied tensors stored once.
 
     safetensors refuses tensors that share memory. A name whose tensor is the very same view as
@@ -66,7 +68,7 @@ def _state_for_safetensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], d
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple[Any, ...], str] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         key = (
             tensor.untyped_storage().data_ptr(),
             tensor.storage_offset(),
@@ -95,6 +97,7 @@ def save_model(
     schema: dict[str, Any] | None,
     metrics: dict[str, float],
     extra: dict[str, Any] | None = None,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write the model artifact to directory ``uri``, atomically.
 
@@ -114,11 +117,15 @@ def save_model(
         schema: The preprocess step's ``schema.json`` (fitted statistics) for serving.
         metrics: Final metrics, written to ``metrics.json``.
         extra: More JSON-serialisable metadata, stored under ``"extra"`` in ``model.json``.
+        state: The weights to write instead of ``model.state_dict()``: the full state an FSDP
+            run gathered (names that share one tensor are stored once, as tied weights).
 
     Raises:
         InputError: ``E_OUTPUT`` if ``uri`` holds anything but an earlier model.
     """
-    tensors, aliases = _state_for_safetensors(unwrap_model(model))
+    tensors, aliases = _state_for_safetensors(
+        unwrap_model(model).state_dict() if state is None else state
+    )
     meta = {
         "format": FORMAT,
         "trainer_version": __version__,

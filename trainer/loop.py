@@ -80,6 +80,7 @@ def train(
         precision=run.precision.name,
         micro_batch=s.micro_batch_size,
         device=str(ctx.device),
+        strategy=run.strategy,
         params=sum(p.numel() for p in run.raw_model.parameters()),
         resumed_from=resumed,
         # Parquet over data.max_memory_mb is read row group by row group: say so.
@@ -133,10 +134,15 @@ def train(
     finally:
         it.close()  # stops the prefetch thread, whatever ended the loop
 
-    if run.best_state is not None:
+    weights = run.best_state  # the main rank's copy of the best weights, if early stopping kept any
+    if weights is not None:
         # Early stopping exports the best weights, with the validation metrics they scored.
-        run.raw_model.load_state_dict(run.best_state)
         metrics.update(s.best_metrics)
+    if run.sharded:
+        if dist.broadcast_object(ctx, weights is None):
+            weights = run.full_state()  # a collective: rank 0 gathers the shards
+    elif weights is not None:
+        run.raw_model.load_state_dict(weights)
     result = TrainResult(
         steps=s.step,
         epochs=round(s.step / run.steps_per_epoch, 4),
@@ -152,6 +158,7 @@ def train(
         export.save_model(
             cfg.output.model_uri,
             run.raw_model,
+            state=weights if run.sharded else None,
             model_cfg=cfg.model,
             spec=run.spec,
             features=run.features,

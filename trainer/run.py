@@ -20,7 +20,7 @@ import math
 import random
 import time
 from collections.abc import Generator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import dist
-from trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from trainer import dist, resume, sharding
+from trainer.checkpoint import CheckpointManager
 from trainer.config import WorkerConfig, config_hash
 from trainer.data import (
     BatchStream,
@@ -186,6 +186,20 @@ class Run:
 
         seed_everything(t.seed)
         self.raw_model = build_model(cfg.model, self.spec).to(ctx.device)
+        choice = sharding.choose_strategy(
+            t.strategy,
+            device_type=ctx.device.type,
+            world_size=ctx.world_size,
+            param_count=sum(p.numel() for p in self.raw_model.parameters()),
+            device_memory_bytes=(
+                torch.cuda.get_device_properties(ctx.device).total_memory
+                if ctx.device.type == "cuda"
+                else None
+            ),
+        )
+        log.info("data parallel strategy %s (%s)", choice.strategy, choice.reason)
+        self.strategy = choice.strategy
+        self.sharded = choice.strategy == "fsdp"
         self.ddp: DDP | None = None
         self.fwd_model: Any = None
         self._wrap_model()
@@ -228,7 +242,19 @@ class Run:
         Rebuilt after an agreed OOM: a rank whose peer failed mid-step may have finished a
         gradient-syncing forward that the peer abandoned, which leaves DDP's reducer out of step
         across ranks. A fresh wrapper (its construction is itself a collective) realigns them.
+        FSDP shards ``raw_model`` in place, once, compiling block by block where asked to.
         """
+        if self.sharded:
+            if not sharding.is_sharded(self.raw_model):
+                dist.ensure_group(self.ctx)  # one process still shards over a (1-rank) group
+                sharding.apply_fsdp(
+                    self.raw_model,
+                    precision=self.precision,
+                    cpu_offload=self.cfg.train.fsdp_cpu_offload,
+                    compile_units=self.cfg.train.compile,
+                )
+            self.fwd_model = self.raw_model
+            return
         if self.ctx.is_distributed:
             device_ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
             self.ddp = DDP(self.raw_model, device_ids=device_ids)
@@ -298,93 +324,20 @@ class Run:
     # ---------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self) -> None:
-        """Rank 0 writes; every rank waits so nobody exits (or moves on) mid-write."""
-        if self.ckpt is None:
-            return
-        rng = dist.all_gather_object(self.ctx, capture_rng_state())
-        if self.ctx.is_main:
-            s = self.state
-            payload = {
-                "model": self.raw_model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "rng": rng,
-                "data": s.position.to_dict(),
-                # The best weights so far, so a rerun of an early-stopped run exports them.
-                "best_model": self.best_state,
-                "meta": {
-                    "step": s.step,
-                    "micro_batch_size": s.micro_batch_size,
-                    "lr_scale": s.lr_scale,
-                    "rollbacks": s.rollbacks,
-                    "best": s.best,
-                    "evals_without_improvement": s.evals_without_improvement,
-                    "stopped_early": s.stopped_early,
-                    "metrics": dict(s.metrics),
-                    "best_metrics": dict(s.best_metrics),
-                    "world_size": self.ctx.world_size,
-                    "config_hash": self.cfg_hash,
-                },
-            }
-            self.last_checkpoint = self.ckpt.save(s.step, payload)
-            self.telemetry.emit("checkpoint", step=s.step, uri=self.last_checkpoint)
-            self.telemetry.flush()
-        dist.control_barrier(self.ctx)
+        """Write a checkpoint of this step (every rank calls it; see :mod:`trainer.resume`)."""
+        resume.save(self)
 
     def restore_latest(self, *, reason: str) -> int | None:
         """Load the newest complete checkpoint on every rank; return its step or None."""
-        if self.ckpt is None:
-            return None
-        found = self.ckpt.load_latest() if self.ctx.is_main else None
-        step = dist.broadcast_object(self.ctx, None if found is None else found[0])
-        if step is None:
-            return None
-        payload = found[1] if found is not None else self.ckpt.load(step)
-        self.raw_model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
-        if self.scaler is not None and payload.get("scaler"):
-            self.scaler.load_state_dict(payload["scaler"])
-        meta = payload["meta"]
-        s = self.state
-        s.step = int(meta["step"])
-        s.position = DataPosition.from_dict(payload["data"])
-        s.micro_batch_size = min(int(meta["micro_batch_size"]), self.local_batch)
-        s.lr_scale = float(meta["lr_scale"])
-        s.rollbacks = max(s.rollbacks, int(meta["rollbacks"]))
-        s.best = meta.get("best")
-        s.evals_without_improvement = int(meta.get("evals_without_improvement", 0))
-        s.stopped_early = bool(meta.get("stopped_early", False))
-        s.metrics = {k: float(v) for k, v in meta.get("metrics", {}).items()}
-        s.best_metrics = {k: float(v) for k, v in meta.get("best_metrics", {}).items()}
-        if self.ctx.is_main:
-            self.best_state = payload.get("best_model")
-        rngs = payload["rng"]
-        if len(rngs) == self.ctx.world_size:
-            restore_rng_state(rngs[self.ctx.rank])
-        else:
-            log.warning(
-                "checkpoint step %d was written by %d processes, this run has %d: "
-                "random streams are re-seeded, so dropout will differ",
-                step,
-                len(rngs),
-                self.ctx.world_size,
-            )
-            seed_everything(self.cfg.train.seed + step)
-        if meta.get("config_hash") != self.cfg_hash:
-            log.warning("checkpoint step %d was written with a different config", step)
-        self.stream = BatchStream(
-            self.train_ds,
-            global_batch_size=self.cfg.train.global_batch_size,
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
-            seed=self.cfg.train.seed,
-            shuffle=self.cfg.data.shuffle,
-            start=s.position,
-        )
-        self.telemetry.emit("restore", step=s.step, reason=reason, epoch=s.position.epoch)
-        return step
+        return resume.restore(self, reason=reason)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights as CPU tensors on the main rank (all ranks call it)."""
+        if self.sharded:
+            return sharding.full_state(self.raw_model, is_main=self.ctx.is_main)
+        if not self.ctx.is_main:
+            return {}
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.raw_model.state_dict().items()}
 
     # ---------------------------------------------------------------- one step
 
@@ -413,8 +366,9 @@ class Run:
         pending: torch.Tensor | None = None
         for i, (mx, my) in enumerate(micro):
             last = i == len(micro) - 1
-            # DDP syncs gradients in the last micro-batch's backward only.
-            sync = self.ddp.no_sync() if (self.ddp is not None and not last) else nullcontext()
+            # Gradients sync in the last micro-batch's backward only. DDP's no_sync must cover
+            # the forward too: DDP decides there whether the backward all-reduces.
+            sync = self._no_sync() if not last else nullcontext()
             try:
                 with sync:
                     loss = forward_loss(
@@ -429,13 +383,15 @@ class Run:
                 oom = True
                 break
         # Every rank reaches this point exactly once per step, whatever happened above.
-        oom, stop = dist.control_any(ctx, oom, self.stop.requested.is_set())
+        oom, stop = self._agree(oom)
         if oom:
             del pending
             self.optimizer.zero_grad(set_to_none=True)
             if self.ddp is not None:
                 self.ddp = None
                 self._wrap_model()
+            if self.sharded:
+                sharding.reset_after_error(self.raw_model)
             _free_memory(ctx.device)
             raise torch.OutOfMemoryError("micro-batch did not fit")
         assert pending is not None
@@ -454,6 +410,36 @@ class Run:
         self.last_grad_norm = self._optimizer_step()
         return loss_sum, stop
 
+    def _agree(self, oom: bool) -> tuple[bool, bool]:
+        """(any rank out of memory, any rank asked to stop), agreed by every rank.
+
+        Under FSDP the forward is a chain of collectives, so a rank that ran out of memory
+        alone waits here while its peers wait in their next all-gather, until the collective
+        timeout. That failure is this rank's, not a lost peer's: say so, permanently.
+        """
+        try:
+            any_oom, stop = dist.control_any(self.ctx, oom, self.stop.requested.is_set())
+            return any_oom, stop
+        except RuntimeError as e:
+            if not (oom and self.sharded):
+                raise
+            # The collective's own text would read as a lost peer (retryable): leave it out.
+            log.warning("agreeing on an out-of-memory error failed: %s", e)
+            raise RuntimeError(
+                f"out of memory at micro-batch {self.state.micro_batch_size} on rank "
+                f"{self.ctx.rank} while the other ranks went on; under FSDP an out-of-memory "
+                f"error on some ranks only cannot be recovered in place: set "
+                f"train.micro_batch_size lower"
+            ) from None
+
+    def _no_sync(self) -> AbstractContextManager[object]:
+        """Accumulate gradients locally: DDP's ``no_sync``, FSDP's gradient-sync switch."""
+        if self.ddp is not None:
+            return self.ddp.no_sync()
+        if self.sharded:
+            return sharding.no_sync(self.raw_model)
+        return nullcontext()
+
     def _backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -466,7 +452,10 @@ class Run:
             self.scaler.unscale_(self.optimizer)
         norm = None
         if clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+            # Under FSDP the norm is a DTensor: the total over every rank's shards.
+            norm = sharding.local_value(
+                torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+            )
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -525,12 +514,12 @@ class Run:
             rank=ctx.rank,
             world_size=ctx.world_size,
         ):
-            x, y = x[:n_valid].to(ctx.device), y[:n_valid].to(ctx.device)
+            # Every rank runs every (padded) batch: an FSDP forward is a collective.
+            with self.precision.autocast():
+                out = self.raw_model(x.to(ctx.device))
             if n_valid == 0:
                 continue
-            with self.precision.autocast():
-                out = self.raw_model(x)
-            out = out.float()
+            out, y = out[:n_valid].float(), y[:n_valid].to(ctx.device)
             task = self.spec.task
             per = compute_loss(task, out, y) * n_valid
             totals[0] += per.double()
@@ -568,11 +557,9 @@ class Run:
         if better:
             s.best, s.evals_without_improvement = value, 0
             s.best_metrics = {k: v for k, v in metrics.items() if k.startswith("val_")}
+            best = self.full_state()  # a collective under FSDP
             if self.ctx.is_main:
-                self.best_state = {
-                    k: v.detach().to("cpu", copy=True)
-                    for k, v in self.raw_model.state_dict().items()
-                }
+                self.best_state = best
             return False
         s.evals_without_improvement += 1
         return s.evals_without_improvement >= es.patience

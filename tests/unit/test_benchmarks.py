@@ -72,3 +72,18 @@ def test_tune_efficiency_prints_ratio_and_saves_curves(
     lines = capsys.readouterr().out.strip().splitlines()
     assert plot.is_file() and plot.stat().st_size > 0
     assert re.fullmatch(r"tune_efficiency ratio: \d+\.\d\d \(goal >= 3\)", lines[-1])
+
+
+@pytest.mark.integration  # two spawned CPU ranks: ~10 s
+def test_fsdp_memory_prints_the_state_ratio_and_losses_match(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import fsdp_memory
+
+    tiny = ["--steps", "1", "--repeats", "2", "--layers", "2", "--d-model", "64"]
+    rc = fsdp_memory.main([*tiny, "--vocab", "256", "--seq", "16", "--no-cuda"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, "\n".join(lines)
+    assert "LOSSES DIFFER" not in "\n".join(lines)
+    match = re.fullmatch(r"fsdp_memory ratio: (\d+\.\d{3}) \(goal <= 0\.55\)", lines[-1])
+    assert match and 0.4 < float(match[1]) <= 0.55  # two ranks: about half of DDP's state

@@ -94,6 +94,11 @@ BAD_VALUES = [
     ("output.model_uri", "", "output.model_uri must be set, got ''"),
     ("dist.timeout_s", 0, "dist.timeout_s must be > 0, got 0"),
     ("dist.backend", "mpi", "dist.backend must be one of ['auto', 'nccl', 'gloo'], got 'mpi'"),
+    (
+        "train.strategy",
+        "zero3",
+        "train.strategy must be one of ['auto', 'ddp', 'fsdp'], got 'zero3'",
+    ),
 ]
 
 
@@ -215,6 +220,7 @@ def test_accepted_coercions(key: str, value: Any, expected: Any) -> None:
         ("model.activation", "silu"),
         ("dist.backend", "gloo"),
         ("train.early_stopping.mode", "max"),
+        ("train.strategy", "fsdp"),
     ],
     ids=lambda v: v if "." in v else None,
 )
