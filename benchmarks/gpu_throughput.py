@@ -575,6 +575,10 @@ def main(argv: list[str] | None = None) -> int:
         f"peak: {peak / 1e12:.4g} TFLOP/s measured ({peak_n}^3 {precision} matmul), {sheet}",
         flush=True,
     )
+    if "hf" not in args.skip and hf.hf_unavailable() is None:
+        import transformers
+
+        print(f"hf: transformers {transformers.__version__}, GPT2LMHeadModel, sdpa")
     print(format_row([c for c, _ in COLUMNS]))
     rows: list[Row] = []
     for case in cases:
