@@ -20,7 +20,7 @@ def tune(
     model_name: str = "mlp",
     trial_epochs: int = 5,
     learning_rate: float = 0.001,
-    batch_size: int = 256,
+    batch_size: int = 0,
     gpus_per_node: int = 1,
     seed: int = 0,
     hyperparams_json: str = "{}",
