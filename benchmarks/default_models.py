@@ -21,6 +21,8 @@ Run from the repo root: ``.venv/bin/python benchmarks/default_models.py [--table
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import sys
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -134,7 +137,8 @@ def run_table(
         step, dataset_uri=ds, model_uri=str(root / "model"), work_uri=str(root / "work")
     )
     started = time.perf_counter()
-    trained = loop.train(worker, ctx)
+    with contextlib.redirect_stdout(io.StringIO()):  # the trainer's JSON log lines
+        trained = loop.train(worker, ctx)
     seconds = time.perf_counter() - started
     result = evaluate(
         EvaluateConfig(), model_uri=str(root / "model"), dataset_uri=ds,
@@ -187,15 +191,22 @@ def main(argv: list[str] | None = None) -> int:
         "--max-steps", type=int, default=None, help="cap the optimizer steps (smoke tests)"
     )
     parser.add_argument("--json", default=None, help="also write every figure to this file")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (quality does not depend on it; 1 is fastest on a busy machine)",
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.tables.split(",") if n]
     unknown = [n for n in names if n not in TABLES]
     if unknown:
         parser.error(f"unknown table(s) {unknown}; known: {', '.join(TABLES)}")
     overrides = {"train.max_steps": args.max_steps} if args.max_steps else {}
-    logging.getLogger("trainer").setLevel(logging.WARNING)
+    torch.set_num_threads(args.threads)
     results = []
     ctx = dist.init("auto")
+    logging.getLogger().setLevel(logging.WARNING)
     try:
         with tempfile.TemporaryDirectory(prefix="default-models-") as tmp:
             for name in names:

@@ -295,10 +295,9 @@ def _check_choices(p: dict[str, Any]) -> None:
             raise InputError(
                 "E_PARAM", f"{name} must be one of {', '.join(allowed)}, got {p[name]!r}", name
             )
-    for name in ("nodes", "tune_trial_epochs"):
-        if name in p and int(p[name]) <= 0:
-            raise InputError("E_PARAM", f"{name} must be > 0, got {p[name]!r}", name)
-    for name in ("epochs", "batch_size"):  # 0: chosen from the data
+    if "nodes" in p and int(p["nodes"]) <= 0:
+        raise InputError("E_PARAM", f"nodes must be > 0, got {p['nodes']!r}", "nodes")
+    for name in ("epochs", "batch_size", "tune_trial_epochs"):  # 0: chosen from the data
         if name in p and int(p[name]) < 0:
             raise InputError(
                 "E_PARAM", f"{name} must be >= 0 (0: chosen from the data), got {p[name]!r}", name

@@ -109,7 +109,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         tune_enabled: bool = False,
         tune_engine: str = "local",
         tune_space_json: str = "{}",
-        tune_trial_epochs: int = 5,
+        tune_trial_epochs: int = 0,
         train_config_json: str = "{}",
         gate_metric: str = "auto",
         gate_threshold: float = 0.0,
@@ -159,7 +159,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 (a Katib Experiment whose trials are PyTorchJobs with the train step's GPUs).
             tune_space_json: the search space in Katib's vocabulary (``{}``: a built-in space
                 over learning rate, width, weight decay and dropout; TPE with median stopping).
-            tune_trial_epochs: epochs per trial.
+            tune_trial_epochs: epochs per trial (0: chosen from the data, as for training).
             train_config_json: further train-step settings (``TrainStepConfig`` fields).
             gate_metric: metric that decides registration (``auto``: accuracy or rmse).
             gate_threshold: the candidate must reach this (0: no threshold).

@@ -72,3 +72,18 @@ def test_tune_efficiency_prints_ratio_and_saves_curves(
     lines = capsys.readouterr().out.strip().splitlines()
     assert plot.is_file() and plot.stat().st_size > 0
     assert re.fullmatch(r"tune_efficiency ratio: \d+\.\d\d \(goal >= 3\)", lines[-1])
+
+
+def test_default_models_prints_a_table_per_dataset_and_the_worst_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import default_models
+
+    assert default_models.main(["--tables", "iris", "--max-steps", "30"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "iris (150 rows, classification, test accuracy)"
+    assert [line.split()[0] for line in lines[2:6]] == ["model", "trivial", "linear", "hgb"]
+    assert any(line.startswith("  trained 30 steps") for line in lines)
+    assert re.fullmatch(
+        r"default_models ratio: \d+\.\d{3} \(goal >= 0\.99; worst: iris\)", lines[-1]
+    )
