@@ -46,7 +46,8 @@ def tune(
     Every trial starts from the train step's settings for the same pipeline parameters
     (``learning_rate``, ``seed``, ``hyperparams_json``, ``train_config_json``, ...; see
     ``trainer.steps.train.step_settings``), on one node, for ``trial_epochs`` epochs (0: the
-    settings from the data, as the final training gets them); only the searched fields differ. ``config_json`` takes further dotted TuneConfig overrides
+    settings from the data, as the final training gets them); only the searched fields
+    differ. ``config_json`` takes further dotted TuneConfig overrides
     (``{"train.optim.warmup_steps": 10}``). Outputs: the best parameters as a JSON artifact,
     as a dict and as a JSON string (the train step's ``hyperparams_json``), a Metrics artifact
     (best objective, trial counts) and an HTML report.
@@ -62,11 +63,10 @@ def tune(
 
     from trainer.config import apply_overrides, from_dict
     from trainer.entry import run_guarded, write_metadata_file
-    from trainer.steps.train import step_settings
-    from trainer.steps.train import read_schema
+    from trainer.steps.train import read_schema, step_settings
     from trainer.steps.tune import TuneConfig
-    from trainer.tune.space import default_space
     from trainer.steps.tune import tune as run
+    from trainer.tune.space import default_space
 
     def body():
         remote = engine == "katib"
