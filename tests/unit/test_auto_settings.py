@@ -132,3 +132,20 @@ def test_summary_names_the_choices_and_the_rows() -> None:
     assert line.startswith("settings from the data (124 training rows): ")
     assert "train.global_batch_size=16" in line
     assert "set by the user: train.epochs=10" in line
+
+
+def test_a_tune_trials_searched_value_wins_even_at_the_default(tmp_path) -> None:
+    from tests.helpers import tune_config, write_dataset
+    from trainer.steps.tune import trial_worker_config
+
+    data = write_dataset(tmp_path / "ds", rows=600)
+    cfg = tune_config(train={}, trial_epochs=None)
+    default_batch = TrainConfig().global_batch_size
+    searched, _ = trial_worker_config(
+        cfg, {"train.global_batch_size": default_batch}, dataset_uri=str(data),
+        trial_uri=str(tmp_path / "t"),
+    )  # fmt: skip
+    plain, _ = trial_worker_config(cfg, {}, dataset_uri=str(data), trial_uri=str(tmp_path / "u"))
+    assert searched.train.global_batch_size == default_batch
+    assert plain.train.global_batch_size == auto.auto_batch(600, 1) == 16
+    assert plain.train.early_stopping is not None  # trials stop early like the training does

@@ -189,12 +189,13 @@ def step_settings(
     }
     for name, overrides in layers.items():
         settings = apply_overrides(settings, json_object(overrides, name))
-    return _record_fixed(settings)
+    return record_fixed(settings)
 
 
-def _record_fixed(settings: dict[str, Any]) -> dict[str, Any]:
-    """List the settings-from-data fields that ``settings`` sets under ``auto.fixed``: the
-    user's values win over the data's, even where they equal the defaults."""
+def record_fixed(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (a :class:`TrainStepConfig` dict) with the settings-from-data fields it sets
+    listed under ``auto.fixed``: the user's values win over the data's, even where they equal
+    the defaults. Build a step config from a dict of the user's settings through this."""
     given = [
         f
         for f in AUTO_FIELDS
