@@ -147,5 +147,5 @@ def test_a_tune_trials_searched_value_wins_even_at_the_default(tmp_path) -> None
     )  # fmt: skip
     plain, _ = trial_worker_config(cfg, {}, dataset_uri=str(data), trial_uri=str(tmp_path / "u"))
     assert searched.train.global_batch_size == default_batch
-    assert plain.train.global_batch_size == auto.auto_batch(600, 1) == 16
+    assert plain.train.global_batch_size == auto.auto_batch(600, 1) == 32
     assert plain.train.early_stopping is not None  # trials stop early like the training does

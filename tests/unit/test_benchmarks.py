@@ -82,6 +82,7 @@ def test_default_models_prints_a_table_per_dataset_and_the_worst_ratio(
     assert default_models.main(["--tables", "iris", "--max-steps", "30"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "iris (150 rows, classification, test accuracy)"
+    assert lines[1].split() == ["who", "accuracy", "vs", "model", "log_loss"]
     assert [line.split()[0] for line in lines[2:6]] == ["model", "trivial", "linear", "hgb"]
     assert any(line.startswith("  trained 30 steps") for line in lines)
     assert re.fullmatch(

@@ -1,7 +1,7 @@
 """Training settings from the data: a batch, a length, a warmup and early stopping that fit.
 
 A default of 256 rows a batch for 10 epochs suits a few thousand rows and nothing else: a
-178-row table has no full batch, a 569-row table gets 20 optimizer steps, and a 10-million-row
+178-row table has no full batch, a 569-row table gets 10 optimizer steps, and a 10-million-row
 table runs 400,000. :func:`choose_settings` picks, for every setting the user left alone:
 
 - ``train.global_batch_size``: about :data:`BATCHES_PER_EPOCH` batches an epoch, a power of two
@@ -49,13 +49,13 @@ AUTO_FIELDS = (
 
 AUTO_SETTINGS_FILE = "auto_settings.json"
 """What the train step chose, placed in the model directory for evaluate's report."""
-BATCHES_PER_EPOCH = 32
+BATCHES_PER_EPOCH = 16
 """Aim for about this many optimizer steps per pass over the training rows."""
 MIN_BATCH = 16
 """Smallest chosen batch (smaller tables get their row count, rounded down to a power of two)."""
 MAX_BATCH = 1024
 """Largest chosen batch: beyond it a tabular MLP gains little per step."""
-MIN_STEPS = 1500
+MIN_STEPS = 1000
 """Optimizer steps a run aims for (early stopping usually ends small tables sooner)."""
 MIN_EPOCHS = 3
 """Fewest chosen epochs: a large table still gets a few passes, with early stopping."""
