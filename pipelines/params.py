@@ -260,6 +260,10 @@ def _check_evaluate(p: dict[str, Any]) -> None:
         from_dict(EvaluateConfig, {"gate": {"threshold": threshold or None}})
     except ValueError as e:
         _reraise("gate_threshold", e)
+    try:
+        from_dict(EvaluateConfig, {"gate": {"baseline": p.get("gate_baseline", "trivial")}})
+    except ValueError as e:
+        _reraise("gate_baseline", e)
 
 
 def _check_register(p: dict[str, Any]) -> None:
@@ -291,9 +295,13 @@ def _check_choices(p: dict[str, Any]) -> None:
             raise InputError(
                 "E_PARAM", f"{name} must be one of {', '.join(allowed)}, got {p[name]!r}", name
             )
-    for name in ("epochs", "batch_size", "nodes", "tune_trial_epochs"):
-        if name in p and int(p[name]) <= 0:
-            raise InputError("E_PARAM", f"{name} must be > 0, got {p[name]!r}", name)
+    if "nodes" in p and int(p["nodes"]) <= 0:
+        raise InputError("E_PARAM", f"nodes must be > 0, got {p['nodes']!r}", "nodes")
+    for name in ("epochs", "batch_size", "tune_trial_epochs"):  # 0: chosen from the data
+        if name in p and int(p[name]) < 0:
+            raise InputError(
+                "E_PARAM", f"{name} must be >= 0 (0: chosen from the data), got {p[name]!r}", name
+            )
     if "gpus_per_node" in p and int(p["gpus_per_node"]) < 0:
         raise InputError(
             "E_PARAM", f"gpus_per_node must be >= 0, got {p['gpus_per_node']!r}", "gpus_per_node"

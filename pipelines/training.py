@@ -131,9 +131,9 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         csv_null_values: str = "",
         preprocess_config_json: str = "{}",
         model_name: str = "mlp",
-        epochs: int = 10,
+        epochs: int = 0,
         learning_rate: float = 0.001,
-        batch_size: int = 256,
+        batch_size: int = 0,
         seed: int = 0,
         gpu_type: str = "nvidia.com/gpu",
         gpus_per_node: int = 1,
@@ -145,10 +145,11 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         tune_enabled: bool = False,
         tune_engine: str = "local",
         tune_space_json: str = "{}",
-        tune_trial_epochs: int = 5,
+        tune_trial_epochs: int = 0,
         train_config_json: str = "{}",
         gate_metric: str = "auto",
         gate_threshold: float = 0.0,
+        gate_baseline: str = "trivial",
         registry_uri: str = "",
         registered_model_name: str = "gpupipe-model",
         object_store_secret: str = "mlpipeline-minio-artifact",
@@ -172,9 +173,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             preprocess_config_json: further preprocess settings (``PreprocessConfig`` fields),
                 e.g. ``{"val_fraction": 0.2, "test_fraction": 0.2, "max_categories": 20}``.
             model_name: ``mlp`` or a user model ``package.module:build`` baked into the image.
-            epochs: passes over the training split.
+            epochs: passes over the training split (0: chosen from the table and model size).
             learning_rate: AdamW peak learning rate.
-            batch_size: global batch (all GPUs and nodes together).
+            batch_size: global batch (all GPUs and nodes together; 0: chosen from the table
+                size).
             seed: split, initialisation and shuffling seed.
             gpu_type: accelerator resource of the train step (``nvidia.com/gpu``).
             gpus_per_node: GPUs per node (= processes per node).
@@ -193,10 +195,13 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 (a Katib Experiment whose trials are PyTorchJobs with the train step's GPUs).
             tune_space_json: the search space in Katib's vocabulary (``{}``: a built-in space
                 over learning rate, width, weight decay and dropout; TPE with median stopping).
-            tune_trial_epochs: epochs per trial.
+            tune_trial_epochs: epochs per trial (0: chosen from the data, as for training).
             train_config_json: further train-step settings (``TrainStepConfig`` fields).
             gate_metric: metric that decides registration (``auto``: accuracy or rmse).
             gate_threshold: the candidate must reach this (0: no threshold).
+            gate_baseline: ``trivial``: the candidate must not be worse than the trivial
+                predictor (majority class, mean); ``best``: it must beat the best baseline
+                (trivial, linear, gradient boosting), all scored on the same split.
             registry_uri: MLflow tracking URI (empty: the embedded local registry).
             registered_model_name: name of the model in the registry.
             object_store_secret: Kubernetes secret with the artifact store's credentials.
@@ -291,6 +296,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 dataset=prep.outputs["dataset"],
                 gate_metric=gate_metric,
                 gate_threshold=gate_threshold,
+                gate_baseline=gate_baseline,
                 registry_uri=registry_uri,
                 registered_model_name=registered_model_name,
                 model_name=model_name,

@@ -40,9 +40,10 @@ def _preprocess(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
-    from trainer.steps.train import TrainStepConfig, train_step
+    from trainer.steps.train import TrainStepConfig, record_fixed, train_step
 
-    cfg = _config(args, TrainStepConfig)
+    data = storage.read_json(args.config) if args.config else {}
+    cfg = from_dict(TrainStepConfig, record_fixed(apply_overrides(data, args.overrides)))
     return train_step(
         cfg,
         dataset_uri=args.dataset,

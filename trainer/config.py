@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ class DataConfig:
     """Shuffle training rows each epoch (seeded by ``train.seed`` and the epoch)."""
     eval_batch_size: int = 1024
     """Rows per rank per evaluation batch."""
+    target_scale: list[float] | None = None
+    """Regression: ``[mean, std]`` of the training target; the model learns
+    ``(target - mean) / std``, validation RMSE is reported in the target's units, and the model
+    artifact records the scale so that predictions come back in those units. ``None``: raw."""
 
     def __post_init__(self) -> None:
         require(bool(self.train_uri), "data.train_uri", "must be set", self.train_uri)
@@ -86,6 +91,14 @@ class DataConfig:
         require(
             self.eval_batch_size > 0, "data.eval_batch_size", "must be > 0", self.eval_batch_size
         )
+        if self.target_scale is not None:
+            ok = len(self.target_scale) == 2 and all(map(math.isfinite, self.target_scale))
+            require(
+                ok and self.target_scale[1] > 0 and self.task == "regression",
+                "data.target_scale",
+                "must be [mean, std > 0] (finite) of a regression target",
+                self.target_scale,
+            )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,7 @@ def save_model(
     metrics: dict[str, float],
     extra: dict[str, Any] | None = None,
     state: dict[str, torch.Tensor] | None = None,
+    target_scale: list[float] | None = None,
 ) -> None:
     """Write the model artifact to directory ``uri``, atomically.
 
@@ -119,6 +121,8 @@ def save_model(
         extra: More JSON-serialisable metadata, stored under ``"extra"`` in ``model.json``.
         state: The weights to write instead of ``model.state_dict()``: the full state an FSDP
             run gathered (names that share one tensor are stored once, as tied weights).
+        target_scale: Regression: ``[mean, std]`` the model's outputs are standardised with;
+            recorded as ``target_scale`` and undone by :func:`predict`.
 
     Raises:
         InputError: ``E_OUTPUT`` if ``uri`` holds anything but an earlier model.
@@ -135,6 +139,9 @@ def save_model(
         "target": target,
         "schema": schema,
         "tied": aliases,
+        "target_scale": (
+            {"mean": target_scale[0], "std": target_scale[1]} if target_scale else None
+        ),
         "extra": extra or {},
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
@@ -215,6 +222,15 @@ def load_model(
     except ValueError as e:
         raise ValueError(f"model {uri}: {META_FILE} describes an invalid model: {e}") from e
     _check_plugin(uri, model_cfg, allowed)
+    scale = meta.get("target_scale")
+    if scale is not None and not (
+        isinstance(scale, dict)
+        and all(isinstance(scale.get(k), int | float) for k in ("mean", "std"))
+        and math.isfinite(scale["mean"])
+        and math.isfinite(scale["std"])
+        and scale["std"] > 0
+    ):
+        raise ValueError(f"model {uri}: {META_FILE} has a bad target_scale {scale!r}")
     metrics = _read_json_file(uri, METRICS_FILE, required=False) or {}
 
     weights_uri = storage.join(uri, WEIGHTS_FILE)
@@ -253,7 +269,8 @@ def predict(loaded: LoadedModel, x: torch.Tensor, batch_size: int = 8192) -> tor
 
     Returns:
         On the CPU: class logits ``[N, K]`` (classification), predictions ``[N]``
-        (regression) or next-token logits ``[N, T, V]`` (lm).
+        (regression, in the target's units: a recorded ``target_scale`` is undone) or
+        next-token logits ``[N, T, V]`` (lm).
 
     Raises:
         ValueError: If ``batch_size`` is not positive.
@@ -270,4 +287,7 @@ def predict(loaded: LoadedModel, x: torch.Tensor, batch_size: int = 8192) -> tor
         out = torch.cat([module(chunk.to(device)).cpu() for chunk in chunks])
     if loaded.spec.task == "regression" and out.dim() == 2 and out.shape[-1] == 1:
         out = out.squeeze(-1)
+    scale = loaded.meta.get("target_scale")
+    if loaded.spec.task == "regression" and isinstance(scale, dict):
+        out = out.double() * float(scale["std"]) + float(scale["mean"])
     return out

@@ -165,6 +165,7 @@ def train(
             target=cfg.data.target if cfg.data.kind == "tabular" else None,
             schema=schema,
             metrics=metrics,
+            target_scale=cfg.data.target_scale,
             extra={
                 "train": {
                     "steps": s.step,

@@ -172,6 +172,8 @@ class Run:
                 f"number of processes ({ctx.world_size})"
             )
         self.local_batch = t.global_batch_size // ctx.world_size
+        # Regression learns the standardised target; its scale converts RMSE back to target units.
+        self.target_mean, self.target_std = d.target_scale or (0.0, 1.0)
         self.stream = BatchStream(
             self.train_ds,
             global_batch_size=t.global_batch_size,
@@ -359,7 +361,7 @@ class Run:
             non_blocking = ctx.device.type == "cuda"
             x = x.to(ctx.device, non_blocking=non_blocking)
             y = y.to(ctx.device, non_blocking=non_blocking)
-        micro = self._micro_batches(x, y)
+        micro = self._micro_batches(x, self.scaled_target(y))
         n_total = x.shape[0]
         loss_sum = torch.zeros((), device=ctx.device)
         oom = False
@@ -519,7 +521,8 @@ class Run:
                 out = self.raw_model(x.to(ctx.device))
             if n_valid == 0:
                 continue
-            out, y = out[:n_valid].float(), y[:n_valid].to(ctx.device)
+            out = out[:n_valid].float()
+            y = self.scaled_target(y[:n_valid].to(ctx.device))
             task = self.spec.task
             per = compute_loss(task, out, y) * n_valid
             totals[0] += per.double()
@@ -535,10 +538,16 @@ class Run:
         if self.spec.task == "classification":
             metrics["val_accuracy"] = extra / n
         elif self.spec.task == "regression":
-            metrics["val_rmse"] = math.sqrt(extra / n)
+            metrics["val_rmse"] = math.sqrt(extra / n) * self.target_std
         else:
             metrics["val_perplexity"] = math.exp(min(loss_sum / n, 50.0))
         return metrics
+
+    def scaled_target(self, y: torch.Tensor) -> torch.Tensor:
+        """The regression target as the model learns it (``data.target_scale``); else ``y``."""
+        if self.cfg.data.target_scale is None:
+            return y
+        return (y - self.target_mean) / self.target_std
 
     def early_stop_update(self, metrics: dict[str, float]) -> bool:
         """Track the best value; keep the best weights; return True when patience is used up."""

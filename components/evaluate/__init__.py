@@ -15,6 +15,7 @@ def evaluate(
     report: Output[HTML],
     gate_metric: str = "auto",
     gate_threshold: float = 0.0,
+    gate_baseline: str = "trivial",
     registry_uri: str = "",
     registered_model_name: str = "gpupipe-model",
     model_name: str = "mlp",
@@ -23,9 +24,12 @@ def evaluate(
 
     Returns whether the gate passed: the step's single output, which the pipeline's condition
     reads (the reason is in the report's metadata, ``gate_reason``). ``gate_threshold`` 0 means
-    no threshold; ``registry_uri`` empty means the default local registry. ``model_name`` is
-    the pipeline's model: a plugin (``package.module:build``) named there is the only code a
-    model artifact may make this step import, and only from the installed environment.
+    no threshold; ``gate_baseline`` ``trivial`` fails a candidate worse than the trivial
+    predictor, ``best`` one that does not beat the best baseline (their metrics are logged as
+    ``baseline_<name>_<metric>``); ``registry_uri`` empty means the default local registry.
+    ``model_name`` is the pipeline's model: a plugin (``package.module:build``) named there is
+    the only code a model artifact may make this step import, and only from the installed
+    environment.
     """
     from trainer.config import from_dict
     from trainer.entry import run_guarded, write_metadata_file
@@ -38,7 +42,11 @@ def evaluate(
         cfg = from_dict(
             EvaluateConfig,
             {
-                "gate": {"metric": gate_metric, "threshold": gate_threshold or None},
+                "gate": {
+                    "metric": gate_metric,
+                    "threshold": gate_threshold or None,
+                    "baseline": gate_baseline,
+                },
                 # the one plugin this pipeline trained with may be imported (from the image)
                 "model_plugins": [model_name] if ":" in model_name else [],
             },
@@ -61,6 +69,9 @@ def evaluate(
     result = run_guarded("evaluate", body)
     for key, value in sorted(result.metrics.items()):
         metrics.log_metric(key, value)
+    for name, scores in result.baselines.items():
+        for key, value in sorted(scores.items()):
+            metrics.log_metric(f"baseline_{name}_{key}", value)
     metrics.log_metric("gate_passed", float(result.gate_passed))
     if result.confusion_matrix is not None and result.labels:
         classification.log_confusion_matrix(result.labels, result.confusion_matrix)

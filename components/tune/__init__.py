@@ -18,9 +18,9 @@ def tune(
     space_json: str = "{}",
     engine: str = "local",
     model_name: str = "mlp",
-    trial_epochs: int = 5,
+    trial_epochs: int = 0,
     learning_rate: float = 0.001,
-    batch_size: int = 256,
+    batch_size: int = 0,
     gpus_per_node: int = 1,
     seed: int = 0,
     hyperparams_json: str = "{}",
@@ -40,12 +40,14 @@ def tune(
     ``enabled=False`` skips the search and outputs no parameters (``{}``), so a pipeline can
     always wire tune's output into train (kfp.local cannot join conditional branches).
 
-    ``space_json`` is the search space in Katib's vocabulary (``{}``: the built-in example
-    space: learning rate, width, weight decay, dropout; TPE with median stopping).
+    ``space_json`` is the search space in Katib's vocabulary (``{}``: the default space over
+    learning rate, width, weight decay and dropout, TPE with median stopping, its ranges and
+    trial count scaled with the training rows: ``trainer.tune.space.default_space``).
     Every trial starts from the train step's settings for the same pipeline parameters
     (``learning_rate``, ``seed``, ``hyperparams_json``, ``train_config_json``, ...; see
-    ``trainer.steps.train.step_settings``), on one node, for ``trial_epochs`` epochs; only the
-    searched fields differ. ``config_json`` takes further dotted TuneConfig overrides
+    ``trainer.steps.train.step_settings``), on one node, for ``trial_epochs`` epochs (0: the
+    settings from the data, as the final training gets them); only the searched fields
+    differ. ``config_json`` takes further dotted TuneConfig overrides
     (``{"train.optim.warmup_steps": 10}``). Outputs: the best parameters as a JSON artifact,
     as a dict and as a JSON string (the train step's ``hyperparams_json``), a Metrics artifact
     (best objective, trial counts) and an HTML report.
@@ -61,9 +63,10 @@ def tune(
 
     from trainer.config import apply_overrides, from_dict
     from trainer.entry import run_guarded, write_metadata_file
-    from trainer.steps.train import step_settings
+    from trainer.steps.train import read_schema, step_settings
     from trainer.steps.tune import TuneConfig, tune_disabled
     from trainer.steps.tune import tune as run
+    from trainer.tune.space import default_space
 
     def body():
         remote = engine == "katib"
@@ -86,10 +89,11 @@ def tune(
         )
         # Trials run on one node, where the engine runs them, whatever the final training uses.
         train = apply_overrides(train, {"launcher": launcher, "nnodes": 1})
-        base = {"engine": engine, "trial_epochs": trial_epochs, "seed": seed, "train": train}
-        space = json.loads(space_json)
-        if space:
-            base["space"] = space
+        base = {"engine": engine, "trial_epochs": trial_epochs or None, "seed": seed,
+                "train": train}  # fmt: skip
+        # No space given: the default one, scaled with the table like the trials' settings.
+        rows = (read_schema(dataset.path).get("splits") or {}).get("train")
+        base["space"] = json.loads(space_json) or default_space(rows)
         cfg = from_dict(TuneConfig, apply_overrides(base, json.loads(config_json)))
         out_uri = best_params.uri if remote else best_params.path
         return run(

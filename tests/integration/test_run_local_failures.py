@@ -123,7 +123,7 @@ def run_process(argv: list[str], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> O
 # (id, extra argv (with {ws} and {port} filled in), code, text the error line must contain)
 REJECTED = [
     ("epochs-not-int", ["--param", "epochs=abc"], "E_PARAM", "parameter epochs must be an integer"),
-    ("epochs-zero", ["--param", "epochs=0"], "E_PARAM", "epochs must be > 0, got 0 (epochs)"),
+    ("epochs-negative", ["--param", "epochs=-1"], "E_PARAM", "epochs must be >= 0 (0: chosen"),
     ("lr-zero", ["--param", "learning_rate=0"], "E_PARAM", "(learning_rate)"),
     ("lr-text", ["--param", "learning_rate=fast"], "E_PARAM", "learning_rate must be a float"),
     ("batch-negative", ["--param", "batch_size=-8"], "E_PARAM", "(batch_size)"),

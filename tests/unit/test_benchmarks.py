@@ -87,3 +87,19 @@ def test_fsdp_memory_prints_the_state_ratio_and_losses_match(
     assert "LOSSES DIFFER" not in "\n".join(lines)
     match = re.fullmatch(r"fsdp_memory ratio: (\d+\.\d{3}) \(goal <= 0\.55\)", lines[-1])
     assert match and 0.4 < float(match[1]) <= 0.55  # two ranks: about half of DDP's state
+
+
+def test_default_models_prints_a_table_per_dataset_and_the_worst_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import default_models
+
+    assert default_models.main(["--tables", "iris", "--max-steps", "30"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "iris (150 rows, classification, test accuracy)"
+    assert lines[1].split() == ["who", "accuracy", "vs", "model", "log_loss"]
+    assert [line.split()[0] for line in lines[2:6]] == ["model", "trivial", "linear", "hgb"]
+    assert any(line.startswith("  trained 30 steps") for line in lines)
+    assert re.fullmatch(
+        r"default_models ratio: \d+\.\d{3} \(goal >= 0\.99; worst: iris\)", lines[-1]
+    )

@@ -23,9 +23,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {
-    _module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
-}
+MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
 def layer(module: str) -> int:

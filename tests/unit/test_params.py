@@ -38,7 +38,7 @@ def test_values_are_typed_by_the_pipeline_signature(
 @pytest.mark.parametrize(
     ("params", "where", "text"),
     [
-        ({"epochs": 0}, "epochs", "epochs must be > 0"),
+        ({"epochs": -1}, "epochs", "epochs must be >= 0 (0: chosen from the data)"),
         ({"learning_rate": -0.1}, "learning_rate", "learning_rate must be > 0"),
         ({"gpus_per_node": -1}, "gpus_per_node", ">= 0"),
         ({"hyperparams_json": '{"optim.weight_decay": -1}'}, "hyperparams_json",
@@ -53,9 +53,12 @@ def test_values_are_typed_by_the_pipeline_signature(
         ({"registry_uri": "localhost:5000"}, "registry_uri", "must be a URI"),
         ({"launcher": "slurm"}, "launcher", "launcher must be one of local, pytorchjob"),
         ({"tune_engine": "ray"}, "tune_engine", "tune_engine must be one of"),
+        ({"gate_baseline": "linear"}, "gate_baseline",
+         "gate_baseline must be one of ['trivial', 'best'], got 'linear'"),
     ],
     ids=["epochs", "lr", "gpus", "hyperparams-value", "hyperparams-list", "train-config",
-         "tune-space", "threshold-nan", "model-name", "registry-uri", "launcher", "tune-engine"],
+         "tune-space", "threshold-nan", "model-name", "registry-uri", "launcher", "tune-engine",
+         "gate-baseline"],
 )  # fmt: skip
 def test_every_bad_value_is_named_by_its_parameter(
     params: dict[str, Any], where: str, text: str
@@ -69,7 +72,7 @@ def test_every_bad_value_is_named_by_its_parameter(
 
 def test_defaults_pass_and_are_filled_in() -> None:
     full = check_parameters({"data_uri": "d.parquet"})
-    assert full["epochs"] == 10 and full["launcher"] == "local"
+    assert full["epochs"] == 0 and full["launcher"] == "local"  # 0: chosen from the data
 
 
 def test_render_experiment_uses_tune_space_json() -> None:

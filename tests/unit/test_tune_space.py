@@ -13,6 +13,7 @@ from trainer.steps.train import TrainStepConfig
 from trainer.tune.space import (
     Parameter,
     config_fields,
+    default_space,
     example_space,
     grid_points,
     load_space,
@@ -264,3 +265,31 @@ def test_trial_overrides_apply_like_the_workers_set() -> None:
     assert out["optim"] == {"lr": 0.01, "fused": True}
     with pytest.raises(InputError, match="dotted config field"):
         trial_overrides({"optim lr": 1})
+
+
+@pytest.mark.parametrize("rows", [105, 7_000, 70_000, 10_000_000], ids=lambda r: f"{r}-rows")
+def test_default_space_loads_at_every_table_size(rows: int) -> None:
+    s = load_space(default_space(rows), config_fields=FIELDS)
+    assert [p.name for p in s.parameters] == [
+        "optim.lr",
+        "model.hidden_dim",
+        "optim.weight_decay",
+        "model.dropout",
+    ]
+
+
+def test_default_space_scales_with_the_table() -> None:
+    def width(rows: int | None) -> tuple[int, int]:
+        fs = default_space(rows)["parameters"][1]["feasibleSpace"]
+        return int(fs["min"]), int(fs["max"])
+
+    def dropout(rows: int) -> float:
+        return float(default_space(rows)["parameters"][3]["feasibleSpace"]["max"])
+
+    assert width(105) == (8, 64)  # a 150-row table: narrow networks
+    assert width(10_000_000) == (64, 512)
+    assert dropout(105) > dropout(7_000) > dropout(10_000_000)
+    trials = [default_space(n)["maxTrialCount"] for n in (105, 70_000, 10_000_000)]
+    assert trials == sorted(trials, reverse=True)  # cheap trials: more of them
+    assert default_space(None) == example_space()
+    assert width(None) == (32, 256)

@@ -20,6 +20,8 @@ from trainer.export import LoadedModel, load_model
 from trainer.models import validate_plugin_entries
 from trainer.redact import redact
 from trainer.steps import report
+from trainer.steps.auto_settings import AUTO_SETTINGS_FILE
+from trainer.steps.baselines import baseline_label, fit_and_score
 from trainer.steps.gate import GateConfig, decide_gate, stored_metric
 from trainer.steps.metrics import (
     AUTO_METRIC,
@@ -57,6 +59,9 @@ class EvaluateConfig:
     """Rows per forward pass while scoring."""
     split: str = "test"
     """Which split of the preprocessed dataset to score: ``<dataset>/<split>.parquet``."""
+    baselines: bool = True
+    """Fit the baselines (trivial, linear, gradient boosting) on ``<dataset>/train.parquet`` and
+    score them on the same split, for the report, the metrics and the gate."""
     model_plugins: list[str] = field(default_factory=list)
     """User-model plugins that loading the candidate or the champion may import
     (``package.module:build``, its module, or a package above it), from the installed
@@ -191,6 +196,34 @@ def read_history(model_uri: str) -> list[dict[str, Any]] | None:
     return records
 
 
+def _read_auto_settings(model_uri: str) -> dict[str, Any] | None:
+    """The settings the train step chose from the data (``auto_settings.json``), if recorded."""
+    try:
+        record = json.loads(storage.read_text(storage.join(model_uri, AUTO_SETTINGS_FILE)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _baselines(
+    candidate: LoadedModel, dataset_uri: str, ds: TabularDataset
+) -> dict[str, dict[str, float]]:
+    """Every baseline fitted on the training split and scored on the rows ``ds`` holds."""
+    train_uri = storage.join(dataset_uri, "train.parquet")
+    if not storage.exists(train_uri):
+        return {}
+    train = _load_split(candidate, train_uri, _split_columns(train_uri))
+    scored = fit_and_score(
+        candidate.spec.task,
+        train.features.numpy(),
+        train.target.numpy(),
+        ds.features.numpy(),
+        ds.target.numpy(),
+        num_classes=candidate.spec.num_classes,
+    )
+    return {name: s.metrics for name, s in scored.items()}
+
+
 def _incompatibility(candidate: LoadedModel, champion: LoadedModel) -> str | None:
     """Why the champion cannot be re-scored on the candidate's split, or None if it can."""
     c, p = candidate.meta, champion.meta
@@ -285,6 +318,7 @@ def evaluate(
             }
             champion_value, key = stored_metric(champion_metrics, metric)
             champion_note = f"stored {key} from {source}: {why}, so it was not re-scored"
+    baselines = _baselines(candidate, dataset_uri, ds) if cfg.baselines else {}
     passed, reason = decide_gate(
         metric=metric,
         value=scored.metrics.get(metric),
@@ -294,6 +328,12 @@ def evaluate(
         champion_value=champion_value,
         champion_name=champion_name or (champion_model_uri or ""),
         champion_note=champion_note,
+        baselines={
+            name: (baseline_label(name, task), m[metric])
+            for name, m in baselines.items()
+            if metric in m
+        },
+        baseline=cfg.gate.baseline,
     )
 
     result = EvaluateResult(
@@ -307,6 +347,8 @@ def evaluate(
         roc=None,
         gate_metric=metric,
         num_rows=len(ds),
+        baselines=baselines,
+        auto_settings=_read_auto_settings(model_uri),
     )
     if scored.proba is not None:
         from sklearn.metrics import confusion_matrix

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from trainer.errors import InputError
 from trainer.steps.metrics import HIGHER_IS_BETTER, is_number
@@ -27,6 +27,11 @@ class GateConfig:
     min_improvement: float = 0.0
     """Where a champion exists, the candidate must beat it by at least this much in the metric's
     direction; with 0 it must be strictly better (a tie keeps the champion)."""
+    baseline: Literal["trivial", "best"] = "trivial"
+    """Which baseline the candidate is held to (scored on the same split): ``trivial``: it must
+    not be worse than the trivial predictor (majority class, training mean); ``best``: it must
+    beat the best baseline (trivial, linear, gradient boosting). (Pipeline parameter
+    ``gate_baseline``.)"""
 
     def __post_init__(self) -> None:
         known = ["auto", *HIGHER_IS_BETTER]
@@ -41,6 +46,12 @@ class GateConfig:
                 "E_CONFIG",
                 f"gate.threshold must be a finite number, got {self.threshold!r}",
                 "gate.threshold",
+            )
+        if self.baseline not in ("trivial", "best"):
+            raise InputError(
+                "E_CONFIG",
+                f"gate.baseline must be 'trivial' or 'best', got {self.baseline!r}",
+                "gate.baseline",
             )
         if not (math.isfinite(self.min_improvement) and self.min_improvement >= 0):
             raise InputError(
@@ -64,6 +75,8 @@ def decide_gate(
     champion_value: float | None,
     champion_name: str = "",
     champion_note: str = "",
+    baselines: dict[str, tuple[str, float]] | None = None,
+    baseline: str = "trivial",
 ) -> tuple[bool, str]:
     """Apply the threshold and the champion comparison; return (passed, one-sentence reason).
 
@@ -77,6 +90,10 @@ def decide_gate(
             champion that cannot be compared is not beaten).
         champion_name: How the reason names the champion.
         champion_note: Where the champion's score came from, added in the parentheses.
+        baselines: Each baseline's ``(description, score)`` on the same split, by name
+            (``trivial`` first); None or empty: no baseline comparison.
+        baseline: ``trivial`` (the candidate must not be worse than the trivial predictor)
+            or ``best`` (it must beat every baseline).
 
     Returns:
         Whether the gate passes, and why, e.g.
@@ -93,6 +110,10 @@ def decide_gate(
         op = (">=" if ok else "<") if higher else ("<=" if ok else ">")
         parts = [f"{metric} {_fmt(value)} {op} threshold {_fmt(threshold)}"]
         passed = ok
+    if baselines:
+        ok, text = _baseline_part(metric, value, baselines, baseline)
+        parts.append(text)
+        passed = passed and ok
     name = f"champion {champion_name}".rstrip()
     note = f"; {champion_note}" if champion_note else ""
     if not has_champion:
@@ -119,6 +140,35 @@ def decide_gate(
         else:
             parts.append(f"beats {shown}")
     return passed, " and ".join(parts)
+
+
+def _baseline_part(
+    metric: str, value: float, baselines: dict[str, tuple[str, float]], rule: str
+) -> tuple[bool, str]:
+    """Whether ``value`` clears the baseline ``rule``, and the clause of the reason that says so.
+
+    ``trivial``: not worse than the trivial predictor (a tie passes: on a very unbalanced split
+    a useful model can match the majority class's accuracy). ``best``: strictly better than
+    every baseline.
+    """
+    higher = HIGHER_IS_BETTER[metric]
+
+    def gain(other: float) -> float:
+        return value - other if higher else other - value
+
+    if rule == "best":
+        name, (label, best) = max(baselines.items(), key=lambda kv: -gain(kv[1][1]))
+        shown = f"the best baseline, {name} ({label}: {_fmt(best)})"
+        if gain(best) > 0:
+            return True, f"beats {shown}"
+        return False, f"does not beat {shown}"
+    if "trivial" not in baselines:
+        return True, "no trivial predictor to compare with"
+    label, trivial = baselines["trivial"]
+    shown = f"the trivial predictor ({label}: {_fmt(trivial)})"
+    if gain(trivial) < -_TIE_TOLERANCE:
+        return False, f"is worse than {shown}"
+    return True, f"is no worse than {shown}"
 
 
 def stored_metric(metrics: dict[str, Any], metric: str) -> tuple[float | None, str]:

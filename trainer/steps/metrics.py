@@ -27,6 +27,7 @@ __all__ = [
     "is_number",
     "roc",
     "score",
+    "score_predictions",
 ]
 
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -76,6 +77,12 @@ class EvaluateResult:
     """The metric the gate used (``auto`` resolved)."""
     num_rows: int = 0
     """Rows scored."""
+    baselines: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """Reference models fitted on the training split and scored on the same rows, by name
+    (``trivial``, ``linear``, ``hgb``): see :mod:`trainer.steps.baselines`."""
+    auto_settings: dict[str, Any] | None = None
+    """The training settings chosen from the data (``chosen``, ``user_set``, ``inputs``), as
+    the train step recorded them; None if it recorded none."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (what ``metrics_uri`` holds)."""
@@ -156,6 +163,24 @@ def roc(y: np.ndarray, proba: np.ndarray) -> dict[str, list[float]] | None:
 
 def score(loaded: LoadedModel, ds: TabularDataset, batch_size: int) -> Scored:
     """Predict the split and compute the task's metrics (non-finite ones are left out)."""
+    out = predict(loaded, ds.features, batch_size=batch_size)
+    y = ds.target.numpy()
+    if loaded.spec.task == "classification":
+        k = loaded.spec.num_classes
+        assert k is not None  # ModelSpec guarantees it for classification
+        return score_predictions("classification", y, _softmax(out))
+    return score_predictions("regression", y, out.double().numpy())
+
+
+def score_predictions(task: str, y: np.ndarray, predicted: np.ndarray) -> Scored:
+    """The task's metrics for predictions on a split (non-finite ones are left out).
+
+    Args:
+        task: ``classification`` or ``regression``.
+        y: True class ids ``[N]`` or target values ``[N]``.
+        predicted: Class probabilities ``[N, K]`` (classification) or predicted values ``[N]``
+            in the target's units (regression).
+    """
     from sklearn.metrics import (
         accuracy_score,
         f1_score,
@@ -165,12 +190,8 @@ def score(loaded: LoadedModel, ds: TabularDataset, batch_size: int) -> Scored:
         r2_score,
     )
 
-    out = predict(loaded, ds.features, batch_size=batch_size)
-    y = ds.target.numpy()
-    if loaded.spec.task == "classification":
-        k = loaded.spec.num_classes
-        assert k is not None  # ModelSpec guarantees it for classification
-        proba = _softmax(out)
+    if task == "classification":
+        proba = predicted
         pred = proba.argmax(axis=1)
         metrics: dict[str, float | None] = {
             "accuracy": float(accuracy_score(y, pred)),
@@ -178,11 +199,11 @@ def score(loaded: LoadedModel, ds: TabularDataset, batch_size: int) -> Scored:
             # no F1, and counting it as 0 would punish the model for the split's make-up.
             "f1_macro": float(f1_score(y, pred, average="macro", zero_division=0)),
             "roc_auc": _roc_auc(y, proba),
-            "log_loss": float(log_loss(y, proba, labels=range(k))),
+            "log_loss": float(log_loss(y, proba, labels=range(proba.shape[1]))),
         }
         scored = Scored({}, y, pred, proba)
     else:
-        pred = out.double().numpy()
+        pred = predicted.astype(np.float64)
         y = y.astype(np.float64)
         metrics = {
             "rmse": math.sqrt(float(mean_squared_error(y, pred))),

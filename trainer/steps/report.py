@@ -11,6 +11,7 @@ import numpy as np
 
 from trainer.redact import redact
 from trainer.steps import figures
+from trainer.steps.baselines import baseline_label
 from trainer.steps.metrics import HIGHER_IS_BETTER, TASK_METRICS, EvaluateResult
 from trainer.version import __version__
 
@@ -140,7 +141,6 @@ def _num(value: float | None) -> str:
 
 
 def _metrics_table(result: EvaluateResult, champion_label: str) -> str:
-
     champ = result.champion_metrics
     names = [m for m in TASK_METRICS[result.task] if m in result.metrics or (champ and m in champ)]
     head = "<th>metric</th><th>better</th><th>candidate</th>"
@@ -148,6 +148,9 @@ def _metrics_table(result: EvaluateResult, champion_label: str) -> str:
         head += f"<th>{escape(champion_label)}</th>"
         # Stored metrics of an incompatible champion carry their own names (val_loss, ...).
         names += sorted(k for k in champ if k not in names)
+    for name in result.baselines:
+        label = baseline_label(name, result.task)
+        head += f"<th>baseline: {escape(name)}<br><small>{escape(label)}</small></th>"
     rows = []
     for m in names:
         direction = HIGHER_IS_BETTER.get(m)
@@ -156,8 +159,31 @@ def _metrics_table(result: EvaluateResult, champion_label: str) -> str:
         cells = f"<td>{escape(m)}</td><td>{better}</td><td>{_num(result.metrics.get(m))}</td>"
         if champ is not None:
             cells += f"<td>{_num(champ.get(m))}</td>"
+        cells += "".join(f"<td>{_num(b.get(m))}</td>" for b in result.baselines.values())
         rows.append(f"<tr{cls}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _settings_table(auto: dict[str, Any]) -> str:
+    """The training settings chosen from the data and those the user set."""
+    rows = [
+        f"<tr><td>{escape(k)}</td><td>{escape(_setting(v))}</td><td>{origin}</td></tr>"
+        for origin, key in (("from the data", "chosen"), ("set by the user", "user_set"))
+        for k, v in (auto.get(key) or {}).items()
+    ]
+    inputs = auto.get("inputs") or {}
+    basis = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in inputs.items() if v is not None)
+    return (
+        "<table><thead><tr><th>setting</th><th>value</th><th>origin</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        f'<p class="note">Chosen from: {escape(basis)}.</p>'
+    )
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return "none" if value is None else str(value)
 
 
 def _confusion_table(matrix: list[list[int]], labels: list[str]) -> str:
@@ -262,6 +288,14 @@ def _body(
             '<p class="note">The champion could not be re-scored on this split (its schema '
             "differs), so its column shows the metrics stored with it.</p>"
         )
+    if result.baselines:
+        parts.append(
+            '<p class="note">Baselines are fitted on the training split and scored on the same '
+            "rows as the candidate.</p>"
+        )
+    if result.auto_settings:
+        parts.append("<h2>Training settings</h2>")
+        parts.append(_settings_table(result.auto_settings))
 
     parts.append("<h2>Training loss</h2>")
     loss_png = loss_curve_png(history) if history else None

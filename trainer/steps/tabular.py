@@ -1,4 +1,8 @@
-"""Tabular building blocks of preprocess: read Parquet/CSV, split, impute, standardise, one-hot."""
+"""Tabular building blocks of preprocess: read Parquet/CSV and encode text columns.
+
+The split, imputation, standardisation and one-hot encoding are in :mod:`trainer.steps.encode`
+(re-exported here).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,10 +23,18 @@ import pyarrow.parquet as pq
 from trainer import storage
 from trainer.errors import InputError
 
-MISSING = "__missing__"
-"""The category that a missing categorical value becomes."""
-OTHER = "__other__"
-"""The category for values outside the kept top-N, and for values unseen in training."""
+# The split and the fitted transforms live in trainer.steps.encode; importable from here too.
+from trainer.steps.encode import (  # noqa: F401 - re-exported
+    MISSING,
+    OTHER,
+    CategoricalFit,
+    NoTrainingValues,
+    NumericFit,
+    encode_categorical,
+    encode_numeric,
+    split_indices,
+)
+
 PARQUET_SUFFIXES = (".parquet", ".pq")
 DATA_SUFFIXES = (*PARQUET_SUFFIXES, ".csv", ".tsv", ".txt")
 """Files of a dataset folder that are read (others, and names starting with . or _, are not)."""
@@ -392,234 +404,3 @@ def dictionary_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
         codes = remap[codes]
         values = [str(v) for v in uniq]
     return codes, values
-
-
-# --------------------------------------------------------------------------------------------
-# Split and fitted transforms
-# --------------------------------------------------------------------------------------------
-
-
-def _round_half_up(x: np.ndarray) -> np.ndarray:
-    # np.round rounds half to even; half-up is what a person computing the sizes by hand expects.
-    return np.floor(x + 0.5).astype(np.int64)
-
-
-def split_indices(
-    n: int,
-    *,
-    classes: np.ndarray | None,
-    val_fraction: float,
-    test_fraction: float,
-    seed: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split rows ``0..n-1`` into train, validation and test at random, reproducibly.
-
-    With ``classes`` (int class ids 0..K-1, one per row) the split is stratified: each class
-    contributes ``round(count * fraction)`` rows to validation and to test, so every split keeps
-    the class proportions.
-
-    Args:
-        n: Number of rows.
-        classes: Class id per row for a stratified split, or None.
-        val_fraction: Share of rows for validation.
-        test_fraction: Share of rows for test.
-        seed: Seed of the permutation; the same seed gives the same split.
-
-    Returns:
-        Sorted int64 row indices of train, validation and test.
-    """
-    order = np.random.default_rng(seed).permutation(n)
-    if classes is None:
-        n_test = int(_round_half_up(np.array(n * test_fraction)))
-        n_val = int(_round_half_up(np.array(n * val_fraction)))
-        test, val = order[:n_test], order[n_test : n_test + n_val]
-    else:
-        # Group the shuffled rows by class (stable, so each group stays in shuffled order), then
-        # hand out each group's first rows to test and validation: no Python loop over rows.
-        counts = np.bincount(classes, minlength=int(classes.max()) + 1 if n else 0)
-        # A narrow key lets the stable argsort use radix sort: several times faster than int64.
-        key = classes[order].astype(np.min_scalar_type(max(len(counts) - 1, 0)))
-        grouped = order[np.argsort(key, kind="stable")]
-        starts = np.cumsum(counts) - counts
-        cls = np.repeat(np.arange(len(counts)), counts)
-        rank = np.arange(n) - starts[cls]
-        n_test_c = _round_half_up(counts * test_fraction)
-        n_val_c = _round_half_up(counts * val_fraction)
-        is_test = rank < n_test_c[cls]
-        is_val = ~is_test & (rank < (n_test_c + n_val_c)[cls])
-        test, val = grouped[is_test], grouped[is_val]
-    # Sorted by a pass over a split label per row (linear) rather than by sorting each split.
-    label = np.zeros(n, dtype=np.int8)
-    label[val] = 1
-    label[test] = 2
-    return np.flatnonzero(label == 0), np.flatnonzero(label == 1), np.flatnonzero(label == 2)
-
-
-@dataclass(slots=True)
-class NumericFit:
-    """A numeric column's training-split statistics and its output features."""
-
-    name: str
-    dtype: str
-    missing: int
-    train_missing: int
-    median: float
-    mean: float
-    std: float
-    outputs: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The column's entry in ``schema.json``."""
-        return {
-            "name": self.name,
-            "kind": "numeric",
-            "dtype": self.dtype,
-            "missing": self.missing,
-            "train_missing": self.train_missing,
-            "impute": "median",
-            "median": self.median,
-            "mean": self.mean,
-            "std": self.std,
-            "outputs": self.outputs,
-        }
-
-
-@dataclass(slots=True)
-class CategoricalFit:
-    """A categorical column's training-split categories and its one-hot output features."""
-
-    name: str
-    dtype: str
-    missing: int
-    categories: list[str]
-    outputs: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The column's entry in ``schema.json``."""
-        return {
-            "name": self.name,
-            "kind": "categorical",
-            "dtype": self.dtype,
-            "missing": self.missing,
-            "categories": self.categories,
-            "other": OTHER,
-            "outputs": self.outputs,
-        }
-
-
-class NoTrainingValues(Exception):
-    """A column has no non-missing value in the training split (the caller names the column)."""
-
-
-def encode_numeric(
-    name: str, dtype: str, x: np.ndarray, n_train: int, *, missing_indicator: bool
-) -> tuple[NumericFit, list[np.ndarray]]:
-    """Impute with the train median, standardise with train mean/std, optionally flag missing.
-
-    Args:
-        name: Column name.
-        dtype: The column's input type, for the schema.
-        x: float64 values with NaN for missing, rows ordered train, then val, then test.
-            Overwritten (it is a scratch copy).
-        n_train: The first ``n_train`` rows of ``x`` are the training split.
-        missing_indicator: Add ``<name>__missing`` when training rows had missing values.
-
-    Returns:
-        The fit and its float32 output columns (standardised value, then the indicator).
-
-    Raises:
-        NoTrainingValues: If every training value is missing.
-    """
-    miss = np.isnan(x)
-    train_miss = miss[:n_train]
-    n_train_missing = int(np.count_nonzero(train_miss))
-    if n_train_missing == n_train:
-        raise NoTrainingValues(name)
-    train = x[:n_train]
-    median = float(np.median(train[~train_miss] if n_train_missing else train))
-    n_missing = int(np.count_nonzero(miss))
-    if n_missing:
-        x[miss] = median
-    # Statistics of the imputed training values: what the scaler sees when it is applied.
-    mean = float(train.mean())
-    std = float(train.std())
-    if not np.isfinite(std) or std == 0.0:
-        std = 1.0
-    x -= mean
-    x /= std
-    outputs = [name]
-    with np.errstate(over="ignore"):  # overflow (inf) is the caller's to report
-        columns = [x.astype(np.float32)]
-    if missing_indicator and n_train_missing:
-        outputs.append(f"{name}__missing")
-        columns.append(miss.astype(np.float32))
-    fit = NumericFit(
-        name=name,
-        dtype=dtype,
-        missing=n_missing,
-        train_missing=n_train_missing,
-        median=median,
-        mean=mean,
-        std=std,
-        outputs=outputs,
-    )
-    return fit, columns
-
-
-def encode_categorical(
-    name: str,
-    dtype: str,
-    codes: np.ndarray,
-    values: list[str],
-    n_train: int,
-    *,
-    max_categories: int,
-) -> tuple[CategoricalFit, list[np.ndarray]]:
-    """One-hot encode with the training split's most frequent categories.
-
-    The ``max_categories`` most frequent training values (ties: by value) are kept, missing
-    counting as the value ``__missing__``; every other value, and any value unseen in training,
-    goes to ``__other__``. Kept categories are listed sorted by value, then ``__missing__``.
-
-    Args:
-        name: Column name.
-        dtype: The column's input type, for the schema.
-        codes: int32 index into ``values`` per row, -1 for missing; rows ordered train, val, test.
-        values: The distinct values that ``codes`` index.
-        n_train: The first ``n_train`` rows are the training split.
-        max_categories: How many categories to keep.
-
-    Returns:
-        The fit and its float32 one-hot columns (kept categories, then ``__other__``).
-
-    Raises:
-        NoTrainingValues: If every training value is missing.
-    """
-    shifted = codes + 1  # slot 0 is "missing"
-    counts = np.bincount(shifted[:n_train], minlength=len(values) + 1)
-    if counts[0] == n_train:
-        raise NoTrainingValues(name)
-    labels = np.array([MISSING, *values], dtype=object)
-    eligible = np.flatnonzero((counts > 0) & (labels != OTHER))
-    # Most frequent first, ties broken by value, so the choice does not depend on row order.
-    ranked = eligible[np.lexsort((labels[eligible].astype(str), -counts[eligible]))]
-    kept = ranked[:max_categories]
-    kept_values = sorted(str(labels[i]) for i in kept if i != 0)
-    categories = kept_values + ([MISSING] if 0 in kept else [])
-    position = {label: j for j, label in enumerate(categories)}
-    lookup = np.full(len(labels), len(categories), dtype=np.intp)  # default: __other__
-    for i in kept:
-        lookup[i] = position[str(labels[i])]
-    out_codes = lookup[shifted]
-    # One scatter into a (categories x rows) block: each output column is a contiguous row.
-    onehot = np.zeros((len(categories) + 1, len(codes)), dtype=np.float32)
-    onehot[out_codes, np.arange(len(codes))] = 1.0
-    outputs = [f"{name}={c}" for c in [*categories, OTHER]]
-    fit = CategoricalFit(
-        name=name,
-        dtype=dtype,
-        missing=int(np.count_nonzero(codes < 0)),
-        categories=categories,
-        outputs=outputs,
-    )
-    return fit, list(onehot)

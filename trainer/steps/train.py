@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,6 +40,13 @@ from trainer.launch.jobspec import SHM_SIZE as SHM_SIZE
 from trainer.launch.jobspec import TRAIN_POD_RESOURCES as TRAIN_POD_RESOURCES
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.local import LocalLauncher
+from trainer.steps.auto_settings import (
+    AUTO_FIELDS,
+    AUTO_SETTINGS_FILE,
+    AutoSettings,
+    AutoSettingsConfig,
+    choose_settings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,8 @@ class TrainStepConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    auto: AutoSettingsConfig = field(default_factory=AutoSettingsConfig)
+    """Settings from the data: batch, epochs, warmup, early stopping and the target scale."""
 
     def __post_init__(self) -> None:
         require(
@@ -101,9 +111,9 @@ def step_settings(
     *,
     launcher: str = "local",
     model_name: str = "mlp",
-    epochs: int = 10,
+    epochs: int = 0,
     learning_rate: float = 0.001,
-    batch_size: int = 256,
+    batch_size: int = 0,
     seed: int = 0,
     gpus_per_node: int = 1,
     nodes: int = 1,
@@ -130,9 +140,9 @@ def step_settings(
         launcher: ``local``, ``pytorchjob`` or ``trainjob`` (the last two add the ``cluster``
             section).
         model_name: ``mlp`` or a user model ``package.module:build``.
-        epochs: passes over the training split.
+        epochs: passes over the training split; 0: chosen from the data.
         learning_rate: the optimizer's peak learning rate.
-        batch_size: global batch (all processes together).
+        batch_size: global batch (all processes together); 0: chosen from the data.
         seed: initialisation, shuffling and dropout seed.
         gpus_per_node: GPUs per node; 0 (a CPU cluster) still runs one process per node.
         nodes: nodes of the job.
@@ -156,8 +166,12 @@ def step_settings(
         "nnodes": nodes,
         "model": {"name": model_name},
         "optim": {"lr": learning_rate},
-        "train": {"epochs": epochs, "global_batch_size": batch_size, "seed": seed},
+        "train": {"seed": seed},
     }
+    if epochs > 0:
+        settings["train"]["epochs"] = epochs
+    if batch_size > 0:
+        settings["train"]["global_batch_size"] = batch_size
     if launcher in CLUSTER_LAUNCHERS:
         settings["cluster"] = {
             "image": cuda_image if gpus_per_node > 0 else cpu_image,
@@ -175,7 +189,26 @@ def step_settings(
     }
     for name, overrides in layers.items():
         settings = apply_overrides(settings, json_object(overrides, name))
-    return settings
+    return record_fixed(settings)
+
+
+def record_fixed(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (a :class:`TrainStepConfig` dict) with the settings-from-data fields it sets
+    listed under ``auto.fixed``: the user's values win over the data's, even where they equal
+    the defaults. Build a step config from a dict of the user's settings through this."""
+    given = [
+        f
+        for f in AUTO_FIELDS
+        if isinstance(section := settings.get(f.split(".")[0]), dict)
+        and f.split(".", 1)[1] in section
+    ]
+    auto = settings.get("auto")
+    if not given or (auto is not None and not isinstance(auto, dict)):
+        return settings  # a malformed auto section is from_dict's to report
+    auto = dict(auto or {})
+    fixed = auto.get("fixed", [])
+    auto["fixed"] = sorted({*fixed, *given}) if isinstance(fixed, list) else fixed
+    return {**settings, "auto": auto}
 
 
 def processes_per_node(gpus_per_node: int) -> int:
@@ -254,28 +287,111 @@ def _check_batch_fits(schema: dict[str, Any], batch_size: int, dataset_uri: str)
     )
 
 
-def build_worker_config(
+def _split_rows(schema: dict[str, Any], dataset_uri: str, split: str) -> int | None:
+    """Rows of a split: from preprocess's record, else the Parquet footer (0 if absent, None
+    if unreadable: the job reports an unreadable file better than this guess can)."""
+    rows = (schema.get("splits") or {}).get(split)
+    if isinstance(rows, int):
+        return rows
+    uri = storage.join(dataset_uri, f"{split}.parquet")
+    if not storage.exists(uri):
+        return 0
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with storage.open_input(uri) as f:
+            return int(pq.ParquetFile(f).metadata.num_rows)
+    except (OSError, pa.ArrowException):
+        return None
+
+
+def _mlp_params(cfg: TrainStepConfig, schema: dict[str, Any]) -> int | None:
+    """Parameters of the built-in MLP for this table (None for other models)."""
+    m = cfg.model
+    if m.name != "mlp":
+        return None
+    classes = schema.get("classes")
+    out = len(classes) if schema["task"] == "classification" and isinstance(classes, list) else 1
+    width, total = len(schema["features"]), 0
+    for _ in range(m.num_layers):
+        total += (width + 1) * m.hidden_dim
+        width = m.hidden_dim
+    return total + (width + 1) * out
+
+
+def _target_scale(schema: dict[str, Any], dataset_uri: str) -> list[float] | None:
+    """``[mean, std]`` of the training split's regression target (preprocess's stats.json, else
+    the target column itself); None for classification."""
+    if schema["task"] != "regression":
+        return None
+    stats_uri = storage.join(dataset_uri, "stats.json")
+    train: dict[str, Any] = {}
+    if storage.exists(stats_uri):
+        train = ((storage.read_json(stats_uri).get("target") or {}).get("train")) or {}
+    mean, std = train.get("mean"), train.get("std")
+    if not isinstance(mean, int | float) or not isinstance(std, int | float):
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            with storage.open_input(storage.join(dataset_uri, "train.parquet")) as f:
+                y = pq.read_table(f, columns=[schema["target"]]).column(0).to_numpy()
+        except (OSError, pa.ArrowException, KeyError):
+            return None  # the job reports the unreadable split or missing column
+        y = np.asarray(y, dtype=np.float64)
+        mean, std = (float(y.mean()), float(y.std())) if y.size else (0.0, 1.0)
+    if not (math.isfinite(mean) and math.isfinite(std)):
+        return None
+    return [float(mean), float(std) if std > 0 else 1.0]
+
+
+def plan_worker_config(
     cfg: TrainStepConfig, *, dataset_uri: str, model_uri: str, work_uri: str
-) -> WorkerConfig:
-    """The worker config for a preprocessed dataset: splits, schema and target from the data."""
+) -> tuple[WorkerConfig, AutoSettings | None]:
+    """The worker config for a preprocessed dataset, and the settings chosen from the data.
+
+    Splits, schema and target come from the dataset; with ``cfg.auto`` on, the batch, epochs,
+    warmup, early stopping and evaluation period the user left alone are chosen from the table
+    and model size (:func:`trainer.steps.auto_settings.choose_settings`), and a regression
+    target is standardised with the training split's mean and standard deviation.
+    """
     schema = read_schema(dataset_uri)
-    _check_batch_fits(schema, cfg.train.global_batch_size, dataset_uri)
+    train_section, optim_section, auto = cfg.train, cfg.optim, None
     val_uri = storage.join(dataset_uri, "val.parquet")
-    return from_dict(
+    has_val = storage.exists(val_uri)
+    n_train = _split_rows(schema, dataset_uri, "train")
+    if cfg.auto.enabled and n_train is not None:
+        auto = choose_settings(
+            cfg.train,
+            cfg.optim,
+            n_train=n_train,
+            n_val=(_split_rows(schema, dataset_uri, "val") or 0) if has_val else 0,
+            n_params=_mlp_params(cfg, schema),
+            world_size=cfg.nproc_per_node * cfg.nnodes,
+            fixed=cfg.auto.fixed,
+        )
+        train_section, optim_section = auto.train, auto.optim
+        log.info(auto.summary())
+    _check_batch_fits(schema, train_section.global_batch_size, dataset_uri)
+    scale = _target_scale(schema, dataset_uri) if cfg.auto.target_scaling else None
+    worker = from_dict(
         WorkerConfig,
         {
             "data": {
                 "train_uri": storage.join(dataset_uri, "train.parquet"),
-                "val_uri": val_uri if storage.exists(val_uri) else None,
+                "val_uri": val_uri if has_val else None,
                 "kind": "tabular",
                 "target": schema["target"],
                 "task": schema["task"],
                 "features": list(schema["features"]),
                 "schema_uri": storage.join(dataset_uri, "schema.json"),
+                "target_scale": scale,
             },
             "model": to_dict(cfg.model),
-            "optim": to_dict(cfg.optim),
-            "train": to_dict(cfg.train),
+            "optim": to_dict(optim_section),
+            "train": to_dict(train_section),
             "dist": to_dict(cfg.dist),
             "checkpoint": {
                 "uri": storage.join(work_uri, "checkpoints"),
@@ -287,6 +403,17 @@ def build_worker_config(
             },
         },
     )
+    return worker, auto
+
+
+def build_worker_config(
+    cfg: TrainStepConfig, *, dataset_uri: str, model_uri: str, work_uri: str
+) -> WorkerConfig:
+    """The worker config for a preprocessed dataset (see :func:`plan_worker_config`)."""
+    worker, _ = plan_worker_config(
+        cfg, dataset_uri=dataset_uri, model_uri=model_uri, work_uri=work_uri
+    )
+    return worker
 
 
 def train_step(
@@ -311,7 +438,7 @@ def train_step(
     )
     work_inputs = {"dataset": dataset_uri, "model folder": model_uri}
     outputs.check_output_location(work_uri, "train-work", inputs=work_inputs)
-    worker_cfg = build_worker_config(
+    worker_cfg, auto = plan_worker_config(
         cfg, dataset_uri=dataset_uri, model_uri=model_uri, work_uri=work_uri
     )
     outputs.claim_output_dir(work_uri, "train-work", inputs=work_inputs)
@@ -329,6 +456,8 @@ def train_step(
     history = storage.join(work_uri, "history.jsonl")
     if storage.exists(history):
         storage.write_bytes(storage.join(model_uri, "history.jsonl"), storage.read_bytes(history))
+    if auto is not None:  # shown by evaluate's report
+        storage.write_json(storage.join(model_uri, AUTO_SETTINGS_FILE), auto.to_dict())
     metrics = storage.read_json(storage.join(model_uri, "metrics.json"))
     meta = storage.read_json(storage.join(model_uri, "model.json"))
     steps = int(meta.get("extra", {}).get("train", {}).get("steps", 0))

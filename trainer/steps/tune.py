@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from trainer import outputs, storage
 from trainer.config import WorkerConfig, apply_overrides, from_dict, require, to_json
 from trainer.errors import InputError
-from trainer.steps.train import TrainStepConfig, build_worker_config, read_schema
+from trainer.steps.train import TrainStepConfig, build_worker_config, read_schema, record_fixed
 from trainer.steps.tune_report import TuneStepResult, disabled_report, render_tune_report
 from trainer.tune.space import (
     SearchSpace,
@@ -92,7 +92,8 @@ class TuneConfig:
 
     def base_step_config(self) -> TrainStepConfig:
         """The train-step config every trial starts from (``trial_epochs`` applied)."""
-        return from_dict(TrainStepConfig, apply_overrides(self.train, self.base_overrides()))
+        settings = apply_overrides(self.train, self.base_overrides())
+        return from_dict(TrainStepConfig, record_fixed(settings))
 
     def base_overrides(self) -> dict[str, Any]:
         """Overrides of the step itself on top of ``train`` (not searched fields)."""
@@ -124,7 +125,8 @@ def trial_worker_config(
         InputError: the trial's values make an invalid config (that trial fails).
     """
     data = apply_overrides(cfg.train, cfg.base_overrides())
-    step_cfg = from_dict(TrainStepConfig, apply_overrides(data, trial_overrides(assignment)))
+    settings = apply_overrides(data, trial_overrides(assignment))
+    step_cfg = from_dict(TrainStepConfig, record_fixed(settings))  # searched values win
     worker = build_worker_config(
         step_cfg,
         dataset_uri=dataset_uri,

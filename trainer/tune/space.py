@@ -521,30 +521,38 @@ def grid_points(space: SearchSpace) -> list[dict[str, int | float | str]]:
 
 
 def example_space() -> dict[str, Any]:
-    """A good default space for the tabular MLP: learning rate, width, weight decay, dropout;
-    TPE with median stopping, minimising the validation loss."""
+    """A good default space for the tabular MLP when the table size is unknown: learning rate,
+    width, weight decay, dropout; TPE with median stopping, minimising the validation loss."""
+    return default_space(None)
+
+
+def default_space(train_rows: int | None) -> dict[str, Any]:
+    """The default space for the tabular MLP, scaled with the training rows.
+
+    Trials get the train step's settings from the data (batch, epochs, early stopping); the
+    space scales the same way: small tables search narrower networks, more regularisation and
+    more (cheap) trials; large ones wider networks, less dropout and fewer (costly) trials.
+    Widths span ``[w / 8, w]`` with ``w = clamp(pow2(4 * sqrt(rows)), 64, 512)``; ``None``
+    (size unknown) gives 32..256.
+    """
+    n = train_rows if train_rows is not None else 4096
+    top = min(max(1 << max(math.floor(math.log2(4 * math.sqrt(max(n, 1)))), 0), 64), 512)
+    small, large = train_rows is not None and n < 10_000, n >= 1_000_000
+    reg = "0.3" if n < 1000 else "0.1"
+
+    def num(name: str, kind: str, lo: str, hi: str, **more: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "parameterType": kind,
+            "feasibleSpace": {"min": lo, "max": hi, **more},
+        }
+
     return {
         "parameters": [
-            {
-                "name": "optim.lr",
-                "parameterType": "double",
-                "feasibleSpace": {"min": "0.0001", "max": "0.03", "distribution": "logUniform"},
-            },
-            {
-                "name": "model.hidden_dim",
-                "parameterType": "int",
-                "feasibleSpace": {"min": "32", "max": "256", "step": "32"},
-            },
-            {
-                "name": "optim.weight_decay",
-                "parameterType": "double",
-                "feasibleSpace": {"min": "0.0", "max": "0.1"},
-            },
-            {
-                "name": "model.dropout",
-                "parameterType": "double",
-                "feasibleSpace": {"min": "0.0", "max": "0.3"},
-            },
+            num("optim.lr", "double", "0.0001", "0.03", distribution="logUniform"),
+            num("model.hidden_dim", "int", str(top // 8), str(top), step=str(top // 8)),
+            num("optim.weight_decay", "double", "0.0", reg),
+            num("model.dropout", "double", "0.0", "0.5" if n < 1000 else "0.1" if large else "0.3"),
         ],
         "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
         "algorithm": {
@@ -558,7 +566,7 @@ def example_space() -> dict[str, Any]:
                 {"name": "start_step", "value": "2"},
             ],
         },
-        "maxTrialCount": 12,
+        "maxTrialCount": 20 if small else 8 if large else 12,
         "parallelTrialCount": 2,
         "maxFailedTrialCount": 3,
     }
