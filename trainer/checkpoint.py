@@ -374,6 +374,13 @@ class CheckpointManager:
             storage.delete(uri)
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def capture_rng_state() -> dict[str, Any]:
     """Capture the Python, NumPy, torch CPU and torch CUDA random states of this process.
 

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from trainer import dcp, dist
-from trainer.checkpoint import capture_rng_state, restore_rng_state
+from trainer.checkpoint import capture_rng_state, restore_rng_state, seed_everything
 from trainer.data import BatchStream, DataPosition
 
 if TYPE_CHECKING:
@@ -148,6 +148,5 @@ def _restore_rng(run: Run, step: int, rngs: list[Any]) -> None:
         len(rngs),
         run.ctx.world_size,
     )
-    from trainer.run import seed_everything  # here: trainer.run imports this module
 
     seed_everything(run.cfg.train.seed + step)

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections.abc import Generator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import dist, resume, sharding
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint import CheckpointManager, seed_everything
 from trainer.config import WorkerConfig, config_hash
 from trainer.data import (
     BatchStream,
@@ -63,13 +61,6 @@ class _State:
     stopped_early: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     best_metrics: dict[str, float] = field(default_factory=dict)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _free_memory(device: torch.device) -> None:
