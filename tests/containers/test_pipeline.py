@@ -61,8 +61,10 @@ def test_the_pipeline_runs_every_step_in_its_image(cpu_image: str, shared: Path)
 def test_a_missing_image_is_refused_before_any_step(cpu_image: str, shared: Path) -> None:
     proc = gpupipe(
         "run", "--local", "--runner", "docker", "--root", str(shared / "root"),
+        "--image-override", f"{CUDA_IMAGE}={CPU_IMAGE}",
         "--image-override", f"{CPU_IMAGE}=gpupipe.invalid/none:0",
     )  # fmt: skip
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert "E_IMAGE" in last and "gpupipe.invalid/none:0" in last, last
+    assert not (shared / "root" / "runs").exists()  # no step started

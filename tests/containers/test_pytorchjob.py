@@ -112,8 +112,8 @@ def test_two_nodes_train_and_the_master_writes_the_model(
 
 
 def long_config(shared: Path, name: str) -> Path:
-    """Long enough to interrupt: 40 epochs of 32 steps, a checkpoint every 16 steps."""
-    return worker_config(shared, name, train={"epochs": 40, "log_every_steps": 4})
+    """Long enough to interrupt: 16 epochs of 32 steps, a checkpoint every 16 steps."""
+    return worker_config(shared, name, train={"epochs": 16, "log_every_steps": 4})
 
 
 def newest_checkpoint(cfg: Path) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -184,3 +185,49 @@ def test_dockerignore_sends_only_what_the_images_copy() -> None:
     needed_files = ("constraints.txt", "pyproject.toml", "trainer/", "components/", "pipelines/")
     for needed in (*needed_files, "images/requirements.py", "images/trim-venv.sh"):
         assert f"!{needed}" in lines
+
+
+# --- gpupipe run --local --runner docker: what the steps' containers get -------------------
+
+
+def test_docker_runner_gets_the_pods_settings(tmp_path: Path) -> None:
+    pytest.importorskip("docker")
+    from pipelines.local_docker import docker_runner
+    from trainer.launch.jobspec import SHM_SIZE
+
+    assert SHM_SIZE == "16Gi"
+    data = tmp_path / "data.parquet"
+    data.write_bytes(b"")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "cache").mkdir()
+    (root / "mlflow.db").write_bytes(b"")
+    args = docker_runner(root, str(data)).container_run_args
+    uid = 1000 if os.getuid() == 0 else os.getuid()
+    assert args["user"].split(":")[0] == str(uid)
+    assert args["read_only"] is True and args["tmpfs"] == {"/tmp": "rw,exec,mode=1777"}
+    assert args["cap_drop"] == ["ALL"] and args["security_opt"] == ["no-new-privileges"]
+    assert args["shm_size"] == 16 * 2**30
+    mounts = {m["Target"]: m for m in args["mounts"]}
+    assert mounts[str(root)]["Source"] == str(root) and not mounts[str(root)]["ReadOnly"]
+    assert mounts[str(data)]["ReadOnly"] is True  # the user's data, read-only
+    if os.getuid() == 0:  # the root folder is handed to the pod's uid, kfp.local's cache not
+        assert (root / "mlflow.db").stat().st_uid == root.stat().st_uid == 1000
+        assert (root / "cache").stat().st_uid == 0
+
+
+def test_image_overrides_replace_step_images_and_refuse_unknown_ones() -> None:
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+    from pipelines.local_docker import parse_image_overrides, set_step_images
+    from pipelines.training import build_training_pipeline
+    from trainer.errors import InputError
+
+    pipeline = build_training_pipeline(retries=0, cluster=False)
+    assert set_step_images(pipeline, {}) == sorted({CPU_IMAGE, CUDA_IMAGE})
+    assert set_step_images(pipeline, parse_image_overrides([f"{CUDA_IMAGE}={CPU_IMAGE}"])) == [
+        CPU_IMAGE
+    ]
+    with pytest.raises(InputError, match="no step uses"):
+        set_step_images(pipeline, {"other/image:1": CPU_IMAGE})
+    with pytest.raises(InputError, match="ORIGINAL=REPLACEMENT"):
+        parse_image_overrides(["no-equals-sign"])
