@@ -98,7 +98,7 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     steps = _instructions(dockerfile)
     args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
     stages = _stages(steps)
-    assert list(stages) == ["deps", "package", "final"], "deps | package | runtime stages"
+    assert list(stages) == ["requirements", "deps", "package", "final"]
 
     for base in [a.split()[0] for k, a in steps if k == "FROM" and a.split()[0] != "deps"]:
         image = _resolve(base, args)
@@ -127,7 +127,8 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     # Dependencies first (from pyproject.toml, before any source is copied), the package last.
     deps_copies = [a for k, a in stages["deps"] if k == "COPY"]
     assert not any(re.search(r"\b(trainer|components|pipelines)\b", a) for a in deps_copies)
-    assert any("requirements.py pyproject.toml pipelines" in a for k, a in stages["deps"])
+    assert any("/requirements.py /pyproject.toml pipelines" in a for _, a in stages["requirements"])
+    assert "--from=requirements /requirements.txt ./" in deps_copies
     package_runs = [a for k, a in stages["package"] if k == "RUN"]
     assert package_runs and all("--no-deps" in a for a in package_runs)
     # The final stage: a compiler (torch.compile), then only the venv and the package layered
