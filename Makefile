@@ -47,8 +47,8 @@ compile: setup ## compile pipelines and components to YAML (the committed golden
 	$(BIN)/gpupipe compile
 
 .PHONY: test
-test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster)
-	$(BIN)/pytest -m "not e2e and not slow" $(PYTEST_ARGS)
+test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster, no Docker)
+	$(BIN)/pytest -m "not e2e and not slow and not containers" $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: setup ## only the fast unit tests
@@ -77,7 +77,13 @@ bench: setup ## run the ratio benchmarks (each prints its ratio last)
 
 .PHONY: images
 images: ## build both images, tagged <registry>/trainer-{cpu,cuda}:<version> (GPUPIPE_IMAGE_REGISTRY)
+	hack/docker-up.sh
 	hack/build-images.sh all
+
+.PHONY: test-containers
+test-containers: setup ## start Docker (installing it as root), build the images, run tests/containers
+	hack/docker-up.sh
+	$(BIN)/pytest -m containers tests/containers $(PYTEST_ARGS)
 
 .PHONY: kind-up
 kind-up: setup ## kind cluster with KFP 2.17.0, training operator, Katib, RBAC, MLflow, CPU image

@@ -4,8 +4,19 @@
 #   <registry>/trainer-cuda:<version>  images/trainer-cuda/Dockerfile
 # Usage: hack/build-images.sh [--print] [cpu|cuda|all]   (default: all)
 #   --print  only print the image references, build nothing
+# Works with the public registries (the defaults of the Dockerfiles) and without any:
+#   - PYTHON_IMAGE unset: hack/base-image.sh picks python:3.11.14-slim-bookworm, or builds a
+#     local Debian bookworm base with debootstrap when that cannot be pulled;
+#   - TORCH_INDEX_URL unset and PyTorch's CPU index unreachable: the torch==<pin>+cpu wheel from
+#     pip's local wheel folder (pip config find-links, PIP_FIND_LINKS) is served on 127.0.0.1
+#     for the CPU build (which then uses --network host);
+#   - TORCH_IMAGE unset and pytorch/pytorch:2.13.0-cuda${CUDA_VERSION}-cudnn9-runtime cannot be
+#     pulled: the CUDA image is built over the Python base with PyPI's torch (the CUDA 13.0
+#     build, ~3.5 GB of wheels) as a stand-in.
 # Environment: GPUPIPE_IMAGE_REGISTRY (default ghcr.io/gpupipe, as in components/images.py),
-#   DOCKER (default docker), DOCKER_BUILD_ARGS (extra arguments for `docker build`, e.g.
+#   DOCKER (default docker), PYTHON_IMAGE, TORCH_INDEX_URL, CUDA_VERSION (default 12.6),
+#   TORCH_IMAGE, GPUPIPE_WHEEL_PORT (default 38741), CUDA_TORCH_INDEX_URL (default https://pypi.org/simple, for the stand-in),
+#   DOCKER_BUILD_ARGS (extra arguments for `docker build`, e.g.
 #   "--build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:...").
 set -euo pipefail
 
@@ -36,23 +47,105 @@ case "$which" in
     ;;
 esac
 
+if [[ "$print_only" == true ]]; then
+  for flavour in "${flavours[@]}"; do
+    echo "${registry}/trainer-${flavour}:${version}"
+  done
+  exit 0
+fi
+
+step() { printf '==> %s\n' "$*"; }
+
 extra_args=()
 if [[ -n "${DOCKER_BUILD_ARGS:-}" ]]; then
   read -r -a extra_args <<<"$DOCKER_BUILD_ARGS"
 fi
+torch_version="$(sed -n 's/^torch==\(.*\)$/\1/p' constraints.txt)"
+python_image="${PYTHON_IMAGE:-$(DOCKER="$docker_cmd" hack/base-image.sh)}"
+server_pid=""
+served_dir=""
+trap '[[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null; [[ -z "$served_dir" ]] || rm -rf "$served_dir"' EXIT
+
+# The local wheel folders pip is configured with (pip config, PIP_FIND_LINKS).
+local_torch_wheel() {
+  local dirs dir wheel
+  dirs="$(python3 -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\(.*\)'$/\1/p") ${PIP_FIND_LINKS:-}"
+  for dir in $dirs; do
+    dir="${dir#file://}"
+    for wheel in "$dir"/torch-"${torch_version}"+cpu-*.whl; do
+      [[ -f "$wheel" ]] && echo "$wheel" && return 0
+    done
+  done
+  return 1
+}
+
+# Serve one wheel as a PEP 503 "simple" index on 127.0.0.1; sets served_index to its URL.
+served_index=""
+serve_wheel() {
+  local wheel="$1" dir port
+  dir="$(mktemp -d)"
+  served_dir="$dir"
+  mkdir -p "${dir}/simple/torch"
+  ln -s "$wheel" "${dir}/simple/torch/$(basename "$wheel")"
+  # A fixed port: the index URL is a build argument, and a new one would void the layer cache.
+  port="${GPUPIPE_WHEEL_PORT:-38741}"
+  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$port" >/dev/null 2>&1 &
+  server_pid=$!
+  for _ in $(seq 50); do
+    curl -sf "http://127.0.0.1:${port}/simple/torch/" >/dev/null && break
+    sleep 0.1
+  done
+  if ! curl -sf "http://127.0.0.1:${port}/simple/torch/" >/dev/null; then
+    echo "error: cannot serve ${wheel} on 127.0.0.1:${port} (busy? set GPUPIPE_WHEEL_PORT)" >&2
+    exit 1
+  fi
+  served_index="http://127.0.0.1:${port}/simple"
+}
+
+# The build arguments of each flavour, into flavour_args (no subshell: the server must outlive it).
+cpu_args() {
+  local index="${TORCH_INDEX_URL:-}" wheel
+  if [[ -z "$index" ]]; then
+    index="https://download.pytorch.org/whl/cpu"
+    if ! curl -sfI --max-time 10 "${index}/torch/" >/dev/null 2>&1 && wheel="$(local_torch_wheel)"; then
+      serve_wheel "$wheel"
+      index="$served_index"
+      step "PyTorch's CPU index is unreachable: serving ${wheel} at ${index}"
+    fi
+  fi
+  flavour_args=(--build-arg "PYTHON_IMAGE=${python_image}" --build-arg "TORCH_INDEX_URL=${index}")
+  [[ "$index" != http://127.0.0.1:* ]] || flavour_args+=(--network host)
+}
+
+cuda_args() {
+  local cuda="${CUDA_VERSION:-12.6}" base="${TORCH_IMAGE:-}"
+  flavour_args=(--build-arg "CUDA_VERSION=${cuda}")
+  if [[ -z "$base" ]]; then
+    base="pytorch/pytorch:${torch_version}-cuda${cuda}-cudnn9-runtime"
+    if ! "$docker_cmd" image inspect "$base" >/dev/null 2>&1 \
+      && ! timeout "${GPUPIPE_PULL_TIMEOUT:-60}" "$docker_cmd" pull -q "$base" >/dev/null 2>&1; then
+      step "${base} cannot be pulled: stand-in over ${python_image} with torch from ${CUDA_TORCH_INDEX_URL:-https://pypi.org/simple} (CUDA 13.0 build)"
+      flavour_args=(--build-arg "TORCH_IMAGE=${python_image}"
+        --build-arg "TORCH_INDEX_URL=${CUDA_TORCH_INDEX_URL:-https://pypi.org/simple}"
+        --build-arg "CUDA_VERSION=13.0 (stand-in: PyPI torch)")
+      return 0
+    fi
+  fi
+  flavour_args+=(--build-arg "TORCH_IMAGE=${base}")
+}
 
 for flavour in "${flavours[@]}"; do
   image="${registry}/trainer-${flavour}:${version}"
-  if [[ "$print_only" == true ]]; then
-    echo "$image"
-    continue
-  fi
-  echo ">> building ${image} from images/trainer-${flavour}/Dockerfile"
+  "${flavour}_args"
+  step "building ${image} from images/trainer-${flavour}/Dockerfile"
+  start=$SECONDS
   "$docker_cmd" build \
     --file "images/trainer-${flavour}/Dockerfile" \
     --build-arg "VERSION=${version}" \
     --tag "$image" \
+    "${flavour_args[@]}" \
     ${extra_args[@]+"${extra_args[@]}"} \
     .
-  echo ">> built ${image}"
+  size="$("$docker_cmd" image inspect --format '{{.Size}}' "$image" | awk '{printf "%.2f GB", $1/1e9}')"
+  step "built ${image} in $((SECONDS - start)) s (${size})"
 done

@@ -59,6 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "gpupipe run",
         )
     from pipelines.local import run_local
+    from pipelines.local_docker import parse_image_overrides
 
     try:
         summary = run_local(
@@ -68,6 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             root=Path(args.root),
             quiet=args.json,
             registry_timeout_s=args.registry_timeout,
+            runner=args.runner,
+            image_overrides=parse_image_overrides(args.image_override),
         )
     except (ValueError, FileNotFoundError) as e:
         if args.json:  # refused before any step: the JSON line says so too
@@ -366,6 +369,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         metavar="SECONDS",
         help="how long --local waits for a registry server to answer before any step runs",
+    )
+    p.add_argument(
+        "--runner",
+        choices=["subprocess", "docker"],
+        default="subprocess",
+        help="--local: run the steps as host processes, or each in its image (Docker engine, "
+        "the pod's security settings; make images first)",
+    )
+    p.add_argument(
+        "--image-override",
+        action="append",
+        default=[],
+        metavar="ORIGINAL=REPLACEMENT",
+        help="--runner docker: run the steps of image ORIGINAL in REPLACEMENT, e.g. the CUDA "
+        "image's steps in the CPU image on a machine without a GPU (repeatable)",
     )
     _cluster_args(p, required=False)
     p.add_argument("--version", help="uploaded version name (default: the newest)")

@@ -321,8 +321,11 @@ def run_local(
     root: Path,
     quiet: bool = False,
     registry_timeout_s: float = REGISTRY_TIMEOUT_S,
+    runner: str = "subprocess",
+    image_overrides: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``training_pipeline`` under kfp.local (subprocess runner, caching on).
+    """Run ``training_pipeline`` under kfp.local (caching on): each step as a host process, or
+    with ``runner="docker"`` in its image (see :mod:`pipelines.local_docker`).
 
     Everything lands under ``root``: ``runs/<run id>/`` (this run's artifacts), ``cache/``
     (kfp.local's cache, shared by runs), ``mlflow.db`` (the embedded registry, shared so later
@@ -336,6 +339,8 @@ def run_local(
         root: the folder for everything the run writes.
         quiet: send kfp.local's output to stderr, keeping stdout for the summary.
         registry_timeout_s: how long the pre-flight check waits for a registry server.
+        runner: ``subprocess`` (host processes) or ``docker`` (each step in its image).
+        image_overrides: with ``docker``, step images to replace (``{original: replacement}``).
 
     Returns:
         The run summary: ``state`` (``SUCCEEDED`` or ``FAILED``), ``run_dir``, metrics, gate,
@@ -347,7 +352,13 @@ def run_local(
     """
     from kfp import local
 
+    from pipelines import local_docker
     from pipelines.training import PIPELINE_NAME, build_training_pipeline
+
+    if runner not in local_docker.RUNNERS:
+        raise InputError("E_PARAM", f"runner must be one of {local_docker.RUNNERS}", "--runner")
+    if image_overrides and runner != "docker":
+        raise InputError("E_PARAM", "image overrides need --runner docker", "--image-override")
 
     for name, flag, value in (("data_uri", "--data", data), ("target", "--target", target)):
         if value is not None and name in params:
@@ -378,14 +389,21 @@ def run_local(
     arguments = {k: v for k, v in arguments.items() if k in types}
 
     training_pipeline = build_training_pipeline(retries=0, cluster=False)
+    if runner == "docker":
+        images = local_docker.set_step_images(training_pipeline, image_overrides or {})
+        local_docker.check_images(images)
     # Components run `python3 -m kfp.dsl.executor_main`: make that (and torchrun inside the
     # train step) the interpreter that has gpupipe installed.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run_id = new_run_id()
     pipeline_root = root / "runs" / run_id
+    task_runner: Any = local.SubprocessRunner(use_venv=False)
+    if runner == "docker":
+        pipeline_root.mkdir(parents=True)  # Docker would create a missing one owned by root
+        task_runner = local_docker.docker_runner(root, arguments["data_uri"])
     local.init(
-        runner=local.SubprocessRunner(use_venv=False),
+        runner=task_runner,
         pipeline_root=str(pipeline_root),
         cache_root=str(root / "cache"),
         enable_caching=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -44,10 +45,11 @@ def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def test_there_are_two_images_and_four_scripts() -> None:
+def test_there_are_two_images_and_the_scripts() -> None:
     assert _ids(DOCKERFILES) == ["images/trainer-cpu/Dockerfile", "images/trainer-cuda/Dockerfile"]
     names = {p.name for p in SCRIPTS}
     assert {"build-images.sh", "kind-up.sh", "kind-down.sh", "e2e.sh"} <= names
+    assert {"docker-up.sh", "base-image.sh"} <= names
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_ids(DOCKERFILES))
@@ -73,15 +75,33 @@ def test_script_is_strict_bash(script: Path) -> None:
     assert script.stat().st_mode & 0o111, "not executable"
 
 
+def _stages(steps: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """The instructions of each stage, by name (the last, unnamed stage is ``final``)."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for kind, rest in steps:
+        if kind == "FROM":
+            words = rest.split()
+            current = stages.setdefault(words[2] if len(words) > 2 else "final", [])
+        current.append((kind, rest))
+    return stages
+
+
+def _resolve(image: str, args: dict[str, str]) -> str:
+    for _ in range(3):  # ARG defaults may name earlier ARGs
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], image)
+    return image
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=_ids(DOCKERFILES))
 def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     steps = _instructions(dockerfile)
     args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
+    stages = _stages(steps)
+    assert list(stages) == ["requirements", "deps", "package", "final"]
 
-    bases = [a.split()[0] for k, a in steps if k == "FROM"]
-    assert len(bases) >= 2, "multi-stage: a builder and a final stage"
-    for base in bases:
-        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m[1]], base)
+    for base in [a.split()[0] for k, a in steps if k == "FROM" and a.split()[0] != "deps"]:
+        image = _resolve(base, args)
         name, _, tag = image.partition("@")[0].rpartition(":")
         assert name and "/" not in tag, f"base image {image} has no tag"
         assert tag != "latest" and re.search(r"\d", tag), f"base image {image} is not pinned"
@@ -90,7 +110,11 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     assert users and users[-1].split(":")[0] not in {"root", "0"}, "last USER must be non-root"
     assert users[-1].split(":")[0] == "1000"
     assert any(k == "WORKDIR" for k, _ in steps)
-    assert any(k == "ENV" and "PYTHONUNBUFFERED=1" in a for k, a in steps)
+    env = " ".join(a for k, a in stages["final"] if k == "ENV")
+    for setting in ("PYTHONUNBUFFERED=1", "HOME=/tmp", "MPLCONFIGDIR=/tmp/", "USER=gpupipe"):
+        assert setting in env, f"{setting} missing: caches must be writable under a read-only root"
+    for cache in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME"):
+        assert f"{cache}=/tmp/" in env
     assert any(k == "LABEL" and "org.opencontainers.image.version" in a for k, a in steps)
 
     installs = [a for k, a in steps if k == "RUN" and "pip install" in a]
@@ -100,12 +124,29 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
             if "pip install" in command:
                 assert "--no-cache-dir" in command, f"pip install without --no-cache-dir: {run}"
                 assert "-c constraints.txt" in command, f"pip install without constraints: {run}"
-    assert any(".[pipelines]" in run for run in installs), "kfp (the pipelines extra) baked in"
-    # The final stage takes only the venv from the builder: no compilers, pip caches or sources.
-    final = steps[max(i for i, (k, _) in enumerate(steps) if k == "FROM") :]
+    # Dependencies first (from pyproject.toml, before any source is copied), the package last.
+    deps_copies = [a for k, a in stages["deps"] if k == "COPY"]
+    assert not any(re.search(r"\b(trainer|components|pipelines)\b", a) for a in deps_copies)
+    assert any("/requirements.py /pyproject.toml pipelines" in a for _, a in stages["requirements"])
+    assert "--from=requirements /requirements.txt ./" in deps_copies
+    package_runs = [a for k, a in stages["package"] if k == "RUN"]
+    assert package_runs and all("--no-deps" in a for a in package_runs)
+    # The final stage: a compiler (torch.compile), then only the venv and the package layered
+    # over it; no pip in it, no sources.
+    final = stages["final"]
+    assert any(k == "RUN" and "g++" in a and "apt-get clean" in a for k, a in final)
     copies = [a for k, a in final if k == "COPY"]
-    assert copies == ["--from=builder /opt/venv /opt/venv"]
-    assert not any(k == "RUN" and re.search(r"apt-get|pip |conda ", a) for k, a in final)
+    assert copies == ["--from=deps /opt/venv /opt/venv", "--from=package /opt/package /opt/venv"]
+    assert not any(k == "RUN" and re.search(r"pip |conda ", a) for k, a in final)
+
+
+def test_cuda_version_is_a_build_argument() -> None:
+    steps = _instructions(ROOT / "images/trainer-cuda/Dockerfile")
+    args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
+    assert "${CUDA_VERSION}" in args["TORCH_IMAGE"]
+    readme = (ROOT / "images/README.md").read_text()
+    for cuda in ("12.6", "13.0"):
+        assert re.search(rf"CUDA {cuda}.*driver", readme), f"images/README.md: driver for {cuda}"
 
 
 def test_build_script_tags_images_with_the_package_version() -> None:
@@ -142,5 +183,52 @@ def test_build_script_honours_the_registry_override() -> None:
 def test_dockerignore_sends_only_what_the_images_copy() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     assert "*" in lines
-    for needed in ("constraints.txt", "pyproject.toml", "trainer/", "components/", "pipelines/"):
+    needed_files = ("constraints.txt", "pyproject.toml", "trainer/", "components/", "pipelines/")
+    for needed in (*needed_files, "images/requirements.py", "images/trim-venv.sh"):
         assert f"!{needed}" in lines
+
+
+# --- gpupipe run --local --runner docker: what the steps' containers get -------------------
+
+
+def test_docker_runner_gets_the_pods_settings(tmp_path: Path) -> None:
+    pytest.importorskip("docker")
+    from pipelines.local_docker import docker_runner
+    from trainer.launch.jobspec import SHM_SIZE
+
+    assert SHM_SIZE == "16Gi"
+    data = tmp_path / "data.parquet"
+    data.write_bytes(b"")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "cache").mkdir()
+    (root / "mlflow.db").write_bytes(b"")
+    args = docker_runner(root, str(data)).container_run_args
+    uid = 1000 if os.getuid() == 0 else os.getuid()
+    assert args["user"].split(":")[0] == str(uid)
+    assert args["read_only"] is True and args["tmpfs"] == {"/tmp": "rw,exec,mode=1777"}
+    assert args["cap_drop"] == ["ALL"] and args["security_opt"] == ["no-new-privileges"]
+    assert args["shm_size"] == 16 * 2**30
+    mounts = {m["Target"]: m for m in args["mounts"]}
+    assert mounts[str(root)]["Source"] == str(root) and not mounts[str(root)]["ReadOnly"]
+    assert mounts[str(data)]["ReadOnly"] is True  # the user's data, read-only
+    if os.getuid() == 0:  # the root folder is handed to the pod's uid, kfp.local's cache not
+        assert (root / "mlflow.db").stat().st_uid == root.stat().st_uid == 1000
+        assert (root / "cache").stat().st_uid == 0
+
+
+def test_image_overrides_replace_step_images_and_refuse_unknown_ones() -> None:
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+    from pipelines.local_docker import parse_image_overrides, set_step_images
+    from pipelines.training import build_training_pipeline
+    from trainer.errors import InputError
+
+    pipeline = build_training_pipeline(retries=0, cluster=False)
+    assert set_step_images(pipeline, {}) == sorted({CPU_IMAGE, CUDA_IMAGE})
+    assert set_step_images(pipeline, parse_image_overrides([f"{CUDA_IMAGE}={CPU_IMAGE}"])) == [
+        CPU_IMAGE
+    ]
+    with pytest.raises(InputError, match="no step uses"):
+        set_step_images(pipeline, {"other/image:1": CPU_IMAGE})
+    with pytest.raises(InputError, match="ORIGINAL=REPLACEMENT"):
+        parse_image_overrides(["no-equals-sign"])
