@@ -292,8 +292,18 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(f"pipeline run {s['run_dir']}: {s['state']}")
     if s["state"] != "SUCCEEDED":
         print(f"  failed step    {s.get('failed_step')}")
-    for name, value in sorted(s.get("metrics", {}).items()):
-        print(f"  {name:<14} {value:.4f}")
+    metrics = s.get("metrics", {})
+    for name, value in sorted(metrics.items()):
+        if not name.startswith("baseline_"):
+            print(f"  {name:<14} {value:.4f}")
+    # evaluate logs each baseline's scores as baseline_<name>_<metric>: one line per baseline
+    baselines: dict[str, list[str]] = {}
+    for key, value in sorted(metrics.items()):
+        if key.startswith("baseline_"):
+            name, _, metric = key.removeprefix("baseline_").partition("_")
+            baselines.setdefault(name, []).append(f"{metric} {value:.4f}")
+    for name in sorted(baselines, key=lambda n: (n != "trivial", n)):
+        print(f"  {'vs ' + name:<14} {', '.join(baselines[name])}")
     print(
         f"  gate           {'passed' if s.get('gate_passed') else 'failed'}: "
         f"{s.get('gate_reason', '')}"

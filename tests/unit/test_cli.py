@@ -159,3 +159,21 @@ def test_compile_onto_a_file_is_one_line_and_leaves_it(
     assert err.startswith(f"ERROR [gpupipe compile] E_PATH: {flag} must be a folder")
     assert str(target) in err
     assert target.read_text() == "mine\n"
+
+
+def test_summary_shows_each_baseline_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.cli import _print_summary
+
+    metrics = {
+        "accuracy": 0.8167,
+        "baseline_trivial_accuracy": 0.6273,
+        "baseline_linear_accuracy": 0.818,
+        "baseline_linear_roc_auc": 0.88,
+    }
+    _print_summary({"run_dir": "r", "state": "SUCCEEDED", "metrics": metrics, "gate_passed": True})
+    lines = capsys.readouterr().out.splitlines()
+    assert "  accuracy       0.8167" in lines
+    assert lines.index("  vs trivial     accuracy 0.6273") < lines.index(
+        "  vs linear      accuracy 0.8180, roc_auc 0.8800"
+    )
+    assert not any("baseline_" in line for line in lines)

@@ -65,7 +65,6 @@ def pipeline(
     return trained, result
 
 
-@pytest.mark.integration
 def test_the_178_row_table_trains_with_a_batch_that_fits(
     tmp_path: Path, ctx: dist.DistContext
 ) -> None:
@@ -92,7 +91,6 @@ def test_the_users_batch_and_epochs_win(tmp_path: Path, ctx: dist.DistContext) -
     assert trained.steps == 2 * (124 // 32)
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("scaling", [True, False], ids=["scaled", "unscaled"])
 def test_a_target_in_the_hundreds_of_thousands_is_learned_when_scaled(
     tmp_path: Path, ctx: dist.DistContext, scaling: bool

@@ -238,6 +238,33 @@ def _incompatibility(candidate: LoadedModel, champion: LoadedModel) -> str | Non
     return None
 
 
+def _score_champion(
+    cfg: EvaluateConfig,
+    candidate: LoadedModel,
+    ds: TabularDataset,
+    metric: str,
+    champion_uri: str,
+    stored_metrics: dict[str, float] | None,
+) -> tuple[dict[str, float], float | None, str]:
+    """The champion's metrics, its gate-metric value, and a note when they are stored ones.
+
+    Re-scored on the candidate's rows when it is compatible; else its stored metrics
+    (``stored_metrics`` from the registry, else its ``metrics.json``), and the note says why.
+    """
+    champion = _load(champion_uri, "champion", cfg.model_plugins)
+    why = _incompatibility(candidate, champion)
+    if why is None:
+        metrics = score(champion, ds, cfg.batch_size).metrics
+        return metrics, metrics.get(metric), ""
+    source = "its metrics.json"
+    stored: dict[str, Any] = champion.metrics
+    if stored_metrics is not None:
+        source, stored = "the registry", stored_metrics
+    metrics = {k: float(v) for k, v in stored.items() if is_number(v) and math.isfinite(v)}
+    value, key = stored_metric(metrics, metric)
+    return metrics, value, f"stored {key} from {source}: {why}, so it was not re-scored"
+
+
 # --- The step -------------------------------------------------------------------------------------
 
 
@@ -299,25 +326,11 @@ def evaluate(
     ds = _load_split(candidate, split_uri, columns)
     scored = score(candidate, ds, cfg.batch_size)
 
-    champion_metrics: dict[str, float] | None = None
-    champion_note = ""
-    champion_value: float | None = None
+    champion_metrics, champion_value, champion_note = None, None, ""
     if champion_model_uri is not None:
-        champion = _load(champion_model_uri, "champion", cfg.model_plugins)
-        why = _incompatibility(candidate, champion)
-        if why is None:
-            champion_metrics = score(champion, ds, cfg.batch_size).metrics
-            champion_value = champion_metrics.get(metric)
-        else:
-            source = "its metrics.json"
-            stored: dict[str, Any] = champion.metrics
-            if champion_stored_metrics is not None:
-                source, stored = "the registry", champion_stored_metrics
-            champion_metrics = {
-                k: float(v) for k, v in stored.items() if is_number(v) and math.isfinite(v)
-            }
-            champion_value, key = stored_metric(champion_metrics, metric)
-            champion_note = f"stored {key} from {source}: {why}, so it was not re-scored"
+        champion_metrics, champion_value, champion_note = _score_champion(
+            cfg, candidate, ds, metric, champion_model_uri, champion_stored_metrics
+        )
     baselines = _baselines(candidate, dataset_uri, ds) if cfg.baselines else {}
     passed, reason = decide_gate(
         metric=metric,
