@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -421,3 +423,14 @@ def run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess[str]:
 
 def mapping_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("gpupipe launch:")]
+
+
+def tokens(path: Path, cycles: int, seed: int = 0) -> str:
+    """A flat token column repeating one 24-token sequence: the next token is always knowable."""
+    cycle = np.random.default_rng(seed).permutation(64)[:24]
+    pq.write_table(pa.table({"tokens": np.tile(cycle, cycles).astype(np.int64)}), path)
+    return str(path)
+
+
+GPT = {"name": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 64}
+"""A tiny GPT that learns :func:`tokens` in a few hundred steps."""

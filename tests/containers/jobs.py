@@ -2,48 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 from typing import Any
 
 from pipelines.render import train_job_spec
-from tests.integration.test_torchrun import write_data
+from tests.helpers import make_config, write_data
 from trainer.launch.pytorchjob import build_pytorchjob
 
 
 def worker_config(shared: Path, name: str, **sections: dict[str, Any]) -> Path:
-    """A small worker config under shared/name, reading the shared data (written once)."""
+    """A small worker config under shared/name (any uid may write there), reading the shared
+    data (written once); two epochs unless ``train`` says otherwise."""
     data = shared / "data"
     if not (data / "train.parquet").exists():
         data.mkdir(exist_ok=True)
         write_data(data)
-    run = shared / name
-    run.mkdir(mode=0o777)
-    run.chmod(0o777)
-    cfg: dict[str, Any] = {
-        "data": {
-            "train_uri": str(data / "train.parquet"),
-            "val_uri": str(data / "val.parquet"),
-            "target": "label",
-        },
-        "model": {"name": "mlp", "hidden_dim": 32, "num_layers": 2},
-        "optim": {"lr": 5e-3, "warmup_steps": 5},
-        "train": {"epochs": 2, "global_batch_size": 64, "log_every_steps": 8, "seed": 7},
-        "checkpoint": {"uri": str(run / "ckpt"), "every_steps": 16, "keep_last": 2},
-        "output": {"model_uri": str(run / "model"), "history_uri": str(run / "history.jsonl")},
-    }
-    for section, values in sections.items():
-        cfg.setdefault(section, {}).update(values)
-    path = run / "config.json"
-    path.write_text(json.dumps(cfg))
-    return path
-
-
-def history(cfg: Path) -> list[dict[str, Any]]:
-    """The worker's history lines (``start``, ``step``, ``eval``, ``restore`` ...)."""
-    path = cfg.parent / "history.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    (shared / name).mkdir(mode=0o777)
+    (shared / name).chmod(0o777)
+    train = {"epochs": 2, **sections.pop("train", {})}
+    splits = (str(data / "train.parquet"), str(data / "val.parquet"))
+    return make_config(shared, name, data=splits, train=train, **sections)
 
 
 def rendered_job(config_uri: Path, **params: Any) -> dict[str, Any]:

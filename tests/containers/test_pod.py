@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components.images import CPU_IMAGE
-from tests.containers.jobs import history, rendered_job, worker_config
+from tests.containers.jobs import rendered_job, worker_config
 from tests.containers.pod import (
     MASTER,
     container,
@@ -21,6 +21,7 @@ from tests.containers.pod import (
     replica,
     run_args,
 )
+from tests.helpers import history
 
 pytestmark = pytest.mark.containers
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.containers.jobs import history, rendered_job, worker_config
+from tests.containers.jobs import rendered_job, worker_config
 from tests.containers.pod import (
     MASTER,
     WORKER,
@@ -25,6 +25,7 @@ from tests.containers.pod import (
     pod_name,
     run_args,
 )
+from tests.helpers import history
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import EXIT_PEER_LOST
 

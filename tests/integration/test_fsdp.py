@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration.test_torchrun import (
+from tests.helpers import (
+    GPT,
     ROOT,
     env,
     history,
     make_config,
+    tokens,
     torchrun,
     torchrun_cmd,
     weights,
@@ -85,7 +87,6 @@ def test_fsdp_loss_falls_matches_ddp_and_exports_what_it_trained(
 def test_gpt_shards_per_block_and_early_stopping_exports_the_best_weights(
     tmp_path: Path,
 ) -> None:
-    from tests.integration.test_worker_variants import GPT, tokens
 
     train, val = tokens(tmp_path / "t.parquet", 400), tokens(tmp_path / "v.parquet", 40)
     cfg = make_config(tmp_path, "gpt", data=(train, val), model=GPT)
@@ -122,7 +123,6 @@ def test_gpt_shards_per_block_and_early_stopping_exports_the_best_weights(
 
 
 def test_gpt_blocks_compiled_under_fsdp_train_and_export(tmp_path: Path) -> None:
-    from tests.integration.test_worker_variants import GPT, tokens
 
     train, val = tokens(tmp_path / "t.parquet", 400), tokens(tmp_path / "v.parquet", 40)
     cfg = make_config(tmp_path, "gpt", data=(train, val), model=GPT)

@@ -8,14 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import ROOT, env, history, torchrun
+from tests.helpers import GPT, ROOT, env, history, tokens, torchrun
 from trainer.data import load_dataset
 from trainer.demo import make_table
 from trainer.export import load_model
@@ -100,16 +98,6 @@ def test_parquet_larger_than_memory_streams_and_learns(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------ (b) GPT
-
-
-def tokens(path: Path, cycles: int, seed: int = 0) -> str:
-    """A flat token column repeating one 24-token sequence: the next token is always knowable."""
-    cycle = np.random.default_rng(seed).permutation(64)[:24]
-    pq.write_table(pa.table({"tokens": np.tile(cycle, cycles).astype(np.int64)}), path)
-    return str(path)
-
-
-GPT = {"name": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 64}
 
 
 def gpt_config(tmp: Path, name: str, **data: Any) -> Path:
