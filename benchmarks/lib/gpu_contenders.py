@@ -31,6 +31,7 @@ import torch
 from trainer.config import WorkerConfig
 from trainer.data import BatchStream
 from trainer.dist import DistContext
+from trainer.optim import make_optimizer
 from trainer.run import Run, seed_everything, training_batches
 
 
@@ -94,18 +95,7 @@ def hf_step(
     o = cfg.optim
     model = hf_model(cfg, like.spec.seq_len or 1, ctx.device)
     fwd = torch.compile(model) if cfg.train.compile else model
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": o.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=o.lr,
-        betas=(o.beta1, o.beta2),
-        eps=o.eps,
-        fused=ctx.device.type == "cuda",
-    )
+    opt = make_optimizer(model, cfg, ctx.device)  # the trainer's AdamW groups, fused on CUDA
     dtype = like.precision.autocast_dtype
     device = ctx.device
     stream = BatchStream(
