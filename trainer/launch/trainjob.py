@@ -25,7 +25,7 @@ from typing import Any
 
 from trainer.config import require
 from trainer.launch.joblauncher import ClusterJobLauncher
-from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
+from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
 from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, KubeApi
 from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
 from trainer.launch.kubefields import RuntimeRef
@@ -43,7 +43,6 @@ from trainer.launch.podspec import (
 from trainer.launch.watch import (
     TERMINAL,
     LaunchCancelled,
-    OnExit,
     PodRef,
     Resource,
 )
@@ -302,31 +301,12 @@ class TrainJobLauncher(ClusterJobLauncher):
 
     Raises:
         ValueError: an argument is out of range.
-        InputError: ``cluster.runtime`` names no valid runtime.
     """
 
-    def __init__(
-        self,
-        *,
-        namespace: str,
-        cluster: ClusterConfig,
-        api: KubeApi | None = None,
-        on_exit: OnExit = "delete",
-        poll_s: float = 2.0,
-        log_tail: int = 50,
-        own_pod: PodRef | None = None,
-    ) -> None:
-        super().__init__(
-            namespace=namespace,
-            cluster=cluster,
-            api=api,
-            on_exit=on_exit,
-            poll_s=poll_s,
-            log_tail=log_tail,
-            own_pod=own_pod,
-        )
-        self.runtime = RuntimeRef.parse(cluster.runtime)
-        self.log_tail = log_tail
+    @property
+    def runtime(self) -> RuntimeRef:
+        """The training runtime ``cluster.runtime`` names (checked when the settings were made)."""
+        return RuntimeRef.parse(self.cluster.runtime)
 
     def run(self, spec: JobSpec, *, timeout_s: float | None) -> None:
         """Create (or re-attach to) the TrainJob of ``spec``; return when it succeeded.
