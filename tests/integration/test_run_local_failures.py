@@ -387,9 +387,9 @@ def test_ctrl_c_stops_every_step_process_and_exits_130(workspace: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.Popen(
-        # Long enough to be interrupted: 200 epochs and no early stopping (which settings from
-        # the data would otherwise turn on, ending the run before the signal).
-        [str(GPUPIPE), "run", "--local", "--root", str(root), "--param", "epochs=200",
+        # Still training when the signal comes, however late the log reaches us: 2000 epochs
+        # (minutes) and no early stopping (which settings from the data would turn on).
+        [str(GPUPIPE), "run", "--local", "--root", str(root), "--param", "epochs=2000",
          "--param", 'hyperparams_json={"train.early_stopping": null}'],
         cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
