@@ -382,6 +382,10 @@ def test_failed_register_step_is_a_failed_run(workspace: Path, failing_registry:
     assert snapshot(workspace) == before
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_step_process_and_exits_130(workspace: Path) -> None:
     root = workspace.parent / "root"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
@@ -392,6 +396,9 @@ def test_ctrl_c_stops_every_step_process_and_exits_130(workspace: Path) -> None:
         [str(GPUPIPE), "run", "--local", "--root", str(root), "--param", "epochs=2000",
          "--param", 'hyperparams_json={"train.early_stopping": null}'],
         cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # As in a terminal: Ctrl-C is not ignored. (A test run started in the background by a
+        # non-interactive shell, `cmd &`, inherits SIGINT ignored, and Python keeps it so.)
+        preexec_fn=_sigint_default,
     )  # fmt: skip
     seen: list[str] = []
     descendants: list[int] = []
