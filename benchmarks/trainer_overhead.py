@@ -1,10 +1,10 @@
 """Benchmark: step time of trainer.loop against a hand-written PyTorch loop on the same work.
 
-Both contenders train the same model (built by ``build_model`` after the same seed), on the same
-batches (two ``BatchStream`` iterators over one dataset, same seed), with the same AdamW (decay on
-matrices only, same fused flag), the same ``LambdaLR`` warmup-and-cosine schedule, the same
-gradient clipping and the same precision policy, in one process (``dist.init()`` without
-torchrun: world size 1, the CPU unless a GPU is visible).
+Both contenders train the same model (built by ``build_model`` after the same seed, from the same
+starting weights), on the same batches (two ``BatchStream`` iterators over one dataset, same
+seed), with the same AdamW (decay on matrices only, same fused flag), the same ``LambdaLR``
+warmup-and-cosine schedule, the same gradient clipping and the same precision policy, in one
+process (``dist.init()`` without torchrun: world size 1, the CPU unless a GPU is visible).
 
 - **ours** is the real ``trainer.run.Run``, built from a ``WorkerConfig`` over a Parquet file
   exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)`` (micro-batch
@@ -164,6 +164,9 @@ def raw(cfg: WorkerConfig, ctx: DistContext, run: Run) -> Callable[[], torch.Ten
     o, t = cfg.optim, cfg.train
     torch.manual_seed(t.seed)
     model = build_model(cfg.model, run.spec).to(ctx.device)
+    # The run's starting weights (the MLP starts from its linear fit, model.linear), taken
+    # before either contender steps.
+    model.load_state_dict(run.raw_model.state_dict())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     fused = o.fused if o.fused is not None else ctx.device.type == "cuda"

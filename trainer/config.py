@@ -115,6 +115,13 @@ class ModelConfig:
     """Dropout probability (MLP hidden layers, GPT residual and attention)."""
     activation: Literal["relu", "gelu", "silu"] = "gelu"
     """MLP: activation between layers."""
+    linear: Literal["fit", "none"] = "fit"
+    """MLP: ``fit`` adds a linear path from the inputs to the outputs, fitted to the training
+    rows before the first step (ridge or L2 logistic regression, as scikit-learn's baselines)
+    with the hidden layers' output starting at zero: training starts from the linear model and
+    learns what it misses (with ``num_layers`` 0 the whole model starts from the fit). ``none``:
+    a plain MLP from its random initialisation (models saved before this option load as
+    ``none``)."""
     vocab_size: int = 50304
     """GPT: vocabulary size (a multiple of 64 keeps the output matmul efficient)."""
     n_layer: int = 12

@@ -86,10 +86,18 @@ def train(
         # Parquet over data.max_memory_mb is read row group by row group: say so.
         streaming=isinstance(run.train_ds, StreamingParquetDataset),
     )
+    metrics = s.metrics  # restored from the checkpoint on resume, so a re-export keeps them
+    if resumed is None and t.early_stopping is not None and run.val_ds is not None:
+        # The starting weights are a candidate too: a model that starts from the linear fit
+        # (model.linear) may never improve on it, and then it is what gets exported.
+        metrics.update(run.evaluate())
+        tel.emit(
+            "eval", step=0, epoch=0.0, **{k: v for k, v in metrics.items() if k.startswith("val_")}
+        )
+        run.early_stop_update(metrics)
     if resumed is None and run.ckpt is not None:
         run.save_checkpoint()  # step 0: a NaN before the first periodic save can still roll back
 
-    metrics = s.metrics  # restored from the checkpoint on resume, so a re-export keeps them
     window = LossWindow(ctx)
     it = training_batches(run)
     try:

@@ -32,12 +32,14 @@ from trainer.config import WorkerConfig, config_hash
 from trainer.data import (
     BatchStream,
     DataPosition,
+    TabularDataset,
     TokenDataset,
     eval_batches,
     load_dataset,
 )
 from trainer.dist import DistContext
-from trainer.models import ModelSpec, build_model, compute_loss, forward_loss
+from trainer.models import ModelSpec, TabularMLP, build_model, compute_loss, forward_loss
+from trainer.models.linear_fit import fit_linear
 from trainer.optim import lr_multiplier, make_optimizer
 from trainer.precision import Precision, configure_backends, resolve_precision
 from trainer.prefetch import Prefetcher
@@ -179,6 +181,7 @@ class Run:
 
         seed_everything(t.seed)
         self.raw_model = build_model(cfg.model, self.spec).to(ctx.device)
+        self._start_linear()
         choice = sharding.choose_strategy(
             t.strategy,
             device_type=ctx.device.type,
@@ -228,6 +231,29 @@ class Run:
         self.best_state: dict[str, torch.Tensor] | None = None
         self.last_checkpoint: str | None = None
         self.last_grad_norm: torch.Tensor | None = None
+
+    def _start_linear(self) -> None:
+        """``model.linear: fit``: start the MLP from the linear model fitted to the training rows.
+
+        Every rank fits the same rows the same way (DDP would broadcast rank 0's weights anyway;
+        FSDP shards what each rank holds). Streamed data, too large to hold, starts unfitted.
+        """
+        model = self.raw_model
+        if not isinstance(model, TabularMLP) or self.cfg.model.linear != "fit":
+            return
+        if not isinstance(self.train_ds, TabularDataset):
+            log.info("linear path not fitted: the training data is streamed")
+            return
+        ds = self.train_ds
+        fit = fit_linear(
+            ds.features,
+            self.scaled_target(ds.target),
+            task=self.spec.task,
+            num_classes=self.spec.num_classes,
+        )
+        if fit is not None:
+            model.start_from_linear(fit)
+            log.info("model starts from the linear fit to %d training rows", fit.rows)
 
     def _wrap_model(self) -> None:
         """(Re)build the DDP wrapper and the compiled forward around ``raw_model``.

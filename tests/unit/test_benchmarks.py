@@ -94,9 +94,13 @@ def test_default_models_prints_a_table_per_dataset_and_the_worst_ratio(
 ) -> None:
     from benchmarks import default_models
 
-    assert default_models.main(["--tables", "iris", "--max-steps", "30"]) == 0
+    args = ["--tables", "iris", "--max-steps", "30", "--min-test-rows", "40"]
+    assert default_models.main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == "iris (150 rows, classification, test accuracy)"
+    # 24 test rows a split (stratified): two splits score the 40 asked for
+    assert (
+        lines[0] == "iris (150 rows, classification, test accuracy, mean of 2 splits, 48 test rows)"
+    )
     assert lines[1].split() == ["who", "accuracy", "vs", "model", "log_loss"]
     assert [line.split()[0] for line in lines[2:6]] == ["model", "trivial", "linear", "hgb"]
     assert any(line.startswith("  trained 30 steps") for line in lines)

@@ -178,7 +178,9 @@ def noise(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 def run_cfg(tmp: Path, data: tuple[str, str], **overrides: Any) -> WorkerConfig:
     base = {
         "data": {"train_uri": data[0], "val_uri": data[1], "target": "label"},
-        "model": {"name": "mlp", "hidden_dim": 16, "num_layers": 1},
+        # Random starting weights, so a loss visibly falls; the default start from the linear
+        # fit (model.linear) is tested in test_linear_fit.py.
+        "model": {"name": "mlp", "hidden_dim": 16, "num_layers": 1, "linear": "none"},
         "optim": {"lr": 1e-2, "warmup_steps": 2},
         "train": {"epochs": 3, "global_batch_size": 64, "log_every_steps": 4, "seed": 5},
         "checkpoint": {"uri": str(tmp / "ckpt"), "every_steps": 1000, "keep_last": 5},
@@ -233,13 +235,14 @@ def test_max_steps_is_respected(
 def test_early_stopping_keeps_the_best_weights(
     tmp_path: Path, noise: tuple[str, str], ctx: dist.DistContext
 ) -> None:
-    # A min_delta no evaluation can beat: the first evaluation stays the best one.
+    # A min_delta no evaluation can beat: the first evaluation (of the starting weights, at
+    # step 0) stays the best one.
     cfg = run_cfg(
         tmp_path,
         noise,
         **{
             "train.epochs": 5,
-            "train.early_stopping": {"metric": "val_loss", "patience": 1, "min_delta": 10.0},
+            "train.early_stopping": {"metric": "val_loss", "patience": 2, "min_delta": 10.0},
         },
     )
     result = train(cfg, ctx)
@@ -247,7 +250,7 @@ def test_early_stopping_keeps_the_best_weights(
     assert result.stopped_early and result.steps == 2 * steps_per_epoch < 5 * steps_per_epoch
     h = history(tmp_path)
     evals = [r for r in h if r["event"] == "eval"]
-    assert [r["step"] for r in evals] == [steps_per_epoch, 2 * steps_per_epoch]
+    assert [r["step"] for r in evals] == [0, steps_per_epoch, 2 * steps_per_epoch]
     stop = next(r for r in h if r["event"] == "early_stop")
     assert stop["best"] == pytest.approx(evals[0]["val_loss"])
     metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
@@ -255,7 +258,7 @@ def test_early_stopping_keeps_the_best_weights(
 
     exported = load_file(str(tmp_path / "model" / "model.safetensors"))
     ckpt = CheckpointManager(str(tmp_path / "ckpt"), keep_last=5)
-    best = ckpt.load(steps_per_epoch)["model"]
+    best = ckpt.load(0)["model"]
     last = ckpt.load(2 * steps_per_epoch)["model"]
     for k, v in exported.items():
         assert torch.equal(v, best[k]), k

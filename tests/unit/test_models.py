@@ -442,11 +442,15 @@ def test_count_params_counts_tied_weight_once_and_excludes_position_embedding() 
     assert count_params(torch.compile(model, backend="eager")) == total
 
 
-def test_count_params_of_mlp() -> None:
-    model = build_model(ModelConfig(name="mlp", hidden_dim=8, num_layers=1), CLS_SPEC)
-    assert (
-        count_params(model) == count_params(model, exclude_embeddings=True) == 5 * 8 + 8 + 8 * 3 + 3
-    )
+@pytest.mark.parametrize(
+    ("linear", "extra"), [("fit", 5 * 3 + 3), ("none", 0)], ids=["linear-path", "plain"]
+)
+def test_count_params_of_mlp(linear: str, extra: int) -> None:
+    cfg = ModelConfig(name="mlp", hidden_dim=8, num_layers=1, linear=linear)  # type: ignore[arg-type]
+    model = build_model(cfg, CLS_SPEC)
+    hidden_and_head = 5 * 8 + 8 + 8 * 3 + 3
+    assert count_params(model) == count_params(model, exclude_embeddings=True)
+    assert count_params(model) == hidden_and_head + extra
 
 
 def test_flops_per_token_gpt_by_hand() -> None:

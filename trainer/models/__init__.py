@@ -321,6 +321,7 @@ def build_model(
             num_layers=cfg.num_layers,
             dropout=cfg.dropout,
             activation=cfg.activation,
+            linear=cfg.linear != "none",
         )
     if cfg.name == "gpt":
         _check(spec.task == "lm", cfg, f"needs task 'lm' (token data), got task {spec.task!r}")
