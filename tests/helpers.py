@@ -339,7 +339,9 @@ def make_config(tmp: Path, name: str, *, data: tuple[str, str], **sections: dict
     run.mkdir(parents=True, exist_ok=True)
     cfg: dict[str, Any] = {
         "data": {"train_uri": data[0], "val_uri": data[1], "target": "label"},
-        "model": {"name": "mlp", "hidden_dim": 32, "num_layers": 2},
+        # Random starting weights: these runs watch a loss fall and compare weights bit for bit
+        # (the default start from a linear fit, model.linear, has tests of its own).
+        "model": {"name": "mlp", "hidden_dim": 32, "num_layers": 2, "linear": "none"},
         "optim": {"lr": 5e-3, "warmup_steps": 5},
         "train": {"epochs": 3, "global_batch_size": 64, "log_every_steps": 8, "seed": 7},
         "checkpoint": {"uri": str(run / "ckpt"), "every_steps": 16, "keep_last": 2},

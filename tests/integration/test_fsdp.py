@@ -98,8 +98,9 @@ def test_gpt_shards_per_block_and_early_stopping_exports_the_best_weights(
         "global_batch_size": 32,
         "log_every_steps": 5,
         "eval_every_steps": 10,
-        # No later evaluation beats the first by 100: patience 1 stops at the second.
-        "early_stopping": {"metric": "val_loss", "patience": 1, "min_delta": 100.0},
+        # No later evaluation beats the first (of the starting weights, at step 0) by 100:
+        # patience 2 stops at step 20.
+        "early_stopping": {"metric": "val_loss", "patience": 2, "min_delta": 100.0},
         **FSDP,
     }
     raw["checkpoint"].update(every_steps=10, keep_last=5)
@@ -108,7 +109,7 @@ def test_gpt_shards_per_block_and_early_stopping_exports_the_best_weights(
     assert "FSDP: 2 shard units + root" in proc.stderr
     h = history(cfg)
     evals = [r for r in h if r["event"] == "eval"]
-    assert [r["step"] for r in evals] == [10, 20]
+    assert [r["step"] for r in evals] == [0, 10, 20]
     assert next(r for r in h if r["event"] == "early_stop")["step"] == 20
     meta = json.loads((cfg.parent / "model" / "model.json").read_text())
     assert meta["tied"] == {"lm_head.weight": "wte.weight"}
@@ -116,8 +117,8 @@ def test_gpt_shards_per_block_and_early_stopping_exports_the_best_weights(
     assert metrics["val_loss"] == pytest.approx(evals[0]["val_loss"], rel=1e-5)
     loaded = export.load_model(str(cfg.parent / "model"))
     idx = torch.arange(16).remainder(64).unsqueeze(0)
-    with torch.no_grad():  # the export holds step 10's weights, the best, not step 20's
-        best, last = checkpoint_model(cfg, 10), checkpoint_model(cfg, 20)
+    with torch.no_grad():  # the export holds step 0's weights, the best, not step 20's
+        best, last = checkpoint_model(cfg, 0), checkpoint_model(cfg, 20)
         torch.testing.assert_close(loaded.module(idx), best(idx))
         assert not torch.allclose(loaded.module(idx), last(idx))
 

@@ -48,6 +48,38 @@ def test_two_ranks_train_and_loss_falls(tmp_path: Path, data: tuple[str, str]) -
     assert all(json.loads(ln)["job"] for ln in lines)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_start_from_the_linear_fit_and_never_end_worse(
+    tmp_path: Path, data: tuple[str, str], strategy: str
+) -> None:
+    import pyarrow.parquet as pq
+    import torch.nn.functional as F
+
+    from trainer.models.linear_fit import fit_linear
+
+    es = {"metric": "val_loss", "patience": 4}
+    cfg = make_config(tmp_path, strategy, data=data, model={"linear": "fit"},
+                      train={"epochs": 2, "strategy": strategy, "early_stopping": es})  # fmt: skip
+    torchrun(cfg, 2)
+    evals = [r for r in history(cfg) if r["event"] == "eval"]
+    assert evals[0]["step"] == 0 and len(evals) > 1
+
+    def table(uri: str) -> tuple[torch.Tensor, torch.Tensor]:
+        t = pq.read_table(uri)
+        x = torch.tensor(t.drop(["label"]).to_pandas().to_numpy(), dtype=torch.float32)
+        return x, torch.tensor(t["label"].to_numpy(), dtype=torch.long)
+
+    # Both ranks start from the logistic fit that one process computes from the training rows.
+    fit = fit_linear(*table(data[0]), task="classification", num_classes=3)
+    assert fit is not None
+    x_val, y_val = table(data[1])
+    start_loss = F.cross_entropy(x_val.double() @ fit.weight.T + fit.bias, y_val).item()
+    assert evals[0]["val_loss"] == pytest.approx(start_loss, rel=1e-4)
+    metrics = json.loads((cfg.parent / "model" / "metrics.json").read_text())
+    assert metrics["val_loss"] <= evals[0]["val_loss"] + 1e-6
+    assert {"linear.weight", "linear.bias"} <= set(weights(cfg))
+
+
 def test_one_and_two_ranks_reach_the_same_weights(tmp_path: Path, data: tuple[str, str]) -> None:
     one = make_config(tmp_path, "one", data=data, train={"epochs": 2})
     two = make_config(tmp_path, "two", data=data, train={"epochs": 2})

@@ -211,7 +211,8 @@ def test_bf16_on_cpu_trains_with_autocast(tmp_path: Path, small: tuple[str, str]
         "bf16",
         {
             "data": {"train_uri": small[0], "val_uri": small[1]},
-            "model": {"name": "mlp", "hidden_dim": 32},
+            # from random weights, so the loss has somewhere to fall
+            "model": {"name": "mlp", "hidden_dim": 32, "linear": "none"},
             "optim": {"lr": 5e-3},
             "train": {
                 "epochs": 3,
