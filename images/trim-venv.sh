@@ -55,8 +55,12 @@ if command -v strip >/dev/null 2>&1 && command -v readelf >/dev/null 2>&1; then
   # Every other shared object that still has a static symbol table and no RPATH/RUNPATH:
   # auditwheel sets an RPATH on every file it patches (and renames what it copies into *.libs),
   # so these are the files as their linker wrote them (scipy, sqlalchemy, fontTools,
-  # kiwisolver, yaml, cryptography, ...: ~40 MB of symbols). Loading needs only .dynsym.
-  find "$site" -type f \( -name '*.so' -o -name '*.so.*' \) ! -path '*.libs/*' | while read -r lib; do
+  # kiwisolver, yaml, cryptography, ...: ~40 MB of symbols; in the CUDA image Triton's
+  # libtriton 461 -> 180 MB and libproton 23 -> 2 MB). Loading needs only .dynsym. Not the
+  # NVIDIA libraries (nvidia/: NCCL's holds 40 MB of symbols), whose device code only a GPU
+  # could prove intact after a strip.
+  find "$site" -type f \( -name '*.so' -o -name '*.so.*' \) ! -path '*.libs/*' \
+    ! -path "$site/nvidia/*" | while read -r lib; do
     if readelf -S "$lib" 2>/dev/null | grep -q '\.symtab' \
       && ! readelf -d "$lib" 2>/dev/null | grep -Eq '\((RPATH|RUNPATH)\)'; then
       strip --strip-unneeded "$lib"
