@@ -61,8 +61,25 @@ if ((${#extra[@]})); then
   cp "${extra[@]}" "${rootfs}/usr/local/share/ca-certificates/"
   chroot "$rootfs" update-ca-certificates >/dev/null
 fi
+# Slim, as Debian's own slim images (python:*-slim's base) are: no documentation, manuals or
+# message translations (the images run with LANG=C.UTF-8: programs print their built-in English
+# messages), and dpkg told to leave them out of what later layers install too (g++ and binutils
+# bring ~14 MB of translations). Saves ~45 MB of the local base plus that in each image.
+cat >"${rootfs}/etc/dpkg/dpkg.cfg.d/docker" <<'DPKG'
+# Files that containers do not need (as in Debian's slim images): dpkg leaves them out.
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/linda/*
+path-exclude /usr/share/lintian/*
+path-exclude /usr/share/locale/*
+path-exclude /usr/share/man/*
+DPKG
 rm -rf "${rootfs}"/var/lib/apt/lists/* "${rootfs}"/var/cache/apt/*.bin \
-  "${rootfs}"/var/cache/apt/archives/*.deb "${rootfs}"/usr/share/doc/* "${rootfs}"/usr/share/man/*
+  "${rootfs}"/var/cache/apt/archives/*.deb "${rootfs}"/usr/share/doc/* "${rootfs}"/usr/share/man/* \
+  "${rootfs}"/usr/share/locale/* "${rootfs}"/usr/share/info/* "${rootfs}"/usr/share/groff/* \
+  "${rootfs}"/usr/share/lintian/* "${rootfs}"/usr/share/linda/*
 tar --numeric-owner -C "$rootfs" -c . | docker import \
   --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$local_base" >/dev/null
 say "built ${local_base} in $((SECONDS - start)) s ($(docker image inspect --format '{{.Size}}' "$local_base" | awk '{printf "%.0f MB", $1/1e6}'))"

@@ -51,7 +51,9 @@ def _build(flavour: str, image: str) -> str:
         check=False,
     )
     assert proc.returncode == 0, f"building {image} failed:\n{proc.stdout[-4000:]}{proc.stderr}"
-    print(f"built {image} in {time.monotonic() - start:.0f} s")
+    # The build's own progress lines (the base, the wheel server, each image's time and size).
+    steps = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.startswith("==> ")]
+    print("\n".join([*steps, f"built {image} in {time.monotonic() - start:.0f} s"]))
     return image
 
 
