@@ -7,8 +7,6 @@ training loop in this process through a launcher that calls it, evaluate with ba
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.datasets import load_wine, make_regression
 
-from tests.helpers import TORCHRUN_VARS
 from trainer import dist, loop
 from trainer.config import from_dict, load_worker_config
 from trainer.steps.evaluate import EvaluateConfig, evaluate
@@ -35,16 +32,6 @@ class InProcessLauncher:
 
     def launch(self, *, job_name: str, config_uri: str, **_: Any) -> None:
         loop.train(load_worker_config(config_uri), self.ctx)
-
-
-@pytest.fixture
-def ctx(monkeypatch: pytest.MonkeyPatch) -> Iterator[dist.DistContext]:
-    for name in TORCHRUN_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
-    c = dist.init("auto", timeout_s=30)
-    yield c
-    dist.close(c)
 
 
 def pipeline(

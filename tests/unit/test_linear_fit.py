@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ import torch
 from sklearn.datasets import make_classification, make_regression
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from tests.helpers import TORCHRUN_VARS
 from trainer import dist, export, loop
 from trainer.config import ModelConfig, WorkerConfig, from_dict
 from trainer.models import ModelSpec, TabularMLP, build_model, linear_fit
@@ -94,16 +92,6 @@ def test_a_plain_mlp_has_no_linear_path() -> None:
     wide = build_model(ModelConfig(), spec)
     assert "linear.weight" not in plain.state_dict()
     assert set(wide.state_dict()) - set(plain.state_dict()) == {"linear.weight", "linear.bias"}
-
-
-@pytest.fixture
-def ctx(monkeypatch: pytest.MonkeyPatch) -> Iterator[dist.DistContext]:
-    for name in TORCHRUN_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
-    c = dist.init("auto", timeout_s=30)
-    yield c
-    dist.close(c)
 
 
 def _config(tmp: Path, linear: str, **train: Any) -> WorkerConfig:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import TORCHRUN_VARS
 from trainer import dist
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ModelConfig, WorkerConfig, apply_overrides, from_dict
@@ -136,17 +133,6 @@ def test_frozen_parameters_are_left_out() -> None:
 
 
 # --------------------------------------------------------------------------------- full runs
-
-
-@pytest.fixture
-def ctx(monkeypatch: pytest.MonkeyPatch) -> Iterator[dist.DistContext]:
-    """A single-process context, as a plain ``python -m trainer.worker`` gets."""
-    for name in TORCHRUN_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
-    c = dist.init("auto", timeout_s=30)
-    yield c
-    dist.close(c)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -159,17 +158,6 @@ def test_cuda_batches_arrive_on_the_device_unchanged() -> None:
 
 
 # ------------------------------------------------------------------------- inside train()
-
-
-@pytest.fixture
-def ctx(monkeypatch: pytest.MonkeyPatch) -> Iterator[dist.DistContext]:
-    """A single-process context, as a plain ``python -m trainer.worker`` gets."""
-    for name in TORCHRUN_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
-    c = dist.init("auto", timeout_s=30)
-    yield c
-    dist.close(c)
 
 
 @pytest.fixture(scope="module")
