@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -421,6 +422,21 @@ def launch_cmd(config: Path, nproc: int = 2) -> list[str]:
 
 def run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def wait_for_step(proc: subprocess.Popen[str], step: int, timeout: float = 120) -> None:
+    """Read a run's JSON log lines from ``proc.stdout`` until training has passed ``step``.
+
+    Raises:
+        AssertionError: If ``timeout`` passes first, or the output ends before ``step``.
+    """
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if '"event": "step"' in line and json.loads(line)["step"] >= step:
+            return
+        assert time.monotonic() < deadline, "training never got going"
+    raise AssertionError(f"the run's output ended before step {step}")
 
 
 def mapping_lines(stderr: str) -> list[str]:

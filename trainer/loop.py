@@ -90,11 +90,7 @@ def train(
     if resumed is None and t.early_stopping is not None and run.val_ds is not None:
         # The starting weights are a candidate too: a model that starts from the linear fit
         # (model.linear) may never improve on it, and then it is what gets exported.
-        metrics.update(run.evaluate())
-        tel.emit(
-            "eval", step=0, epoch=0.0, **{k: v for k, v in metrics.items() if k.startswith("val_")}
-        )
-        run.early_stop_update(metrics)
+        _evaluate(run, metrics)
     if resumed is None and run.ckpt is not None:
         run.save_checkpoint()  # step 0: a NaN before the first periodic save can still roll back
 
@@ -115,14 +111,7 @@ def train(
             metrics["train_loss"] = step.mean_loss
 
             if step.evaluate:
-                metrics.update(run.evaluate())
-                tel.emit(
-                    "eval",
-                    step=s.step,
-                    epoch=round(s.step / run.steps_per_epoch, 4),
-                    **{k: v for k, v in metrics.items() if k.startswith("val_")},
-                )
-                s.stopped_early = run.early_stop_update(metrics)
+                s.stopped_early = _evaluate(run, metrics)
                 if on_eval is not None and _ask_to_stop(ctx, on_eval, s.step, metrics):
                     s.stopped_early = True
                     tel.emit("stop_requested", step=s.step)
@@ -189,6 +178,19 @@ def train(
     tel.close()
     dist.control_barrier(ctx)
     return result
+
+
+def _evaluate(run: Run, metrics: dict[str, float]) -> bool:
+    """Score the validation rows into ``metrics``, log them, and return whether to stop early."""
+    step = run.state.step
+    metrics.update(run.evaluate())
+    run.telemetry.emit(
+        "eval",
+        step=step,
+        epoch=round(step / run.steps_per_epoch, 4),
+        **{k: v for k, v in metrics.items() if k.startswith("val_")},
+    )
+    return run.early_stop_update(metrics)
 
 
 def _ask_to_stop(

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from tests.helpers import (
     tokens,
     torchrun,
     torchrun_cmd,
+    wait_for_step,
     weights,
     write_data,
 )
@@ -279,12 +279,7 @@ def test_sigterm_writes_a_complete_sharded_checkpoint_and_rerun_finishes(
         text=True,
         cwd=ROOT,
     )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:  # wait until training is really under way
-        if '"event": "step"' in line and json.loads(line)["step"] >= 20:
-            break
-        assert time.monotonic() < deadline, "training never got going"
+    wait_for_step(proc, 20)  # training is really under way
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert proc.returncode != 0

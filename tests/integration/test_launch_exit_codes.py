@@ -6,11 +6,9 @@ preemption must end in 143 and bad input in 2; real torchrun runs with 2 gloo ra
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from tests.helpers import (
     mapping_lines,
     run,
     torchrun_cmd,
+    wait_for_step,
     write_data,
 )
 from trainer.checkpoint import CheckpointManager
@@ -74,12 +73,7 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path: Path, data: tuple[str, str]
         proc = subprocess.Popen(
             launch_cmd(cfg), env=env(), stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=ROOT
         )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:  # wait until training is really under way
-        if '"event": "step"' in line and json.loads(line)["step"] >= 20:
-            break
-        assert time.monotonic() < deadline, "training never got going"
+    wait_for_step(proc, 20)  # training is really under way
     proc.send_signal(signal.SIGTERM)  # the wrapper only, as the kubelet signals a pod's PID 1
     proc.communicate(timeout=90)
     err = err_path.read_text()

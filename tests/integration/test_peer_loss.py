@@ -10,14 +10,12 @@ the weights of an uninterrupted run. A bug in user code on one rank stays exit 1
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,6 +30,7 @@ from tests.helpers import (
     make_config,
     mapping_lines,
     run,
+    wait_for_step,
     weights,
     write_data,
 )
@@ -104,13 +103,10 @@ class Node:
 
     def wait_for_step(self, step: int, timeout: float = 120) -> None:
         """Read rank 0's JSON log lines until training has passed ``step``."""
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        for line in self.proc.stdout:
-            if '"event": "step"' in line and json.loads(line)["step"] >= step:
-                return
-            assert time.monotonic() < deadline, "training never got going"
-        raise AssertionError(f"node ended before step {step}:\n{self.stderr[-3000:]}")
+        try:
+            wait_for_step(self.proc, step, timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}:\n{self.stderr[-3000:]}") from None
 
 
 def descendants(pid: int) -> list[int]:

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from tests.helpers import (
     make_config,
     torchrun,
     torchrun_cmd,
+    wait_for_step,
     weights,
     write_data,
 )
@@ -144,12 +144,7 @@ def test_sigterm_writes_a_complete_checkpoint_and_rerun_finishes(
             text=True,
             cwd=ROOT,
         )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:  # wait until training is really under way
-        if '"event": "step"' in line and json.loads(line)["step"] >= 40:
-            break
-        assert time.monotonic() < deadline, "training never got going"
+    wait_for_step(proc, 40)  # training is really under way
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     err = err_path.read_text()
