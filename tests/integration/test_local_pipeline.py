@@ -213,6 +213,9 @@ def _semicolon_csv_with_zip_codes(path: Path) -> None:
     pacsv.write_csv(table, path, pacsv.WriteOptions(delimiter=";"))
 
 
+# Two whole pipeline runs (~30 s): make test-all. The CSV options and column roles themselves
+# are tested in tests/unit/test_preprocess.py; this checks them end to end through the CLI.
+@pytest.mark.slow
 def test_csv_delimiter_and_a_declared_column_role_change_the_outcome(tmp_path: Path) -> None:
     data = tmp_path / "churn-zip.csv"
     _semicolon_csv_with_zip_codes(data)
