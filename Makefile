@@ -11,6 +11,12 @@ TRAINER_DEMO_DIR ?= .runs/trainer-demo
 NPROC ?= 2
 RUN_ARGS ?= --param epochs=10
 PYTEST_ARGS ?=
+# PyTorch's CPU wheel. PyPI's Linux torch is the CUDA build (~3.5 GB with its NVIDIA wheels); the
+# project's machines keep torch==2.13.0+cpu in ../shared/wheels. pip looks there first (the +cpu
+# build sorts above PyPI's 2.13.0), for the venv here and for the CPU image (hack/build-images.sh
+# serves the wheel it finds in PIP_FIND_LINKS to the image build).
+GPUPIPE_WHEELS ?= $(abspath ../shared/wheels)
+export PIP_FIND_LINKS := $(strip $(wildcard $(GPUPIPE_WHEELS)) $(PIP_FIND_LINKS))
 
 .DEFAULT_GOAL := help
 
