@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Shared settings and helpers of the test cluster scripts (sourced, never run).
+# Paths (override by environment):
+#   GPUPIPE_CLUSTER_DIR    state of the running cluster: certs, etcd, containerd, kubelet, logs
+#                          (default /var/lib/gpupipe-cluster; removed by `make cluster-down`)
+#   GPUPIPE_CLUSTER_CACHE  built binaries and image tarballs, keyed by version; kept across
+#                          cluster-down so a second cluster-up builds nothing
+#                          (default ${XDG_CACHE_HOME:-$HOME/.cache}/gpupipe-cluster)
+# shellcheck disable=SC2034  # variables here are used by the scripts that source this file
+
+CLUSTER_HACK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${CLUSTER_HACK}/../.." && pwd)"
+# shellcheck source=hack/cluster/versions.env
+source "${CLUSTER_HACK}/versions.env"
+
+STATE="${GPUPIPE_CLUSTER_DIR:-/var/lib/gpupipe-cluster}"
+CACHE="${GPUPIPE_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpupipe-cluster}"
+RUN_DIR="${STATE}/run"           # pid files and sockets
+LOG_DIR="${STATE}/logs"
+PKI="${STATE}/pki"
+KUBECONFIG_ADMIN="${STATE}/kubeconfig"
+CONTAINERD_SOCK="${RUN_DIR}/containerd.sock"
+BIN_DIR="${CACHE}/bin"           # <name>-<version>/<binary>
+
+# Time each stage: `stage NAME` starts one and closes the one before with its duration.
+_stage_name=""
+_stage_start=0
+stage() {
+  local now=$SECONDS
+  if [[ -n "${_stage_name}" ]]; then
+    printf '==> %-28s %4d s\n' "${_stage_name}" "$((now - _stage_start))"
+  fi
+  _stage_name="${1:-}"
+  _stage_start=$now
+  [[ -n "${_stage_name}" ]] && printf -- '--> %s\n' "${_stage_name}"
+  return 0
+}
+
+say() { printf '    %s\n' "$*"; }
+
+# One line naming the piece and why, then exit 3 (the cluster tests skip on it).
+cannot() {
+  printf 'error: cluster: %s\n' "$*" >&2
+  exit 3
+}
+
+die() {
+  printf 'error: cluster: %s\n' "$*" >&2
+  exit 1
+}
+
+# The node's address: the source address of the default route (pods reach the API server there).
+node_ip() {
+  ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p' | head -n 1
+}
+
+kubectl_() { "${BIN_DIR}/kubernetes-${K8S_VERSION}/kubectl" --kubeconfig "${KUBECONFIG_ADMIN}" "$@"; }
+
+ctr_() { ctr --address "${CONTAINERD_SOCK}" --namespace k8s.io "$@"; }
+
+# Import a Docker image into the node's containerd, pinned (image GC never removes it). Skipped
+# when this cluster already imported that image id (the marker lives in the state folder).
+import_image() {
+  local tag="$1" id marker
+  id="$(docker image inspect --format '{{.Id}}' "$tag")" || die "image ${tag} was not built"
+  marker="${STATE}/images/$(printf '%s' "$tag" | tr '/:' '__')"
+  [[ -f "$marker" && "$(cat "$marker")" == "$id" ]] && return 0
+  mkdir -p "${STATE}/images"
+  docker save "$tag" | ctr_ images import --label io.cri-containerd.pinned=pinned - >/dev/null ||
+    die "importing ${tag} into the node's containerd failed"
+  printf '%s' "$id" >"$marker"
+}
+
+# Wait until a command succeeds, at most $1 seconds; the rest is the command.
+wait_for() {
+  local limit="$1" start=$SECONDS
+  shift
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS - start < limit)) || return 1
+    sleep 1
+  done
+}
