@@ -54,7 +54,7 @@ compile: setup ## compile pipelines and components to YAML (the committed golden
 
 .PHONY: test
 test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster, no Docker)
-	$(BIN)/pytest -m "not e2e and not slow and not containers" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not e2e and not slow and not containers and not cluster" $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: setup ## only the fast unit tests
@@ -70,7 +70,7 @@ lint: setup ## ruff (lint + format check), mypy on trainer/, hadolint on images/
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/hadolint images/*/Dockerfile
-	$(BIN)/shellcheck hack/*.sh
+	$(BIN)/shellcheck -x hack/*.sh hack/cluster/*.sh $(wildcard hack/cluster/addons/*.sh)
 
 .PHONY: fmt
 fmt: setup ## apply ruff's formatting and safe fixes
@@ -90,6 +90,19 @@ images: ## build both images, tagged <registry>/trainer-{cpu,cuda}:<version> (GP
 test-containers: setup ## start Docker (installing it as root), build the images, run tests/containers
 	hack/docker-up.sh
 	$(BIN)/pytest -m containers tests/containers $(PYTEST_ARGS)
+
+.PHONY: cluster-up
+cluster-up: ## single-node Kubernetes as host processes, built from upstream, with the Kubeflow add-ons
+	hack/cluster-up.sh
+
+.PHONY: test-cluster
+test-cluster: setup ## bring the test cluster up (hack/cluster-up.sh) and run tests/cluster
+	hack/cluster-up.sh
+	$(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS)
+
+.PHONY: cluster-down
+cluster-down: ## stop the test cluster's processes and remove its state (keeps the build cache)
+	hack/cluster-down.sh
 
 .PHONY: kind-up
 kind-up: setup ## kind cluster with KFP 2.17.0, training operator, Katib, RBAC, MLflow, CPU image

@@ -10,16 +10,16 @@ source "$(dirname "$0")/lib.sh"
 
 command -v go >/dev/null 2>&1 || cannot "Go is not installed: the cluster is built from Go modules"
 
-# go_build NAME VERSION MODULE_DIR PACKAGE OUTPUT [LDFLAGS]
+# go_build NAME VERSION MODULE_DIR PACKAGE OUTPUT [LDFLAGS]; CGO_ENABLED=0 in the environment
+# makes a static binary (for FROM-scratch images).
 go_build() {
   local name="$1" version="$2" moddir="$3" pkg="$4" out="$5" ldflags="${6:-}"
   local dir="${BIN_DIR}/${name}-${version}"
   [[ -x "${dir}/${out}" ]] && return 0
   mkdir -p "$dir"
   say "go build ${pkg} -> ${dir}/${out}"
-  # Static binaries (no cgo): they run on the host and inside FROM-scratch images alike.
   (cd "${CLUSTER_HACK}/gomod/${moddir}" &&
-    CGO_ENABLED=0 go build -o "${dir}/${out}.tmp" -ldflags "-s -w ${ldflags}" "$pkg") ||
+    go build -o "${dir}/${out}.tmp" -ldflags "-s -w ${ldflags}" "$pkg") ||
     cannot "building ${name} ${version} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
   mv "${dir}/${out}.tmp" "${dir}/${out}"
 }
@@ -43,7 +43,8 @@ build_etcd() {
 }
 
 build_coredns() {
-  go_build coredns "${COREDNS_VERSION}" coredns . coredns
+  # Runs in the cluster from a FROM-scratch image: static.
+  CGO_ENABLED=0 go_build coredns "${COREDNS_VERSION}" coredns . coredns
 }
 
 targets=("$@")

@@ -80,3 +80,9 @@ wait_for() {
     sleep 1
   done
 }
+
+# The node's own images (hack/cluster/node-images.sh), imported into containerd under these names.
+PAUSE_IMAGE="gpupipe.local/pause:3.10"
+BUSYBOX_IMAGE="gpupipe.local/busybox:1.35.0"
+COREDNS_IMAGE="gpupipe.local/coredns:${COREDNS_VERSION}"
+NODE_NAME="${GPUPIPE_NODE_NAME:-gpupipe-node}"

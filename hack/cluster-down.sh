@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Stop every process hack/cluster-up.sh started and remove the cluster's state: pods first (through
+# the kubelet, so the CNI tears their networks down), then the host processes, then what is left of
+# containers, mounts, network namespaces, iptables chains, the bridge and the pods' cgroups.
+# Built binaries and images stay in the cache (GPUPIPE_CLUSTER_CACHE). Safe to run twice.
+set -euo pipefail
+# shellcheck source=hack/cluster/lib.sh
+source "$(dirname "$0")/cluster/lib.sh"
+# shellcheck source=hack/cluster/procs.sh
+source "${CLUSTER_HACK}/procs.sh"
+
+[[ -d "$STATE" ]] || { say "no cluster state at ${STATE}: nothing to do"; exit 0; }
+[[ "$(id -u)" == 0 ]] || die "not root: the cluster's mounts and network need root to remove"
+start_s=$SECONDS
+
+stage "pods"
+if running kube-apiserver && running kubelet; then
+  # No controller may recreate what is deleted, no scheduler place it.
+  stop kube-controller-manager
+  stop kube-scheduler
+  kubectl_ delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+  # The kubelet stops the containers and removes each sandbox (CNI DEL) for pods it no longer has.
+  wait_for 60 bash -c "[[ -z \"\$(ctr --address '${CONTAINERD_SOCK}' -n k8s.io tasks ls -q 2>/dev/null)\" ]]" ||
+    say "pods still running after 60 s: killing their containers"
+fi
+
+stage "processes"
+for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
+if running containerd; then
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
+  sleep 1
+  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true; done
+fi
+stop containerd
+# Shims of this containerd (their command line names its socket) outlive it by design.
+pkill -KILL -f "containerd-shim.*-address ${CONTAINERD_SOCK}" 2>/dev/null || true
+# Anything still inside the pods' cgroups.
+for cg in /sys/fs/cgroup/*/kubepods; do
+  [[ -d "$cg" ]] || continue
+  while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done < <(find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null)
+done
+
+stage "mounts, network, cgroups"
+# Deepest first: the kubelet's volumes, containerd's rootfs and sandbox /dev/shm mounts.
+grep -o " ${STATE}/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+for ns in /run/netns/cni-*; do
+  [[ -e "$ns" ]] && ip netns delete "$(basename "$ns")" 2>/dev/null || true
+done
+ip link delete gpupipe0 2>/dev/null || true
+if [[ -x "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" ]]; then
+  "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" --cleanup >/dev/null 2>&1 || true
+fi
+# The CNI plugins' chains (bridge masquerade, firewall, portmap) of pods not torn down by CNI DEL.
+for table in nat filter; do
+  iptables -t "$table" -S 2>/dev/null | grep -E '^-A .*(CNI-|gpupipe)' | sed 's/^-A/-D/' |
+    while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
+  iptables -t "$table" -S 2>/dev/null | sed -n 's/^-N \(CNI-[^ ]*\)$/\1/p' |
+    while read -r chain; do iptables -t "$table" -X "$chain" 2>/dev/null || true; done
+done
+for cg in /sys/fs/cgroup/*/kubepods; do
+  [[ -d "$cg" ]] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+done
+
+stage "state"
+rm -rf "$STATE"
+stage ""
+printf '==> cluster removed in %d s\n' "$((SECONDS - start_s))"

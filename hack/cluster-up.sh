@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# A single-node Kubernetes cluster as host processes, the way Kubernetes' own
+# hack/local-up-cluster.sh runs one: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+# containerd (a separate instance from Docker's) with CNI, kubelet, kube-proxy, and CoreDNS in the
+# cluster; then the add-ons (hack/cluster/addons/*.sh). Everything is built here from upstream
+# (hack/cluster/build.sh) and cached by version, so a second run builds nothing.
+# Idempotent: pieces already running are kept. Prints each stage with its time; the last line is
+# `export KUBECONFIG=<file>`. A piece that cannot run here ends it with one line and exit 3.
+# Environment: GPUPIPE_CLUSTER_DIR, GPUPIPE_CLUSTER_CACHE (hack/cluster/lib.sh),
+#   GPUPIPE_CLUSTER_ADDONS (default "training-operator object-store mlflow"; "" for none).
+set -euo pipefail
+# shellcheck source=hack/cluster/lib.sh
+source "$(dirname "$0")/cluster/lib.sh"
+# shellcheck source=hack/cluster/procs.sh
+source "${CLUSTER_HACK}/procs.sh"
+
+addons="${GPUPIPE_CLUSTER_ADDONS-training-operator object-store mlflow}"
+total_start=$SECONDS
+K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
+
+stage "preflight"
+[[ "$(id -u)" == 0 ]] || cannot "not root: kubelet and containerd need root (mounts, cgroups, network namespaces)"
+for c in cpu memory pids; do
+  [[ -d "/sys/fs/cgroup/${c}" || -f /sys/fs/cgroup/cgroup.controllers ]] ||
+    cannot "no ${c} cgroup controller mounted under /sys/fs/cgroup: kubelet cannot run pods"
+done
+command -v go >/dev/null 2>&1 || cannot "Go is not installed: the cluster is built from Go modules"
+missing=()
+for pair in containerd:containerd runc:runc iptables:iptables conntrack:conntrack busybox:busybox-static \
+  openssl:openssl; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+[[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+if ((${#missing[@]})); then
+  say "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } ||
+    cannot "could not install ${missing[*]} with apt-get"
+fi
+"$(dirname "$0")/docker-up.sh" >/dev/null || cannot "no Docker engine: the node's images are built with it"
+node_ip="$(node_ip)"
+[[ -n "$node_ip" ]] || cannot "this machine has no IPv4 default route: pods need the node's address"
+mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR"
+
+stage "build binaries"
+"${CLUSTER_HACK}/build.sh"
+
+stage "build images"
+"${CLUSTER_HACK}/node-images.sh" build
+for a in $addons; do "${CLUSTER_HACK}/addons/${a}.sh" image; done
+
+stage "certificates"
+"${CLUSTER_HACK}/pki.sh" "${NODE_NAME}" "$node_ip"
+
+stage "etcd"
+start etcd "${BIN_DIR}/etcd-${ETCD_VERSION}/etcd" --name "${NODE_NAME}" --data-dir "${STATE}/etcd" \
+  --listen-client-urls https://127.0.0.1:2379 --advertise-client-urls https://127.0.0.1:2379 \
+  --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+  --initial-cluster "${NODE_NAME}=http://127.0.0.1:2380" \
+  --listen-metrics-urls http://127.0.0.1:2381 \
+  --cert-file "${PKI}/etcd.crt" --key-file "${PKI}/etcd.key" \
+  --client-cert-auth --trusted-ca-file "${PKI}/ca.crt" --quota-backend-bytes 2147483648
+must_run etcd 30 curl -sf http://127.0.0.1:2381/health
+
+stage "kube-apiserver"
+start kube-apiserver "${K8S_BIN}/kube-apiserver" \
+  --advertise-address "$node_ip" --bind-address 0.0.0.0 --secure-port 6443 \
+  --etcd-servers https://127.0.0.1:2379 --etcd-cafile "${PKI}/ca.crt" \
+  --etcd-certfile "${PKI}/apiserver-etcd-client.crt" --etcd-keyfile "${PKI}/apiserver-etcd-client.key" \
+  --tls-cert-file "${PKI}/apiserver.crt" --tls-private-key-file "${PKI}/apiserver.key" \
+  --client-ca-file "${PKI}/ca.crt" \
+  --kubelet-client-certificate "${PKI}/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "${PKI}/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority "${PKI}/ca.crt" --kubelet-preferred-address-types InternalIP \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file "${PKI}/sa.pub" --service-account-signing-key-file "${PKI}/sa.key" \
+  --service-cluster-ip-range "${SERVICE_CIDR}" \
+  --authorization-mode Node,RBAC --anonymous-auth=false \
+  --enable-admission-plugins NodeRestriction \
+  --allow-privileged=true --enable-aggregator-routing=true \
+  --profiling=false --event-ttl 2h
+must_run kube-apiserver 90 kubectl_ get --raw /readyz
+
+stage "controller-manager, scheduler"
+start kube-controller-manager "${K8S_BIN}/kube-controller-manager" \
+  --kubeconfig "${PKI}/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "${PKI}/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "${PKI}/controller-manager.kubeconfig" \
+  --use-service-account-credentials --root-ca-file "${PKI}/ca.crt" \
+  --service-account-private-key-file "${PKI}/sa.key" \
+  --cluster-signing-cert-file "${PKI}/ca.crt" --cluster-signing-key-file "${PKI}/ca.key" \
+  --service-cluster-ip-range "${SERVICE_CIDR}" --cluster-cidr "${POD_CIDR}" \
+  --leader-elect=false --bind-address 127.0.0.1 --profiling=false
+start kube-scheduler "${K8S_BIN}/kube-scheduler" --kubeconfig "${PKI}/scheduler.kubeconfig" \
+  --authentication-kubeconfig "${PKI}/scheduler.kubeconfig" \
+  --authorization-kubeconfig "${PKI}/scheduler.kubeconfig" \
+  --leader-elect=false --bind-address 127.0.0.1 --profiling=false
+must_run kube-controller-manager 60 curl -skf https://127.0.0.1:10257/healthz
+must_run kube-scheduler 60 curl -skf https://127.0.0.1:10259/healthz
+
+stage "containerd"
+sysctl -qw net.ipv4.ip_forward=1
+[[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] || modprobe br_netfilter 2>/dev/null || true
+sysctl -qw net.bridge.bridge-nf-call-iptables=1 ||
+  cannot "net.bridge.bridge-nf-call-iptables cannot be set: Services would not reach pods on the node's bridge"
+mkdir -p "${STATE}/cni/net.d" "${STATE}/containerd"
+cat >"${STATE}/cni/net.d/10-gpupipe.conflist" <<CNI
+{
+  "cniVersion": "1.0.0",
+  "name": "gpupipe",
+  "plugins": [
+    {"type": "bridge", "bridge": "gpupipe0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "${POD_CIDR}"}]],
+              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "${STATE}/cni/ipam"}},
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "firewall"}
+  ]
+}
+CNI
+cat >"${STATE}/containerd/config.toml" <<TOML
+version = 2
+root = "${STATE}/containerd/root"
+state = "${RUN_DIR}/containerd"
+oom_score = 0
+[grpc]
+  address = "${CONTAINERD_SOCK}"
+[ttrpc]
+  address = "${CONTAINERD_SOCK}.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "${PAUSE_IMAGE}"
+  # This VM lacks CAP_SYS_RESOURCE: a score below containerd's own cannot be set, so clamp it.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "${STATE}/cni/net.d"
+TOML
+start containerd containerd --config "${STATE}/containerd/config.toml"
+must_run containerd 30 ctr_ version
+
+stage "import images"
+for tag in $("${CLUSTER_HACK}/node-images.sh" tags); do import_image "$tag"; done
+for a in $addons; do
+  for tag in $("${CLUSTER_HACK}/addons/${a}.sh" images); do import_image "$tag"; done
+done
+
+stage "kubelet"
+mkdir -p "${STATE}/kubelet"
+cat >"${STATE}/kubelet/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: ${PKI}/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: ${PKI}/kubelet.crt
+tlsPrivateKeyFile: ${PKI}/kubelet.key
+containerRuntimeEndpoint: unix://${CONTAINERD_SOCK}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+clusterDNS: [${CLUSTER_DNS}]
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+# A busy test disk must neither evict pods nor delete the imported (unpullable) images.
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+maxPods: 110
+YAML
+# --oom-score-adj: the kubelet would lower its own score to -999, which this VM refuses.
+start kubelet "${K8S_BIN}/kubelet" --config "${STATE}/kubelet/config.yaml" \
+  --kubeconfig "${PKI}/node.kubeconfig" --root-dir "${STATE}/kubelet" \
+  --hostname-override "${NODE_NAME}" --node-ip "$node_ip" --oom-score-adj 0
+node_ready() { kubectl_ get node "${NODE_NAME}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+must_run kubelet 90 node_ready
+
+stage "kube-proxy"
+mkdir -p "${STATE}/kube-proxy"
+cat >"${STATE}/kube-proxy/config.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: ${PKI}/kube-proxy.kubeconfig}
+mode: iptables
+clusterCIDR: ${POD_CIDR}
+hostnameOverride: ${NODE_NAME}
+bindAddress: ${node_ip}
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+oomScoreAdj: 0
+# Zero: keep the host's conntrack settings (this VM may refuse to change them).
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+YAML
+start kube-proxy "${K8S_BIN}/kube-proxy" --config "${STATE}/kube-proxy/config.yaml"
+must_run kube-proxy 30 curl -sf http://127.0.0.1:10256/healthz
+
+stage "coredns"
+sed -e "s|@IMAGE@|${COREDNS_IMAGE}|g" -e "s|@CLUSTER_DNS@|${CLUSTER_DNS}|g" \
+  "${CLUSTER_HACK}/coredns.yaml" | kubectl_ apply -f - >/dev/null
+kubectl_ -n kube-system rollout status deployment/coredns --timeout 120s >/dev/null ||
+  die "CoreDNS did not become ready (kubectl -n kube-system describe pod -l k8s-app=kube-dns)"
+
+for a in $addons; do
+  stage "add-on ${a}"
+  "${CLUSTER_HACK}/addons/${a}.sh" install
+done
+
+stage ""
+printf '==> cluster ready in %d s (state: %s)\n' "$((SECONDS - total_start))" "$STATE"
+echo "export KUBECONFIG=${KUBECONFIG_ADMIN}"
