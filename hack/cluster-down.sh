@@ -42,7 +42,7 @@ done
 
 stage "mounts, network, cgroups"
 # Deepest first: the kubelet's volumes, containerd's rootfs and sandbox /dev/shm mounts.
-grep -o " ${STATE}/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v s="${STATE}/" 'index($2, s) == 1 {print $2}' /proc/mounts | sort -r)
 for ns in /run/netns/cni-*; do
   [[ -e "$ns" ]] && ip netns delete "$(basename "$ns")" 2>/dev/null || true
 done
@@ -50,12 +50,19 @@ ip link delete gpupipe0 2>/dev/null || true
 if [[ -x "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" ]]; then
   "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" --cleanup >/dev/null 2>&1 || true
 fi
-# The CNI plugins' chains (bridge masquerade, firewall, portmap) of pods not torn down by CNI DEL.
-for table in nat filter; do
-  iptables -t "$table" -S 2>/dev/null | grep -E '^-A .*(CNI-|gpupipe)' | sed 's/^-A/-D/' |
-    while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
-  iptables -t "$table" -S 2>/dev/null | sed -n 's/^-N \(CNI-[^ ]*\)$/\1/p' |
-    while read -r chain; do iptables -t "$table" -X "$chain" 2>/dev/null || true; done
+# What kube-proxy --cleanup leaves: the kubelet's own chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
+# KUBE-IPTABLES-HINT) and the CNI plugins' (bridge masquerade, firewall, portmap) of pods that no
+# CNI DEL tore down. Only Kubernetes and CNI name chains KUBE-* and CNI-*.
+for ipt in iptables ip6tables; do
+  command -v "$ipt" >/dev/null 2>&1 || continue
+  for table in nat filter mangle; do
+    while read -r rule; do
+      eval "$ipt -t $table $rule" 2>/dev/null || true
+    done < <("$ipt" -t "$table" -S 2>/dev/null | sed -n 's/^-A \(.*\(KUBE\|CNI\)-.*\)$/-D \1/p')
+    while read -r chain; do
+      "$ipt" -t "$table" -X "$chain" 2>/dev/null || true
+    done < <("$ipt" -t "$table" -S 2>/dev/null | sed -n 's/^-N \(\(KUBE\|CNI\)-[^ ]*\)$/\1/p')
+  done
 done
 for cg in /sys/fs/cgroup/*/kubepods; do
   [[ -d "$cg" ]] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true

@@ -66,8 +66,11 @@ import_image() {
   marker="${STATE}/images/$(printf '%s' "$tag" | tr '/:' '__')"
   [[ -f "$marker" && "$(cat "$marker")" == "$id" ]] && return 0
   mkdir -p "${STATE}/images"
-  docker save "$tag" | ctr_ images import --label io.cri-containerd.pinned=pinned - >/dev/null ||
+  docker save "$tag" | ctr_ images import - >/dev/null ||
     die "importing ${tag} into the node's containerd failed"
+  # containerd 1.6's import has no --label: pin it afterwards.
+  ctr_ images label "$tag" io.cri-containerd.pinned=pinned >/dev/null ||
+    die "pinning ${tag} in the node's containerd failed"
   printf '%s' "$id" >"$marker"
 }
 

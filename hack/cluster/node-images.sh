@@ -19,7 +19,11 @@ build_scratch() {
   local tag="$1" ctx="$2"
   docker image inspect "$tag" >/dev/null 2>&1 && return 0
   say "docker build ${tag}"
-  docker build -q -t "$tag" "$ctx" >/dev/null || die "docker build of ${tag} failed"
+  # The legacy builder (no buildx here) warns on every build: show its output only on failure.
+  docker build -q -t "$tag" "$ctx" >"${ctx}/build.log" 2>&1 || {
+    cat "${ctx}/build.log" >&2
+    die "docker build of ${tag} failed"
+  }
 }
 
 build() {
