@@ -531,10 +531,9 @@ def check_splits(
             break
         shares[key] = share
     counts = np.bincount(y) if classes is not None else np.array([n])
-    if int(np.floor(counts * shares.get("test_fraction", cfg.test_fraction) + 0.5).sum()) < (
-        MIN_GATE_ROWS
-    ):
-        shares = {}  # a test split too small to gate on is no fix
+    test_share = shares.get("test_fraction")
+    if test_share and int(np.floor(counts * test_share + 0.5).sum()) < MIN_GATE_ROWS:
+        shares = {}  # raised only to a test split too small to gate on: no fix
     fix = f", or raise {' and '.join(keys)} with {param('preprocess_config_json', shares)}"
     raise InputError(
         "E_SPLIT",
