@@ -6,6 +6,7 @@ Each component lives in its own package (``components/<name>/``) beside its comp
 """
 
 from components.evaluate import evaluate
+from components.fingerprint import fingerprint
 from components.notify import notify
 from components.preprocess import preprocess
 from components.register import register
@@ -13,6 +14,7 @@ from components.train import train
 from components.tune import tune
 
 ALL = {
+    "fingerprint": fingerprint,
     "preprocess": preprocess,
     "tune": tune,
     "train": train,
@@ -21,4 +23,4 @@ ALL = {
     "notify": notify,
 }
 
-__all__ = ["ALL", "evaluate", "notify", "preprocess", "register", "train", "tune"]
+__all__ = ["ALL", "evaluate", "fingerprint", "notify", "preprocess", "register", "train", "tune"]

@@ -107,7 +107,8 @@ def new_run_id() -> str:
 
 
 def check_data(data: str, target: str, params: dict[str, Any]) -> None:
-    """The data URI exists and is readable, and ``target`` is one of its columns.
+    """The data URI exists and is readable, ``target`` is one of its columns, and preprocess
+    will accept them (:func:`trainer.steps.inspect_data.inspect_data`); prints its decisions.
 
     The columns are read the way preprocess reads them (CSV delimiter, header, encoding from
     the pipeline parameters), from the first file's schema or header only.
@@ -129,6 +130,12 @@ def check_data(data: str, target: str, params: dict[str, Any]) -> None:
         raise InputError(
             "E_TARGET", f"target column {target!r} is not in the data (columns: {shown})", data
         )
+    from trainer.steps.inspect_data import inspect_data
+
+    # What preprocess will decide (the task and why) and refuse (dates, a target that cannot
+    # work, a split it cannot make), said before any step starts.
+    for note in inspect_data(data, cfg):
+        print(note.line("gpupipe run"), file=sys.stderr, flush=True)
 
 
 def check_registry(uri: str, timeout_s: float = REGISTRY_TIMEOUT_S) -> None:

@@ -341,6 +341,7 @@ _PREPROCESS_FIELDS = {
     "csv_header": "csv_header",
     "csv_encoding": "csv_encoding",
     "csv_null_values": "csv_null_values",
+    "csv_decimal": "csv_decimal",
     "task": "task",
     "seed": "seed",
 }
@@ -360,6 +361,7 @@ def preprocess_config(p: dict[str, Any]) -> Any:
         csv_header=bool(p["csv_header"]),
         csv_encoding=str(p["csv_encoding"]),
         csv_null_values=str(p["csv_null_values"]),
+        csv_decimal=str(p["csv_decimal"]),
         config_json=json.dumps(json_object(p, "preprocess_config_json")),
     )
 

@@ -1,4 +1,4 @@
-"""The training pipeline: preprocess -> train -> evaluate -> (if the gate passed) register.
+"""The training pipeline: fingerprint -> preprocess -> train -> evaluate -> register (if passed).
 
 Cluster settings live here, in one place: GPU limits and accelerator type on the train step,
 CPU and memory on every step, caching (on for preprocess, configurable for train, off for
@@ -12,7 +12,7 @@ from typing import Any
 
 from kfp import dsl, kubernetes
 
-from components import evaluate, notify, preprocess, register, train, tune
+from components import evaluate, fingerprint, notify, preprocess, register, train, tune
 from components.images import CPU_IMAGE, CUDA_IMAGE
 from trainer.steps.train import GPU_TOLERATION, OBJECT_STORE_ENV, SHM_SIZE, TRAIN_POD_RESOURCES
 
@@ -30,6 +30,7 @@ class StepResources:
 
 
 RESOURCES = {
+    "fingerprint": StepResources("100m", "500m", "256Mi", "512Mi"),
     "preprocess": StepResources("1", "4", "4Gi", "16Gi"),
     "train": StepResources(**TRAIN_POD_RESOURCES),  # a pod that trains, as a PyTorchJob's are
     "train-launcher": StepResources("250m", "1", "512Mi", "2Gi"),
@@ -129,6 +130,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         csv_header: bool = True,
         csv_encoding: str = "utf-8",
         csv_null_values: str = "",
+        csv_decimal: str = ".",
         preprocess_config_json: str = "{}",
         model_name: str = "mlp",
         epochs: int = 0,
@@ -170,6 +172,8 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             csv_encoding: text encoding of CSV files, e.g. ``latin-1`` (default ``utf-8``).
             csv_null_values: extra CSV values read as missing, comma-separated (``?,-``); the
                 empty field, ``NA``, ``N/A``, ``null``, ``NaN`` and the like always are.
+            csv_decimal: decimal separator of CSV numbers: ``.`` or ``,`` (``26,9``; with
+                ``csv_delimiter`` ``auto``, fields are then separated by ``;``).
             preprocess_config_json: further preprocess settings (``PreprocessConfig`` fields),
                 e.g. ``{"val_fraction": 0.2, "test_fraction": 0.2, "max_categories": 20}``.
             model_name: ``mlp`` or a user model ``package.module:build`` baked into the image.
@@ -211,6 +215,11 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         exit_task.set_caching_options(False)
 
         with dsl.ExitHandler(exit_task, name="training"):
+            # Never cached: its output, a parameter of preprocess, puts the data's content into
+            # preprocess's cache key (KFP's key holds the URI, not what is behind it).
+            fp = fingerprint(data_uri=data_uri)
+            _configure(fp, "fingerprint", object_store_secret, retries=retries)
+            fp.set_caching_options(False)
             prep = preprocess(
                 data_uri=data_uri,
                 target=target,
@@ -221,7 +230,9 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 csv_header=csv_header,
                 csv_encoding=csv_encoding,
                 csv_null_values=csv_null_values,
+                csv_decimal=csv_decimal,
                 config_json=preprocess_config_json,
+                data_fingerprint=fp.output,
             )
             _configure(prep, "preprocess", object_store_secret, retries=retries)
             prep.set_caching_options(True)

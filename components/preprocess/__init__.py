@@ -21,13 +21,17 @@ def preprocess(
     csv_header: bool = True,
     csv_encoding: str = "utf-8",
     csv_null_values: str = "",
+    csv_decimal: str = ".",
     config_json: str = "{}",
+    data_fingerprint: str = "",
 ) -> NamedTuple("PreprocessOutputs", [("data_hash", str), ("task", str)]):
     """Validate, impute, encode and split a table (see trainer.steps.preprocess).
 
     ``column_roles_json`` declares column roles (``{"zip": "categorical", "id": "drop"}``);
-    the ``csv_*`` inputs say how CSV files are read (``csv_null_values``: comma-separated);
-    ``config_json`` sets further ``PreprocessConfig`` fields (``{"val_fraction": 0.2}``).
+    the ``csv_*`` inputs say how CSV files are read (``csv_null_values``: comma-separated;
+    ``csv_decimal``: ``.`` or ``,``); ``config_json`` sets further ``PreprocessConfig`` fields
+    (``{"val_fraction": 0.2}``). ``data_fingerprint`` (from the fingerprint step) puts the
+    data's content into the cache key; preprocess checks that the data still has it.
     """
     from collections import namedtuple
 
@@ -45,9 +49,12 @@ def preprocess(
             csv_header=csv_header,
             csv_encoding=csv_encoding,
             csv_null_values=csv_null_values,
+            csv_decimal=csv_decimal,
             config_json=config_json,
         )
-        return run(cfg, data_uri=data_uri, output_uri=dataset.path)
+        return run(
+            cfg, data_uri=data_uri, output_uri=dataset.path, expected_fingerprint=data_fingerprint
+        )
 
     result = run_guarded("preprocess", body)
     for split in ("train", "val", "test"):

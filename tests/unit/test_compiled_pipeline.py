@@ -24,8 +24,8 @@ TRAIN_ON_CLUSTER = "train (cluster job)"
 TRAIN_IN_STEP = "train"
 """The in-step branch's train task: torchrun on the step's own GPUs."""
 TRAINS = (TRAIN_ON_CLUSTER, TRAIN_IN_STEP)
-STEPS = ("preprocess", "tune", *TRAINS, "evaluate", "register", "notify")
-RETRIED_STEPS = ("preprocess", "tune", *TRAINS, "evaluate", "register")
+STEPS = ("fingerprint", "preprocess", "tune", *TRAINS, "evaluate", "register", "notify")
+RETRIED_STEPS = ("fingerprint", "preprocess", "tune", *TRAINS, "evaluate", "register")
 NO_GPU_STEPS = tuple(s for s in STEPS if s != TRAIN_IN_STEP)
 EXIT_HANDLER = "notify"
 STEP_FUNCTION = {step: "train" if step in TRAINS else step for step in STEPS}
@@ -464,6 +464,7 @@ def test_the_job_launcher_reserves_less_than_in_step_training(
     [
         ("preprocess", True),
         ("tune", True),
+        ("fingerprint", False),
         (TRAIN_ON_CLUSTER, False),
         (TRAIN_IN_STEP, False),
         ("evaluate", False),
@@ -475,6 +476,13 @@ def test_the_job_launcher_reserves_less_than_in_step_training(
 def test_caching(compiled: Compiled, step: str, enabled: bool) -> None:
     options = compiled.task(step).get("cachingOptions", {})
     assert options.get("enableCache", False) is enabled, f"{step}: cachingOptions {options}"
+
+
+def test_preprocess_cache_key_holds_the_data_fingerprint(compiled: Compiled) -> None:
+    # KFP's cache keys on parameters and artifact names: the uncached fingerprint step's output,
+    # a parameter of preprocess, makes changed data a changed key.
+    param = compiled.task("preprocess")["inputs"]["parameters"]["data_fingerprint"]
+    assert param["taskOutputParameter"]["producerTask"] == "fingerprint", param
 
 
 @pytest.mark.parametrize("step", RETRIED_STEPS, ids=str)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from trainer.errors import InputError
+from trainer.steps.gate import MIN_GATE_ROWS
 from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.tabular import (
     NumericFit,
@@ -26,6 +27,7 @@ from trainer.steps.tabular import (
     param,
     role_param,
 )
+from trainer.steps.text_values import Notice, is_temporal, looks_like_dates, numbers_in_text
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 """Largest value training (float32) can hold; larger inputs or standardised values overflow."""
@@ -139,8 +141,43 @@ class _Column:
     values: list[str] | None = None
 
 
-def feature_columns(data: RawInput, cfg: PreprocessConfig) -> tuple[list[_Column], list[str]]:
-    """Type and validate every feature column; returns (columns, dropped column names)."""
+def _refuse_dates(data: RawInput, name: str, example: str) -> NoReturn:
+    raise InputError(
+        "E_SCHEMA",
+        f"column {name!r} holds dates ({example}); dates are not features yet (numbers and "
+        f"text are): drop it with {role_param(name, 'drop')}, or use it as labels with "
+        f"{role_param(name, 'categorical')}",
+        data.uri,
+    )
+
+
+def _comma_numbers_notice(
+    data: RawInput, cfg: PreprocessConfig, name: str, values: list[str], notes: list[Notice]
+) -> bool:
+    """Note a text column of numbers written with the other decimal separator (kept as text)."""
+    found = numbers_in_text(values)
+    if found is None or found.separator == cfg.csv_decimal or not data.any_csv:
+        return False
+    notes.append(
+        Notice(
+            "W_DECIMAL",
+            f"column {name!r} holds numbers written with decimal {found.separator!r} (e.g. "
+            f"{found.example!r}), read as text: it becomes a category of {len(values)} values; "
+            f"to read them as numbers set {param('csv_decimal', found.separator)}",
+            data.uri,
+        )
+    )
+    return True
+
+
+def feature_columns(
+    data: RawInput, cfg: PreprocessConfig, notes: list[Notice] | None = None
+) -> tuple[list[_Column], list[str]]:
+    """Type and validate every feature column; returns (columns, dropped column names).
+
+    ``notes`` receives warnings a person should read (numbers with the other decimal separator).
+    """
+    notes = notes if notes is not None else []
     table = data.table
     roles = cfg.column_roles
     absent = [n for n in roles if n not in table.column_names]
@@ -178,12 +215,23 @@ def feature_columns(data: RawInput, cfg: PreprocessConfig) -> tuple[list[_Column
             if declared == "categorical":
                 out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
                 continue
+            if declared is None and (example := looks_like_dates(values)):
+                _refuse_dates(data, name, repr(example))
+            if declared is None and _comma_numbers_notice(data, cfg, name, values, notes):
+                out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
+                continue
             maybe = _text_as_numbers(data, name, codes, values, declared=declared == "numeric")
             if maybe is None:
                 out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
                 continue
             x = maybe
             _check_range(data, name, x, target=False)
+        elif is_temporal(col.type) and declared != "categorical":
+            _refuse_dates(data, name, f"type {dtype}")
+        elif is_temporal(col.type):
+            codes, values = dictionary_codes(col.cast(pa.string()))
+            out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
+            continue
         else:
             raise InputError(
                 "E_SCHEMA",
@@ -237,10 +285,100 @@ def _target_hint(data: RawInput, cfg: PreprocessConfig) -> str:
     return "; set --param target=<one of the columns>"
 
 
+def _text_numbers_target(
+    data: RawInput, cfg: PreprocessConfig, values: list[str], notes: list[Notice]
+) -> None:
+    """Refuse (or, with task=classification, note) a text target that holds numbers.
+
+    Numbers read as text would be classes, one per distinct number: 295 classes of a quality
+    score written ``5,5`` is never what a person meant. Whole numbers with few distinct values
+    (``"0"``, ``"1"``) are labels and pass.
+    """
+    found = numbers_in_text(values)
+    if found is None:
+        return
+    name, k = cfg.target, len(values)
+    integral = bool(np.all(found.numbers == np.floor(found.numbers)))
+    if integral and k <= MAX_AUTO_CLASSES:
+        return
+    how = (
+        f"written with decimal {found.separator!r} (e.g. {found.example!r})"
+        if found.separator != cfg.csv_decimal
+        else f"stored as text (e.g. {found.example!r})"
+    )
+    if cfg.task == "classification":
+        notes.append(
+            Notice(
+                "W_TARGET",
+                f"target {name!r} holds numbers {how}; task=classification makes them {k} classes",
+                data.uri,
+            )
+        )
+        return
+    fix = (
+        f"set {param('csv_decimal', found.separator)} to read them as numbers"
+        if found.separator != cfg.csv_decimal and data.any_csv
+        else "store the column as numbers"
+    )
+    raise InputError(
+        "E_TARGET",
+        f"target {name!r} holds numbers {how}, read as text, which would make {k} classes; "
+        f"{fix}, or use them as labels with {param('task', 'classification')}",
+        data.uri,
+    )
+
+
+def _numeric_task(data: RawInput, cfg: PreprocessConfig, x: np.ndarray, notes: list[Notice]) -> str:
+    """The task for a numeric target, and a note that says why (a warning when it is close)."""
+    name = cfg.target
+    uniq = np.unique(x)
+    integral = bool(np.all(uniq == np.floor(uniq)))
+    shown = ", ".join(_label(v) for v in uniq[:5].tolist()) + (", ..." if uniq.size > 5 else "")
+    if cfg.task != "auto":
+        notes.append(Notice("I_TASK", f"task {cfg.task}: set by the task parameter", name))
+        return cfg.task
+    if integral and uniq.size <= MAX_AUTO_CLASSES:
+        notes.append(
+            Notice(
+                "I_TASK",
+                f"task classification: target {name!r} has {uniq.size} distinct whole numbers "
+                f"({shown}), at most {MAX_AUTO_CLASSES}, read as classes; set "
+                f"{param('task', 'regression')} if they are quantities",
+                name,
+            )
+        )
+        return "classification"
+    if uniq.size <= MAX_AUTO_CLASSES:
+        notes.append(
+            Notice(
+                "W_TASK",
+                f"task regression: target {name!r} has only {uniq.size} distinct values "
+                f"({shown}), not all whole numbers, so they are read as quantities; if they "
+                f"are labels, set {param('task', 'classification')}",
+                name,
+            )
+        )
+        return "regression"
+    why = "values" if not integral else f"whole numbers, more than {MAX_AUTO_CLASSES}"
+    notes.append(
+        Notice(
+            "I_TASK",
+            f"task regression: target {name!r} is numeric with {uniq.size} distinct {why}",
+            name,
+        )
+    )
+    return "regression"
+
+
 def target_column(
-    data: RawInput, cfg: PreprocessConfig
+    data: RawInput, cfg: PreprocessConfig, notes: list[Notice] | None = None
 ) -> tuple[np.ndarray, str, list[str] | None]:
-    """The target as (int64 class ids or float32 values, task, class labels or None)."""
+    """The target as (int64 class ids or float32 values, task, class labels or None).
+
+    ``notes`` receives the task decision and why (``I_TASK``), and warnings (``W_TASK``:
+    few distinct values that are not whole numbers, read as regression).
+    """
+    notes = notes if notes is not None else []
     table, name = data.table, cfg.target
     if name not in table.column_names:
         raise InputError(
@@ -261,6 +399,8 @@ def target_column(
             data.locate(row),
         )
     if is_text(col.type):
+        codes, values = dictionary_codes(col)
+        _text_numbers_target(data, cfg, values, notes)
         if cfg.task == "regression":
             raise InputError(
                 "E_TARGET",
@@ -268,12 +408,13 @@ def target_column(
                 f"{param('task', 'classification')} or pick another --param target",
                 data.uri,
             )
-        codes, values = dictionary_codes(col)
         order = np.argsort(np.array(values, dtype=object), kind="stable")
         classes = [values[i] for i in order]
         rank = np.empty(len(values), dtype=np.int64)
         rank[order] = np.arange(len(values))
         y, task = rank[codes], "classification"
+        how = "set by the task parameter" if cfg.task != "auto" else "text labels"
+        notes.append(Notice("I_TASK", f"task classification: {how}, {len(classes)} classes", name))
     elif is_number(col.type):
         x = _numbers(data, name, col, target=True)
         if np.isnan(x).any():
@@ -284,11 +425,7 @@ def target_column(
                 "remove those rows",
                 data.locate(row),
             )
-        task = cfg.task
-        if task == "auto":
-            integral = bool(np.all(x == np.floor(x)))
-            few = integral and len(np.unique(x)) <= MAX_AUTO_CLASSES
-            task = "classification" if few else "regression"
+        task = _numeric_task(data, cfg, x, notes)
         if task == "regression":
             return x.astype(np.float32), task, None
         uniq, y = np.unique(x, return_inverse=True)
@@ -373,6 +510,17 @@ def check_splits(
         return
     keys = [held_out[split][0] for split in empty]
     what = " and ".join(f"{k} {fractions[k]}" for k in keys)
+    if classes is not None and len(classes) > MAX_AUTO_CLASSES:
+        # Tiny classes, not small shares, are the cause: no share gives a test split worth
+        # scoring, so advice to raise the shares would only lead to a meaningless one.
+        raise InputError(
+            "E_SPLIT",
+            f"target {cfg.target!r} has {len(classes)} classes among {n} rows (the largest "
+            f"has {largest}): too few rows per class to hold any out for validation and "
+            f"test; a target with this many classes is usually a quantity: set "
+            f"{param('task', 'regression')} if it is numeric, or merge rare classes",
+            data.uri,
+        )
     # Suggest shares that give every empty split a row, if they leave enough for training.
     shares: dict[str, float] = {}
     for key in keys:
@@ -382,6 +530,10 @@ def check_splits(
             shares = {}
             break
         shares[key] = share
+    counts = np.bincount(y) if classes is not None else np.array([n])
+    test_share = shares.get("test_fraction")
+    if test_share and int(np.floor(counts * test_share + 0.5).sum()) < MIN_GATE_ROWS:
+        shares = {}  # raised only to a test split too small to gate on: no fix
     fix = f", or raise {' and '.join(keys)} with {param('preprocess_config_json', shares)}"
     raise InputError(
         "E_SPLIT",

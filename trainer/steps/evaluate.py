@@ -22,7 +22,7 @@ from trainer.redact import redact
 from trainer.steps import report
 from trainer.steps.auto_settings import AUTO_SETTINGS_FILE
 from trainer.steps.baselines import baseline_label, fit_and_score
-from trainer.steps.gate import GateConfig, decide_gate, stored_metric
+from trainer.steps.gate import MIN_GATE_ROWS, GateConfig, decide_gate, stored_metric
 from trainer.steps.metrics import (
     AUTO_METRIC,
     HIGHER_IS_BETTER,
@@ -331,7 +331,9 @@ def evaluate(
         champion_metrics, champion_value, champion_note = _score_champion(
             cfg, candidate, ds, metric, champion_model_uri, champion_stored_metrics
         )
-    baselines = _baselines(candidate, dataset_uri, ds) if cfg.baselines else {}
+    # Too few rows to gate on: baselines would only cost time (minutes with many classes).
+    gated = len(ds) >= MIN_GATE_ROWS
+    baselines = _baselines(candidate, dataset_uri, ds) if cfg.baselines and gated else {}
     passed, reason = decide_gate(
         metric=metric,
         value=scored.metrics.get(metric),
@@ -347,6 +349,7 @@ def evaluate(
             if metric in m
         },
         baseline=cfg.gate.baseline,
+        rows=len(ds),
     )
 
     result = EvaluateResult(

@@ -9,7 +9,16 @@ from typing import Any, Literal
 from trainer.errors import InputError
 from trainer.steps.metrics import HIGHER_IS_BETTER, is_number
 
-__all__ = ["GateConfig", "decide_gate", "stored_metric"]
+__all__ = ["MIN_GATE_ROWS", "GateConfig", "decide_gate", "stored_metric"]
+
+MIN_GATE_ROWS = 30
+"""Fewest test rows the gate decides on. Below it one row moves accuracy by more than three
+points and a 95% interval around an accuracy of 0.5 is wider than +-0.18 (1.96 * 0.5 /
+sqrt(30)), so no comparison with a threshold, a baseline or a champion means anything: the gate
+fails and nothing is registered."""
+
+_WORST = {"accuracy": 0.0, "f1_macro": 0.0, "roc_auc": 0.0}
+"""The worst possible value of bounded metrics: a model there never passes, whatever it ties."""
 
 _TIE_TOLERANCE = 1e-12  # an improvement of exactly min_improvement passes despite float rounding
 
@@ -77,6 +86,7 @@ def decide_gate(
     champion_note: str = "",
     baselines: dict[str, tuple[str, float]] | None = None,
     baseline: str = "trivial",
+    rows: int | None = None,
 ) -> tuple[bool, str]:
     """Apply the threshold and the champion comparison; return (passed, one-sentence reason).
 
@@ -94,14 +104,23 @@ def decide_gate(
             (``trivial`` first); None or empty: no baseline comparison.
         baseline: ``trivial`` (the candidate must not be worse than the trivial predictor)
             or ``best`` (it must beat every baseline).
+        rows: Rows of the scored split; fewer than :data:`MIN_GATE_ROWS` fail the gate.
 
     Returns:
         Whether the gate passes, and why, e.g.
         ``accuracy 0.86 >= threshold 0.8 and beats champion v3 (0.84)``.
     """
     higher = HIGHER_IS_BETTER[metric]
+    if rows is not None and rows < MIN_GATE_ROWS:
+        return False, (
+            f"not gated: the test split has {rows} row{'s' if rows != 1 else ''}, fewer than "
+            f"the {MIN_GATE_ROWS} a score needs to mean anything (one row moves accuracy by "
+            f"{1 / max(rows, 1):.0%}); add rows or raise test_fraction"
+        )
     if value is None:
         return False, f"{metric} is undefined on this split (one class only), so the gate fails"
+    if _WORST.get(metric) == value:
+        return False, f"{metric} {_fmt(value)} is the worst possible score, so the gate fails"
     passed = True
     if threshold is None:
         parts = [f"{metric} {_fmt(value)} (no threshold)"]

@@ -25,6 +25,7 @@ from trainer.steps.columns import (
     feature_columns,
     target_column,
 )
+from trainer.steps.fingerprint import data_fingerprint
 from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.tabular import (
     CategoricalFit,
@@ -37,6 +38,7 @@ from trainer.steps.tabular import (
     role_param,
     split_indices,
 )
+from trainer.steps.text_values import Notice
 
 SCHEMA_FORMAT = "gpupipe.schema/v1"
 
@@ -60,6 +62,8 @@ class PreprocessResult:
     task: str
     classes: list[str] | None
     data_hash: str
+    notices: list[str] = dataclasses.field(default_factory=list)
+    """The decisions and warnings a person should read (``NOTE``/``WARNING`` lines)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (for KFP outputs and logs)."""
@@ -117,7 +121,26 @@ def display_uri(uri: str) -> str:
     return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1", uri)
 
 
-def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> PreprocessResult:
+def _check_fingerprint(data_uri: str, expected: str) -> str:
+    """The data's fingerprint now; E_DATA_CHANGED if it is not the one the run was keyed on.
+
+    A pipeline computes the fingerprint before this step and KFP's cache keys the step on it:
+    data replaced in between would be published under the old key, so it is refused.
+    """
+    now = data_fingerprint(data_uri)
+    if expected and now != expected:
+        raise InputError(
+            "E_DATA_CHANGED",
+            f"the data changed while the run was starting (fingerprint {expected[:16]}... "
+            f"when the run began, {now[:16]}... now); run the pipeline again",
+            data_uri,
+        )
+    return now
+
+
+def preprocess(
+    cfg: PreprocessConfig, *, data_uri: str, output_uri: str, expected_fingerprint: str = ""
+) -> PreprocessResult:
     """Validate, split, impute, encode and standardise a tabular dataset.
 
     Reads a Parquet or CSV file (or a folder of them), types every column (declared or
@@ -131,6 +154,9 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
         data_uri: A data file or a folder of data files (any storage URI).
         output_uri: Folder to publish the outputs to: absent, empty, or an earlier preprocess
             output (which is replaced); anything else is refused (``E_OUTPUT``).
+        expected_fingerprint: The data's fingerprint when the run began (the pipeline's
+            fingerprint step); the data must still have it (``E_DATA_CHANGED``). Empty: not
+            checked. The fingerprint is recorded in ``schema.json`` either way.
 
     Returns:
         Split sizes, output feature names, task, class labels and the input's hash.
@@ -145,12 +171,14 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
     """
     # Before any work: never write into the data, the working directory or anyone's files.
     check_output_location(output_uri, "preprocess", inputs={"data": data_uri})
+    fingerprint = _check_fingerprint(data_uri, expected_fingerprint)
     data = read_input(data_uri, cfg.csv_options())
     n = data.table.num_rows
     if n == 0:
         raise InputError("E_EMPTY", "dataset is empty: 0 rows", data_uri)
-    y, task, classes = target_column(data, cfg)
-    columns, dropped = feature_columns(data, cfg)
+    notes: list[Notice] = []
+    y, task, classes = target_column(data, cfg, notes)
+    columns, dropped = feature_columns(data, cfg, notes)
     train_idx, val_idx, test_idx = split_indices(
         n,
         classes=y if classes is not None else None,
@@ -183,6 +211,7 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
         "dropped": dropped,
         "classes": classes,
         "data_hash": data.data_hash,
+        "data_fingerprint": fingerprint,
         "source": display_uri(data_uri),
         "seed": cfg.seed,
         "splits": splits,
@@ -207,6 +236,8 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
     }
     docs = {"schema.json": schema_doc, "stats.json": stats_doc}
     _publish(output_uri, tables, dictionary_columns, docs)
+    for note in notes:  # into the step's log once it succeeded: a failure prints one line
+        print(note.line("preprocess"), flush=True)
     return PreprocessResult(
         train_rows=splits["train"],
         val_rows=splits["val"],
@@ -215,6 +246,7 @@ def preprocess(cfg: PreprocessConfig, *, data_uri: str, output_uri: str) -> Prep
         task=task,
         classes=classes,
         data_hash=data.data_hash,
+        notices=[note.line("preprocess") for note in notes],
     )
 
 

@@ -49,6 +49,9 @@ class PreprocessConfig:
     csv_null_values: list[str] = field(default_factory=list)
     """CSV values read as missing, besides the empty field, ``NA``, ``N/A``, ``null``, ``NaN``
     and the other pyarrow defaults (e.g. ``["?", "-"]``)."""
+    csv_decimal: str = "."
+    """Decimal separator of numbers in CSV input: ``.`` or ``,`` (``26,9``). With ``,`` and
+    ``csv_delimiter`` ``auto``, fields are separated by ``;`` (a tab for ``.tsv`` files)."""
 
     def __post_init__(self) -> None:
         require(bool(self.target), "target", "must name a column", self.target)
@@ -96,6 +99,18 @@ class PreprocessConfig:
             "must name a text encoding",
             self.csv_encoding,
         )
+        require(
+            self.csv_decimal in (".", ","),
+            "csv_decimal",
+            "must be '.' or ','",
+            self.csv_decimal,
+        )
+        require(
+            self.csv_decimal != self.csv_delimiter,
+            "csv_decimal",
+            f"must differ from csv_delimiter {self.csv_delimiter!r}",
+            self.csv_decimal,
+        )
         for value in self.csv_null_values:
             require(
                 isinstance(value, str), "csv_null_values", "must hold strings", self.csv_null_values
@@ -108,6 +123,7 @@ class PreprocessConfig:
             header=self.csv_header,
             encoding=self.csv_encoding,
             null_values=tuple(self.csv_null_values),
+            decimal=self.csv_decimal,
         )
 
 
@@ -128,6 +144,7 @@ def config_from_parameters(
     csv_header: bool = True,
     csv_encoding: str = "utf-8",
     csv_null_values: str = "",
+    csv_decimal: str = ".",
     config_json: str = "{}",
 ) -> PreprocessConfig:
     """The step's config from the pipeline's parameters (what the KFP component receives).
@@ -144,6 +161,7 @@ def config_from_parameters(
         csv_header: Whether CSV files start with a header line.
         csv_encoding: Text encoding of CSV files.
         csv_null_values: Extra CSV values read as missing, comma-separated (``?,-``).
+        csv_decimal: Decimal separator of CSV numbers, ``.`` or ``,``.
         config_json: JSON object of further fields (``{"val_fraction": 0.2}``).
 
     Raises:
@@ -159,6 +177,7 @@ def config_from_parameters(
         "csv_header": csv_header,
         "csv_encoding": csv_encoding,
         "csv_null_values": [v.strip() for v in csv_null_values.split(",") if v.strip()],
+        "csv_decimal": csv_decimal,
     }
     overrides = _json_object(config_json, "preprocess_config_json")
     return from_dict(PreprocessConfig, apply_overrides(base, overrides))

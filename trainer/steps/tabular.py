@@ -57,11 +57,15 @@ class CsvOptions:
     """Text encoding of the files (any Python codec name)."""
     null_values: tuple[str, ...] = ()
     """Values read as missing, besides the empty field and pyarrow's defaults (NA, null ...)."""
+    decimal: str = "."
+    """Decimal separator of numbers: ``.`` or ``,``."""
 
     def delimiter_for(self, uri: str) -> str:
-        """The field separator of file ``uri``."""
+        """The field separator of file ``uri`` (``auto`` with decimal commas: ``;``)."""
         if self.delimiter == "auto":
-            return "\t" if uri.lower().endswith(".tsv") else ","
+            if uri.lower().endswith(".tsv"):
+                return "\t"
+            return ";" if self.decimal == "," else ","
         return "\t" if self.delimiter == "tab" else self.delimiter
 
 
@@ -108,7 +112,7 @@ def role_param(column: str, role: str) -> str:
     return param("column_roles_json", {column: role})
 
 
-def _input_files(data_uri: str) -> list[str]:
+def input_files(data_uri: str) -> list[str]:
     """The data file, or the folder's data files sorted by name."""
     try:
         found = storage.exists(data_uri)
@@ -216,7 +220,13 @@ def guess_delimiter(header: str, current: str) -> str:
 
 
 def _parse_csv(
-    blob: bytes, csv: CsvOptions, delimiter: str, *, use_threads: bool = True, **parse: Any
+    blob: bytes,
+    csv: CsvOptions,
+    delimiter: str,
+    *,
+    use_threads: bool = True,
+    columns: list[str] | None = None,
+    **parse: Any,
 ) -> pa.Table:
     read = pacsv.ReadOptions(
         use_threads=use_threads,
@@ -229,7 +239,11 @@ def _parse_csv(
         read_options=read,
         parse_options=pacsv.ParseOptions(delimiter=delimiter, **parse),
         convert_options=pacsv.ConvertOptions(
-            strings_can_be_null=True, null_values=null_values, check_utf8=True
+            strings_can_be_null=True,
+            null_values=null_values,
+            check_utf8=True,
+            decimal_point=csv.decimal,
+            include_columns=columns or [],
         ),
     )
 
@@ -281,7 +295,7 @@ def read_columns(data_uri: str, csv: CsvOptions) -> list[str]:
     """
     import pyarrow.parquet as pq
 
-    uri = _input_files(data_uri)[0]
+    uri = input_files(data_uri)[0]
     try:
         with storage.open_input(uri) as f:
             head = f.read(HEAD_BYTES)
@@ -356,7 +370,7 @@ def read_input(data_uri: str, csv: CsvOptions) -> RawInput:
         InputError: A missing, unreadable, empty or malformed file (named), duplicate column
             names, text in another encoding, or files that disagree on columns or types.
     """
-    files = _input_files(data_uri)
+    files = input_files(data_uri)
     digest = hashlib.sha256()
     tables, is_csv = [], []
     for uri in files:

@@ -1,0 +1,128 @@
+"""What preprocess will decide about a dataset, found before any step runs.
+
+``gpupipe run --local`` calls :func:`inspect_data` before it starts the pipeline, so the task
+(and why), a target that cannot work, date columns and numbers with the other decimal
+separator are said at once, not after minutes of steps. The target column is read whole (its
+every value decides the task and the split); the feature columns from the first
+:data:`SAMPLE_ROWS` rows of the first file, for what a sample can show for certain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trainer import storage
+from trainer.errors import InputError
+from trainer.steps.columns import (
+    _comma_numbers_notice,
+    _refuse_dates,
+    check_splits,
+    target_column,
+)
+from trainer.steps.gate import MIN_GATE_ROWS
+from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.tabular import (
+    HEAD_BYTES,
+    RawInput,
+    _parse_csv,
+    _read_file,
+    dictionary_codes,
+    dtype_name,
+    input_files,
+    is_text,
+    split_indices,
+)
+from trainer.steps.text_values import Notice, is_temporal, looks_like_dates
+
+SAMPLE_ROWS = 10_000
+"""Rows of the first file whose feature columns are inspected."""
+
+
+def _target_table(files: list[str], cfg: PreprocessConfig) -> tuple[pa.Table, list[bool]]:
+    """The target column of every file, concatenated, read as preprocess reads it."""
+    csv = cfg.csv_options()
+    chunks, is_csv = [], []
+    for uri in files:
+        blob = storage.read_bytes(uri)
+        if blob[:4] == b"PAR1":
+            table = pq.read_table(pa.BufferReader(blob), columns=[cfg.target])
+            is_csv.append(False)
+        else:
+            table = _read_file(uri, blob, csv)[0].select([cfg.target])
+            is_csv.append(True)
+        chunks.append(table)
+    types = {t.schema.types[0] for t in chunks}
+    if len(types) > 1:
+        chunks = [t.cast(pa.schema([(cfg.target, pa.string())])) for t in chunks]
+    return pa.concat_tables(chunks), is_csv
+
+
+def _sample(uri: str, cfg: PreprocessConfig) -> pa.Table:
+    """The first rows of one file (a Parquet file's first batch; a CSV file's first MiB)."""
+    with storage.open_input(uri) as f:
+        head = f.read(HEAD_BYTES)
+        if head[:4] == b"PAR1":
+            pf = pq.ParquetFile(storage.local_path(uri) or f)
+            return pa.Table.from_batches([next(pf.iter_batches(batch_size=SAMPLE_ROWS))])
+    if len(head) == HEAD_BYTES and b"\n" in head:
+        head = head[: head.rindex(b"\n") + 1]
+    return _parse_csv(head, cfg.csv_options(), cfg.csv_options().delimiter_for(uri))
+
+
+def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
+    """What preprocess will decide about ``data_uri``: notes and warnings, or a refusal.
+
+    Returns:
+        The task decision (``I_TASK``) and warnings (``W_TASK``, ``W_TARGET``, ``W_DECIMAL``,
+        ``W_TEST_SPLIT``), in that order.
+
+    Raises:
+        InputError: What preprocess would refuse: a target that cannot work (missing values,
+            one class, numbers written as text), a split it cannot make, a date column.
+    """
+    files = input_files(data_uri)
+    try:
+        target, is_csv = _target_table(files, cfg)
+    except (OSError, RuntimeError, pa.ArrowException) as e:
+        raise InputError("E_DATA", f"cannot read the data: {e}", data_uri) from None
+    # One file's bookkeeping for all rows: the messages name the dataset, not a row's file.
+    raw = RawInput(data_uri, target, files[:1], np.array([0, target.num_rows]), is_csv, "")
+    notes: list[Notice] = []
+    y, _, classes = target_column(raw, cfg, notes)
+    n = len(y)
+    train, val, test = split_indices(
+        n,
+        classes=y if classes is not None else None,
+        val_fraction=cfg.val_fraction,
+        test_fraction=cfg.test_fraction,
+        seed=cfg.seed,
+    )
+    check_splits(raw, cfg, y, classes, train, val, test)
+    if test.size < MIN_GATE_ROWS:
+        notes.append(
+            Notice(
+                "W_TEST_SPLIT",
+                f"the test split will have {test.size} rows (test_fraction {cfg.test_fraction} "
+                f"of {n}), fewer than the {MIN_GATE_ROWS} a score needs to mean anything: the "
+                "model will be trained and scored but not gated or registered",
+                data_uri,
+            )
+        )
+    sample = _sample(files[0], cfg)
+    sample_raw = RawInput(data_uri, sample, files[:1], np.array([0, sample.num_rows]), is_csv, "")
+    for name in sample.column_names:
+        role = cfg.column_roles.get(name)
+        if name == cfg.target or role in ("drop", "categorical"):
+            continue
+        col = sample.column(name)
+        if is_temporal(col.type):
+            _refuse_dates(sample_raw, name, f"type {dtype_name(col.type)}")
+        if not is_text(col.type) or role is not None:
+            continue
+        _, values = dictionary_codes(col)
+        if example := looks_like_dates(values):
+            _refuse_dates(sample_raw, name, repr(example))
+        _comma_numbers_notice(sample_raw, cfg, name, values, notes)
+    return notes
