@@ -66,10 +66,12 @@ server_pid=""
 served_dir=""
 trap '[[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null; [[ -z "$served_dir" ]] || rm -rf "$served_dir"' EXIT
 
-# The local wheel folders pip is configured with (pip config, PIP_FIND_LINKS).
+# The local wheel folders pip is configured with (pip config, PIP_FIND_LINKS), and the project
+# machines' ../shared/wheels beside the checkout (GPUPIPE_WHEELS; the Makefile passes it on too).
 local_torch_wheel() {
   local dirs dir wheel
   dirs="$(python3 -m pip config list 2>/dev/null | sed -n "s/^.*find-links='\(.*\)'$/\1/p") ${PIP_FIND_LINKS:-}"
+  dirs+=" ${GPUPIPE_WHEELS:-$(pwd)/../shared/wheels}"
   for dir in $dirs; do
     dir="${dir#file://}"
     for wheel in "$dir"/torch-"${torch_version}"+cpu-*.whl; do

@@ -48,6 +48,13 @@ stage "build binaries"
 stage "build images"
 "${CLUSTER_HACK}/node-images.sh" build
 for a in $addons; do "${CLUSTER_HACK}/addons/${a}.sh" image; done
+# The trainer's CPU image (seconds when nothing changed). The node has no GPU: the CUDA image's
+# name points at the CPU image inside the node, so the compiled pipeline (whose train step names
+# the CUDA image) runs unchanged, as on kind (hack/kind-up.sh).
+[[ "${GPUPIPE_SKIP_IMAGE_BUILD:-0}" == 1 ]] || "$(dirname "$0")/build-images.sh" cpu >"${LOG_DIR}/build-images.log" 2>&1 ||
+  die "building the trainer's CPU image failed (log: ${LOG_DIR}/build-images.log)"
+cpu_image="$("$(dirname "$0")/build-images.sh" --print cpu)"
+cuda_image="$("$(dirname "$0")/build-images.sh" --print cuda)"
 
 stage "certificates"
 "${CLUSTER_HACK}/pki.sh" "${NODE_NAME}" "$node_ip"
@@ -147,6 +154,9 @@ for tag in $("${CLUSTER_HACK}/node-images.sh" tags); do import_image "$tag"; don
 for a in $addons; do
   for tag in $("${CLUSTER_HACK}/addons/${a}.sh" images); do import_image "$tag"; done
 done
+import_image "$cpu_image"
+ctr_ images tag --force "$cpu_image" "$cuda_image" >/dev/null
+ctr_ images label "$cuda_image" io.cri-containerd.pinned=pinned >/dev/null
 
 stage "kubelet"
 mkdir -p "${STATE}/kubelet"

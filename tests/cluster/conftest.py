@@ -1,0 +1,136 @@
+"""Fixtures of the cluster tests: the test cluster of hack/cluster-up.sh, its object store, a
+namespace per module that enforces restricted Pod Security and holds our RBAC, and the demo
+dataset in the store.
+
+Every test here carries the ``cluster`` marker and skips, with the reason, where no test cluster
+answers (``make test-cluster`` brings one up first; where a piece cannot run on this machine,
+cluster-up says why and the tests skip with that line).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.images import CPU_IMAGE
+from tests.cluster import kube
+
+HERE = Path(__file__).parent
+RBAC = kube.ROOT / "manifests" / "rbac"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test here ``cluster``; skip them all, with the reason, without a cluster."""
+    reason: str | None = None
+    checked = False
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+            if not checked:
+                reason, checked = kube.unavailable(), True
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The trainer's CPU image, imported into the node under the name the pipeline uses."""
+    return CPU_IMAGE
+
+
+@pytest.fixture(scope="session")
+def store() -> Iterator[dict[str, str]]:
+    """The in-cluster object store (KFP's ``minio-service``), reached from this host through
+    its Service address; ``minio://`` URIs read and write it."""
+    env = {
+        "MINIO_ENDPOINT": kube.service_address("kubeflow", "minio-service", 9000),
+        "MINIO_ACCESS_KEY": kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey"),
+        "MINIO_SECRET_KEY": kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey"),
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        yield env
+
+
+def role(rules_without: tuple[str, str, str] | None = None) -> dict[str, Any]:
+    """``manifests/rbac``'s Role as users apply it; ``rules_without=(group, resource, verb)``
+    drops that one verb."""
+    doc = yaml.safe_load((RBAC / "base" / "role.yaml").read_text())
+    if rules_without is not None:
+        group, resource, verb = rules_without
+        doc = copy.deepcopy(doc)
+        for rule in doc["rules"]:
+            if group in rule["apiGroups"] and resource in rule["resources"]:
+                assert verb in rule["verbs"], f"the Role has no {verb} on {resource}"
+                rule["verbs"] = [v for v in rule["verbs"] if v != verb]
+        doc["rules"] = [r for r in doc["rules"] if r["verbs"]]
+    return doc
+
+
+def make_namespace(name: str, role_doc: dict[str, Any]) -> None:
+    """A namespace that enforces restricted Pod Security, with the ``pipeline-runner`` account
+    bound by our Role (``manifests/rbac``'s binding, its subject moved here) and the store's
+    secret."""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                    "gpupipe.dev/test": "cluster",
+                },
+            },
+        }
+    )
+    kube.kubectl("create", "serviceaccount", "pipeline-runner", "-n", name)
+    kube.apply({**role_doc, "metadata": {**role_doc["metadata"], "namespace": name}})
+    binding = yaml.safe_load((RBAC / "rolebinding.yaml").read_text())
+    binding["metadata"]["namespace"] = name
+    for subject in binding["subjects"]:
+        subject["namespace"] = name
+    kube.apply(binding)
+    secret = kube.get_json("secret", "-n", "kubeflow", kube.STORE_SECRET)
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": kube.STORE_SECRET, "namespace": name},
+            "data": secret["data"],
+        }
+    )
+
+
+def delete_namespace(name: str) -> None:
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def namespace() -> Iterator[str]:
+    """A fresh restricted namespace with our RBAC, deleted after the module."""
+    name = kube.unique("gpupipe-t")
+    make_namespace(name, role())
+    yield name
+    delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def dataset(store: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The demo table, preprocessed into the object store (as the pipeline's first step does)."""
+    from trainer.steps.demo_data import write_demo_data
+    from trainer.steps.preprocess import preprocess
+    from trainer.steps.preprocess_config import PreprocessConfig
+
+    data = str(tmp_path_factory.mktemp("demo") / "churn.parquet")
+    write_demo_data(data, rows=3000, task="classification", seed=0)
+    uri = f"minio://{kube.BUCKET}/{kube.unique('gpupipe-tests')}/dataset"
+    preprocess(PreprocessConfig(target="churned"), data_uri=data, output_uri=uri)
+    return uri

@@ -1,0 +1,215 @@
+"""The test cluster from the tests' side: kubectl, the object store, and the launcher pod.
+
+The cluster is hack/cluster-up.sh's (host processes, built from upstream); these helpers only
+talk to it. The launcher pod is built the way KFP runs the train step: the trainer's CPU image,
+the ``pipeline-runner`` ServiceAccount bound by ``manifests/rbac``'s Role, the downward-API
+variables the launcher reads for its ownerReference, and the object store's secret as
+environment variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = Path(os.environ.get("GPUPIPE_CLUSTER_DIR", "/var/lib/gpupipe-cluster"))
+KUBECONFIG = STATE / "kubeconfig"
+STORE_SECRET = "mlpipeline-minio-artifact"
+"""KFP's artifact-store secret (``accesskey``/``secretkey``), made by the object-store add-on."""
+BUCKET = "mlpipeline"
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / "hack/cluster/versions.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+VERSIONS = _versions()
+CACHE = Path(
+    os.environ.get(
+        "GPUPIPE_CLUSTER_CACHE",
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupipe-cluster",
+    )
+)
+KUBECTL = CACHE / "bin" / f"kubernetes-{VERSIONS['K8S_VERSION']}" / "kubectl"
+
+
+def kubectl(
+    *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run kubectl against the test cluster; with ``check``, a failure names the command."""
+    proc = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(KUBECONFIG), *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+def get_json(*args: str) -> dict[str, Any]:
+    """``kubectl get ARGS -o json`` as a dict."""
+    return json.loads(kubectl("get", *args, "-o", "json").stdout)
+
+
+def apply(obj: dict[str, Any] | str) -> None:
+    """``kubectl apply`` of one object (a dict) or of YAML text."""
+    text = obj if isinstance(obj, str) else json.dumps(obj)
+    kubectl("apply", "-f", "-", input=text)
+
+
+def unavailable() -> str | None:
+    """Why the cluster cannot be used (None when its API server answers)."""
+    reason = os.environ.get("GPUPIPE_CLUSTER_UNAVAILABLE")
+    if reason:
+        return reason
+    if not KUBECTL.exists() or not KUBECONFIG.exists():
+        return f"no test cluster ({KUBECONFIG} is missing): make cluster-up starts one"
+    proc = kubectl("get", "--raw", "/readyz", check=False, timeout=20)
+    if proc.returncode != 0:
+        return f"the test cluster does not answer: {proc.stderr.strip()[:200]}"
+    return None
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def unique(prefix: str) -> str:
+    """A fresh DNS-1035 name."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def secret_value(namespace: str, name: str, key: str) -> str:
+    import base64
+
+    data = get_json("secret", "-n", namespace, name)["data"]
+    return base64.b64decode(data[key]).decode()
+
+
+def service_address(namespace: str, name: str, port: int) -> str:
+    """``<cluster IP>:<port>`` of a Service: the host reaches it through kube-proxy's rules."""
+    return f"{get_json('service', '-n', namespace, name)['spec']['clusterIP']}:{port}"
+
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
+RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def launcher_pod(
+    name: str,
+    namespace: str,
+    image: str,
+    args: list[str],
+    *,
+    service_account: str = "pipeline-runner",
+) -> dict[str, Any]:
+    """The train step's pod as KFP runs it (``python -m trainer train ...``), restricted."""
+    field = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    field["POD_UID"] = "metadata.uid"
+    env: list[dict[str, Any]] = [
+        {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in field.items()
+    ]
+    for env_name, key in (
+        ("AWS_ACCESS_KEY_ID", "accesskey"),
+        ("AWS_SECRET_ACCESS_KEY", "secretkey"),
+    ):
+        env.append(
+            {"name": env_name, "valueFrom": {"secretKeyRef": {"name": STORE_SECRET, "key": key}}}
+        )
+    env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"gpupipe.dev/test": name}},
+        "spec": {
+            "serviceAccountName": service_account,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 60,
+            "securityContext": RESTRICTED_POD,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-m", "trainer", "train", *args],
+                    "env": env,
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "256Mi"},
+                        "limits": {"cpu": "1", "memory": "2Gi"},
+                    },
+                    "securityContext": RESTRICTED_CONTAINER,
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                }
+            ],
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
+    }
+
+
+def pod_phase(namespace: str, name: str) -> str | None:
+    proc = kubectl(
+        "get", "pod", "-n", namespace, name, "-o", "jsonpath={.status.phase}", check=False
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def wait_pod_done(namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    """Wait until the pod Succeeded or Failed; its status's terminated state (exit code...)."""
+    wait_until(
+        f"pod {namespace}/{name} to finish",
+        lambda: pod_phase(namespace, name) in ("Succeeded", "Failed"),
+        timeout,
+        interval=2,
+    )
+    status = get_json("pod", "-n", namespace, name)["status"]
+    return status["containerStatuses"][0]["state"]["terminated"]
+
+
+def logs(namespace: str, name: str, container: str | None = None) -> str:
+    extra = ["-c", container] if container else []
+    return kubectl("logs", "-n", namespace, name, *extra, check=False).stdout
+
+
+def jobs(namespace: str) -> list[dict[str, Any]]:
+    return get_json("pytorchjobs", "-n", namespace)["items"]
+
+
+def job_pods(namespace: str, job: str) -> list[dict[str, Any]]:
+    return get_json("pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={job}")["items"]
+
+
+def events(namespace: str) -> list[dict[str, Any]]:
+    return get_json("events", "-n", namespace)["items"]
