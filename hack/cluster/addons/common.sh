@@ -38,8 +38,9 @@ recipe_of() {
 }
 
 need_docker() {
-  command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1 ||
+  if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then
     cannot "$1: no Docker engine answers (hack/docker-up.sh starts one): its image is built with it"
+  fi
 }
 
 # docker_build PIECE TAG RECIPE CONTEXT [build args...]: the legacy builder (no buildx here), the
