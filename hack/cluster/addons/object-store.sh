@@ -57,9 +57,6 @@ addon_image() {
   cp "${src}/docker/entrypoint.sh" "${src}/docker/filer.toml" "${ctx}/"
   chmod 0755 "${ctx}/entrypoint.sh"
   chmod 0644 "${ctx}/filer.toml"
-  # /tmp for everyone; /data writable by any uid for `docker run` (in the pod a volume covers it).
-  mkdir -m 1777 "${ctx}/tmp"
-  mkdir -m 0777 "${ctx}/data"
   docker_build "$PIECE" "$IMAGE" "$recipe" "$ctx" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}"
   rm -rf "$ctx"
 }

@@ -50,6 +50,7 @@ addon_image() {
   ctx="$(mktemp -d)"
   cp "${BIN_DIR}/training-operator-${V}/manager" "$df" "$ctx/"
   mkdir -m 1777 "${ctx}/tmp"
+  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
   docker_build "$PIECE" "$IMAGE" "$recipe" "$ctx"
   rm -rf "$ctx"
 }
