@@ -150,6 +150,9 @@ hostpath_pv() {
   dir="${STATE}/volumes/${ns}-${pvc}"
   mkdir -p "$dir"
   chmod 0777 "$dir"
+  # Made once: the PV controller completes claimRef (uid) when it binds, and claimRef is atomic,
+  # so a second apply would fight it over the whole field.
+  kubectl_ get pv "gpupipe-${ns}-${pvc}" >/dev/null 2>&1 && return 0
   kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null <<YAML || die "${piece}: cannot create the PersistentVolume for ${ns}/${pvc}"
 apiVersion: v1
 kind: PersistentVolume
