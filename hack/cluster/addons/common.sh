@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Shared helpers of the cluster add-ons (hack/cluster/addons/*.sh; sourced, never run). Each add-on
+# script takes one subcommand:
+#   image    build the docker image(s) it needs, locally and cached (a tag that exists with the
+#            same recipe label is kept)
+#   install  with the cluster up: import its images, apply its manifests, wait until Ready;
+#            idempotent (a second run changes nothing)
+#   images   print the image tags it needs, one a line (hack/cluster-up.sh imports them)
+# Each add-on keeps what it applies under ${STATE}/addons/<name>/ (kustomize overlays over the
+# upstream manifests), so `kubectl diff -k` there shows what a change would do.
+# shellcheck disable=SC2034  # variables here are used by the scripts that source this file
+
+# shellcheck source=hack/cluster/lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/lib.sh"
+
+ADDONS_HACK="${CLUSTER_HACK}/addons"
+# Debian's busybox-static with its applet links, FROM scratch: hack/cluster/node-images.sh builds
+# it for the node (init containers). The add-ons use it too: the PyTorchJob init container
+# (nslookup), and as the base of the SeaweedFS image (its postStart hook needs sh, wget, seq).
+BUSYBOX_IMAGE="${BUSYBOX_IMAGE:-gpupipe.local/busybox:1.35.0}"
+
+# The label that records what an image was built from (its recipe: versions, Dockerfile, inputs).
+RECIPE_LABEL=org.gpupipe.recipe
+
+addon_state() { printf '%s/addons/%s' "$STATE" "$1"; }
+
+# True when TAG exists locally and was built from RECIPE (a hash of the inputs).
+image_current() {
+  local tag="$1" recipe="$2" have
+  have="$(docker image inspect --format "{{ index .Config.Labels \"${RECIPE_LABEL}\" }}" "$tag" 2>/dev/null)" ||
+    return 1
+  [[ "$have" == "$recipe" ]]
+}
+
+# recipe_of FILE... : a short hash of the files and of the extra words in RECIPE_EXTRA.
+recipe_of() {
+  { cat "$@"; printf '%s\n' "${RECIPE_EXTRA:-}"; } | sha256sum | cut -c1-16
+}
+
+need_docker() {
+  if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then
+    cannot "$1: no Docker engine answers (hack/docker-up.sh starts one): its image is built with it"
+  fi
+}
+
+# docker_build PIECE TAG RECIPE CONTEXT [build args...]: the legacy builder (no buildx here), the
+# recipe stamped as a label; the last lines of the build log on failure.
+docker_build() {
+  local piece="$1" tag="$2" recipe="$3" ctx="$4" log start=$SECONDS
+  shift 4
+  log="$(mktemp)"
+  say "docker build ${tag}"
+  if ! DOCKER_BUILDKIT=0 docker build --label "${RECIPE_LABEL}=${recipe}" -t "$tag" "$@" "$ctx" >"$log" 2>&1; then
+    tail -n 15 "$log" >&2
+    rm -f "$log"
+    die "${piece}: docker build of ${tag} failed (log above)"
+  fi
+  rm -f "$log"
+  say "built ${tag} in $((SECONDS - start)) s ($(image_size "$tag"))"
+}
+
+image_size() {
+  docker image inspect --format '{{.Size}}' "$1" | awk '{printf "%.1f MB", $1/1e6}'
+}
+
+# The busybox image (built by hack/cluster/node-images.sh for the node; built here with it when
+# missing, e.g. `image` before the first cluster-up).
+need_busybox_image() {
+  docker image inspect "$BUSYBOX_IMAGE" >/dev/null 2>&1 && return 0
+  [[ -x "${CLUSTER_HACK}/node-images.sh" ]] ||
+    cannot "$1: ${BUSYBOX_IMAGE} is missing and hack/cluster/node-images.sh, which builds it, is not here"
+  "${CLUSTER_HACK}/node-images.sh" build
+  docker image inspect "$BUSYBOX_IMAGE" >/dev/null 2>&1 ||
+    die "$1: hack/cluster/node-images.sh did not build ${BUSYBOX_IMAGE}"
+}
+
+# go_install PIECE NAME VERSION PACKAGE@VERSION OUT [LDFLAGS]: a static binary from the Go module
+# proxy into ${BIN_DIR}/NAME-VERSION/OUT (kept: a second call builds nothing).
+go_install() {
+  local piece="$1" name="$2" version="$3" pkg="$4" out="$5" ldflags="${6:-}"
+  local dir="${BIN_DIR}/${name}-${version}" tmp start=$SECONDS
+  [[ -x "${dir}/${out}" ]] && return 0
+  command -v go >/dev/null 2>&1 || cannot "${piece}: Go is not installed (it is built from its Go module)"
+  mkdir -p "$dir"
+  tmp="$(mktemp -d)"
+  say "go install ${pkg} -> ${dir}/${out}"
+  GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w ${ldflags}" "$pkg" ||
+    cannot "${piece}: building ${pkg} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
+  mv "$tmp"/* "${dir}/${out}"
+  rm -rf "$tmp"
+  say "built ${out} in $((SECONDS - start)) s"
+}
+
+# go_build_wrapper PIECE NAME VERSION MODDIR PACKAGE OUT [LDFLAGS]: the same through a wrapper module
+# under hack/cluster/gomod/MODDIR (for modules whose go.mod has replace lines).
+go_build_wrapper() {
+  local piece="$1" name="$2" version="$3" moddir="$4" pkg="$5" out="$6" ldflags="${7:-}"
+  local dir="${BIN_DIR}/${name}-${version}" start=$SECONDS
+  [[ -x "${dir}/${out}" ]] && return 0
+  command -v go >/dev/null 2>&1 || cannot "${piece}: Go is not installed (it is built from its Go module)"
+  mkdir -p "$dir"
+  say "go build ${pkg} (hack/cluster/gomod/${moddir}) -> ${dir}/${out}"
+  (cd "${CLUSTER_HACK}/gomod/${moddir}" &&
+    CGO_ENABLED=0 go build -trimpath -o "${dir}/${out}.tmp" -ldflags "-s -w ${ldflags}" "$pkg") ||
+    cannot "${piece}: building ${pkg} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
+  mv "${dir}/${out}.tmp" "${dir}/${out}"
+  say "built ${out} in $((SECONDS - start)) s"
+}
+
+# The folder of MODULE@VERSION in Go's module cache (downloaded when missing).
+go_module_dir() {
+  local piece="$1" modver="$2" dir
+  dir="$(cd /tmp && go mod download -json "$modver" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "$dir" && -d "$dir" ]] || cannot "${piece}: go mod download ${modver} failed (the Go module proxy refuses it?)"
+  printf '%s' "$dir"
+}
+
+# The cluster must be up (hack/cluster-up.sh): its API server answers with the admin kubeconfig.
+need_cluster() {
+  [[ -f "$KUBECONFIG_ADMIN" ]] || cannot "$1: no cluster here (${KUBECONFIG_ADMIN} is missing: hack/cluster-up.sh)"
+  kubectl_ get --raw /readyz >/dev/null 2>&1 ||
+    cannot "$1: the cluster's API server does not answer (${KUBECONFIG_ADMIN})"
+}
+
+# apply_k PIECE DIR: server-side apply of a kustomization (field managers keep what controllers
+# add, such as webhook CA bundles and generated certificates; an unchanged apply changes nothing).
+apply_k() {
+  local piece="$1" dir="$2" out
+  out="$(kubectl_ apply --server-side --force-conflicts --field-manager gpupipe-addons -k "$dir" 2>&1)" || {
+    printf '%s\n' "$out" | tail -n 10 >&2
+    die "${piece}: kubectl apply -k ${dir} failed (above)"
+  }
+  say "applied ${dir} ($(printf '%s\n' "$out" | wc -l) objects)"
+}
+
+# A namespace, created when missing (server-side apply: idempotent).
+ensure_namespace() {
+  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n' "$1" |
+    kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null ||
+    die "cannot create namespace $1"
+}
+
+# hostpath_pv PIECE NAMESPACE PVC SIZE: the cluster has no StorageClass and no provisioner, so each
+# add-on's PersistentVolumeClaim gets a PersistentVolume made here: a folder on the node under
+# ${STATE}/volumes/ (world-writable, as kind's local-path provisioner makes them: pods run as
+# non-root users without fsGroup support on hostPath), pre-bound to that claim by claimRef.
+# `make cluster-down` removes the state folder, and the data with it.
+hostpath_pv() {
+  local piece="$1" ns="$2" pvc="$3" size="$4" dir
+  dir="${STATE}/volumes/${ns}-${pvc}"
+  mkdir -p "$dir"
+  chmod 0777 "$dir"
+  # Made once: the PV controller completes claimRef (uid) when it binds, and claimRef is atomic,
+  # so a second apply would fight it over the whole field.
+  kubectl_ get pv "gpupipe-${ns}-${pvc}" >/dev/null 2>&1 && return 0
+  kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null <<YAML || die "${piece}: cannot create the PersistentVolume for ${ns}/${pvc}"
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: gpupipe-${ns}-${pvc}
+  labels:
+    app.kubernetes.io/part-of: gpupipe
+    app.kubernetes.io/component: cluster-addons
+spec:
+  capacity:
+    storage: ${size}
+  accessModes: ["ReadWriteOnce"]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  claimRef:
+    namespace: ${ns}
+    name: ${pvc}
+  hostPath:
+    path: ${dir}
+    type: Directory
+YAML
+}
+
+# rollout PIECE NAMESPACE DEPLOYMENT SECONDS: wait until the deployment's pods are Ready; on a
+# timeout, one line naming the piece and the pod's state.
+rollout() {
+  local piece="$1" ns="$2" deploy="$3" limit="$4"
+  if ! kubectl_ -n "$ns" rollout status "deployment/${deploy}" --timeout "${limit}s" >/dev/null 2>&1; then
+    kubectl_ -n "$ns" get pods -o wide >&2 || true
+    die "${piece}: deployment ${ns}/${deploy} not Ready after ${limit} s (kubectl -n ${ns} describe deployment ${deploy})"
+  fi
+  say "${ns}/${deploy} is Ready"
+}
+
+# addon_main PIECE "$@": run the subcommand (functions addon_image, addon_install, addon_images).
+addon_main() {
+  local piece="$1"
+  shift
+  case "${1:-}" in
+  image) addon_image ;;
+  install) addon_install ;;
+  images) addon_images ;;
+  *) die "${piece}: usage: $0 image|install|images" ;;
+  esac
+}

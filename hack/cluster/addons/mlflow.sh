@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The MLflow tracking server and model registry of manifests/mlflow in the test cluster:
+#   image    gpupipe.local/mlflow:v${MLFLOW_VERSION}: PyPI's mlflow (the version the user path's
+#            ghcr.io/mlflow/mlflow tag names) in a venv over the local Debian Python base
+#            (hack/base-image.sh), running the same `mlflow server`
+#   install  manifests/mlflow itself (as users apply it) under a kustomize overlay in the state
+#            folder that only swaps the image; its PVC gets a hostPath PersistentVolume made here
+#            (the cluster has no StorageClass or provisioner); waits for the pod to be Ready
+#   verify   from a pod: the server answers /health and the REST API at mlflow.kubeflow:5000
+#   images   the tag it needs
+set -euo pipefail
+# shellcheck source=hack/cluster/addons/common.sh
+source "$(dirname "$0")/common.sh"
+
+PIECE="mlflow"
+V="${MLFLOW_VERSION}"
+IMAGE="gpupipe.local/mlflow:v${V}"
+UPSTREAM_IMAGE="ghcr.io/mlflow/mlflow"
+NS=kubeflow
+
+# boto3 as the project pins it (constraints.txt): the client side speaks to the same store.
+boto3_version() {
+  sed -n 's/^boto3==//p' "${REPO_ROOT}/constraints.txt"
+}
+
+# The user path names the same MLflow release: a drift between the two is a bug.
+check_user_path() {
+  grep -q "image: ${UPSTREAM_IMAGE}:v${V}\$" "${REPO_ROOT}/manifests/mlflow/deployment.yaml" ||
+    die "${PIECE}: manifests/mlflow/deployment.yaml does not name ${UPSTREAM_IMAGE}:v${V} (MLFLOW_VERSION): make them agree"
+}
+
+addon_images() { echo "$IMAGE"; }
+
+addon_image() {
+  check_user_path
+  need_docker "$PIECE"
+  local df="${ADDONS_HACK}/images/mlflow/Dockerfile" base base_id boto3 recipe
+  base="$("${REPO_ROOT}/hack/base-image.sh")" || cannot "${PIECE}: no Python base image (hack/base-image.sh failed)"
+  base_id="$(docker image inspect --format '{{.Id}}' "$base")"
+  boto3="$(boto3_version)"
+  [[ -n "$boto3" ]] || die "${PIECE}: constraints.txt pins no boto3"
+  recipe="$(RECIPE_EXTRA="$V $boto3 $base_id" recipe_of "$df")"
+  if image_current "$IMAGE" "$recipe"; then
+    say "${IMAGE} is built"
+    return 0
+  fi
+  # pip inside the build reaches PyPI through the host's network (the base trusts the host's CAs).
+  docker_build "$PIECE" "$IMAGE" "$recipe" "${ADDONS_HACK}/images/mlflow" --network host \
+    --build-arg "BASE=${base}" --build-arg "MLFLOW_VERSION=${V}" --build-arg "BOTO3_VERSION=${boto3}"
+}
+
+write_overlay() {
+  local dir="$1" base
+  mkdir -p "$dir"
+  # kustomize takes a base outside the overlay's folder, but only by a relative path.
+  base="$(realpath --relative-to "$dir" "${REPO_ROOT}/manifests/mlflow")"
+  cat >"${dir}/kustomization.yaml" <<YAML
+# Written by hack/cluster/addons/mlflow.sh: the user path's manifests/mlflow with the local image.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ${base}
+images:
+  - name: ${UPSTREAM_IMAGE}
+    newName: ${IMAGE%:*}
+    newTag: ${IMAGE##*:}
+YAML
+}
+
+addon_install() {
+  check_user_path
+  need_cluster "$PIECE"
+  import_image "$IMAGE"
+  ensure_namespace "$NS"
+  hostpath_pv "$PIECE" "$NS" mlflow 10Gi
+  local dir
+  dir="$(addon_state "$PIECE")"
+  write_overlay "$dir"
+  apply_k "$PIECE" "$dir"
+  rollout "$PIECE" "$NS" mlflow 300
+}
+
+addon_verify() {
+  need_cluster "$PIECE"
+  local pod=gpupipe-verify-mlflow out
+  kubectl_ -n "$NS" delete pod "$pod" --ignore-not-found --wait >/dev/null
+  out="$(kubectl_ -n "$NS" run "$pod" --image "$BUSYBOX_IMAGE" --restart Never --rm -i --quiet \
+    --command -- sh -c 'wget -qO- http://mlflow.kubeflow:5000/health && echo &&
+      wget -qO- "http://mlflow.kubeflow:5000/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"' 2>&1)" ||
+    die "${PIECE}: a pod could not reach http://mlflow.kubeflow:5000: ${out}"
+  grep -q '"name": *"Default"' <<<"$out" || die "${PIECE}: unexpected answer from the MLflow REST API: ${out}"
+  say "a pod reached MLflow at mlflow.kubeflow:5000: /health OK, the Default experiment is there"
+}
+
+case "${1:-}" in
+verify) addon_verify ;;
+*) addon_main "$PIECE" "$@" ;;
+esac

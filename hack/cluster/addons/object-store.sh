@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The S3-compatible artifact store Kubeflow Pipelines 2.17 standalone installs (SeaweedFS behind
+# `minio-service.kubeflow:9000`, credentials in the `mlpipeline-minio-artifact` Secret, bucket
+# `mlpipeline`), in the test cluster, so that KFP later finds its store where it expects it:
+#   image    `weed` from the SeaweedFS Go module through hack/cluster/gomod/seaweedfs (its go.mod
+#            has a replace line), with upstream's entrypoint and filer.toml from the same module
+#            download, over the local busybox image
+#   install  hack/cluster/addons/object-store/ (KFP 2.17's third-party/seaweedfs base, written
+#            out: the Go module proxy here refuses github.com/kubeflow/pipelines at any version)
+#            under an overlay in the state folder that swaps in the local image; its PVC gets a
+#            hostPath PersistentVolume; waits for the pod, the bucket and the admin identity
+#   verify   from a pod (the MLflow image: Python with boto3), with the Secret's keys: an unsigned
+#            request is refused, a signed put and get of an object in `mlpipeline` round-trips
+#   images   the tag it needs
+set -euo pipefail
+# shellcheck source=hack/cluster/addons/common.sh
+source "$(dirname "$0")/common.sh"
+
+PIECE="object-store"
+V="${SEAWEEDFS_VERSION}"
+MODULE="github.com/seaweedfs/seaweedfs"
+MODVER="${SEAWEEDFS_MODULE_VERSION}"
+IMAGE="gpupipe.local/seaweedfs:${V}"
+UPSTREAM_IMAGE="ghcr.io/chrislusf/seaweedfs"
+BASE_DIR="${ADDONS_HACK}/object-store"
+NS=kubeflow
+BUCKET=mlpipeline
+
+addon_images() { echo "$IMAGE"; }
+
+# The wrapper module and the manifests must name the version in versions.env.
+check_versions() {
+  grep -q "^require ${MODULE} ${MODVER}\$" "${CLUSTER_HACK}/gomod/seaweedfs/go.mod" ||
+    die "${PIECE}: hack/cluster/gomod/seaweedfs/go.mod does not require ${MODULE} ${MODVER} (versions.env)"
+  grep -q "image: ${UPSTREAM_IMAGE}:${V}\$" "${BASE_DIR}/deployment.yaml" ||
+    die "${PIECE}: ${BASE_DIR}/deployment.yaml does not name ${UPSTREAM_IMAGE}:${V} (SEAWEEDFS_VERSION)"
+}
+
+addon_image() {
+  check_versions
+  need_docker "$PIECE"
+  need_busybox_image "$PIECE"
+  local df="${ADDONS_HACK}/images/seaweedfs/Dockerfile" recipe bb_id
+  bb_id="$(docker image inspect --format '{{.Id}}' "$BUSYBOX_IMAGE")"
+  recipe="$(RECIPE_EXTRA="$V $MODVER $bb_id" recipe_of "$df")"
+  if image_current "$IMAGE" "$recipe"; then
+    say "${IMAGE} is built"
+    return 0
+  fi
+  local commit="${MODVER##*-}"
+  go_build_wrapper "$PIECE" seaweedfs "$V" seaweedfs "${MODULE}/weed" weed \
+    "-X ${MODULE}/weed/util/version.COMMIT=${commit:0:9}"
+  local src ctx
+  src="$(go_module_dir "$PIECE" "${MODULE}@${MODVER}")"
+  ctx="$(mktemp -d)"
+  cp "${BIN_DIR}/seaweedfs-${V}/weed" "$df" "${ctx}/"
+  cp "${src}/docker/entrypoint.sh" "${src}/docker/filer.toml" "${ctx}/"
+  chmod 0755 "${ctx}/entrypoint.sh"
+  chmod 0644 "${ctx}/filer.toml"
+  docker_build "$PIECE" "$IMAGE" "$recipe" "$ctx" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}"
+  rm -rf "$ctx"
+}
+
+write_overlay() {
+  local dir="$1" base
+  mkdir -p "$dir"
+  base="$(realpath --relative-to "$dir" "$BASE_DIR")"
+  cat >"${dir}/kustomization.yaml" <<YAML
+# Written by hack/cluster/addons/object-store.sh: KFP 2.17's SeaweedFS store with the local image.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ${base}
+images:
+  - name: ${UPSTREAM_IMAGE}
+    newName: ${IMAGE%:*}
+    newTag: ${IMAGE##*:}
+YAML
+}
+
+weed_shell() {
+  kubectl_ -n "$NS" exec deploy/seaweedfs -c seaweedfs -- sh -c "echo '$1' | /usr/bin/weed shell" 2>/dev/null
+}
+
+# The start-up hook has run: the bucket exists and the admin identity has the Secret's key.
+store_configured() {
+  local key
+  key="$(kubectl_ -n "$NS" get secret mlpipeline-minio-artifact -o jsonpath='{.data.accesskey}' | base64 -d)"
+  weed_shell "s3.bucket.list" | grep -q "^  ${BUCKET}" &&
+    weed_shell "s3.configure" | grep -q "\"${key}\""
+}
+
+addon_install() {
+  check_versions
+  need_cluster "$PIECE"
+  import_image "$IMAGE"
+  ensure_namespace "$NS"
+  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 10Gi
+  local dir
+  dir="$(addon_state "$PIECE")"
+  write_overlay "$dir"
+  apply_k "$PIECE" "$dir"
+  rollout "$PIECE" "$NS" seaweedfs 300
+  wait_for 120 store_configured ||
+    die "${PIECE}: bucket ${BUCKET} or the admin identity missing 120 s after start (kubectl -n ${NS} describe pod -l app=seaweedfs)"
+  say "bucket ${BUCKET} and the admin identity are there; S3 at minio-service.${NS}:9000"
+}
+
+# What a pipeline step does: boto3 with the Secret's keys against minio-service.kubeflow:9000.
+verify_script() {
+  cat <<'PY'
+import os, uuid
+import boto3, botocore
+from botocore.config import Config
+
+endpoint = "http://minio-service.kubeflow:9000"
+key = f"gpupipe-verify/{uuid.uuid4().hex}.txt"
+body = b"hello from a pod\n"
+anon = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                    config=Config(signature_version=botocore.UNSIGNED))
+try:
+    anon.put_object(Bucket="mlpipeline", Key=key, Body=body)
+    raise SystemExit("an unsigned put was accepted: the store has no identity configured")
+except botocore.exceptions.ClientError as e:
+    print("unsigned put refused:", e.response["Error"]["Code"])
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  aws_access_key_id=os.environ["accesskey"],
+                  aws_secret_access_key=os.environ["secretkey"])
+s3.put_object(Bucket="mlpipeline", Key=key, Body=body)
+got = s3.get_object(Bucket="mlpipeline", Key=key)["Body"].read()
+assert got == body, got
+print("put and got", key, len(got), "bytes")
+s3.delete_object(Bucket="mlpipeline", Key=key)
+PY
+}
+
+addon_verify() {
+  need_cluster "$PIECE"
+  local client="gpupipe.local/mlflow:v${MLFLOW_VERSION}" pod=gpupipe-verify-s3 overrides out
+  # Its client is the MLflow image (Python with boto3), imported by hack/cluster/addons/mlflow.sh.
+  import_image "$client"
+  overrides="$(printf '{"spec":{"containers":[{"name":"%s","image":"%s","command":["python3","-c",%s],"envFrom":[{"secretRef":{"name":"mlpipeline-minio-artifact"}}]}]}}' \
+    "$pod" "$client" "$(verify_script | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))')")"
+  kubectl_ -n "$NS" delete pod "$pod" --ignore-not-found --wait >/dev/null
+  out="$(kubectl_ -n "$NS" run "$pod" --image "$client" --restart Never --rm -i --quiet \
+    --overrides "$overrides" 2>&1)" || die "${PIECE}: the S3 round trip from a pod failed: ${out}"
+  printf '%s\n' "$out" | sed 's/^/      /'
+  say "a pod put and got an object in s3://${BUCKET} at minio-service.${NS}:9000 with the Secret's keys"
+}
+
+case "${1:-}" in
+verify) addon_verify ;;
+*) addon_main "$PIECE" "$@" ;;
+esac

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Kubeflow Training Operator v1 (PyTorchJob kubeflow.org/v1) in the test cluster, built here:
+#   image    the manager from its Go module (cmd/training-operator.v1), FROM scratch
+#   install  upstream's standalone overlay from the same module download (CRDs, RBAC, webhook,
+#            Deployment in `kubeflow`), copied into the state folder under a kustomize overlay
+#            that names the local image and gives PyTorchJob init containers the local busybox
+#            (they run nslookup of the master); then the user path's RBAC (manifests/rbac, as
+#            users apply it) and the `pipeline-runner` ServiceAccount it binds (KFP makes it on
+#            a full install). Waits for the operator and for its webhook to judge a PyTorchJob.
+#   verify   a real 2-node PyTorchJob (busybox containers): the webhook admits it, the worker's
+#            init container finds the master, both pods succeed; the job is deleted after.
+#   images   the tags it needs
+# The version is TRAINING_OPERATOR_VERSION (versions.env); the user path (manifests/
+# training-operator) must pin the same tag, or this refuses to run.
+set -euo pipefail
+# shellcheck source=hack/cluster/addons/common.sh
+source "$(dirname "$0")/common.sh"
+
+PIECE="training-operator"
+V="${TRAINING_OPERATOR_VERSION}"
+MODULE="github.com/kubeflow/training-operator"
+IMAGE="gpupipe.local/training-operator:v${V}"
+UPSTREAM_IMAGE="ghcr.io/kubeflow/training-v1/training-operator"
+NS=kubeflow
+
+# The user path applies the same release: a drift between the two is a bug.
+check_user_path() {
+  local k="${REPO_ROOT}/manifests/training-operator/kustomization.yaml"
+  grep -q "?ref=v${V}\$" "$k" ||
+    die "${PIECE}: ${k} does not pin v${V} (TRAINING_OPERATOR_VERSION): make them agree"
+}
+
+addon_images() {
+  echo "$IMAGE"
+  echo "$BUSYBOX_IMAGE"
+}
+
+addon_image() {
+  check_user_path
+  need_docker "$PIECE"
+  need_busybox_image "$PIECE"
+  local df="${ADDONS_HACK}/images/training-operator/Dockerfile" recipe
+  recipe="$(RECIPE_EXTRA="$V" recipe_of "$df")"
+  if image_current "$IMAGE" "$recipe"; then
+    say "${IMAGE} is built"
+    return 0
+  fi
+  go_install "$PIECE" training-operator "$V" "${MODULE}/cmd/training-operator.v1@v${V}" manager
+  local ctx
+  ctx="$(mktemp -d)"
+  cp "${BIN_DIR}/training-operator-${V}/manager" "$df" "$ctx/"
+  mkdir -m 1777 "${ctx}/tmp"
+  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
+  docker_build "$PIECE" "$IMAGE" "$recipe" "$ctx"
+  rm -rf "$ctx"
+}
+
+# The overlay in the state folder: upstream's manifests (a copy: the module cache is read-only and
+# kustomize wants the files under its root) plus our image, init-container image and account.
+write_overlay() {
+  local dir="$1" src
+  if [[ "$(cat "${dir}/upstream.version" 2>/dev/null)" != "$V" ]]; then
+    src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
+    rm -rf "${dir}/upstream"
+    mkdir -p "$dir"
+    cp -r "${src}/manifests" "${dir}/upstream"
+    chmod -R u+w "${dir}/upstream"
+    printf '%s' "$V" >"${dir}/upstream.version"
+  fi
+  cat >"${dir}/kustomization.yaml" <<YAML
+# Written by hack/cluster/addons/training-operator.sh: Kubeflow Training Operator v${V}, upstream's
+# standalone overlay (from the Go module download in ./upstream) with the locally built images.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - upstream/overlays/standalone
+images:
+  - name: ${UPSTREAM_IMAGE}
+    newName: ${IMAGE%:*}
+    newTag: ${IMAGE##*:}
+patches:
+  - target: {group: apps, version: v1, kind: Deployment, name: training-operator}
+    patch: |-
+      - op: add
+        path: /spec/template/spec/containers/0/args
+        value:
+          - --pytorch-init-container-image=${BUSYBOX_IMAGE}
+YAML
+}
+
+# A PyTorchJob for the webhook: NAME and the master's container image.
+pytorchjob() {
+  cat <<YAML
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata:
+  name: $1
+  namespace: ${NS}
+  labels: {app.kubernetes.io/part-of: gpupipe}
+spec:
+  runPolicy: {cleanPodPolicy: None, backoffLimit: 0}
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      restartPolicy: Never
+      template:
+        spec:
+          containers:
+            - name: pytorch
+              image: ${BUSYBOX_IMAGE}
+              command: ["sh", "-c", "echo master \$RANK of \$WORLD_SIZE at \$MASTER_ADDR:\$MASTER_PORT; sleep 5"]
+    Worker:
+      replicas: 1
+      restartPolicy: Never
+      template:
+        spec:
+          containers:
+            - name: pytorch
+              image: ${BUSYBOX_IMAGE}
+              command: ["sh", "-c", "echo worker \$RANK of \$WORLD_SIZE; nslookup \$MASTER_ADDR"]
+YAML
+}
+
+# The validating webhook answers: a valid PyTorchJob passes a server-side dry run (the webhook
+# fails closed, so a pass means it was asked) and an invalid name is refused by it.
+webhook_judges() {
+  pytorchjob gpupipe-webhook-probe | kubectl_ create --dry-run=server -f - >/dev/null 2>&1 || return 1
+  pytorchjob 1-not-a-dns-1035-label | kubectl_ create --dry-run=server -f - 2>&1 |
+    grep -q 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied'
+}
+
+addon_install() {
+  check_user_path
+  need_cluster "$PIECE"
+  local tag dir
+  for tag in $(addon_images); do import_image "$tag"; done
+  dir="$(addon_state "$PIECE")"
+  write_overlay "$dir"
+  apply_k "$PIECE" "$dir"
+  kubectl_ wait --for condition=established --timeout 60s crd/pytorchjobs.kubeflow.org >/dev/null ||
+    die "${PIECE}: the PyTorchJob CRD was not established within 60 s"
+  # The account KFP's steps run as (KFP's own manifests make it), then the user path's RBAC.
+  kubectl_ -n "$NS" create serviceaccount pipeline-runner --dry-run=client -o yaml |
+    kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null ||
+    die "${PIECE}: cannot create ServiceAccount ${NS}/pipeline-runner"
+  apply_k "$PIECE" "${REPO_ROOT}/manifests/rbac"
+  rollout "$PIECE" "$NS" training-operator 180
+  # The operator writes its own serving certificate into the Secret and the CA into the webhook
+  # configuration; the kubelet refreshes the mounted Secret within about a minute.
+  wait_for 180 webhook_judges ||
+    die "${PIECE}: the PyTorchJob webhook did not judge a dry-run job within 180 s (kubectl -n ${NS} logs deploy/training-operator)"
+  say "the PyTorchJob webhook admits a valid job and refuses an invalid name"
+}
+
+addon_verify() {
+  need_cluster "$PIECE"
+  local job=gpupipe-verify-pytorchjob
+  kubectl_ -n "$NS" delete pytorchjob "$job" --ignore-not-found --wait >/dev/null
+  pytorchjob "$job" | kubectl_ create -f - >/dev/null || die "${PIECE}: the webhook refused PyTorchJob ${NS}/${job}"
+  if ! kubectl_ -n "$NS" wait --for condition=Succeeded --timeout 180s "pytorchjob/${job}" >/dev/null 2>&1; then
+    kubectl_ -n "$NS" get pods -l "training.kubeflow.org/job-name=${job}" -o wide >&2 || true
+    die "${PIECE}: PyTorchJob ${NS}/${job} did not succeed within 180 s"
+  fi
+  say "PyTorchJob ${NS}/${job} succeeded; the worker's init container found the master:"
+  kubectl_ -n "$NS" logs "${job}-worker-0" -c init-pytorch | tail -n 3 | sed 's/^/      /'
+  kubectl_ -n "$NS" logs "${job}-worker-0" -c pytorch | head -n 1 | sed 's/^/      /'
+  kubectl_ -n "$NS" delete pytorchjob "$job" --wait >/dev/null
+}
+
+case "${1:-}" in
+verify) addon_verify ;;
+*) addon_main "$PIECE" "$@" ;;
+esac

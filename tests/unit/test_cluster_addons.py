@@ -1,0 +1,98 @@
+"""The test cluster's add-ons (hack/cluster/addons/) agree with the user path and with KFP 2.17.
+
+The scripts build each piece locally and install the same manifests users apply (manifests/), with
+only the image swapped; these checks keep the two from drifting apart, and hold the object store's
+manifests (KFP 2.17's SeaweedFS base, written out in hack/cluster/addons/object-store/) to the
+names KFP's backend looks for and to restricted Pod Security.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "hack" / "cluster"
+STORE = CLUSTER / "addons" / "object-store"
+
+
+def _versions() -> dict[str, str]:
+    pairs = re.findall(r"^([A-Z0-9_]+)=(\S+)$", (CLUSTER / "versions.env").read_text(), re.M)
+    return dict(pairs)
+
+
+VERSIONS = _versions()
+
+
+def _store_objects() -> list[dict[str, Any]]:
+    spec = yaml.safe_load((STORE / "kustomization.yaml").read_text())
+    assert set(spec) <= {"apiVersion", "kind", "namespace", "resources"}, sorted(spec)
+    objects = []
+    for name in spec["resources"]:
+        for obj in yaml.safe_load_all((STORE / name).read_text()):
+            if obj:
+                obj["metadata"]["namespace"] = spec["namespace"]
+                objects.append(obj)
+    return objects
+
+
+STORE_OBJECTS = {(o["kind"], o["metadata"]["name"]): o for o in _store_objects()}
+
+
+def test_training_operator_version_is_the_user_paths() -> None:
+    text = (ROOT / "manifests" / "training-operator" / "kustomization.yaml").read_text()
+    assert f"?ref=v{VERSIONS['TRAINING_OPERATOR_VERSION']}\n" in text
+
+
+def test_mlflow_version_is_the_user_paths() -> None:
+    text = (ROOT / "manifests" / "mlflow" / "deployment.yaml").read_text()
+    assert f"image: ghcr.io/mlflow/mlflow:v{VERSIONS['MLFLOW_VERSION']}\n" in text
+
+
+def test_seaweedfs_version_is_the_wrapper_modules_and_the_manifests() -> None:
+    gomod = (CLUSTER / "gomod" / "seaweedfs" / "go.mod").read_text()
+    module = f"github.com/seaweedfs/seaweedfs {VERSIONS['SEAWEEDFS_MODULE_VERSION']}"
+    assert f"require {module}\n" in gomod
+    pod = STORE_OBJECTS[("Deployment", "seaweedfs")]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == f"ghcr.io/chrislusf/seaweedfs:{VERSIONS['SEAWEEDFS_VERSION']}"
+
+
+@pytest.mark.parametrize("key", sorted(STORE_OBJECTS), ids=lambda k: f"{k[0]}/{k[1]}")
+def test_store_resource_validates_against_kubernetes_schema(key: tuple[str, str]) -> None:
+    obj = STORE_OBJECTS[key]
+    try:
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+    except kubernetes_validate.ValidationError as e:
+        pytest.fail(f"{key}: {e.message} at {list(e.path)}")
+
+
+def test_store_has_the_names_kfp_looks_for() -> None:
+    service = STORE_OBJECTS[("Service", "minio-service")]
+    assert service["metadata"]["namespace"] == "kubeflow"
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(9000, 8333)]
+    secret = STORE_OBJECTS[("Secret", "mlpipeline-minio-artifact")]
+    assert set(secret["stringData"]) == {"accesskey", "secretkey"}
+    template = STORE_OBJECTS[("Deployment", "seaweedfs")]["spec"]["template"]
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    pod = template["spec"]
+    hook = pod["containers"][0]["lifecycle"]["postStart"]["exec"]["command"][-1]
+    assert "s3.bucket.create --name mlpipeline" in hook
+    assert "-access_key $accesskey -secret_key $secretkey -actions Admin" in hook
+    claim = pod["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    assert ("PersistentVolumeClaim", claim) in STORE_OBJECTS
+
+
+def test_store_meets_restricted_pod_security() -> None:
+    pod = STORE_OBJECTS[("Deployment", "seaweedfs")]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert "limits" in c["resources"]
