@@ -97,7 +97,8 @@ cluster-up: ## single-node Kubernetes as host processes, built from upstream, wi
 
 .PHONY: test-cluster
 test-cluster: setup ## bring the test cluster up (hack/cluster-up.sh) and run tests/cluster
-	hack/cluster-up.sh
+	@# Exit 3: a piece cannot run on this machine; the tests skip with cluster-up's reason.
+	hack/cluster-up.sh || [ $$? -eq 3 ]
 	$(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS)
 
 .PHONY: cluster-down

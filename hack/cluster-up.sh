@@ -222,5 +222,6 @@ for a in $addons; do
 done
 
 stage ""
+rm -f "$UNAVAILABLE_FILE"
 printf '==> cluster ready in %d s (state: %s)\n' "$((SECONDS - total_start))" "$STATE"
 echo "export KUBECONFIG=${KUBECONFIG_ADMIN}"

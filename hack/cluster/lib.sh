@@ -38,9 +38,12 @@ stage() {
 
 say() { printf '    %s\n' "$*"; }
 
-# One line naming the piece and why, then exit 3 (the cluster tests skip on it).
+# One line naming the piece and why, then exit 3. The line is kept in UNAVAILABLE_FILE too: the
+# cluster tests skip with it (tests/cluster/kube.py); a cluster-up that gets through removes it.
+UNAVAILABLE_FILE="${TMPDIR:-/tmp}/gpupipe-cluster.unavailable"
 cannot() {
   printf 'error: cluster: %s\n' "$*" >&2
+  printf '%s\n' "$*" >"$UNAVAILABLE_FILE" 2>/dev/null || true
   exit 3
 }
 
@@ -86,6 +89,7 @@ wait_for() {
 
 # The node's own images (hack/cluster/node-images.sh), imported into containerd under these names.
 PAUSE_IMAGE="gpupipe.local/pause:3.10"
-BUSYBOX_IMAGE="gpupipe.local/busybox:1.35.0"
+# Debian's busybox-static 1.35.0; "-gpupipe.1": its nslookup works through search domains.
+BUSYBOX_IMAGE="gpupipe.local/busybox:1.35.0-gpupipe.2"
 COREDNS_IMAGE="gpupipe.local/coredns:${COREDNS_VERSION}"
 NODE_NAME="${GPUPIPE_NODE_NAME:-gpupipe-node}"

@@ -75,9 +75,9 @@ def apply(obj: dict[str, Any] | str) -> None:
 
 def unavailable() -> str | None:
     """Why the cluster cannot be used (None when its API server answers)."""
-    reason = os.environ.get("GPUPIPE_CLUSTER_UNAVAILABLE")
-    if reason:
-        return reason
+    why = Path(os.environ.get("TMPDIR", "/tmp")) / "gpupipe-cluster.unavailable"
+    if why.exists():
+        return f"hack/cluster-up.sh: {why.read_text().strip()}"
     if not KUBECTL.exists() or not KUBECONFIG.exists():
         return f"no test cluster ({KUBECONFIG} is missing): make cluster-up starts one"
     proc = kubectl("get", "--raw", "/readyz", check=False, timeout=20)

@@ -305,7 +305,9 @@ def test_readme_hyperparams_example_is_accepted(capsys: pytest.CaptureFixture[st
 # --- failures inside a step: real kfp.local runs ----------------------------------------------
 
 
-def test_step_that_rejects_the_data_fails_the_run_with_its_own_line(workspace: Path) -> None:
+def test_data_preprocess_would_reject_is_refused_before_any_step(workspace: Path) -> None:
+    # Missing target values: preprocess refuses them, and the pre-step look at the data
+    # (trainer/steps/inspect_data.py) says so before any step runs or any run folder exists.
     table = workspace / "no-labels.csv"
     table.write_text("a,b,y\n1,2,\n3,4,\n5,6,\n")
     root = workspace.parent / "root"
@@ -315,12 +317,10 @@ def test_step_that_rejects_the_data_fails_the_run_with_its_own_line(workspace: P
         cwd=workspace,
     )
     assert out.code == 2, out.stderr[-3000:]
-    assert out.last_error.startswith("ERROR [preprocess] E_TARGET: "), out.stderr[-2000:]
-    assert str(table) in out.last_error
-    s = out.json
-    assert s["state"] == "FAILED" and s["failed_step"] == "preprocess"
-    assert s["error"] == out.last_error and s["exit_code"] == 2
-    assert "model_uri" not in s
+    assert out.last_error.startswith("ERROR [gpupipe run] E_TARGET: "), out.stderr[-2000:]
+    assert "missing values" in out.last_error and str(table) in out.last_error
+    assert out.json == {"state": "REJECTED", "error": out.last_error, "exit_code": 2}
+    assert not root.exists(), "a refused run created its root"
     assert snapshot(workspace) == before
 
 
