@@ -3,8 +3,8 @@
 Cluster settings live here, in one place: GPU limits and accelerator type on the train step,
 CPU and memory on every step, caching (on for preprocess, configurable for train, off for
 register), retries with exponential backoff where a retry pays, a memory-backed ``/dev/shm``,
-GPU tolerations and node selector, and object-store credentials from a Kubernetes secret. ``kfp.local`` ignores the
-Kubernetes settings; the compiled YAML carries them to the cluster.
+GPU tolerations and node selector, and object-store credentials from a Kubernetes secret.
+``kfp.local`` ignores the Kubernetes settings; the compiled YAML carries them to the cluster.
 
 Retries (:data:`RETRIED`): KFP 2.17's ``set_retry`` takes only a count and a backoff, and the
 compiled ``retryPolicy`` (``maxRetryCount``, ``backoffDuration``, ``backoffFactor``,

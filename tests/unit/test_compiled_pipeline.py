@@ -26,7 +26,7 @@ TRAIN_IN_STEP = "train"
 TRAINS = (TRAIN_ON_CLUSTER, TRAIN_IN_STEP)
 STEPS = ("preprocess", "tune", *TRAINS, "evaluate", "register", "notify")
 RETRIED_STEPS = ("tune", *TRAINS, "register")
-"""Steps a retry can help: resumable (train, tune), re-attaching (the launcher), network (register)."""
+"""Steps a retry can help: resumable (train, tune), re-attaching (launcher), network (register)."""
 NOT_RETRIED_STEPS = ("preprocess", "evaluate", "notify")
 """KFP retries any failure, and these fail on bad input (exit 2, permanent) or a bug."""
 NO_GPU_STEPS = tuple(s for s in STEPS if s != TRAIN_IN_STEP)
