@@ -115,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "only local runs (--local, kfp.local here) or cluster runs (--host URL) exist: add one",
             "gpupipe run",
         )
-    from pipelines.local import run_local
+    from pipelines.local import RunInterrupted, run_local
     from pipelines.local_docker import parse_image_overrides
 
     try:
@@ -133,6 +133,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner=args.runner or "subprocess",
             image_overrides=parse_image_overrides(args.image_override),
         )
+    except RunInterrupted as e:
+        if args.json:  # every exit prints the JSON line, a stopped run too
+            print(json.dumps(e.summary, sort_keys=True), flush=True)
+        raise
     except (ValueError, FileNotFoundError) as e:
         if args.json:  # refused before any step: the JSON line says so too
             line = error_line("gpupipe run", e)
