@@ -51,7 +51,7 @@ def last_line(text: str) -> str:
 @pytest.fixture
 def table(tmp_path: Path) -> Path:
     df = pd.DataFrame({"x1": [float(i % 7) for i in range(200)], "x2": list(range(200))})
-    df["y"] = [i % 2 for i in range(200)]
+    df["y"] = [int(i % 7 >= 3) for i in range(200)]  # learnable: the gate passes
     path = tmp_path / "table.parquet"
     df.to_parquet(path)
     return path
