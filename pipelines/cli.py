@@ -15,6 +15,34 @@ if TYPE_CHECKING:
     from pipelines.cluster import KfpCluster
 
 DEFAULT_ROOT = ".runs/local"
+DEFAULT_COMPILED = "pipelines/compiled"
+DEFAULT_COMPONENTS = "components"
+DEFAULT_TIMEOUT_S = 6 * 3600.0
+"""How long ``run --host --wait`` waits by default."""
+DEFAULT_EXPERIMENT = "gpupipe"
+DEFAULT_REGISTRY_TIMEOUT_S = 5.0
+
+# ``gpupipe run`` serves two front doors with one parser: each flag belongs to one of them, and a
+# flag given to the other is refused rather than silently ignored. (dest, flag) pairs; the
+# parser's default for each is None (or an empty list / False), so "given" means "not that".
+CLUSTER_ONLY_FLAGS = (
+    ("token", "--token"),
+    ("namespace", "--namespace"),
+    ("pipeline", "--pipeline"),
+    ("version", "--version"),
+    ("compiled", "--compiled"),
+    ("experiment", "--experiment"),
+    ("run_name", "--run-name"),
+    ("wait", "--wait"),
+    ("timeout", "--timeout"),
+)
+LOCAL_ONLY_FLAGS = (
+    ("root", "--root"),
+    ("json", "--json"),
+    ("registry_timeout", "--registry-timeout"),
+    ("runner", "--runner"),
+    ("image_override", "--image-override"),
+)
 
 
 def _params(pairs: list[str]) -> dict[str, Any]:
@@ -38,18 +66,47 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     from pipelines.compile import compile_all
 
-    for flag, value in (("--out", args.out), ("--components-dir", args.components_dir)):
-        path = Path(value)
-        if path.exists() and not path.is_dir():
+    out, components_dir = args.out, args.components_dir
+    if out is None and components_dir is None:  # `gpupipe compile`: the golden files
+        out, components_dir = DEFAULT_COMPILED, DEFAULT_COMPONENTS
+    for flag, value in (("--out", out), ("--components-dir", components_dir)):
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
             raise InputError("E_PATH", f"{flag} must be a folder, but a file is there", value)
-    for path in compile_all(Path(args.out), components_dir=Path(args.components_dir)):
+    written = compile_all(
+        Path(out) if out is not None else None,
+        components_dir=Path(components_dir) if components_dir is not None else None,
+    )
+    for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def _given(args: argparse.Namespace, flags: tuple[tuple[str, str], ...]) -> list[str]:
+    """The flags among ``flags`` that were given on the command line."""
+    return [flag for dest, flag in flags if getattr(args, dest, None) not in (None, False, [])]
+
+
+def _refuse_flags_of_the_other_mode(args: argparse.Namespace) -> None:
+    """A flag that only the other kind of run reads is an error, never silently ignored."""
+    if args.local:
+        stray, mode, other = _given(args, CLUSTER_ONLY_FLAGS), "--local", "cluster runs (--host)"
+    else:
+        stray, mode, other = _given(args, LOCAL_ONLY_FLAGS), "--host", "local runs (--local)"
+    if stray:
+        verb = "applies" if len(stray) == 1 else "apply"
+        raise InputError(
+            "E_PARAM",
+            f"{', '.join(stray)} only {verb} to {other}, not to a {mode} run: drop "
+            f"{'it' if len(stray) == 1 else 'them'}",
+            stray[0],
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.local and args.host:
         raise InputError("E_PARAM", "pick one of --local and --host", "gpupipe run")
+    if args.local or args.host:
+        _refuse_flags_of_the_other_mode(args)
     if args.host:
         return _run_on_cluster(args)
     if not args.local:
@@ -58,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "only local runs (--local, kfp.local here) or cluster runs (--host URL) exist: add one",
             "gpupipe run",
         )
-    from pipelines.local import run_local
+    from pipelines.local import RunInterrupted, run_local
     from pipelines.local_docker import parse_image_overrides
 
     try:
@@ -66,12 +123,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             data=args.data,
             target=args.target,
             params=_params(args.param),
-            root=Path(args.root),
+            root=Path(args.root or DEFAULT_ROOT),
             quiet=args.json,
-            registry_timeout_s=args.registry_timeout,
-            runner=args.runner,
+            registry_timeout_s=(
+                DEFAULT_REGISTRY_TIMEOUT_S
+                if args.registry_timeout is None
+                else args.registry_timeout
+            ),
+            runner=args.runner or "subprocess",
             image_overrides=parse_image_overrides(args.image_override),
         )
+    except RunInterrupted as e:
+        if args.json:  # every exit prints the JSON line, a stopped run too
+            print(json.dumps(e.summary, sort_keys=True), flush=True)
+        raise
     except (ValueError, FileNotFoundError) as e:
         if args.json:  # refused before any step: the JSON line says so too
             line = error_line("gpupipe run", e)
@@ -140,13 +205,15 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
         raise InputError(
             "E_PARAM", "--version names an uploaded version: drop --compiled", "--version"
         )
-    if args.timeout <= 0:
+    timeout_s = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
+    if timeout_s <= 0:
         raise InputError("E_PARAM", f"--timeout must be > 0, got {args.timeout}", "--timeout")
+    experiment = args.experiment or DEFAULT_EXPERIMENT
     compiled = compile_training_pipeline() if args.compiled else None
     cluster = _cluster(args)
     pipeline = args.pipeline or _default_pipeline()
     version = None if compiled else cluster.resolve_version(pipeline, args.version)
-    experiment_id = cluster.experiment_id(args.experiment)
+    experiment_id = cluster.experiment_id(experiment)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_id = cluster.start_run(
         display_name=args.run_name or f"{pipeline}-{stamp}",
@@ -156,12 +223,12 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
         pipeline_spec=compiled.pipeline_spec() if compiled else None,
     )
     source = "freshly compiled YAML" if compiled else f"pipeline {pipeline!r} version {version[1]}"
-    print(f"started run {run_id} of {source} in experiment {args.experiment!r}")
+    print(f"started run {run_id} of {source} in experiment {experiment!r}")
     print(f"  {cluster.run_link(run_id)}")
     if not args.wait:
         return 0
     run = cluster.wait(
-        run_id, timeout_s=args.timeout, on_state=lambda s: print(f"  run {run_id}: {s}", flush=True)
+        run_id, timeout_s=timeout_s, on_state=lambda s: print(f"  run {run_id}: {s}", flush=True)
     )
     if run.state == "SUCCEEDED":
         print(f"run {run_id} SUCCEEDED")
@@ -328,18 +395,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo-data", help="write a realistic synthetic table")
-    p.add_argument("--out", required=True, help="file to write (.parquet or .csv; any URI)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="file to write (.parquet or .csv; any URI); an existing file is replaced only if "
+        "gpupipe wrote it",
+    )
     p.add_argument("--rows", type=int, default=10_000)
     p.add_argument("--task", choices=["classification", "regression"], default="classification")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo_data)
 
-    p = sub.add_parser("compile", help="compile every pipeline and component to YAML")
-    p.add_argument("--out", default="pipelines/compiled", help="folder for pipeline YAML")
+    p = sub.add_parser(
+        "compile",
+        help="compile every pipeline and component to YAML",
+        description="Compile the pipeline and its components to YAML. With neither flag: the "
+        f"golden files ({DEFAULT_COMPILED}/ and {DEFAULT_COMPONENTS}/<name>/component.yaml); "
+        "with one, only that output. A file gpupipe did not write is never overwritten.",
+    )
+    p.add_argument("--out", help=f"folder for pipeline YAML (default {DEFAULT_COMPILED})")
     p.add_argument(
         "--components-dir",
-        default="components",
-        help="folder whose <name>/component.yaml files are (re)written",
+        help="folder whose <name>/component.yaml files are (re)written "
+        f"(default {DEFAULT_COMPONENTS}, only when --out is not given either)",
     )
     p.set_defaults(func=cmd_compile)
 
@@ -360,7 +438,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="kubeflow", help="namespace of the resource")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("run", help="run the training pipeline")
+    p = sub.add_parser(
+        "run",
+        help="run the training pipeline",
+        description="Run the training pipeline here (--local, kfp.local) or on a KFP cluster "
+        "(--host URL). Flags of the other kind of run are refused.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
+    p.add_argument(
+        "-h", "--help", action=_RunHelp, nargs=0, help="show this help and the pipeline parameters"
+    )
     p.add_argument("--local", action="store_true", help="run here with kfp.local (no cluster)")
     p.add_argument("--data", help="data URI (default: a generated demo table)")
     p.add_argument("--target", help="target column (default: the demo table's)")
@@ -371,21 +459,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="pipeline parameter, e.g. epochs=3 (repeatable)",
     )
-    p.add_argument("--root", default=DEFAULT_ROOT, help="where outputs, cache and registry go")
-    p.add_argument("--json", action="store_true", help="last stdout line: the summary as JSON")
+    p.add_argument(
+        "--root", help=f"--local: where outputs, cache and registry go (default {DEFAULT_ROOT})"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="--local: last stdout line: the summary as JSON"
+    )
     p.add_argument(
         "--registry-timeout",
         type=float,
-        default=5.0,
         metavar="SECONDS",
-        help="how long --local waits for a registry server to answer before any step runs",
+        help="how long --local waits for a registry server to answer before any step runs "
+        f"(default {DEFAULT_REGISTRY_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--runner",
         choices=["subprocess", "docker"],
-        default="subprocess",
-        help="--local: run the steps as host processes, or each in its image (Docker engine, "
-        "the pod's security settings; make images first)",
+        help="--local: run the steps as host processes (default: subprocess), or each in its "
+        "image (Docker engine, the pod's security settings; make images first)",
     )
     p.add_argument(
         "--image-override",
@@ -402,12 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run freshly compiled YAML (sent inline) instead of an uploaded version",
     )
-    p.add_argument("--experiment", default="gpupipe", help="experiment (created when missing)")
+    p.add_argument(
+        "--experiment", help=f"experiment (created when missing; default {DEFAULT_EXPERIMENT})"
+    )
     p.add_argument("--run-name", help="display name of the run (default: <pipeline>-<UTC time>)")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 1 if it fails")
-    p.add_argument(
-        "--timeout", type=float, default=6 * 3600, help="seconds --wait waits (default 6 h)"
-    )
+    p.add_argument("--timeout", type=float, help="seconds --wait waits (default 6 h)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("upload", help="upload the training pipeline to KFP (idempotent)")
@@ -435,6 +526,37 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--list", action="store_true", help="list schedules and next fire times")
     p.set_defaults(func=cmd_schedule)
     return parser
+
+
+class _RunHelp(argparse.Action):
+    """``gpupipe run --help``: the flags, then every pipeline parameter with its default.
+
+    The parameters come from the pipeline's own signature (importing kfp), so they are read
+    only when help is asked for.
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser.epilog = parameters_help()
+        parser.print_help()
+        parser.exit()
+
+
+def parameters_help() -> str:
+    """The pipeline parameters as ``--help`` lists them: name, type, default, what it is."""
+    import textwrap
+
+    from pipelines.training import training_pipeline
+
+    lines = ["pipeline parameters (--param NAME=VALUE; tune.enabled means tune_enabled):"]
+    for name, spec in training_pipeline.component_spec.inputs.items():
+        if spec.default is None and not spec.optional:
+            default = "required (--data)" if name == "data_uri" else "required"
+        else:
+            default = f"default {json.dumps(spec.default)}"
+        lines.append(f"  {name} ({str(spec.type).lower()}, {default})")
+        text = " ".join((spec.description or "").replace("``", "").split())
+        lines += textwrap.wrap(text, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
 
 
 def _cluster_args(p: argparse.ArgumentParser, *, required: bool) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.params import check_parameters, parameter_types
-from trainer.errors import InputError, parse_error_line
+from trainer.errors import NOT_INPUT_CODES, InputError, parse_error_line
 from trainer.redact import redact as _redact
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,9 @@ ROOT_MARKER = ".gpupipe-root.json"
 """Written into a ``--root`` the suite created; a folder without it is never written into."""
 REGISTRY_TIMEOUT_S = 5.0
 """How long the pre-flight check waits for a registry server to answer."""
-EXTERNAL_CODES = frozenset({"E_EXTERNAL", "E_INTERNAL", "E_FAILED"})
-"""Codes of failures that are not the user's input: the run then exits 1, not 2."""
+EXTERNAL_CODES = NOT_INPUT_CODES
+"""Codes of failures that are not the user's input (a registry or object store, a training run
+that cannot go on, a full disk): the run then exits 1, not 2."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _KFP_FAILURE = re.compile(r"finished with status FAILURE\. Inner task failed: (?P<chain>.*)\.$")
@@ -419,14 +420,18 @@ def run_local(
     step_log = _StepLog(sys.stderr if quiet else sys.stdout)
     failure: tuple[str, list[str]] | None = None
     try:
-        with _sigterm_as_interrupt(), contextlib.redirect_stdout(step_log):
+        with (
+            _sigterm_as_interrupt(),
+            _run_tmpdir(pipeline_root),
+            contextlib.redirect_stdout(step_log),
+        ):
             try:
                 training_pipeline(**arguments)
             finally:
                 step_log.close_line()
     except KeyboardInterrupt:
         stop_children()
-        raise
+        raise RunInterrupted(_interrupted_summary(pipeline_root, run_id)) from None
     except RuntimeError as e:
         failure = _failed_task(str(e))
         if failure is None:
@@ -444,6 +449,69 @@ def run_local(
     else:
         summary.update(_failure_details(failure, step_log))
     return summary
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run; ``summary`` says what it had done and saved."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        super().__init__("interrupted")
+        self.summary = summary
+
+
+INTERRUPTED_ERROR = "ERROR [gpupipe run] E_INTERRUPTED: interrupted; steps stopped"
+
+
+def _interrupted_summary(pipeline_root: Path, run_id: str) -> dict[str, Any]:
+    """The summary of a stopped run: its folder, what finished, the checkpoints it left."""
+    from pipelines.training import PIPELINE_NAME
+
+    runs = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*"))
+    summary: dict[str, Any] = summarize(runs[-1]) if runs else {"run_dir": str(pipeline_root)}
+    checkpoints = sorted(
+        str(marker.parent)
+        for marker in pipeline_root.glob("*/*/*-work/checkpoints/step-*/COMPLETE.json")
+    )
+    summary.update(
+        state="INTERRUPTED",
+        run_id=run_id,
+        exit_code=130,
+        error=INTERRUPTED_ERROR,
+        checkpoints=checkpoints,
+        finished_steps=sorted(
+            p.parent.name for p in pipeline_root.glob("*/*/executor_output.json")
+        ),
+    )
+    return summary
+
+
+@contextlib.contextmanager
+def _run_tmpdir(pipeline_root: Path) -> Iterator[Path]:
+    """Point every temporary file of the run (steps, the component launcher, torchrun's and
+    torchelastic's folders, a downloaded champion) at ``<run folder>/tmp``, and remove it after.
+
+    Child processes read ``TMPDIR``; this process's :mod:`tempfile` caches its folder, so the
+    cache is reset on the way in and out. A run leaves nothing in the system's temporary folder.
+    """
+    import shutil
+    import tempfile
+
+    tmp = pipeline_root / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")}
+    for key in saved:
+        os.environ[key] = str(tmp)
+    tempfile.tempdir = None
+    try:
+        yield tmp
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        tempfile.tempdir = None
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _prepare_registry(uri: str) -> None:

@@ -9,6 +9,7 @@ any request is sent, with one line that names the pipeline parameter (``E_PARAM`
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 from collections.abc import Callable
@@ -48,6 +49,17 @@ def parameter_types() -> dict[str, tuple[str, Any, bool]]:
         name: (str(inputs[name].type), default, bool(inputs[name].optional))
         for name, default in pipeline_parameters().items()
     }
+
+
+def unknown_parameter(key: str, known: dict[str, Any] | set[str]) -> InputError:
+    """E_PARAM for an unknown parameter name: the nearest names, or every name when none is near."""
+    alias = key.replace(ALIASES_SEPARATOR, "_")
+    close = difflib.get_close_matches(alias, sorted(known), n=3, cutoff=0.6)
+    if close:
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? (gpupipe run --help lists all)"
+    else:
+        hint = f"known: {', '.join(sorted(known))}"
+    return InputError("E_PARAM", f"unknown pipeline parameter {key!r}; {hint}", "--param")
 
 
 def canonical_name(key: str, known: dict[str, Any] | set[str]) -> str:
@@ -138,11 +150,7 @@ def typed_parameters(pairs: list[str], *, require: bool = True) -> dict[str, Any
         key, value = split_pair(pair)
         key = canonical_name(key, types)
         if key not in types:
-            raise InputError(
-                "E_PARAM",
-                f"unknown pipeline parameter {key!r}; known: {', '.join(sorted(types))}",
-                "--param",
-            )
+            raise unknown_parameter(key, types)
         if key in out:
             raise InputError("E_PARAM", f"parameter {key} is given twice", key)
         out[key] = _typed(key, types[key][0], value)
@@ -406,11 +414,7 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
     types = parameter_types()
     unknown = sorted(set(params) - set(types))
     if unknown:
-        raise InputError(
-            "E_PARAM",
-            f"unknown pipeline parameter {unknown[0]!r}; known: {', '.join(sorted(types))}",
-            "--param",
-        )
+        raise unknown_parameter(unknown[0], types)
     full = {name: default for name, (_, default, _) in types.items()}
     for name, value in params.items():
         full[name] = typed_value(name, value, types[name][0]) if value is not None else None

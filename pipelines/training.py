@@ -2,9 +2,20 @@
 
 Cluster settings live here, in one place: GPU limits and accelerator type on the train step,
 CPU and memory on every step, caching (on for preprocess, configurable for train, off for
-register), retries with exponential backoff, a memory-backed ``/dev/shm``, GPU tolerations and
-node selector, and object-store credentials from a Kubernetes secret. ``kfp.local`` ignores the
-Kubernetes settings; the compiled YAML carries them to the cluster.
+register), retries with exponential backoff where a retry pays, a memory-backed ``/dev/shm``,
+GPU tolerations and node selector, and object-store credentials from a Kubernetes secret.
+``kfp.local`` ignores the Kubernetes settings; the compiled YAML carries them to the cluster.
+
+Retries (:data:`RETRIED`): KFP 2.17's ``set_retry`` takes only a count and a backoff, and the
+compiled ``retryPolicy`` (``maxRetryCount``, ``backoffDuration``, ``backoffFactor``,
+``backoffMaxDuration``) retries a task on *any* failure of its main container: the DSL cannot
+reach Argo's ``retryStrategy.expression``, so no retry can be limited to retryable exit codes.
+A step that rejects its input exits 2 (permanent by our own rules) and would run three times.
+So only the steps where a retry pays are retried: train (it resumes from its newest checkpoint,
+and a killed or preempted training pod is the common failure), the train launcher (it
+re-attaches to its job by name), tune (it resumes its study) and register (network calls to the
+registry; idempotent per pipeline run). Preprocess and evaluate read only the pipeline's own
+inputs and artifacts: their failures are bad input or a bug, which a retry repeats.
 """
 
 from dataclasses import dataclass
@@ -41,7 +52,10 @@ RESOURCES = {
 }
 
 RETRIES = 2
-"""Retries per step; the train step's retry resumes from the job's newest checkpoint."""
+"""Retries of each step in :data:`RETRIED`; the train step's retry resumes from the job's newest
+checkpoint."""
+RETRIED = frozenset({"train", "train-launcher", "tune", "register"})
+"""The steps a retry can help (see the module docstring): the rest fail once, at once."""
 BACKOFF = {"backoff_duration": "30s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
 TRAIN_CACHING = False
 """Caching of the train step. Off by default: a cached train step would skip training whenever
@@ -62,7 +76,7 @@ def _configure(
     r = RESOURCES[step]
     task.set_cpu_request(r.cpu_request).set_cpu_limit(r.cpu_limit)
     task.set_memory_request(r.memory_request).set_memory_limit(r.memory_limit)
-    if retries > 0:
+    if retries > 0 and step in RETRIED:
         task.set_retry(num_retries=retries, **BACKOFF)
     kubernetes.use_secret_as_env(
         task, secret_name=object_store_secret, secret_key_to_env=OBJECT_STORE_ENV

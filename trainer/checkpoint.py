@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import io
 import logging
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from trainer import outputs, storage
+from trainer.errors import disk_full, is_disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -173,15 +175,25 @@ class CheckpointManager:
         name = _dir_name(step)
         final, tmp, aside = (self._uri(name + suffix) for suffix in ("", ".tmp", ".replaced"))
         entries = dict(files or {})
-        entries[STATE_FILE] = _write_state(storage.join(tmp, STATE_FILE), state)
-        marker = {
-            "step": step,
-            "files": entries,
-            "format": FORMAT,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        storage.write_json(storage.join(tmp, MARKER_FILE), marker)
-        storage.fsync_dir(tmp)
+        try:
+            entries[STATE_FILE] = _write_state(storage.join(tmp, STATE_FILE), state)
+            marker = {
+                "step": step,
+                "files": entries,
+                "format": FORMAT,
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+            storage.write_json(storage.join(tmp, MARKER_FILE), marker)
+            storage.fsync_dir(tmp)
+        except BaseException as e:
+            # Nothing half-written stays behind (a full disk would stay full, too).
+            local = _local_file(tmp)
+            full = is_disk_full(e, local) if local is not None else is_disk_full(e)
+            with contextlib.suppress(Exception):
+                storage.delete(tmp)
+            if full and isinstance(e, Exception):
+                raise disk_full(f"checkpoint step {step}", local or tmp) from e
+            raise
 
         if storage.exists(final):
             # A rename onto a non-empty directory fails, and deleting first would leave a window

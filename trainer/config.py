@@ -10,6 +10,7 @@ the JSON that components hand to the training job.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -504,9 +505,12 @@ def _from_dict(cls: type[T], data: dict[str, Any], path: str) -> T:
     prefix = f"{path}." if path else ""
     unknown = sorted(set(data) - set(fields))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(fields), n=3, cutoff=0.6)
+        mean = f"did you mean {' or '.join(prefix + c for c in close)}? " if close else ""
         raise InputError(
             "E_CONFIG",
-            f"unknown config key {prefix}{unknown[0]}; known keys: {', '.join(sorted(fields))}",
+            f"unknown config key {prefix}{unknown[0]}; {mean}known keys: "
+            f"{', '.join(sorted(fields))}",
             f"{prefix}{unknown[0]}",
         )
     kwargs = {name: coerce(value, hints[name], prefix + name) for name, value in data.items()}

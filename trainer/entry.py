@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from trainer import redact
-from trainer.errors import EXIT_BAD_INPUT, error_line
+from trainer.errors import DISK_FULL_CODE, EXIT_BAD_INPUT, error_line, is_disk_full
 
 T = TypeVar("T")
 
@@ -37,6 +37,12 @@ def run_guarded(step: str, fn: Callable[[], T]) -> T:
     redact.install()
     try:
         return fn()
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) or not is_disk_full(e):
+            raise
+        # A full disk is the machine's problem, not the input's: exit 1, never 2.
+        print(error_line(step, e, default_code=DISK_FULL_CODE), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except (ValueError, FileNotFoundError) as e:
         print(error_line(step, e), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_BAD_INPUT) from None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import shutil
 
 from trainer.redact import redact
 
@@ -28,7 +31,7 @@ class InputError(ValueError):
         self.where = where
 
 
-NOT_INPUT_CODES = frozenset({"E_TRAIN", "E_EXTERNAL", "E_FAILED", "E_INTERNAL"})
+NOT_INPUT_CODES = frozenset({"E_TRAIN", "E_EXTERNAL", "E_FAILED", "E_INTERNAL", "E_DISK_FULL"})
 """Codes of failures that are not the user's input (a run that cannot go on, a failing
 registry or object store): exit 1, never 2."""
 
@@ -39,6 +42,57 @@ class StepFailure(RuntimeError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+DISK_FULL_CODE = "E_DISK_FULL"
+"""A write failed because its filesystem is full: the machine's problem, not the input (exit 1)."""
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException, path: str | None = None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a full filesystem.
+
+    An ``OSError`` carries ENOSPC or EDQUOT. torch's zip writer loses the errno (``enforce fail
+    at inline_container.cc ... unexpected pos``), so for any other error ``path``'s filesystem
+    is asked directly: less than 1 MiB free counts as full.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL_ERRNOS:
+            return True
+        if "No space left on device" in str(seen) or "Disk quota exceeded" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return path is not None and free_bytes(path) < 1 << 20
+
+
+def free_bytes(path: str) -> int:
+    """Bytes free on the filesystem holding ``path`` (its nearest existing ancestor)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return 1 << 62
+
+
+def disk_full(what: str, path: str) -> StepFailure:
+    """The one-line failure for a write of ``what`` into ``path`` that found the disk full."""
+    real = os.path.realpath(path)
+    mount = real
+    while not os.path.ismount(mount) and os.path.dirname(mount) != mount:
+        mount = os.path.dirname(mount)
+    try:
+        usage = shutil.disk_usage(mount)
+        size = f"{usage.free // 1024} KiB free of {usage.total // (1 << 20)} MiB"
+    except OSError:
+        size = "size unknown"
+    return StepFailure(
+        DISK_FULL_CODE,
+        f"no space left on the filesystem at {mount} ({size}) while writing {what}; the "
+        f"partial files were removed: free space there, then run again ({path})",
+    )
 
 
 def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -> str:

@@ -166,9 +166,40 @@ def write_output_file(
     Raises:
         InputError: ``E_OUTPUT`` naming the path, if ``uri`` may not be written.
     """
-    check_output_location(uri, step, inputs=inputs, kind="file")
-    storage.write_json(marker_uri(uri, "file"), marker(step))
-    storage.write_bytes(uri, data.encode("utf-8") if isinstance(data, str) else data)
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    claim_output_file(uri, step, inputs=inputs, same_as=blob)
+    storage.write_bytes(uri, blob)
+
+
+def claim_output_file(
+    uri: str,
+    step: str,
+    *,
+    inputs: Mapping[str, str | None] | None = None,
+    same_as: bytes | None = None,
+) -> None:
+    """Check file output ``uri`` of ``step`` and mark it as ``step``'s before it is written.
+
+    Allowed as :func:`check_output_location` allows it, and also an unmarked file whose bytes
+    are exactly ``same_as`` (writing it changes nothing a person owns: the same demo table, the
+    same compiled YAML). An existing marker of the same step is kept as it is, so re-writing a
+    committed file (a golden YAML) leaves its marker unchanged.
+
+    Raises:
+        InputError: ``E_OUTPUT`` naming the path, if ``uri`` may not be written.
+    """
+    identical = (
+        same_as is not None
+        and storage.exists(uri)
+        and not storage.is_dir(uri)
+        and read_marker(uri, "file") is None
+        and storage.read_bytes(uri) == same_as
+    )
+    if not identical:
+        check_output_location(uri, step, inputs=inputs, kind="file")
+    found = read_marker(uri, "file")
+    if found is None or found["step"] != step:
+        storage.write_json(marker_uri(uri, "file"), marker(step))
 
 
 @contextmanager

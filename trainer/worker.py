@@ -14,7 +14,14 @@ import sys
 
 from trainer import dist, exitcodes
 from trainer.config import WorkerConfig, load_worker_config
-from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED, error_line
+from trainer.errors import (
+    DISK_FULL_CODE,
+    EXIT_BAD_INPUT,
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    error_line,
+    is_disk_full,
+)
 from trainer.loop import train
 from trainer.stop import Preempted, StopSignal
 
@@ -88,6 +95,11 @@ def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
     except Preempted as e:
         log.warning("%s", e)
         return EXIT_PREEMPTED
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        print(error_line("train", e, DISK_FULL_CODE), file=sys.stderr, flush=True)
+        return 1
     except (ValueError, FileNotFoundError) as e:
         print(error_line("train", e), file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT

@@ -58,7 +58,8 @@ def test_demo_data_bad_rows_is_one_error_line(
     assert main(["demo-data", "--out", str(out), "--rows", "-1"]) == 2
     err = capsys.readouterr().err
     assert _error_lines(err) == [
-        "ERROR [gpupipe demo-data] E_CONFIG: rows must be >= 0, got -1 (rows)"
+        "ERROR [gpupipe demo-data] E_CONFIG: rows must be >= 1 (a table with no rows trains "
+        "nothing), got -1 (rows)"
     ]
     assert not out.exists()
 
@@ -177,3 +178,169 @@ def test_summary_shows_each_baseline_on_one_line(capsys: pytest.CaptureFixture[s
         "  vs linear      accuracy 0.8180, roc_auc 0.8800"
     )
     assert not any("baseline_" in line for line in lines)
+
+
+# --- issue 22: refusals and help a new user meets ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--wait"], "--wait"),
+        (["--timeout", "60"], "--timeout"),
+        (["--namespace", "team-a"], "--namespace"),
+        (["--token", "abc"], "--token"),
+        (["--experiment", "nightly"], "--experiment"),
+        (["--run-name", "x"], "--run-name"),
+        (["--pipeline", "p"], "--pipeline"),
+        (["--version", "v1"], "--version"),
+        (["--compiled"], "--compiled"),
+        (["--wait", "--namespace", "team-a"], "--namespace, --wait"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_cluster_only_flags_with_local_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: str
+) -> None:
+    root = tmp_path / "root"
+    assert main(["run", "--local", "--root", str(root), *extra]) == 2
+    err = capsys.readouterr().err
+    assert _error_lines(err) == [err.strip()], err
+    assert err.startswith(
+        f"ERROR [gpupipe run] E_PARAM: {named} only apply to cluster runs (--host)"
+    ) or err.startswith(f"ERROR [gpupipe run] E_PARAM: {named} only applies to cluster runs")
+    assert "abc" not in err  # a token is never echoed
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--root", "r"], ["--json"], ["--registry-timeout", "9"], ["--runner", "docker"]],
+    ids=lambda v: v[0],
+)
+def test_local_only_flags_with_host_are_refused(
+    capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    # Refused before any request: the host does not exist.
+    assert main(["run", "--host", "http://127.0.0.1:9", "--data", "s3://b/d.csv", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ERROR [gpupipe run] E_PARAM: {extra[0]} only applies to local runs")
+
+
+@pytest.mark.parametrize(
+    ("param", "suggestion"),
+    [
+        ("epochz=3", "did you mean 'epochs'?"),
+        ("learnig_rate=0.1", "did you mean 'learning_rate'?"),
+        ("tune.enabeld=true", "did you mean 'tune_enabled'"),
+        ('hyperparams_json={"optim.weight_decy": 0.1}', "did you mean optim.weight_decay?"),
+        ('hyperparams_json={"optm.lr": 0.1}', "did you mean optim?"),
+        ('train_config_json={"timout_s": 5}', "did you mean timeout_s?"),
+    ],
+    ids=["param", "param-2", "dotted-param", "json-key", "json-section", "train-config-key"],
+)
+def test_misspelt_names_get_a_did_you_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], param: str, suggestion: str
+) -> None:
+    assert main(["run", "--local", "--root", str(tmp_path / "r"), "--param", param]) == 2
+    err = capsys.readouterr().err
+    assert _error_lines(err) == [err.strip()], err
+    assert suggestion in err, err
+
+
+def test_a_name_near_nothing_lists_every_parameter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "--local", "--root", str(tmp_path / "r"), "--param", "qqq=1"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "known: batch_size, column_roles_json" in err
+
+
+def test_run_help_lists_the_pipeline_parameters_with_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipelines.params import pipeline_parameters
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name, default in pipeline_parameters().items():
+        shown = "required" if default is None else f"default {json.dumps(default)}"
+        assert f"  {name} (" in out and shown in out.split(f"  {name} (", 1)[1].split("\n")[0]
+    assert "epochs (integer, default 0)" in out
+    assert "passes over the training split" in out
+
+
+def test_compile_out_writes_only_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out X`` writes the pipeline YAML into X and nothing under the current directory."""
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "components" / "train" / "component.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("my own component\n")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    out = tmp_path / "elsewhere"
+    assert main(["compile", "--out", str(out)]) == 0
+    assert mine.read_text() == "my own component\n"
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if out not in p.parents)
+    assert after == [*before, Path("elsewhere")]
+    assert {p.name for p in out.iterdir()} == {
+        f"{PIPELINE_NAME}.yaml",
+        f".{PIPELINE_NAME}.yaml.gpupipe-output.json",
+    }
+    assert main(["compile", "--out", str(out)]) == 0, "its own output is replaced"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("flag", ["--out", "--components-dir"])
+def test_compile_refuses_to_overwrite_a_file_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    folder = tmp_path / "dest"
+    name = f"{PIPELINE_NAME}.yaml" if flag == "--out" else "train/component.yaml"
+    mine = folder / name
+    mine.parent.mkdir(parents=True)
+    mine.write_text("a file of my own\n")
+    assert main(["compile", flag, str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert _error_lines(err) == [err.strip()]
+    assert err.startswith("ERROR [gpupipe compile] E_OUTPUT: ") and str(mine) in err
+    assert "was not written by gpupipe" in err
+    assert mine.read_text() == "a file of my own\n"
+    assert sorted(p.name for p in folder.rglob("*")) == sorted(Path(name).parts)
+
+
+@pytest.mark.parametrize("name", ["table.parquet", "notes.csv"])
+def test_demo_data_refuses_to_overwrite_a_users_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    mine = tmp_path / name
+    mine.write_bytes(b"my own data\n")
+    assert main(["demo-data", "--out", str(mine), "--rows", "50"]) == 2
+    err = capsys.readouterr().err
+    assert _error_lines(err) == [err.strip()]
+    assert err.startswith("ERROR [gpupipe demo-data] E_OUTPUT: ") and str(mine) in err
+    assert mine.read_bytes() == b"my own data\n"
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_demo_data_replaces_its_own_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "d.parquet"
+    assert main(["demo-data", "--out", str(out), "--rows", "50"]) == 0
+    assert main(["demo-data", "--out", str(out), "--rows", "80"]) == 0
+    assert pq.read_table(out).num_rows == 80
+    capsys.readouterr()
+
+
+def test_demo_data_with_zero_rows_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "d.parquet"
+    assert main(["demo-data", "--out", str(out), "--rows", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR [gpupipe demo-data] E_CONFIG: rows must be >= 1")
+    assert not tmp_path.joinpath("d.parquet").exists() and not list(tmp_path.iterdir())

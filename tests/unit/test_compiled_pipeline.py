@@ -25,7 +25,10 @@ TRAIN_IN_STEP = "train"
 """The in-step branch's train task: torchrun on the step's own GPUs."""
 TRAINS = (TRAIN_ON_CLUSTER, TRAIN_IN_STEP)
 STEPS = ("fingerprint", "preprocess", "tune", *TRAINS, "evaluate", "register", "notify")
-RETRIED_STEPS = ("fingerprint", "preprocess", "tune", *TRAINS, "evaluate", "register")
+RETRIED_STEPS = ("tune", *TRAINS, "register")
+"""Steps a retry can help: resumable (train, tune), re-attaching (launcher), network (register)."""
+NOT_RETRIED_STEPS = ("fingerprint", "preprocess", "evaluate", "notify")
+"""KFP retries any failure, and these fail on bad input (exit 2, permanent) or a bug."""
 NO_GPU_STEPS = tuple(s for s in STEPS if s != TRAIN_IN_STEP)
 EXIT_HANDLER = "notify"
 STEP_FUNCTION = {step: "train" if step in TRAINS else step for step in STEPS}
@@ -494,8 +497,11 @@ def test_retry_with_exponential_backoff(compiled: Compiled, step: str) -> None:
     assert re.fullmatch(r"\d+s", policy["backoffDuration"]) and policy["backoffDuration"] != "0s"
 
 
-def test_exit_handler_is_not_retried(compiled: Compiled) -> None:
-    assert "retryPolicy" not in compiled.task(EXIT_HANDLER)
+@pytest.mark.parametrize("step", NOT_RETRIED_STEPS, ids=str)
+def test_steps_that_fail_on_bad_input_are_not_retried(compiled: Compiled, step: str) -> None:
+    """KFP's retryPolicy cannot tell exit 2 (bad input) from a transient failure: a retry of
+    preprocess or evaluate would only run the same rejection three times."""
+    assert "retryPolicy" not in compiled.task(step), f"{step} is retried"
 
 
 def test_train_has_memory_backed_dev_shm(compiled: Compiled) -> None:

@@ -47,7 +47,10 @@ def test_write_demo_data_writes_one_file_of_the_right_format(tmp_path: Path, nam
     uri = write_demo_data(str(tmp_path / "sub" / name), rows=300, task="classification", seed=0)
 
     assert uri == str(tmp_path / "sub" / name)
-    assert [p.name for p in (tmp_path / "sub").iterdir()] == [name]
+    # The table and its output marker (a later write may replace the table, nobody else's file).
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == sorted(
+        [name, f".{name}.gpupipe-output.json"]
+    )
     read = pacsv.read_csv if name.endswith(".csv") else pq.read_table
     assert read(uri).num_rows == 300
 

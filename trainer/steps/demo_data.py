@@ -7,9 +7,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from trainer import storage
+from trainer import outputs
 from trainer.errors import InputError
 
+STEP = "demo-data"
+"""The producer recorded in the demo table's output marker."""
 TASKS = ("classification", "regression")
 PLANS = ("basic", "pro", "enterprise")
 REGIONS = (
@@ -126,11 +128,23 @@ def write_demo_data(out_uri: str, *, rows: int, task: str, seed: int) -> str:
 
     Returns:
         ``out_uri``.
+
+    Raises:
+        InputError: ``rows`` < 1 (``E_CONFIG``), or ``out_uri`` holds a file gpupipe did not
+            write (``E_OUTPUT``; the same bytes again are fine).
     """
+    if rows < 1:
+        raise InputError(
+            "E_CONFIG",
+            f"rows must be >= 1 (a table with no rows trains nothing), got {rows}",
+            "rows",
+        )
     table = make_demo_table(rows, task=task, seed=seed)
-    with storage.open_output(out_uri) as f:
-        if out_uri.lower().endswith(".csv"):
-            pacsv.write_csv(table, f)
-        else:
-            pq.write_table(table, f, compression="snappy", row_group_size=128 * 1024)
+    sink = pa.BufferOutputStream()
+    if out_uri.lower().endswith(".csv"):
+        pacsv.write_csv(table, sink)
+    else:
+        pq.write_table(table, sink, compression="snappy", row_group_size=128 * 1024)
+    # A person's table or text file of that name is refused, never replaced (E_OUTPUT).
+    outputs.write_output_file(out_uri, sink.getvalue().to_pybytes(), step=STEP)
     return out_uri

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import re
 import tempfile
@@ -19,6 +20,8 @@ from trainer.steps.metrics import HIGHER_IS_BETTER
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RegisterConfig", "RegisterResult", "flatten_params", "register"]
 
@@ -229,6 +232,17 @@ def _log_run(
     client.log_artifacts(run_id, model_dir, artifact_path=registry.MODEL_ARTIFACT_PATH)
 
 
+def _discard_artifacts(artifact_uri: str) -> None:
+    """Delete every artifact under a failed registration's run (any artifact store MLflow
+    knows: a local folder, S3, a tracking server's proxied store)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    try:
+        get_artifact_repository(artifact_uri).delete_artifacts()
+    except Exception as e:  # best effort, on the way out of a failure
+        log.warning("could not delete the partial artifacts at %s: %s", artifact_uri, e)
+
+
 def _json_or_none(values: Mapping[str, Any]) -> str | None:
     """Compact JSON of ``values`` if it fits a model-version tag, else None."""
     safe = {
@@ -368,10 +382,15 @@ def register(
                 ):
                     champion, why = _move_alias(client, cfg, version, checked_metrics, uri)
         except BaseException:
-            # Mark the half-done run failed so nobody mistakes it for a registration; the
-            # original error is what matters, so a failure to mark it is not reported.
-            with contextlib.suppress(Exception):
+            # Nothing half-written stays: the run's partial artifacts (a truncated
+            # model.safetensors after a full disk) go first, which also frees the space the
+            # store needs to record the run as FAILED, so nobody mistakes it for a
+            # registration. The original error is what matters: failures here are logged only.
+            _discard_artifacts(run.info.artifact_uri)
+            try:
                 client.set_terminated(run_id, status="FAILED")
+            except Exception as e:  # the original error is re-raised below
+                log.warning("could not mark MLflow run %s FAILED: %s", run_id, e)
             raise
         with registry.mlflow_errors(f"finishing MLflow run {run_id}", uri):
             client.set_terminated(run_id, status="FINISHED")

@@ -150,7 +150,7 @@ def _check_unique_names(names: list[str], uri: str) -> None:
 
 def _read_parquet(uri: str, blob: bytes) -> pa.Table:
     try:
-        pf = pq.ParquetFile(pa.BufferReader(blob))
+        pf = pq.ParquetFile(_reader(blob))
         _check_unique_names(pf.schema_arrow.names, uri)
         text = [
             f.name
@@ -158,7 +158,7 @@ def _read_parquet(uri: str, blob: bytes) -> pa.Table:
             if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
         ]
         # Text read as dictionaries: categories are encoded once per distinct value, not row.
-        return pq.read_table(pa.BufferReader(blob), read_dictionary=text)
+        return pq.read_table(_reader(blob), read_dictionary=text)
     except (pa.ArrowException, OSError) as e:
         raise InputError("E_DATA", f"cannot read Parquet: {' '.join(str(e).split())}", uri) from e
 
@@ -219,6 +219,22 @@ def guess_delimiter(header: str, current: str) -> str:
     return "tab" if best == "\t" else best
 
 
+def _reader(blob: bytes) -> pa.BufferReader:
+    """An Arrow reader over a copy of ``blob`` in Arrow's own memory.
+
+    Why a copy: a reader over Python ``bytes`` keeps a ``PyBuffer`` whose destructor takes the
+    GIL. When a threaded read fails (a CSV that is not valid UTF-8, say), pyarrow returns the
+    error while its pool threads still hold that reader; the last of them to let go may do so
+    after interpreter shutdown has begun, and taking the GIL then ends the thread with
+    ``pthread_exit`` inside a C++ destructor: ``terminate called without an active exception``,
+    exit 134, after the step's own error line. Arrow-owned memory needs no GIL to free.
+    """
+    buf = pa.allocate_buffer(len(blob))
+    if blob:
+        np.frombuffer(buf, dtype=np.uint8)[:] = np.frombuffer(blob, dtype=np.uint8)
+    return pa.BufferReader(buf)
+
+
 def _parse_csv(
     blob: bytes,
     csv: CsvOptions,
@@ -235,7 +251,7 @@ def _parse_csv(
     )
     null_values = [*pacsv.ConvertOptions().null_values, *csv.null_values]
     return pacsv.read_csv(
-        pa.BufferReader(blob),
+        _reader(blob),
         read_options=read,
         parse_options=pacsv.ParseOptions(delimiter=delimiter, **parse),
         convert_options=pacsv.ConvertOptions(
