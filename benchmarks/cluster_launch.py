@@ -1,0 +1,171 @@
+"""Our PyTorchJob launcher vs a plain create-and-watch, on the test cluster (make cluster-up).
+
+The same small 2-replica PyTorchJob (the demo table, gloo on CPU) runs through
+:class:`trainer.launch.pytorchjob.PyTorchJobLauncher` (create or adopt, stream the master's log,
+watch conditions, deadline) and through the least a user could write with the ``kubernetes``
+client: create the custom object from the same :func:`build_pytorchjob` dict and poll its
+conditions every 2 s (our launcher's period). Runs alternate, ours first, so a load change on the
+shared node hits both. Reported per run: wall time from the call to the job's success, and the
+time from the call to the master's first training step (its first JSON log line with a loss,
+by the kubelet's timestamp on the same clock). Last line: the median wall-time ratio ours / plain
+(goal <= 1.05).
+
+Without a test cluster it prints why and exits 0 with no ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.cluster import kube
+from tests.cluster.conftest import delete_namespace, make_namespace, role
+
+
+def _first_step_at(namespace: str, job: str) -> float | None:
+    """Unix time of the master's first training-step log line (kubelet timestamps)."""
+    out = kube.kubectl(
+        "logs", "-n", namespace, f"{job}-master-0", "-c", "pytorch", "--timestamps", check=False
+    ).stdout
+    for line in out.splitlines():
+        stamp, _, text = line.partition(" ")
+        if '"loss"' in text and '"step"' in text:
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return None
+
+
+def _plain(api: Any, job: dict[str, Any], namespace: str, timeout_s: float) -> None:
+    """Create the PyTorchJob and poll it until a Succeeded or Failed condition."""
+    group, version = job["apiVersion"].split("/")
+    api.create_namespaced_custom_object(group, version, namespace, "pytorchjobs", job)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        obj = api.get_namespaced_custom_object(
+            group, version, namespace, "pytorchjobs", job["metadata"]["name"]
+        )
+        for c in (obj.get("status") or {}).get("conditions") or []:
+            if c["status"] == "True" and c["type"] in ("Succeeded", "Failed"):
+                if c["type"] == "Failed":
+                    raise RuntimeError(f"plain job failed: {c.get('message')}")
+                return
+        time.sleep(2.0)
+    raise TimeoutError("plain job did not finish")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3, help="runs of each, interleaved")
+    p.add_argument("--rows", type=int, default=3000, help="rows of the demo table")
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args(argv)
+
+    if reason := kube.unavailable():
+        print(f"cluster_launch: skipped: {reason}")
+        return 0
+
+    import os
+    import tempfile
+
+    from kubernetes import client, config
+
+    from components.images import CPU_IMAGE
+    from trainer import storage
+    from trainer.config import from_dict, to_json
+    from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
+    from trainer.steps.demo_data import write_demo_data
+    from trainer.steps.preprocess import preprocess
+    from trainer.steps.preprocess_config import PreprocessConfig
+    from trainer.steps.train import TrainStepConfig, job_spec, plan_worker_config, record_fixed
+
+    os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "minio-service", 9000)
+    os.environ["MINIO_ACCESS_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey")
+    os.environ["MINIO_SECRET_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey")
+    os.environ["KUBECONFIG"] = str(kube.KUBECONFIG)
+    config.load_kube_config(str(kube.KUBECONFIG))
+    api = client.CustomObjectsApi()
+
+    ns = kube.unique("gpupipe-bench")
+    make_namespace(ns, role())
+    base = f"minio://{kube.BUCKET}/{ns}"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = str(Path(tmp) / "demo.parquet")
+            write_demo_data(data, rows=args.rows, task="classification", seed=0)
+            dataset = f"{base}/dataset"
+            preprocess(PreprocessConfig(target="churned"), data_uri=data, output_uri=dataset)
+        settings = {
+            "launcher": "pytorchjob",
+            "nnodes": 2,
+            "nproc_per_node": 1,
+            "train": {"epochs": args.epochs, "seed": 0, "global_batch_size": 64},
+            "cluster": {
+                "image": CPU_IMAGE,
+                "namespace": ns,
+                "gpus_per_node": 0,
+                "object_store_secret": kube.STORE_SECRET,
+                "cpu_request": "250m",
+                "cpu_limit": "1",
+                "memory_request": "512Mi",
+                "memory_limit": "3Gi",
+                "shm_size": "256Mi",
+            },
+        }
+        cfg = from_dict(TrainStepConfig, record_fixed(settings))
+        rows: dict[str, list[tuple[float, float | None]]] = {"ours": [], "plain": []}
+        for i in range(args.repeats):
+            for kind in ("ours", "plain"):
+                name = f"bench-{kind}-{i}-{ns[-8:]}"
+                work, model = f"{base}/{name}/work", f"{base}/{name}/model"
+                worker_cfg, _ = plan_worker_config(
+                    cfg, dataset_uri=dataset, model_uri=model, work_uri=work
+                )
+                config_uri = f"{work}/worker-config.json"
+                storage.write_text(config_uri, to_json(worker_cfg))
+                start = time.time()
+                if kind == "ours":
+                    PyTorchJobLauncher(namespace=ns, cluster=cfg.cluster).launch(
+                        job_name=name,
+                        config_uri=config_uri,
+                        nproc_per_node=cfg.nproc_per_node,
+                        nnodes=cfg.nnodes,
+                        timeout_s=900,
+                    )
+                else:
+                    spec = job_spec(cfg, name=name, namespace=ns, config_uri=config_uri)
+                    _plain(api, build_pytorchjob(spec), ns, 900)
+                wall = time.time() - start
+                first = _first_step_at(ns, name)
+                to_step = None if first is None else first - start
+                rows[kind].append((wall, to_step))
+                print(
+                    json.dumps(
+                        {"run": i, "kind": kind, "wall_s": round(wall, 2), "first_step_s": to_step}
+                    ),
+                    flush=True,
+                )
+                kube.kubectl("delete", "pytorchjob", "-n", ns, name, "--wait=true", check=False)
+    finally:
+        delete_namespace(ns)
+    for kind, vals in rows.items():
+        steps = [s for _, s in vals if s is not None]
+        print(
+            f"{kind}: median wall {statistics.median(w for w, _ in vals):.1f} s, median launch to"
+            f" first step {statistics.median(steps):.1f} s"
+            if steps
+            else f"{kind}: no step seen"
+        )
+    ratios = [o[0] / p[0] for o, p in zip(rows["ours"], rows["plain"], strict=True)]
+    print(f"cluster launch wall time ours/plain: {statistics.median(ratios):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
