@@ -6,6 +6,8 @@
 #   install  with the cluster up: import its images, apply its manifests, wait until Ready;
 #            idempotent (a second run changes nothing)
 #   images   print the image tags it needs, one a line (hack/cluster-up.sh imports them)
+#   verify   (each script's own) exercise the installed piece from inside the cluster, as a
+#            pipeline step would: a PyTorchJob, an S3 round trip, an MLflow API call
 # Each add-on keeps what it applies under ${STATE}/addons/<name>/ (kustomize overlays over the
 # upstream manifests), so `kubectl diff -k` there shows what a change would do.
 # shellcheck disable=SC2034  # variables here are used by the scripts that source this file

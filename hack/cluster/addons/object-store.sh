@@ -74,7 +74,7 @@ resources:
 images:
   - name: ${UPSTREAM_IMAGE}
     newName: ${IMAGE%:*}
-    newTag: ${IMAGE##*:}
+    newTag: "${IMAGE##*:}"
 YAML
 }
 

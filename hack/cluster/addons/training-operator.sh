@@ -3,8 +3,8 @@
 #   image    the manager from its Go module (cmd/training-operator.v1), FROM scratch
 #   install  upstream's standalone overlay from the same module download (CRDs, RBAC, webhook,
 #            Deployment in `kubeflow`), copied into the state folder under a kustomize overlay
-#            that names the local image and gives PyTorchJob init containers the local busybox
-#            (they run nslookup of the master); then the user path's RBAC (manifests/rbac, as
+#            that names the local image and gives PyTorchJob init containers the node's busybox
+#            (they wait with nslookup for the master's name; see init_container_template); then the user path's RBAC (manifests/rbac, as
 #            users apply it) and the `pipeline-runner` ServiceAccount it binds (KFP makes it on
 #            a full install). Waits for the operator and for its webhook to judge a PyTorchJob.
 #   verify   a real 2-node PyTorchJob (busybox containers): the webhook admits it, the worker's
@@ -77,7 +77,11 @@ resources:
 images:
   - name: ${UPSTREAM_IMAGE}
     newName: ${IMAGE%:*}
-    newTag: ${IMAGE##*:}
+    newTag: "${IMAGE##*:}"
+configMapGenerator:
+  - name: training-operator-pytorch-init
+    namespace: ${NS}
+    files: [init-container.yaml]
 patches:
   - target: {group: apps, version: v1, kind: Deployment, name: training-operator}
     patch: |-
@@ -85,10 +89,41 @@ patches:
         path: /spec/template/spec/containers/0/args
         value:
           - --pytorch-init-container-image=${BUSYBOX_IMAGE}
+          - --pytorch-init-container-template-file=/etc/training-operator/init-container.yaml
+      - op: add
+        path: /spec/template/spec/volumes/-
+        value: {name: pytorch-init, configMap: {name: training-operator-pytorch-init}}
+      - op: add
+        path: /spec/template/spec/containers/0/volumeMounts/-
+        value: {name: pytorch-init, mountPath: /etc/training-operator, readOnly: true}
+YAML
+  init_container_template >"${dir}/init-container.yaml"
+}
+
+# Upstream's init container (pkg/controller.v1/pytorch/initcontainer.go) with one change: it waits
+# until `nslookup <master>` prints an answer instead of until it exits 0. Upstream's alpine:3.10
+# image exits 0 once the name resolves; Debian's busybox 1.35 (the node's image) exits 1 whenever
+# any search domain answers NXDOMAIN, which a short name in a pod always meets (checked in the
+# cluster: nslookup kubernetes.default exits 1), so the worker would wait forever.
+init_container_template() {
+  cat <<'YAML'
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}} 2>/dev/null | grep -q "^Name:"; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
 YAML
 }
 
-# A PyTorchJob for the webhook: NAME and the master's container image.
+# A 2-node PyTorchJob of busybox containers, NAME: like a torch rendezvous, the master waits on
+# MASTER_PORT until the worker (whose init container waited for the master's DNS name) connects
+# with the environment the operator gave it.
 pytorchjob() {
   cat <<YAML
 apiVersion: kubeflow.org/v1
@@ -108,7 +143,7 @@ spec:
           containers:
             - name: pytorch
               image: ${BUSYBOX_IMAGE}
-              command: ["sh", "-c", "echo master \$RANK of \$WORLD_SIZE at \$MASTER_ADDR:\$MASTER_PORT; sleep 5"]
+              command: ["sh", "-c", "echo master \$RANK of \$WORLD_SIZE; timeout 120 nc -l -p \$MASTER_PORT"]
     Worker:
       replicas: 1
       restartPolicy: Never
@@ -117,16 +152,18 @@ spec:
           containers:
             - name: pytorch
               image: ${BUSYBOX_IMAGE}
-              command: ["sh", "-c", "echo worker \$RANK of \$WORLD_SIZE; nslookup \$MASTER_ADDR"]
+              command: ["sh", "-c", "echo worker \$RANK of \$WORLD_SIZE at \$MASTER_ADDR:\$MASTER_PORT | nc -w 10 \$MASTER_ADDR \$MASTER_PORT"]
 YAML
 }
 
 # The validating webhook answers: a valid PyTorchJob passes a server-side dry run (the webhook
 # fails closed, so a pass means it was asked) and an invalid name is refused by it.
 webhook_judges() {
+  local refusal
   pytorchjob gpupipe-webhook-probe | kubectl_ create --dry-run=server -f - >/dev/null 2>&1 || return 1
-  pytorchjob 1-not-a-dns-1035-label | kubectl_ create --dry-run=server -f - 2>&1 |
-    grep -q 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied'
+  # (the refusal is kubectl's failure: not in a pipeline, where pipefail would report it)
+  refusal="$(pytorchjob 1-not-a-dns-1035-label | kubectl_ create --dry-run=server -f - 2>&1)" && return 1
+  grep -q 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied' <<<"$refusal"
 }
 
 addon_install() {
@@ -161,9 +198,10 @@ addon_verify() {
     kubectl_ -n "$NS" get pods -l "training.kubeflow.org/job-name=${job}" -o wide >&2 || true
     die "${PIECE}: PyTorchJob ${NS}/${job} did not succeed within 180 s"
   fi
-  say "PyTorchJob ${NS}/${job} succeeded; the worker's init container found the master:"
-  kubectl_ -n "$NS" logs "${job}-worker-0" -c init-pytorch | tail -n 3 | sed 's/^/      /'
-  kubectl_ -n "$NS" logs "${job}-worker-0" -c pytorch | head -n 1 | sed 's/^/      /'
+  kubectl_ -n "$NS" wait --for jsonpath='{.status.phase}'=Succeeded --timeout 60s "pod/${job}-worker-0" >/dev/null ||
+    die "${PIECE}: the worker pod of PyTorchJob ${NS}/${job} did not succeed"
+  say "PyTorchJob ${NS}/${job} succeeded; the master heard from the worker:"
+  kubectl_ -n "$NS" logs "${job}-master-0" | sed 's/^/      /'
   kubectl_ -n "$NS" delete pytorchjob "$job" --wait >/dev/null
 }
 
