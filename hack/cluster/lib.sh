@@ -89,7 +89,6 @@ wait_for() {
 
 # The node's own images (hack/cluster/node-images.sh), imported into containerd under these names.
 PAUSE_IMAGE="gpupipe.local/pause:3.10"
-# Debian's busybox-static 1.35.0; "-gpupipe.1": its nslookup works through search domains.
-BUSYBOX_IMAGE="gpupipe.local/busybox:1.35.0-gpupipe.2"
+BUSYBOX_IMAGE="gpupipe.local/busybox:1.35.0"
 COREDNS_IMAGE="gpupipe.local/coredns:${COREDNS_VERSION}"
 NODE_NAME="${GPUPIPE_NODE_NAME:-gpupipe-node}"

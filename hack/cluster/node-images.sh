@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Build the images the node itself needs, locally (no registry answers here):
 #   pause    the pod sandbox (a static C program, FROM scratch)
-#   busybox  Debian's busybox-static with its applet links (init containers: nslookup, sh, wget),
-#            dash as /bin/sh, and an nslookup that works through a pod's search domains
+#   busybox  Debian's busybox-static with its applet links (init containers: nslookup, sh, wget)
 #   coredns  the cluster DNS, from hack/cluster/build.sh's binary (FROM scratch)
 # Usage: hack/cluster/node-images.sh [build|tags]
 set -euo pipefail
@@ -32,7 +31,6 @@ build() {
     cannot "no Docker engine answers (hack/docker-up.sh starts one): the node's images are built with it"
   local ctx
   ctx="$(mktemp -d)"
-  trap 'rm -rf "$ctx"' RETURN
 
   if ! docker image inspect "${PAUSE_IMAGE}" >/dev/null 2>&1; then
     mkdir -p "${ctx}/pause"
@@ -48,39 +46,9 @@ build() {
     cp /bin/busybox "${ctx}/busybox/bin/busybox"
     local applet
     for applet in $(/bin/busybox --list); do
-      [[ "$applet" == busybox || "$applet" == nslookup ]] || ln -s busybox "${ctx}/busybox/bin/${applet}"
+      [[ "$applet" == busybox ]] || ln -s busybox "${ctx}/busybox/bin/${applet}"
     done
-    # The Training Operator's init container runs `nslookup <job>-master-0` until it succeeds.
-    # busybox >= 1.28 asks every search domain and exits 1 when any of them has no such name,
-    # which in a pod is always the case: the init container would wait forever. This nslookup
-    # succeeds when the name resolves under any search domain (as the alpine:3.10 image the
-    # operator defaults to does).
-    cat >"${ctx}/busybox/bin/nslookup" <<'SH'
-#!/bin/sh
-# nslookup NAME [SERVER]: busybox's, over the pod's search domains one at a time.
-name="$1"
-shift
-case "$name" in
-*.) exec /bin/busybox nslookup "$name" "$@" ;;
-esac
-for domain in $(sed -n 's/^search //p' /etc/resolv.conf) ""; do
-  fqdn="${name}${domain:+.$domain}."
-  if /bin/busybox nslookup "$fqdn" "$@" >/dev/null 2>&1; then
-    exec /bin/busybox nslookup "$fqdn" "$@"
-  fi
-done
-echo "nslookup: ${name} does not resolve under any search domain" >&2
-exit 1
-SH
-    chmod 755 "${ctx}/busybox/bin/nslookup"
-    # busybox's own sh runs its applets before searching PATH, so `sh -c 'nslookup ...'` would
-    # never reach the script above: /bin/sh is Debian's dash (and the C library it needs).
-    rm -f "${ctx}/busybox/bin/sh"
-    cp /bin/dash "${ctx}/busybox/bin/sh"
-    mkdir -p "${ctx}/busybox/lib/x86_64-linux-gnu" "${ctx}/busybox/lib64"
-    cp -L /lib/x86_64-linux-gnu/libc.so.6 "${ctx}/busybox/lib/x86_64-linux-gnu/"
-    cp -L /lib64/ld-linux-x86-64.so.2 "${ctx}/busybox/lib64/"
-    printf 'FROM scratch\nCOPY . /\nENV PATH=/bin\nCMD ["sh"]\n' >"${ctx}/busybox/Dockerfile"
+    printf 'FROM scratch\nCOPY bin /bin\nENV PATH=/bin\nCMD ["sh"]\n' >"${ctx}/busybox/Dockerfile"
     build_scratch "${BUSYBOX_IMAGE}" "${ctx}/busybox"
   fi
 
@@ -90,6 +58,7 @@ SH
     printf 'FROM scratch\nCOPY coredns /coredns\nENTRYPOINT ["/coredns"]\n' >"${ctx}/coredns/Dockerfile"
     build_scratch "${COREDNS_IMAGE}" "${ctx}/coredns"
   fi
+  rm -rf "$ctx"
 }
 
 case "${1:-build}" in

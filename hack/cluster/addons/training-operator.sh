@@ -118,6 +118,18 @@ init_container_template() {
       cpu: 50m
       memory: 10Mi
   command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}} 2>/dev/null | grep -q "^Name:"; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+  # Upstream's template has no securityContext, so a namespace that enforces restricted Pod
+  # Security refuses every worker pod (found on this cluster: FailedCreatePod, "allowPrivilege-
+  # Escalation != false (container init-pytorch)"). These are the restricted profile's fields.
+  securityContext:
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: ["ALL"]
+    runAsNonRoot: true
+    runAsUser: 65534
+    runAsGroup: 65534
+    seccompProfile:
+      type: RuntimeDefault
 YAML
 }
 
