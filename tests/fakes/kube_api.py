@@ -88,6 +88,8 @@ class Scenario:
     """The master container's exit code; ``None``: 0 on success, 1 on failure."""
     pod_events: list[tuple[str, str, str]] = field(default_factory=list)
     """(type, reason, message) events about the master pod, emitted as it is created."""
+    job_events: list[tuple[str, str, str]] = field(default_factory=list)
+    """(type, reason, message) events about the job itself (the operator's), at its creation."""
 
     def finish_at(self) -> float:
         if self.finish_s is not None:
@@ -795,6 +797,7 @@ class FakeKubeApi:
             happened = [
                 (*created, 0.0),
                 *(("Pod", pod, *e, 0.01) for e in job.scenario.pod_events),
+                *((job.kind, name, *e, 0.01) for e in job.scenario.job_events),
             ]
             if job.finished(now) and job.scenario.outcome == "Failed" and job.kind == "TrainJob":
                 happened.append(

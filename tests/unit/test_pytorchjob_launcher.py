@@ -166,6 +166,27 @@ def test_failure_names_conditions_events_and_last_lines_then_applies_on_exit(
         assert fake.calls("DELETE") == []
 
 
+def test_pods_refused_by_pod_security_fail_the_step_at_once_and_delete_the_job(
+    launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
+) -> None:
+    # What the real cluster showed: the operator retries creating a refused pod forever, so the
+    # job never fails on its own; the launcher reads the refusal in the job's events.
+    refusal = (
+        f'Error creating: pods "{JOB}-worker-0" is forbidden: violates PodSecurity '
+        '"restricted:latest": allowPrivilegeEscalation != false (container "init-pytorch" '
+        "must set securityContext.allowPrivilegeEscalation=false)"
+    )
+    fake.scenario = Scenario(outcome=None, job_events=[("Warning", "FailedCreatePod", refusal)])
+
+    with pytest.raises(InputError) as info:
+        launch(launcher())
+
+    assert info.value.code == "E_POD_SECURITY"
+    assert 'violates PodSecurity "restricted:latest"' in str(info.value)
+    assert f"(namespace {NS})" in str(info.value)
+    assert fake.job(JOB) is None, "the refused job was left behind"
+
+
 def test_the_workers_bad_input_line_fails_the_step_as_bad_input(
     launcher: Callable[..., PyTorchJobLauncher], fake: FakeKubeApi
 ) -> None:

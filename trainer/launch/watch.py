@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal, Self
 
+from trainer.errors import InputError
 from trainer.launch.kube import GROUP, KubeApi, KubeApiError
 from trainer.launch.podlog import PodLog
 from trainer.redact import redact
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 OnExit = Literal["delete", "keep", "suspend"]
 TERMINAL = ("Succeeded", "Failed")
 """Condition types that end a Training Operator job or a Katib Experiment."""
+REFUSAL_CHECK_POLLS = 5
+"""Every this many polls the wait looks for a Pod Security refusal of the object's pods."""
 GONE_WAIT_S = 600.0
 """Longest wait for an earlier attempt's object to finish being deleted (a stuck finalizer)."""
 _EVENTS_SHOWN = 10
@@ -302,11 +305,25 @@ class Watch:
         return obj
 
     def _wait(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Poll until the resource says the object is done; the finished object."""
+        """Poll until the resource says the object is done; the finished object.
+
+        Raises:
+            InputError: ``E_POD_SECURITY`` when the namespace's Pod Security refuses the
+                object's pods (the controller would retry creating them forever).
+        """
+        polls = 0
         while True:
             self.state = self.resource.state(obj)
             if self.resource.observe(obj, self.state):
                 return obj
+            polls += 1
+            if polls % REFUSAL_CHECK_POLLS == 0 and (why := self._pods_refused()):
+                done = self.apply_on_exit()
+                raise InputError(
+                    "E_POD_SECURITY",
+                    f"the namespace refuses the pods of {self.what}: {why}; {done}",
+                    f"namespace {self.ns}",
+                )
             self.sleep(self.poll_s)
             got = self._get()
             if got is None:
@@ -316,6 +333,19 @@ class Watch:
                     "(deleted by someone else?)"
                 )
             obj = got
+
+    def _pods_refused(self) -> str | None:
+        """The message of a Warning event on the object saying that Pod Security admission
+        refused one of its pods: permanent until the namespace or the pod template changes."""
+        try:
+            events = self.api.events(self.ns, self.name)
+        except KubeApiError:
+            return None  # events are a diagnosis aid: their absence must not fail the wait
+        for e in sorted(events, key=_event_time, reverse=True):
+            message = str(e.get("message") or "")
+            if e.get("type") == "Warning" and "violates PodSecurity" in message:
+                return " ".join(message.split())
+        return None
 
     def apply_on_exit(self) -> str:
         """Delete, keep or suspend the object; what was done, for the step's message."""
