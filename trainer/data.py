@@ -23,6 +23,7 @@ from trainer.parquet_columns import (
     empty_rows,
     fill_rows,
     parquet_files,
+    read_metadata,
     resolve_columns,
 )
 from trainer.streaming import StreamingParquetDataset, StreamSource
@@ -118,7 +119,7 @@ class TabularDataset:
         names: list[str] | None = None
         metadata = []
         for f in files:
-            md = pq.read_metadata(f.path, filesystem=fs)
+            md = read_metadata(fs, f)
             names = resolve_columns(
                 md.schema.to_arrow_schema(), target=target, features=names or features, where=f.name
             )
@@ -437,7 +438,7 @@ def load_dataset(
     fs, files = parquet_files(uri)
     sizes = [
         md.row_group(i).total_byte_size
-        for md in (pq.read_metadata(f.path, filesystem=fs) for f in files)
+        for md in (read_metadata(fs, f) for f in files)
         for i in range(md.num_row_groups)
     ]
     if sum(sizes) <= max_memory_bytes:

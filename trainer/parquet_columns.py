@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from trainer import storage
 from trainer.errors import InputError
@@ -44,6 +45,18 @@ def parquet_files(uri: str) -> tuple[pafs.FileSystem, list[DataFile]]:
         raise InputError("E_DATA", "dataset folder holds no .parquet files", uri)
     base = uri.rstrip("/")
     return fs, [DataFile(f"{path.rstrip('/')}/{n}", f"{base}/{n}") for n in names]
+
+
+def read_metadata(fs: pafs.FileSystem, f: DataFile) -> pq.FileMetaData:
+    """The Parquet footer of one data file.
+
+    Raises:
+        InputError: ``E_DATA`` naming the file when it is not Parquet (or is cut short).
+    """
+    try:
+        return pq.read_metadata(f.path, filesystem=fs)
+    except pa.ArrowInvalid as e:
+        raise InputError("E_DATA", f"not a readable Parquet file: {e}", f.name) from None
 
 
 def _is_numeric(t: pa.DataType) -> bool:

@@ -21,6 +21,7 @@ from trainer.parquet_columns import (
     empty_rows,
     fill_rows,
     parquet_files,
+    read_metadata,
     resolve_columns,
 )
 
@@ -82,7 +83,7 @@ class StreamingParquetDataset:
         self._metadata: list[pq.FileMetaData] = []
         names: list[str] | None = None
         for i, f in enumerate(self._files):
-            md = pq.read_metadata(f.path, filesystem=self._fs)
+            md = read_metadata(self._fs, f)
             names = resolve_columns(
                 md.schema.to_arrow_schema(), target=target, features=names or features, where=f.name
             )

@@ -20,6 +20,7 @@ from trainer.data import (
     eval_batches,
     load_dataset,
 )
+from trainer.errors import InputError
 from trainer.streaming import StreamingParquetDataset
 
 ROWS = 600  # divisible by every global batch below, so an epoch visits every row
@@ -438,3 +439,20 @@ def test_token_dataset_errors(tmp_path: Path, table: pa.Table, message: str) -> 
     pq.write_table(table, path)
     with pytest.raises(ValueError, match=message):
         TokenDataset.from_parquet(str(path), seq_len=8)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["in-memory", "streamed"])
+def test_a_file_that_is_not_parquet_is_bad_data_naming_the_file(
+    tmp_path: Path, streamed: bool
+) -> None:
+    # Seen on the cluster: the worker's line said only "Parquet magic bytes not found ... (train)".
+    bad = tmp_path / "train.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(InputError) as info:
+        if streamed:
+            StreamingParquetDataset(str(bad), target="y", task="classification")
+        else:
+            TabularDataset.from_parquet(str(bad), target="y", task="classification")
+    assert info.value.code == "E_DATA"
+    assert info.value.where == str(bad)
+    assert "not a readable Parquet file" in info.value.message
