@@ -33,7 +33,16 @@ def train_config(image: str, **over: Any) -> dict[str, Any]:
         "nnodes": 2,
         "nproc_per_node": 1,
         "checkpoint_every_steps": 5,
-        "train": {"epochs": 6, "seed": 0, "global_batch_size": 64, "log_every_steps": 1},
+        # No early stopping: a run of known length (~190 steps), so a test can act mid-training.
+        "train": {
+            "epochs": 6,
+            "seed": 0,
+            "global_batch_size": 64,
+            "log_every_steps": 1,
+            "early_stopping": None,
+        },
+        # A lost peer that sends nothing (a dead node) is found by the collective timeout.
+        "dist": {"timeout_s": 90},
         "cluster": {
             "image": image,
             "gpus_per_node": 0,
@@ -195,6 +204,8 @@ def test_a_lost_worker_is_restarted_and_the_job_resumes_to_the_same_weights(
         timeout=JOB_TIMEOUT_S,
         interval=2,
     )
+    master_log = kube.logs(namespace, f"{run.job}-master-0", "pytorch")
+    assert '"event": "done"' not in master_log, "training ended before the worker was lost"
     first_uid = kube.get_json("pod", "-n", namespace, worker)["metadata"]["uid"]
     kube.kubectl("delete", "pod", "-n", namespace, worker, "--grace-period=0", "--force")
     done = run.done()
