@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import tempfile
 
+    # Before the kubernetes package is imported: it reads KUBECONFIG's default at import time.
+    os.environ["KUBECONFIG"] = str(kube.KUBECONFIG)
     from kubernetes import client, config
 
     from components.images import CPU_IMAGE
@@ -88,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "minio-service", 9000)
     os.environ["MINIO_ACCESS_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey")
     os.environ["MINIO_SECRET_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey")
-    os.environ["KUBECONFIG"] = str(kube.KUBECONFIG)
     config.load_kube_config(str(kube.KUBECONFIG))
     api = client.CustomObjectsApi()
 
