@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -27,6 +28,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.cluster import kube
+
+# Before anything imports the kubernetes package (kfp does): it reads KUBECONFIG at import time.
+os.environ["KUBECONFIG"] = str(kube.KUBECONFIG)
+
 from tests.cluster.conftest import delete_namespace, make_namespace, role
 
 
@@ -71,11 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster_launch: skipped: {reason}")
         return 0
 
-    import os
     import tempfile
 
-    # Before the kubernetes package is imported: it reads KUBECONFIG's default at import time.
-    os.environ["KUBECONFIG"] = str(kube.KUBECONFIG)
     from kubernetes import client, config
 
     from components.images import CPU_IMAGE

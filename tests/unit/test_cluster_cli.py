@@ -195,7 +195,7 @@ def test_run_wait_timeout_is_one_line(
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (["data_uri=x", "epochz=3"], "unknown pipeline parameter 'epochz'; known: batch_size,"),
+        (["data_uri=x", "epochz=3"], "unknown pipeline parameter 'epochz'; did you mean 'epochs'?"),
         (["data_uri=x", "epochs=three"], "parameter epochs must be an integer, got 'three'"),
         (["data_uri=x", "gpu_node_selector=[1]"], "gpu_node_selector must be"),
         (["epochs=3"], "missing required pipeline parameter 'data_uri'"),

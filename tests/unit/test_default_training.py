@@ -64,7 +64,8 @@ def test_the_178_row_table_trains_with_a_batch_that_fits(
     assert settings["user_set"] == {}
     assert trained.steps == 60
     assert result.metrics["accuracy"] > result.baselines["trivial"]["accuracy"]
-    assert result.gate_passed, result.gate_reason
+    # 27 test rows: under the gate's 30-row floor, so it is scored but never gated.
+    assert not result.gate_passed and "not gated" in result.gate_reason, result.gate_reason
     html = (tmp_path / "report.html").read_text()
     assert "Training settings" in html and "train.global_batch_size" in html
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -237,7 +238,8 @@ def preprocess(
     docs = {"schema.json": schema_doc, "stats.json": stats_doc}
     _publish(output_uri, tables, dictionary_columns, docs)
     for note in notes:  # into the step's log once it succeeded: a failure prints one line
-        print(note.line("preprocess"), flush=True)
+        # stderr: stdout carries results (``python -m trainer preprocess`` prints JSON there).
+        print(note.line("preprocess"), file=sys.stderr, flush=True)
     return PreprocessResult(
         train_rows=splits["train"],
         val_rows=splits["val"],
