@@ -55,7 +55,9 @@ def test_the_pipeline_runs_every_step_in_its_image(cpu_image: str, shared: Path)
     model = run_dir / "train" / "model" / "model.safetensors"
     assert model.exists() and model.stat().st_uid == 1000
     assert (root / "mlflow.db").stat().st_uid == 1000
-    assert sorted(p.name for p in data.parent.iterdir()) == ["churn.parquet"]
+    # (gpupipe demo-data marks the table it wrote as its own, beside it)
+    marker = ".churn.parquet.gpupipe-output.json"
+    assert sorted(p.name for p in data.parent.iterdir()) == [marker, "churn.parquet"]
 
 
 def test_a_missing_image_is_refused_before_any_step(cpu_image: str, shared: Path) -> None:
