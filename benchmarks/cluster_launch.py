@@ -112,13 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             "cluster": {
                 "image": CPU_IMAGE,
                 "namespace": ns,
-                "gpus_per_node": 0,
-                "object_store_secret": kube.STORE_SECRET,
-                "cpu_request": "250m",
-                "cpu_limit": "1",
-                "memory_request": "512Mi",
-                "memory_limit": "3Gi",
-                "shm_size": "256Mi",
+                **kube.JOB_POD_SETTINGS,
             },
         }
         cfg = from_dict(TrainStepConfig, record_fixed(settings))

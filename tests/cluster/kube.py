@@ -115,6 +115,17 @@ def service_address(namespace: str, name: str, port: int) -> str:
     return f"{get_json('service', '-n', namespace, name)['spec']['clusterIP']}:{port}"
 
 
+JOB_POD_SETTINGS = {
+    "gpus_per_node": 0,
+    "object_store_secret": STORE_SECRET,
+    "cpu_request": "250m",
+    "cpu_limit": "1",
+    "memory_request": "512Mi",
+    "memory_limit": "3Gi",
+    "shm_size": "256Mi",
+}
+"""The train step's ``cluster`` settings for a job whose two replicas fit this 2-core node."""
+
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},

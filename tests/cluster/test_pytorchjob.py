@@ -45,13 +45,7 @@ def train_config(image: str, **over: Any) -> dict[str, Any]:
         "dist": {"timeout_s": 90},
         "cluster": {
             "image": image,
-            "gpus_per_node": 0,
-            "object_store_secret": kube.STORE_SECRET,
-            "cpu_request": "250m",
-            "cpu_limit": "1",
-            "memory_request": "512Mi",
-            "memory_limit": "3Gi",
-            "shm_size": "256Mi",
+            **kube.JOB_POD_SETTINGS,
         },
     }
     for key, value in over.items():
