@@ -2,7 +2,8 @@
 # Stop every process hack/cluster-up.sh started and remove the cluster's state: pods first (through
 # the kubelet, so the CNI tears their networks down), then the host processes, then what is left of
 # containers, mounts, network namespaces, iptables chains, the bridge and the pods' cgroups.
-# Built binaries and images stay in the cache (GPUPIPE_CLUSTER_CACHE). Safe to run twice.
+# Built binaries and the node's image store (images only) stay in the cache (GPUPIPE_CLUSTER_CACHE).
+# Safe to run twice.
 set -euo pipefail
 # shellcheck source=hack/cluster/lib.sh
 source "$(dirname "$0")/cluster/lib.sh"
@@ -26,10 +27,17 @@ fi
 
 stage "processes"
 for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
+# The image store outlives the cluster, its containers must not: a containerd that died with the
+# session is started again to remove them (its config is still in the state folder).
+if ! running containerd && [[ -f "${STATE}/containerd/config.toml" && -d "$IMAGE_STORE" ]]; then
+  start containerd containerd --config "${STATE}/containerd/config.toml"
+  wait_for 30 ctr_ version || say "containerd did not start: its containers stay in ${IMAGE_STORE}"
+fi
 if running containerd; then
   for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
   sleep 1
   for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true; done
+  for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers delete "$id" >/dev/null 2>&1 || true; done
 fi
 stop containerd
 # Shims of this containerd (their command line names its socket) outlive it by design.
@@ -42,7 +50,7 @@ done
 
 stage "mounts, network, cgroups"
 # Deepest first: the kubelet's volumes, containerd's rootfs and sandbox /dev/shm mounts.
-while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v s="${STATE}/" 'index($2, s) == 1 {print $2}' /proc/mounts | sort -r)
+while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v s="${STATE}/" -v i="${IMAGE_STORE}/" 'index($2, s) == 1 || index($2, i) == 1 {print $2}' /proc/mounts | sort -r)
 for ns in /run/netns/cni-*; do
   [[ -e "$ns" ]] && ip netns delete "$(basename "$ns")" 2>/dev/null || true
 done
@@ -70,5 +78,7 @@ done
 
 stage "state"
 rm -rf "$STATE"
+# The CRI's folders of the containers and sandboxes just removed (hostname, resolv.conf, shm).
+rm -rf "${IMAGE_STORE}/io.containerd.grpc.v1.cri/containers" "${IMAGE_STORE}/io.containerd.grpc.v1.cri/sandboxes"
 stage ""
 printf '==> cluster removed in %d s\n' "$((SECONDS - start_s))"

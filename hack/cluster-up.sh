@@ -126,7 +126,7 @@ cat >"${STATE}/cni/net.d/10-gpupipe.conflist" <<CNI
 CNI
 cat >"${STATE}/containerd/config.toml" <<TOML
 version = 2
-root = "${STATE}/containerd/root"
+root = "${IMAGE_STORE}"
 state = "${RUN_DIR}/containerd"
 oom_score = 0
 [grpc]

@@ -3,8 +3,8 @@
 # Paths (override by environment):
 #   GPUPIPE_CLUSTER_DIR    state of the running cluster: certs, etcd, containerd, kubelet, logs
 #                          (default /var/lib/gpupipe-cluster; removed by `make cluster-down`)
-#   GPUPIPE_CLUSTER_CACHE  built binaries and image tarballs, keyed by version; kept across
-#                          cluster-down so a second cluster-up builds nothing
+#   GPUPIPE_CLUSTER_CACHE  built binaries (keyed by version) and the node's image store; kept
+#                          across cluster-down so a second cluster-up builds and imports nothing
 #                          (default ${XDG_CACHE_HOME:-$HOME/.cache}/gpupipe-cluster)
 # shellcheck disable=SC2034  # variables here are used by the scripts that source this file
 
@@ -21,6 +21,10 @@ PKI="${STATE}/pki"
 KUBECONFIG_ADMIN="${STATE}/kubeconfig"
 CONTAINERD_SOCK="${RUN_DIR}/containerd.sock"
 BIN_DIR="${CACHE}/bin"           # <name>-<version>/<binary>
+# containerd's root: the node's images and their unpacked layers. It outlives the cluster (the
+# 1.4 GB trainer image takes over a minute to import); cluster-down removes every container from
+# it, so only images are left.
+IMAGE_STORE="${CACHE}/containerd"
 
 # Time each stage: `stage NAME` starts one and closes the one before with its duration.
 _stage_name=""
@@ -62,13 +66,16 @@ kubectl_() { "${BIN_DIR}/kubernetes-${K8S_VERSION}/kubectl" --kubeconfig "${KUBE
 ctr_() { ctr --address "${CONTAINERD_SOCK}" --namespace k8s.io "$@"; }
 
 # Import a Docker image into the node's containerd, pinned (image GC never removes it). Skipped
-# when this cluster already imported that image id (the marker lives in the state folder).
+# when the image store already holds that image id under that name (the marker lives in the
+# store, so it goes when the store goes).
 import_image() {
   local tag="$1" id marker
   id="$(docker image inspect --format '{{.Id}}' "$tag")" || die "image ${tag} was not built"
-  marker="${STATE}/images/$(printf '%s' "$tag" | tr '/:' '__')"
-  [[ -f "$marker" && "$(cat "$marker")" == "$id" ]] && return 0
-  mkdir -p "${STATE}/images"
+  marker="${IMAGE_STORE}/gpupipe-imported/$(printf '%s' "$tag" | tr '/:' '__')"
+  if [[ -f "$marker" && "$(cat "$marker")" == "$id" ]] && ctr_ images ls -q "name==${tag}" | grep -q .; then
+    return 0
+  fi
+  mkdir -p "${IMAGE_STORE}/gpupipe-imported"
   docker save "$tag" | ctr_ images import - >/dev/null ||
     die "importing ${tag} into the node's containerd failed"
   # containerd 1.6's import has no --label: pin it afterwards.
