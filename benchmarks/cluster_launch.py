@@ -67,7 +67,7 @@ def _plain(api: Any, job: dict[str, Any], namespace: str, timeout_s: float) -> N
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3, help="runs of each, interleaved")
+    p.add_argument("--repeats", type=int, default=5, help="runs of each, interleaved")
     p.add_argument("--rows", type=int, default=3000, help="rows of the demo table")
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args(argv)

@@ -239,6 +239,32 @@ def control_barrier(ctx: DistContext) -> None:
         tdist.barrier(group=_control_group)
 
 
+FINAL_BARRIER_S = 60
+"""How long rank 0 waits at the end for ranks that have nothing left to do but arrive."""
+
+
+def final_barrier(ctx: DistContext, timeout_s: float = FINAL_BARRIER_S) -> str | None:
+    """The job's last rendezvous, after rank 0 has written the model; why it failed, or None.
+
+    The other ranks wait here for rank 0 (for as long as the collective timeout allows: the
+    model write may be long). Rank 0 comes last, so it waits only ``timeout_s`` for them: a
+    peer lost now (its pod deleted, its node gone) cannot change the written model, and must
+    not hold a finished job for the whole collective timeout. Rank 0 then gets the reason back
+    (the ranks that did not arrive) instead of an error; the other ranks raise as any
+    collective does.
+    """
+    if not ctx.is_distributed:
+        return None
+    if not ctx.is_main:
+        tdist.monitored_barrier(group=_control_group)
+        return None
+    try:
+        tdist.monitored_barrier(group=_control_group, timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        return " ".join(str(e).split())
+    return None
+
+
 def all_reduce_sum(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over ranks in place and return it (no-op for one process)."""
     if ctx.is_distributed:

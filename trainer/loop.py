@@ -176,7 +176,11 @@ def train(
         )
         tel.emit("done", step=s.step, model_uri=cfg.output.model_uri, **metrics)
     tel.close()
-    dist.control_barrier(ctx)
+    if why := dist.final_barrier(ctx):
+        log.warning(
+            "a peer did not reach the end of the job (%s); the model is written, so the job stands",
+            why,
+        )
     return result
 
 

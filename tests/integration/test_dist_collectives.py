@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(rank: int, port: int, out: str) -> None:
-    """One rank: set torchrun's variables, init through trainer.dist, record what it sees."""
+def _torchrun_env(rank: int, port: int) -> None:
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",
@@ -39,6 +39,11 @@ def _rank_main(rank: int, port: int, out: str) -> None:
             "CUDA_VISIBLE_DEVICES": "",
         }
     )
+
+
+def _rank_main(rank: int, port: int, out: str) -> None:
+    """One rank: set torchrun's variables, init through trainer.dist, record what it sees."""
+    _torchrun_env(rank, port)
     with dist_session("gloo", timeout_s=60) as ctx:
         # Each rank raises a different flag; "any" must agree on every rank.
         any_flags = dist.control_any(ctx, rank == 1, False, rank == 0)
@@ -48,7 +53,9 @@ def _rank_main(rank: int, port: int, out: str) -> None:
         broadcast = dist.broadcast_object(ctx, {"from": rank, "step": 100 + rank})
         dist.control_barrier(ctx)
         dist.barrier(ctx)
+        final = dist.final_barrier(ctx)
         record = {
+            "final": final,
             "backend": ctx.backend,
             "world_size": ctx.world_size,
             "is_main": ctx.is_main,
@@ -75,4 +82,37 @@ def test_control_collectives_agree_across_two_gloo_ranks(tmp_path: Path) -> None
         assert rec["sum"] == [3.0, 20.0]
         assert rec["gathered"] == [{"rank": 0, "name": "r0"}, {"rank": 1, "name": "r1"}]
         assert rec["broadcast"] == {"from": 0, "step": 100}
+        assert rec["final"] is None
         assert rec["closed"]
+
+
+def _leaves_before_the_end(rank: int, port: int, out: str) -> None:
+    """Rank 1 dies after the last collective of training; rank 0 then reaches the final barrier
+    (with the 30-minute collective timeout a real job has)."""
+    _torchrun_env(rank, port)
+    with dist_session("gloo", timeout_s=1800) as ctx:
+        dist.control_barrier(ctx)
+        if rank == 1:
+            os._exit(0)  # its pod deleted, say: no teardown, no goodbye
+        start = time.monotonic()
+        why = dist.final_barrier(ctx, timeout_s=3)
+        waited = time.monotonic() - start
+    Path(out, "rank0.json").write_text(json.dumps({"why": why, "waited": waited}))
+
+
+def test_a_peer_lost_after_training_does_not_hold_the_finished_job(tmp_path: Path) -> None:
+    """Found on the test cluster: a worker pod deleted after the model was written left the
+    master in the last barrier for the whole collective timeout (30 minutes)."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [
+        ctx.Process(target=_leaves_before_the_end, args=(r, port, str(tmp_path))) for r in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    rec = json.loads((tmp_path / "rank0.json").read_text())
+    assert rec["waited"] < 30, rec
+    assert "1" in rec["why"], rec  # names the rank that did not arrive
