@@ -111,7 +111,7 @@ sysctl -qw net.ipv4.ip_forward=1
 sysctl -qw net.bridge.bridge-nf-call-iptables=1 ||
   cannot "net.bridge.bridge-nf-call-iptables cannot be set: Services would not reach pods on the node's bridge"
 mkdir -p "${STATE}/cni/net.d" "${STATE}/containerd"
-cat >"${STATE}/cni/net.d/10-gpupipe.conflist" <<CNI
+put "${STATE}/cni/net.d/10-gpupipe.conflist" <<CNI || true
 {
   "cniVersion": "1.0.0",
   "name": "gpupipe",
@@ -124,7 +124,7 @@ cat >"${STATE}/cni/net.d/10-gpupipe.conflist" <<CNI
   ]
 }
 CNI
-cat >"${STATE}/containerd/config.toml" <<TOML
+if put "${STATE}/containerd/config.toml" <<TOML; then
 version = 2
 root = "${IMAGE_STORE}"
 state = "${RUN_DIR}/containerd"
@@ -146,6 +146,8 @@ oom_score = 0
     bin_dir = "/usr/lib/cni"
     conf_dir = "${STATE}/cni/net.d"
 TOML
+  stop containerd # a changed config takes effect: it starts again below
+fi
 start containerd containerd --config "${STATE}/containerd/config.toml"
 must_run containerd 30 ctr_ version
 
@@ -160,7 +162,7 @@ ctr_ images label "$cuda_image" io.cri-containerd.pinned=pinned >/dev/null
 
 stage "kubelet"
 mkdir -p "${STATE}/kubelet"
-cat >"${STATE}/kubelet/config.yaml" <<YAML
+if put "${STATE}/kubelet/config.yaml" <<YAML; then
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -184,6 +186,8 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 110
 YAML
+  stop kubelet # a changed config takes effect: it starts again below
+fi
 # --oom-score-adj: the kubelet would lower its own score to -999, which this VM refuses.
 start kubelet "${K8S_BIN}/kubelet" --config "${STATE}/kubelet/config.yaml" \
   --kubeconfig "${PKI}/node.kubeconfig" --root-dir "${STATE}/kubelet" \
@@ -193,7 +197,7 @@ must_run kubelet 90 node_ready
 
 stage "kube-proxy"
 mkdir -p "${STATE}/kube-proxy"
-cat >"${STATE}/kube-proxy/config.yaml" <<YAML
+if put "${STATE}/kube-proxy/config.yaml" <<YAML; then
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: ${PKI}/kube-proxy.kubeconfig}
@@ -207,6 +211,8 @@ oomScoreAdj: 0
 # Zero: keep the host's conntrack settings (this VM may refuse to change them).
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 YAML
+  stop kube-proxy # a changed config takes effect: it starts again below
+fi
 start kube-proxy "${K8S_BIN}/kube-proxy" --config "${STATE}/kube-proxy/config.yaml"
 must_run kube-proxy 30 curl -sf http://127.0.0.1:10256/healthz
 

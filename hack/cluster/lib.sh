@@ -84,6 +84,19 @@ import_image() {
   printf '%s' "$id" >"$marker"
 }
 
+# put FILE: write stdin to FILE only when that changes it (written beside, then renamed), so a
+# rerun leaves a running process's config alone: kube-proxy exits as soon as its file changes,
+# and sees a half-written one if it is rewritten in place. Status 0 when FILE changed, else 1.
+put() {
+  local f="$1"
+  cat >"${f}.new"
+  if cmp -s "${f}.new" "$f"; then
+    rm -f "${f}.new"
+    return 1
+  fi
+  mv -f "${f}.new" "$f"
+}
+
 # Wait until a command succeeds, at most $1 seconds; the rest is the command.
 wait_for() {
   local limit="$1" start=$SECONDS
