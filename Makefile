@@ -54,7 +54,7 @@ compile: setup ## compile pipelines and components to YAML (the committed golden
 
 .PHONY: test
 test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster, no Docker)
-	$(BIN)/pytest -m "not e2e and not slow and not containers and not cluster" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not e2e and not slow and not containers and not cluster" --durations=15 $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: setup ## only the fast unit tests
