@@ -48,12 +48,13 @@ import torch
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import dist, loop
-from trainer.config import from_dict
+from trainer.base.typedconfig import from_dict
+from trainer.distributed import dist
 from trainer.steps.evaluate import EvaluateConfig, evaluate
 from trainer.steps.preprocess import preprocess
 from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.train import TrainStepConfig, plan_worker_config, step_settings
+from trainer.training import loop
 
 GOAL = 0.99
 """The model's metric must be within 1% of the best baseline's."""

@@ -46,11 +46,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import sharding
 from trainer.config import DataConfig, ModelConfig, OutputConfig, WorkerConfig
+from trainer.distributed import sharding
+from trainer.distributed.precision import resolve_precision
 from trainer.models import ModelSpec, build_model, compute_loss
-from trainer.optim import make_optimizer
-from trainer.precision import resolve_precision
+from trainer.training.optim import make_optimizer
 
 MB = 2**20
 

@@ -52,7 +52,6 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import dist
 from trainer.config import (
     DataConfig,
     ModelConfig,
@@ -61,13 +60,15 @@ from trainer.config import (
     TrainConfig,
     WorkerConfig,
 )
-from trainer.data import BatchStream
-from trainer.dist import DistContext
+from trainer.data.datasets import BatchStream
+from trainer.distributed import dist
+from trainer.distributed.dist import DistContext
 from trainer.models import build_model, computes_loss
-from trainer.optim import lr_multiplier
-from trainer.run import LossWindow, Run
-from trainer.stop import StopSignal
-from trainer.telemetry import Telemetry
+from trainer.training.loop import LossWindow, loop_step
+from trainer.training.optim import lr_multiplier
+from trainer.training.run import Run
+from trainer.training.stop import StopSignal
+from trainer.training.telemetry import Telemetry
 
 SEED = 0
 # Losses are compared with this tolerance; on one CPU process they are in fact bitwise equal.
@@ -140,7 +141,7 @@ def make_config(case: Case, data: Path, out: Path, total_steps: int) -> WorkerCo
 
 
 def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor], Run]:
-    """The trainer's step: ``Run.loop_step``, the body of ``train()``'s loop."""
+    """The trainer's step: ``loop_step``, the body of ``train()``'s loop."""
     run = Run(cfg, ctx, StopSignal())
     # Same events as train() would emit, but into a sink so the table stays readable.
     run.telemetry = Telemetry(
@@ -151,7 +152,7 @@ def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor
 
     def step() -> torch.Tensor:
         position, x, y = next(it)
-        outcome = run.loop_step(position, x, y, window)
+        outcome = loop_step(run, position, x, y, window)
         if outcome.diverged:
             raise RuntimeError(f"non-finite loss by step {run.state.step}: the benchmark diverged")
         return outcome.loss

@@ -40,7 +40,8 @@ import pyarrow.parquet as pq
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.config import WorkerConfig, apply_overrides, from_dict
+from trainer.base.typedconfig import apply_overrides, from_dict
+from trainer.config import WorkerConfig
 from trainer.demo import make_table
 from trainer.tune.local import InProcessTrialRunner, StudyResult, run_study
 from trainer.tune.space import load_space

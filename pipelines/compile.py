@@ -14,7 +14,7 @@ from kfp import compiler
 
 from components import ALL as COMPONENTS
 from pipelines.training import PIPELINES
-from trainer import outputs, storage
+from trainer.base import outputs, storage
 
 STEP = "compile"
 """The producer recorded in the markers of compiled YAML."""

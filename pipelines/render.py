@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import yaml
 
-from trainer.config import from_dict
+from trainer.base.typedconfig import from_dict
 from trainer.launch.jobspec import JobSpec, job_name
 from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.steps.train import TrainStepConfig, job_spec, step_settings

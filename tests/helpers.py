@@ -23,8 +23,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from trainer import dist
 from trainer.demo import make_table
+from trainer.distributed import dist
 
 if TYPE_CHECKING:
     from trainer.steps.tune import TuneConfig
@@ -294,7 +294,7 @@ def write_dataset(root: Path, rows: int = 600) -> Path:
 def tune_config(**over: Any) -> TuneConfig:
     """A small in-process tune config (TPE over ``optim.lr``, median stopping); ``over`` replaces
     top-level fields."""
-    from trainer.config import from_dict
+    from trainer.base.typedconfig import from_dict
     from trainer.steps.tune import TuneConfig
 
     data: dict[str, Any] = {

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from trainer import storage
-from trainer.config import apply_overrides, from_dict
+from trainer.base import storage
+from trainer.base.typedconfig import apply_overrides, from_dict
 from trainer.entry import run_guarded
 
 _FOLDER_HELP = (

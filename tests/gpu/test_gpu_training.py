@@ -23,11 +23,13 @@ import torch
 import torch.distributed as tdist
 from safetensors.torch import load_file
 
-from trainer import dist, loop
-from trainer import run as run_module
-from trainer.checkpoint import CheckpointManager
-from trainer.config import WorkerConfig, from_dict
+from trainer.base.typedconfig import from_dict
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.config import WorkerConfig
 from trainer.demo import make_table
+from trainer.distributed import dist
+from trainer.training import loop
+from trainer.training import run as run_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 

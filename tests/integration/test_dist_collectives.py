@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.helpers import dist_session
-from trainer import dist
+from trainer.distributed import dist
 
 pytestmark = pytest.mark.integration
 

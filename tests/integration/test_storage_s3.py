@@ -8,9 +8,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from trainer import outputs, storage
-from trainer.errors import InputError
-from trainer.outputs import OUTPUT_MARKER
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.outputs import OUTPUT_MARKER
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from trainer import storage
+from trainer.base import storage
 
 
 def _uri(kind: str, path: Path) -> str:

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from trainer.config import WorkerConfig, apply_overrides
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides
+from trainer.config import WorkerConfig
 from trainer.steps.train import TrainStepConfig
 from trainer.tune.space import (
     Parameter,

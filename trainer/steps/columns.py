@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.steps.gate import MIN_GATE_ROWS
 from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.tabular import (

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer import storage
-from trainer.errors import InputError
+from trainer.base import storage
+from trainer.base.errors import InputError
 from trainer.steps.columns import (
     _comma_numbers_notice,
     _refuse_dates,

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer import storage
-from trainer.errors import InputError
-from trainer.outputs import atomic_dir, check_output_location
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.base.outputs import atomic_dir, check_output_location
 from trainer.steps.columns import (
     check_scaled,
     check_splits,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from trainer.version import __version__
+from trainer.base.version import __version__
 
 if TYPE_CHECKING:
     from trainer.tune.local import StudyResult, TrialRecord

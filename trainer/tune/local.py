@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainer import storage
+from trainer.base import storage
+from trainer.base.errors import InputError
 from trainer.config import WorkerConfig
-from trainer.errors import InputError
 from trainer.tune.runners import (
     InProcessTrialRunner,
     SubprocessTrialRunner,

@@ -13,7 +13,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.tune.space import Parameter, SearchSpace, grid_points, sample_value
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer.config import coerce, parse_value
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import coerce, parse_value
 
 ParameterType = Literal["double", "int", "discrete", "categorical"]
 Distribution = Literal["uniform", "logUniform", "normal", "logNormal"]

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from trainer.errors import InputError
-from trainer.redact import has_userinfo, redact
+from trainer.base.errors import InputError
+from trainer.base.redact import has_userinfo, redact
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _REMOTE_SCHEMES = ("s3", "gs", "minio")

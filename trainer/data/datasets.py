@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from trainer.errors import InputError
-from trainer.parquet_columns import (
+from trainer.base.errors import InputError
+from trainer.data.parquet_columns import (
     check_task,
     empty_rows,
     fill_rows,
@@ -26,7 +26,7 @@ from trainer.parquet_columns import (
     read_metadata,
     resolve_columns,
 )
-from trainer.streaming import StreamingParquetDataset, StreamSource
+from trainer.data.streaming import StreamingParquetDataset, StreamSource
 
 KINDS = ("tabular", "tokens")
 

@@ -48,9 +48,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from trainer import dist, storage
-from trainer.checkpoint import STATE_FILE, CheckpointManager, CorruptCheckpointError, file_entry
-from trainer.dist import DistContext
+from trainer.base import storage
+from trainer.checkpoint.files import STATE_FILE, CorruptCheckpointError, file_entry
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.distributed import dist
+from trainer.distributed.dist import DistContext
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,11 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from trainer import outputs, storage
-from trainer.config import ModelConfig, from_dict, to_dict
-from trainer.errors import InputError
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict, to_dict
+from trainer.base.version import __version__
+from trainer.config import ModelConfig
 from trainer.models import (
     BUILTIN_MODELS,
     ModelSpec,
@@ -25,7 +27,6 @@ from trainer.models import (
     plugin_module,
     unwrap_model,
 )
-from trainer.version import __version__
 
 FORMAT = "gpupipe.model/v1"
 WEIGHTS_FILE = "model.safetensors"

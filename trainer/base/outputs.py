@@ -22,9 +22,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from trainer import storage
-from trainer.errors import InputError
-from trainer.version import __version__
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.base.version import __version__
 
 OUTPUT_MARKER = ".gpupipe-output.json"
 """The marker's file name: inside a folder output, or ``.<name>`` + this next to a file output."""

@@ -15,8 +15,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
-from trainer.errors import InputError
-from trainer.parquet_columns import (
+from trainer.base.errors import InputError
+from trainer.data.parquet_columns import (
     check_task,
     empty_rows,
     fill_rows,
