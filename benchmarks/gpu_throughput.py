@@ -2,9 +2,9 @@
 
 For each model, in one run on one device:
 
-- **trainer**: the real ``trainer.run.Run`` built from a ``WorkerConfig`` over a Parquet token
-  file, exactly as ``train()`` builds it (bf16 autocast, ``torch.compile``, fused AdamW, TF32, SDPA
-  flash attention on CUDA), fed by ``train()``'s data path (``BatchStream`` through the
+- **trainer**: the real ``trainer.training.run.Run`` built from a ``WorkerConfig`` over a Parquet
+  token file, exactly as ``train()`` builds it (bf16 autocast, ``torch.compile``, fused AdamW, TF32,
+  SDPA flash attention on CUDA), fed by ``train()``'s data path (``BatchStream`` through the
   ``Prefetcher``: pinned memory, non-blocking copies on a side stream) and driven through
   ``step_with_oom_fallback`` plus the bookkeeping of ``train()``'s loop (the on-device loss window,
   synced every ``log_every_steps``), like ``benchmarks/trainer_overhead.py``.

@@ -1,4 +1,4 @@
-"""Benchmark: step time of trainer.loop against a hand-written PyTorch loop on the same work.
+"""Benchmark: step time of trainer.training against a hand-written PyTorch loop on the same work.
 
 Both contenders train the same model (built by ``build_model`` after the same seed, from the same
 starting weights), on the same batches (two ``BatchStream`` iterators over one dataset, same
@@ -6,15 +6,15 @@ seed), with the same AdamW (decay on matrices only, same fused flag), the same `
 warmup-and-cosine schedule, the same gradient clipping and the same precision policy, in one
 process (``dist.init()`` without torchrun: world size 1, the CPU unless a GPU is visible).
 
-- **ours** is the real ``trainer.run.Run``, built from a ``WorkerConfig`` over a Parquet file
-  exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)`` (micro-batch
-  split, control agreement, backward, clip, optimizer and scheduler step), plus the per-step
-  bookkeeping of ``train()``'s loop: the on-device loss window (``nan_to_num``, the non-finite
-  counts, the grad-norm check), the progress-bar advance, the log/eval/checkpoint decisions, and
-  every ``log_every_steps`` the one sync and a JSON log line (written to a throwaway stream).
-  ``train()`` itself is not timed because it cannot be paused to interleave blocks with the other
-  contender and its history holds only windowed, rounded losses, so the step-for-step loss check
-  would be impossible; the bookkeeping here mirrors its loop body line for line.
+- **ours** is the real ``trainer.training.run.Run``, built from a ``WorkerConfig`` over a Parquet
+  file exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)``
+  (micro-batch split, control agreement, backward, clip, optimizer and scheduler step), plus the
+  per-step bookkeeping of ``train()``'s loop: the on-device loss window (``nan_to_num``, the
+  non-finite counts, the grad-norm check), the progress-bar advance, the log/eval/checkpoint
+  decisions, and every ``log_every_steps`` the one sync and a JSON log line (written to a throwaway
+  stream). ``train()`` itself is not timed because it cannot be paused to interleave blocks with the
+  other contender and its history holds only windowed, rounded losses, so the step-for-step loss
+  check would be impossible; the bookkeeping here mirrors its loop body line for line.
 - **raw** is a nanoGPT-style loop: ``loss = F.cross_entropy(model(x), y)`` (or, as nanoGPT,
   ``model(x, targets=y)`` for a model that computes its own loss: the GPT's chunked head);
   ``loss.backward(); clip; opt.step(); sched.step(); opt.zero_grad(set_to_none=True)``, with

@@ -3,7 +3,7 @@
 The task is real training on a small tabular problem (``trainer.demo.make_table``: Gaussian
 features, a non-linear 3-class target with noise, written as Parquet), through the local tune
 engine (``trainer.tune.local.run_study``) and the real training loop
-(``InProcessTrialRunner`` -> ``trainer.loop.train``, one CPU process).
+(``InProcessTrialRunner`` -> ``trainer.training.loop.train``, one CPU process).
 
 - **Search space** (where hyperparameters matter): ``optim.lr`` log-uniform 1e-5..0.3,
   ``model.hidden_dim`` 8..256 (log), ``optim.weight_decay`` 0..0.3; objective: ``val_loss``.

@@ -3,7 +3,7 @@
 The same step functions the KFP components call, without KFP: what a PyTorchJob pod, a Katib
 trial or a person at a shell runs. Bad input prints ``ERROR [<step>] E_<CODE>: ...`` and exits 2.
 Outputs (``--output``, train's ``--model`` and ``--work``, ``--report``) go only where nothing
-but the same step's earlier output would be replaced (see :mod:`trainer.outputs`).
+but the same step's earlier output would be replaced (see :mod:`trainer.base.outputs`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""trainer.dist's control collectives across two real gloo processes (torch.multiprocessing)."""
+"""trainer.distributed.dist's control collectives across two real gloo processes."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def free_port() -> int:
 
 
 def _rank_main(rank: int, port: int, out: str) -> None:
-    """One rank: set torchrun's variables, init through trainer.dist, record what it sees."""
+    """One rank: set torchrun's variables, init through dist, record what it sees."""
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",

@@ -1,4 +1,4 @@
-"""trainer.storage against a real S3-compatible server (moto on 127.0.0.1)."""
+"""trainer.base.storage against a real S3-compatible server (moto on 127.0.0.1)."""
 
 from __future__ import annotations
 

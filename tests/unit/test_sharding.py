@@ -1,4 +1,4 @@
-"""trainer.sharding and trainer.dcp: the strategy decision, shard units, and FSDP2 in one process.
+"""Sharding and sharded checkpoints: the strategy decision, shard units, FSDP2 in one process.
 
 The FSDP parts run in a real one-rank gloo process group in this process (FSDP2 runs on CPU
 with gloo in torch 2.13); the multi-rank behaviour is in tests/integration/test_fsdp.py.

@@ -1,4 +1,4 @@
-"""Unit tests for trainer.storage on the local filesystem (object stores: integration tests)."""
+"""trainer.base.storage on the local filesystem (object stores: the integration tests)."""
 
 from __future__ import annotations
 

@@ -48,9 +48,9 @@ class CheckpointManager:
     checkpoint can never run code.
 
     Only one process may save (the caller passes ``ctx.is_main``). A sharded save
-    (:mod:`trainer.dcp`) splits :meth:`save` into :meth:`begin` and :meth:`commit`, and the
-    other ranks write their shard files into the temporary folder in between; the marker lists
-    them, so they are verified like ``state.pt``. ``load_latest`` repairs the
+    (:mod:`trainer.checkpoint.dcp`) splits :meth:`save` into :meth:`begin` and :meth:`commit`,
+    and the other ranks write their shard files into the temporary folder in between; the marker
+    lists them, so they are verified like ``state.pt``. ``load_latest`` repairs the
     directory (quarantines bad steps, removes leftovers); on a shared root, let the main rank call
     it first, or pass ``repair=False`` on the other ranks.
 

@@ -1,8 +1,8 @@
 """Data path: Parquet into columnar tensors, served as sharded, resumable batches by global step.
 
 In-memory datasets (:class:`TabularDataset`, :class:`TokenDataset`) live here with the batch
-stream; data over ``data.max_memory_mb`` streams through :mod:`trainer.streaming`, and the
-Parquet column handling both share is :mod:`trainer.parquet_columns`.
+stream; data over ``data.max_memory_mb`` streams through :mod:`trainer.data.streaming`, and
+the Parquet column handling both share is :mod:`trainer.data.parquet_columns`.
 """
 
 from __future__ import annotations

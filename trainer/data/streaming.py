@@ -1,5 +1,6 @@
 """Tabular Parquet larger than memory, read row group by row group: the streaming dataset and
-the one-epoch source that serves it window by window to :class:`trainer.data.BatchStream`.
+the one-epoch source that serves it window by window to
+:class:`trainer.data.datasets.BatchStream`.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def save_model(
 
     The directory is built under a temporary sibling name and renamed to ``uri`` only when every
     file is written, so a failure leaves nothing at ``uri``. ``uri`` must be absent, empty or an
-    earlier model (which is replaced on success): see :func:`trainer.outputs.atomic_dir`. DDP
+    earlier model (which is replaced on success): see :func:`trainer.base.outputs.atomic_dir`. DDP
     and torch.compile wrappers are unwrapped first, so the weight names are those of the plain
     model.
 

@@ -1,10 +1,11 @@
 """The local tune engine: a Katib-style search space run as an Optuna study over real trainings.
 
 Katib's algorithms map onto Optuna samplers and its median stopping (or Hyperband) onto pruners
-(:mod:`trainer.tune.samplers`). Each trial is a real training run of ``trainer.loop``,
+(:mod:`trainer.tune.samplers`). Each trial is a real training run of ``trainer.training.loop``,
 driven by a :class:`TrialRunner`: a ``trainer.worker`` subprocess whose JSON ``eval`` lines are
 reported to the trial as they appear (:class:`SubprocessTrialRunner`), or a call of
-``trainer.loop.train`` in this process (:class:`InProcessTrialRunner`, for tests and benchmarks).
+``trainer.training.loop.train`` in this process (:class:`InProcessTrialRunner`, for tests and
+benchmarks).
 A pruned trial is stopped the way a preempted one is (SIGTERM, or ``on_eval`` returning True).
 
 Semantics follow Katib's experiment controller:

@@ -94,7 +94,7 @@ class TrialRunner(Protocol):
 
 
 class InProcessTrialRunner:
-    """Calls ``trainer.loop.train`` in this process, one trial at a time (tests, benchmarks).
+    """Calls ``trainer.training.loop.train`` in this process, one trial at a time (tests).
 
     Single process only (``nproc_per_node`` 1). With ``quiet`` the trainer's JSON log lines
     are swallowed (stdout is redirected while a trial runs, which is why trials take turns).
