@@ -330,8 +330,9 @@ def _check_choices(p: dict[str, Any]) -> None:
 
 
 def _check_tune(p: dict[str, Any]) -> None:
+    from trainer.base.typedconfig import config_fields
     from trainer.config import WorkerConfig
-    from trainer.tune.space import config_fields, load_space
+    from trainer.tune.space import load_space
 
     space = json_object(p, "tune_space_json")
     if not space:

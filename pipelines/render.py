@@ -153,9 +153,10 @@ def render_experiment(
         InputError: an unknown parameter, a bad value or an invalid search space.
     """
     from pipelines.params import json_object
+    from trainer.base.typedconfig import config_fields
     from trainer.config import WorkerConfig
     from trainer.tune.katib import build_experiment, experiment_name
-    from trainer.tune.space import config_fields, example_space, load_space
+    from trainer.tune.space import example_space, load_space
 
     spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
     if space is None:

@@ -197,3 +197,30 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any])
             node = nxt
         node[parts[-1]] = value
     return out
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    """The dataclass that annotation ``tp`` holds (directly or as ``X | None``), if any."""
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return tp
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
+            return arg
+    return None
+
+
+def config_fields(cls: type) -> set[str]:
+    """Every dotted leaf path of config dataclass ``cls`` (``optim.lr``, ``train.epochs``, ...).
+
+    Nested sections (also optional ones such as ``train.early_stopping``) are walked; dicts and
+    lists are leaves.
+    """
+    out: set[str] = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        sub = _dataclass_in(hints[f.name])
+        if sub is None:
+            out.add(f.name)
+        else:
+            out.update(f"{f.name}.{leaf}" for leaf in config_fields(sub))
+    return out

@@ -52,7 +52,8 @@ from trainer.tune.runners import (
     is_number,
 )
 from trainer.tune.samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, suggest
-from trainer.tune.space import SearchSpace, grid_points
+from trainer.tune.space import SearchSpace
+from trainer.tune.values import grid_points
 
 if TYPE_CHECKING:
     import optuna

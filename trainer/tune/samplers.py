@@ -14,7 +14,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from trainer.base.errors import InputError
-from trainer.tune.space import Parameter, SearchSpace, grid_points, sample_value
+from trainer.tune.space import Parameter, SearchSpace
+from trainer.tune.values import grid_points, sample_value
 
 if TYPE_CHECKING:
     import optuna
