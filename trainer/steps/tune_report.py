@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from trainer.base.version import __version__
 
 if TYPE_CHECKING:
-    from trainer.tune.local import StudyResult, TrialRecord
+    from trainer.tune.journal import TrialRecord
+    from trainer.tune.local import StudyResult
 
 
 @dataclass
