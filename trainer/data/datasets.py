@@ -7,6 +7,7 @@ the Parquet column handling both share is :mod:`trainer.data.parquet_columns`.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -329,11 +330,25 @@ class BatchStream:
         self.seed = seed
         self.shuffle = shuffle
         self.steps_per_epoch = n // global_batch_size
+        self.start = self._checked(start)
+
+    def _checked(self, start: DataPosition) -> DataPosition:
         if start.step > self.steps_per_epoch:
             raise ValueError(
                 f"start step {start.step} is past the {self.steps_per_epoch} steps of an epoch"
             )
-        self.start = start
+        return start
+
+    def starting_at(self, start: DataPosition) -> BatchStream:
+        """This stream from ``start`` on (a resumed run's position): the same batches an
+        uninterrupted iteration yields from there.
+
+        Raises:
+            ValueError: ``start`` is past the end of an epoch.
+        """
+        stream = copy.copy(self)
+        stream.start = self._checked(start)
+        return stream
 
     def __iter__(self) -> Iterator[tuple[DataPosition, torch.Tensor, torch.Tensor]]:
         """Yields (position after this step, x_local, y_local); the caller decides when to stop.

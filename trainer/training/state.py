@@ -105,16 +105,7 @@ class DataState:
 
     def load_state_dict(self, state: Mapping[str, Any], /) -> None:
         self.position = DataPosition.from_dict(state)
-        s = self.stream
-        self.stream = BatchStream(
-            s.dataset,
-            global_batch_size=s.global_batch_size,
-            rank=s.rank,
-            world_size=s.world_size,
-            seed=s.seed,
-            shuffle=s.shuffle,
-            start=self.position,
-        )
+        self.stream = self.stream.starting_at(self.position)
 
 
 class BestWeights:
