@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     from kubernetes import client, config
 
     from components.images import CPU_IMAGE
-    from trainer import storage
-    from trainer.config import from_dict, to_json
+    from trainer.base import storage
+    from trainer.base.typedconfig import from_dict, to_json
     from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
     from trainer.steps.demo_data import write_demo_data
     from trainer.steps.preprocess import preprocess

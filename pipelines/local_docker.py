@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.launch.jobspec import JobSpec
 from trainer.launch.kubefields import parse_quantity
 

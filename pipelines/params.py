@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 
 ALIASES_SEPARATOR = "."
 """``tune.enabled`` is accepted for ``tune_enabled`` (and so on)."""
@@ -246,7 +246,7 @@ def _reraise(param: str, e: ValueError) -> None:
 
 
 def _check_train(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
+    from trainer.base.typedconfig import from_dict
     from trainer.steps.train import TrainStepConfig, step_settings
 
     try:
@@ -256,7 +256,7 @@ def _check_train(p: dict[str, Any]) -> None:
 
 
 def _check_evaluate(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
+    from trainer.base.typedconfig import from_dict
     from trainer.steps.evaluate import EvaluateConfig
 
     threshold = p["gate_threshold"]
@@ -275,7 +275,7 @@ def _check_evaluate(p: dict[str, Any]) -> None:
 
 
 def _check_register(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
+    from trainer.base.typedconfig import from_dict
     from trainer.steps.register import RegisterConfig
 
     try:
@@ -330,8 +330,9 @@ def _check_choices(p: dict[str, Any]) -> None:
 
 
 def _check_tune(p: dict[str, Any]) -> None:
+    from trainer.base.typedconfig import config_fields
     from trainer.config import WorkerConfig
-    from trainer.tune.space import config_fields, load_space
+    from trainer.tune.space import load_space
 
     space = json_object(p, "tune_space_json")
     if not space:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import yaml
 
-from trainer.config import from_dict
+from trainer.base.typedconfig import from_dict
 from trainer.launch.jobspec import JobSpec, job_name
 from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.steps.train import TrainStepConfig, job_spec, step_settings
@@ -153,9 +153,10 @@ def render_experiment(
         InputError: an unknown parameter, a bad value or an invalid search space.
     """
     from pipelines.params import json_object
+    from trainer.base.typedconfig import config_fields
     from trainer.config import WorkerConfig
     from trainer.tune.katib import build_experiment, experiment_name
-    from trainer.tune.space import config_fields, example_space, load_space
+    from trainer.tune.space import example_space, load_space
 
     spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
     if space is None:

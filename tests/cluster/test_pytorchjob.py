@@ -18,8 +18,8 @@ from safetensors.torch import load
 
 from tests.cluster import kube
 from tests.cluster.conftest import delete_namespace, make_namespace, role
-from trainer import storage
-from trainer.export import load_model
+from trainer.base import storage
+from trainer.models.export import load_model
 
 JOB_TIMEOUT_S = 900
 """Longest a test waits for one launcher: a 2-replica job on this 2-core node, images local."""

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from trainer.config import EarlyStoppingConfig, OptimConfig, TrainConfig, from_dict
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
+from trainer.config import EarlyStoppingConfig, OptimConfig, TrainConfig
 from trainer.steps import auto_settings as auto
 from trainer.steps.auto_settings import AutoSettingsConfig, choose_settings
 from trainer.steps.train import TrainStepConfig, step_settings

@@ -16,12 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.datasets import load_wine, make_regression
 
-from trainer import dist, loop
-from trainer.config import from_dict, load_worker_config
+from trainer.base.typedconfig import from_dict
+from trainer.config import load_worker_config
+from trainer.distributed import dist
 from trainer.steps.evaluate import EvaluateConfig, evaluate
 from trainer.steps.preprocess import preprocess
 from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.train import TrainStepConfig, step_settings, train_step
+from trainer.training import loop
 
 
 class InProcessLauncher:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import DNS1035, assert_valid_job, needs_crd, schema_errors
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.launch.jobspec import (
     MAX_JOB_NAME_LEN,
     JobSpec,

@@ -16,8 +16,9 @@ from kubernetes import client
 from pipelines.render import render_experiment
 from tests.fakes.kube_api import ExperimentScenario, FakeKubeApi, TrialPlan
 from tests.helpers import needs_crd, schema_errors
-from trainer.config import WorkerConfig, apply_overrides, parse_value
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, config_fields, parse_value
+from trainer.config import WorkerConfig
 from trainer.launch.jobspec import JobSpec
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.pytorchjob import build_pytorchjob
@@ -30,7 +31,7 @@ from trainer.tune.katib import (
     katib_name,
     trial_template_errors,
 )
-from trainer.tune.space import SearchSpace, config_fields, example_space, load_space
+from trainer.tune.space import SearchSpace, example_space, load_space
 
 NS = "team-a"
 NAME = experiment_name("run-0f3c9a", "tune")

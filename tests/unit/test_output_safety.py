@@ -22,14 +22,16 @@ import pytest
 import torch
 
 from tests.helpers import TORCHRUN_VARS
-from trainer import outputs, storage, worker
-from trainer.checkpoint import ROOT_STEP, CheckpointManager
-from trainer.config import ModelConfig, from_dict
+from trainer import worker
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError, error_line
+from trainer.base.outputs import OUTPUT_MARKER
+from trainer.base.typedconfig import from_dict
+from trainer.checkpoint.manager import ROOT_STEP, CheckpointManager
+from trainer.config import ModelConfig
 from trainer.demo import make_table
-from trainer.errors import InputError, error_line
-from trainer.export import save_model
 from trainer.models import ModelSpec, build_model
-from trainer.outputs import OUTPUT_MARKER
+from trainer.models.export import save_model
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.evaluate import EvaluateConfig, evaluate
 from trainer.steps.preprocess import preprocess

@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer.__main__ import main as trainer_main
-from trainer.config import from_dict
-from trainer.data import TabularDataset
-from trainer.errors import InputError
-from trainer.outputs import OUTPUT_MARKER
+from trainer.base.errors import InputError
+from trainer.base.outputs import OUTPUT_MARKER
+from trainer.base.typedconfig import from_dict
+from trainer.data.datasets import TabularDataset
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.preprocess import (
     PreprocessResult,

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from tests.fakes.kube_api import FakeKubeApi, Scenario
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.launch.jobspec import ClusterConfig, JobSpec, job_name
 from trainer.launch.kube import KubeApi, KubeApiError, RetryPolicy
 from trainer.launch.pytorchjob import (

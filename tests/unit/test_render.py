@@ -11,7 +11,7 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.params import pipeline_parameters
 from pipelines.render import render_pytorchjob
 from tests.helpers import assert_valid_job, needs_crd
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 
 
 def render(**params: Any) -> dict[str, Any]:

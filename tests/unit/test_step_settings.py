@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from components.train import train as train_component
 from tests.helpers import write_dataset
-from trainer.config import from_dict
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
 from trainer.steps.train import TrainStepConfig, step_settings
 
 TINY = {"model.hidden_dim": 8, "train.log_every_steps": 1000}

@@ -15,9 +15,9 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.render import render_pytorchjob
 from tests.fakes.kube_api import FakeKubeApi, Scenario
 from tests.helpers import assert_valid_job, needs_crd
-from trainer import outputs, storage
-from trainer.config import from_dict
-from trainer.errors import InputError
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
 from trainer.launch.jobspec import ClusterConfig, job_name
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.local import LocalLauncher

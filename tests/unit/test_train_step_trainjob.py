@@ -16,8 +16,8 @@ from pipelines.params import check_parameters
 from pipelines.render import render_pytorchjob, render_trainjob
 from tests.helpers import assert_valid_trainjob as assert_valid
 from tests.helpers import needs_trainjob_crd as needs_crd
-from trainer.config import from_dict
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
 from trainer.launch.trainjob import TrainJobLauncher
 from trainer.steps.train import TrainStepConfig, make_launcher, step_settings
 

@@ -24,7 +24,7 @@ from tests.helpers import (
     needs_trainjob_crd,
     trainjob_schema_errors,
 )
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.launch.jobspec import (
     ClusterConfig,
     JobSpec,

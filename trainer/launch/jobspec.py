@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer.config import require
+from trainer.base.typedconfig import require
 from trainer.launch.kubefields import (
     DNS1035,
     DNS1123_LABEL,

@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from trainer.errors import InputError, StepFailure, parse_error_line
+from trainer.base.errors import InputError, StepFailure, parse_error_line
+from trainer.base.redact import redact
 from trainer.launch.torchrun import torchrun_command
-from trainer.redact import redact
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.config import require
+from trainer.base.typedconfig import require
 from trainer.launch.joblauncher import ClusterJobLauncher
 from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
 from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS, KubeApi

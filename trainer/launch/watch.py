@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal, Self
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.redact import redact
 from trainer.launch.kube import GROUP, KubeApi, KubeApiError
 from trainer.launch.podlog import PodLog
-from trainer.redact import redact
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer import outputs, storage
-from trainer.data import TabularDataset
-from trainer.errors import InputError
-from trainer.export import LoadedModel, load_model
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.redact import redact
+from trainer.data.datasets import TabularDataset
 from trainer.models import validate_plugin_entries
-from trainer.redact import redact
+from trainer.models.export import LoadedModel, load_model
 from trainer.steps import report
 from trainer.steps.auto_settings import AUTO_SETTINGS_FILE
 from trainer.steps.baselines import baseline_label, fit_and_score

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer.config import apply_overrides, from_dict, require
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, from_dict, require
 from trainer.steps.tabular import (
     CsvOptions,
 )

@@ -13,9 +13,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer import registry, storage
-from trainer.errors import InputError
-from trainer.export import META_FILE, WEIGHTS_FILE
+from trainer import registry
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.models.export import META_FILE, WEIGHTS_FILE
 from trainer.steps.metrics import HIGHER_IS_BETTER
 
 if TYPE_CHECKING:

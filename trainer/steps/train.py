@@ -17,20 +17,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer import outputs, storage
-from trainer.config import (
-    DistConfig,
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-    WorkerConfig,
-    apply_overrides,
-    from_dict,
-    require,
-    to_dict,
-    to_json,
-)
-from trainer.errors import InputError
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, from_dict, require, to_dict, to_json
+from trainer.config import DistConfig, ModelConfig, OptimConfig, TrainConfig, WorkerConfig
 from trainer.launch import Launcher
 
 # Re-exported: the pipeline's pod settings use them (the in-step train pod is a training pod).

@@ -18,18 +18,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainer import outputs, storage
-from trainer.config import WorkerConfig, apply_overrides, from_dict, require, to_json
-from trainer.errors import InputError
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, config_fields, from_dict, require, to_json
+from trainer.config import WorkerConfig
 from trainer.steps.train import TrainStepConfig, build_worker_config, read_schema, record_fixed
 from trainer.steps.tune_report import TuneStepResult, disabled_report, render_tune_report
-from trainer.tune.space import (
-    SearchSpace,
-    config_fields,
-    example_space,
-    load_space,
-    trial_overrides,
-)
+from trainer.tune.space import SearchSpace, example_space, load_space
+from trainer.tune.values import trial_overrides
 
 if TYPE_CHECKING:
     from trainer.tune.katib import KatibLauncher
