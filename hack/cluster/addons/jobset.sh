@@ -127,15 +127,16 @@ YAML
 }
 
 # Both webhooks answer: the mutating one fills JobSet's defaults into a dry-run object (network
-# and startup policy: the CRD has no defaults for them), and the validating one refuses a JobSet
-# whose subdomain is not a DNS label. Both fail closed, so an answer means they were asked.
+# and startup policy), and the validating one refuses a JobSet whose pod names would pass 63
+# characters (<jobset>-node-0-1 plus the pod's 5-character suffix: only the webhook checks this,
+# not the CRD's rules). Both fail closed, so an answer means they were asked.
 webhook_judges() {
-  local out refusal
+  local out refusal long=gpupipe-webhook-probe-of-a-name-fifty-characters-x
   out="$(jobset gpupipe-webhook-probe | kubectl_ create --dry-run=server -o json -f - 2>/dev/null)" || return 1
   grep -q '"enableDNSHostnames": true' <<<"$out" || return 1
   grep -q '"startupPolicyOrder": "AnyOrder"' <<<"$out" || return 1
-  refusal="$(jobset gpupipe-webhook-probe "network: {subdomain: Not_A_Label}" | kubectl_ create --dry-run=server -f - 2>&1)" && return 1
-  grep -q 'admission webhook "vjobset.kb.io" denied' <<<"$refusal"
+  refusal="$(jobset "$long" | kubectl_ create --dry-run=server -f - 2>&1)" && return 1
+  grep -q 'pod names generated for this JobSet will exceed 63 characters' <<<"$refusal"
 }
 
 addon_install() {
@@ -154,7 +155,7 @@ addon_install() {
   # within about a minute.
   wait_for 180 webhook_judges ||
     die "${PIECE}: the JobSet webhooks did not judge a dry-run JobSet within 180 s (kubectl -n ${NS} logs deploy/jobset-controller-manager)"
-  say "the JobSet webhooks fill in defaults and refuse an invalid subdomain"
+  say "the JobSet webhooks fill in defaults and refuse a name too long for its pods"
 }
 
 addon_verify() {
