@@ -25,6 +25,10 @@ UPSTREAM_IMAGE="ghcr.io/kubeflow/trainer/trainer-controller-manager"
 # The image torch-distributed names upstream (a CUDA build of torch).
 RUNTIME_IMAGE="pytorch/pytorch"
 RUNTIME=torch-distributed
+# gpupipe's runtime (hack/cluster/addons/trainer/): torch-distributed with the PyTorchJob path's
+# failure semantics (see its header); its image name before kustomize resolves it.
+GPUPIPE_RUNTIME=gpupipe-torch-distributed
+GPUPIPE_RUNTIME_IMAGE=ghcr.io/gpupipe/trainer-cuda
 NS=kubeflow-system
 
 check_user_path() {
@@ -91,7 +95,8 @@ YAML
 }
 
 # torch-distributed as upstream ships it (base/runtimes/torch_distributed.yaml, with the label its
-# runtimes overlay adds), its image rewritten by kustomize to the trainer's CPU image: the image
+# runtimes overlay adds) and gpupipe's runtime, the image of both rewritten by kustomize to the
+# trainer's CPU image (the cluster holds it under that name: nothing is re-tagged): the image
 # a TrainJob runs when it names none. gpupipe's launcher always sets spec.trainer.image, so the
 # runtime's image only matters to other TrainJobs; on a GPU cluster users apply upstream's runtimes
 # unchanged (manifests/trainer/runtimes) and the launcher's TrainJob names the CUDA image.
@@ -99,22 +104,30 @@ write_runtime() {
   local dir="$1" upstream="$2" image
   image="$(cpu_image)"
   mkdir -p "$dir"
-  cp "${upstream}/base/runtimes/torch_distributed.yaml" "${dir}/"
+  cp "${upstream}/base/runtimes/torch_distributed.yaml" "${ADDONS_HACK}/trainer/${GPUPIPE_RUNTIME}.yaml" "${dir}/"
   cat >"${dir}/kustomization.yaml" <<YAML
 # Written by hack/cluster/addons/trainer.sh: Kubeflow Trainer v${V}'s torch-distributed
-# ClusterTrainingRuntime, its image resolved to the trainer's CPU image in this cluster.
+# ClusterTrainingRuntime and gpupipe's own (hack/cluster/addons/trainer/), their image resolved to
+# the trainer's CPU image in this cluster.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - torch_distributed.yaml
-labels:
-  - pairs:
-      trainer.kubeflow.org/webhook-validation: disabled
-    includeSelectors: false
+  - ${GPUPIPE_RUNTIME}.yaml
 images:
   - name: ${RUNTIME_IMAGE}
     newName: ${image%:*}
     newTag: "${image##*:}"
+  - name: ${GPUPIPE_RUNTIME_IMAGE}
+    newName: ${image%:*}
+    newTag: "${image##*:}"
+patches:
+  # As upstream's runtimes overlay labels its own runtimes ("validated ahead of time").
+  - target: {kind: ClusterTrainingRuntime, name: ${RUNTIME}}
+    patch: |-
+      - op: add
+        path: /metadata/labels/trainer.kubeflow.org~1webhook-validation
+        value: disabled
 YAML
 }
 
