@@ -147,6 +147,14 @@ def test_a_deleted_node_pod_restarts_the_jobset_and_training_resumes_to_the_same
     done = run.done()
     log = run.log()
     assert done["exitCode"] == 0, log[-3000:]
+    # gpupipe's runtime: the lost pod failed its Job (backoffLimit 0), and JobSet restarted every
+    # node together (its failurePolicy), which resumed from the last checkpoint.
+    jobset = kube.get_json("jobset", "-n", namespace, run.job)
+    assert jobset["status"]["restarts"] >= 1, jobset["status"]
+    assert all(
+        p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] != "0"
+        for p in node_pods(namespace, run.job)
+    )
     assert re.search(r"resum", log, re.IGNORECASE), log[-3000:]
     ours, theirs = weights(run.model), weights(reference.model)
     assert ours.keys() == theirs.keys()

@@ -609,3 +609,19 @@ def test_importing_the_launcher_does_not_import_kubernetes() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("on_exit", ["keep", "suspend"])
+def test_a_kept_or_suspended_trainjob_is_released_by_the_launcher_pod(
+    launcher: Callable[..., TrainJobLauncher], fake: FakeKubeApi, on_exit: str
+) -> None:
+    # Seen on the cluster: KFP cancels by deleting the launcher pod, and the garbage collector
+    # deleted the TrainJob the pod owned, suspended or not.
+    fake.scenario = FAILED
+    with pytest.raises(RuntimeError):
+        launch(launcher(on_exit=on_exit, own_pod=POD))
+    job = fake.trainjob(JOB)
+    assert job is not None
+    owners = job["metadata"].get("ownerReferences") or []
+    assert all(o["uid"] != POD.uid for o in owners), owners
+    assert bool(job["spec"].get("suspend")) is (on_exit == "suspend")
