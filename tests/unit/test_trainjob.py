@@ -281,13 +281,22 @@ def test_owner_reference_and_labels_are_on_the_trainjob() -> None:
     assert job["metadata"]["labels"]["app.kubernetes.io/name"] == "gpupipe"
 
 
+def test_the_longest_generated_name_fits_jobsets_pod_names_up_to_9_nodes() -> None:
+    from trainer.launch.jobspec import MAX_JOB_NAME_LEN
+
+    build_trainjob(make(name="a" * MAX_JOB_NAME_LEN, nnodes=9))
+
+
 @pytest.mark.parametrize(
     ("overrides", "where"),
     [
         ({"scheduling": SchedulingConfig(queue="q")}, "job.scheduling"),
         ({"name": "a" * 54, "nnodes": 11}, "job.name"),
+        # JobSet's webhook refused this one on the cluster (TrainJobResourcesCreationFailed:
+        # "pod names generated for this JobSet will exceed 63 characters"): 49 + "-node-0-1" + 6.
+        ({"name": "a" * 49, "nnodes": 2}, "job.name"),
     ],
-    ids=["gang-scheduling", "name-too-long-for-node-hostnames"],
+    ids=["gang-scheduling", "name-too-long-for-node-hostnames", "name-too-long-for-jobset-pods"],
 )
 def test_what_a_trainjob_cannot_carry_fails_naming_the_field(
     overrides: dict[str, Any], where: str
@@ -363,6 +372,8 @@ def test_success_streams_node_0s_log_once_in_order(
     job = fake.trainjob(JOB)
     assert job is not None and trainjob_state(job) == "Succeeded"
     assert job["spec"]["trainer"]["numNodes"] == 2
+    (patch,) = job["spec"]["runtimePatches"]
+    assert patch["manager"] == MANAGER and patch["time"]  # Trainer's defaulter stamps it
     assert fake.calls("DELETE") == []
     (post,) = fake.calls("POST", r"/trainjobs$")
     assert post.body["spec"]["runtimeRef"]["name"] == "torch-distributed"
@@ -598,3 +609,19 @@ def test_importing_the_launcher_does_not_import_kubernetes() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("on_exit", ["keep", "suspend"])
+def test_a_kept_or_suspended_trainjob_is_released_by_the_launcher_pod(
+    launcher: Callable[..., TrainJobLauncher], fake: FakeKubeApi, on_exit: str
+) -> None:
+    # Seen on the cluster: KFP cancels by deleting the launcher pod, and the garbage collector
+    # deleted the TrainJob the pod owned, suspended or not.
+    fake.scenario = FAILED
+    with pytest.raises(RuntimeError):
+        launch(launcher(on_exit=on_exit, own_pod=POD))
+    job = fake.trainjob(JOB)
+    assert job is not None
+    owners = job["metadata"].get("ownerReferences") or []
+    assert all(o["uid"] != POD.uid for o in owners), owners
+    assert bool(job["spec"].get("suspend")) is (on_exit == "suspend")

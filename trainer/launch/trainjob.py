@@ -13,7 +13,7 @@ What neither can carry is the runtime's to set: ``automountServiceAccountToken``
 backoff policy, pod clean-up and gang scheduling (see the README).
 
 Trainer's torch plugin injects ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK`` (the
-pod's completion index) and ``PET_MASTER_ADDR``/``PORT`` (``<job>-node-0-0.<job>:29400``) into
+pod's completion index) and ``PET_MASTER_ADDR``/``PORT`` (``<job>-node-0-0.<job>:29500``) into
 the ``node`` container, so ``python -m trainer.launch -m trainer.worker`` runs unchanged.
 """
 
@@ -82,12 +82,14 @@ def _check(spec: JobSpec) -> None:
         "cannot be set on a TrainJob: gang scheduling is the runtime's podGroupPolicy (or Kueue's)",
         spec.scheduling,
     )
-    # JobSet names node pods <job>-node-0-<index>; the hostname must stay a 63-character label.
-    suffix = f"-{NODE}-0-{spec.nnodes - 1}"
+    # JobSet names node pods <job>-node-0-<index>-<5 random characters>, and its webhook refuses
+    # the JobSet (which Trainer creates after admitting the TrainJob) when that name could pass 63
+    # characters: the TrainJob would stay without pods.
+    suffix = f"-{NODE}-0-{spec.nnodes - 1}-xxxxx"
     require(
         len(spec.name) + len(suffix) <= 63,
         "job.name",
-        f"leaves no room for the pod hostname suffix {suffix!r} (at most "
+        f"leaves no room for JobSet's pod name suffix {suffix!r} (at most "
         f"{63 - len(suffix)} characters)",
         spec.name,
     )

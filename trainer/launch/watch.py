@@ -249,6 +249,19 @@ class Watch:
         r = self.resource
         return self.api.get_object(r.version, r.plural, self.ns, self.name, group=r.group)
 
+    def _release(self) -> dict[str, Any] | None:
+        """The patch that drops this launcher pod from the object's owners, or None.
+
+        A kept or suspended job must outlive the launcher: KFP cancels a step by deleting its
+        pod, and the garbage collector then deletes what the pod owns (seen on the cluster: a
+        TrainJob suspended on SIGTERM was gone a moment later). A retry adopts it again.
+        """
+        if self.own_pod is None or (obj := self._get()) is None:
+            return None
+        owners = list((obj.get("metadata") or {}).get("ownerReferences") or [])
+        kept = [o for o in owners if o.get("uid") != self.own_pod.uid]
+        return {"metadata": {"ownerReferences": kept}} if len(kept) != len(owners) else None
+
     def _patch(self, patch: dict[str, Any]) -> dict[str, Any] | None:
         r = self.resource
         return self.api.patch_object(r.version, r.plural, self.ns, self.name, patch, group=r.group)
@@ -353,10 +366,12 @@ class Watch:
         r = self.resource
         try:
             if how == "keep":
+                if (release := self._release()) is not None:
+                    self._patch(release)
                 how_to = f"kubectl delete {r.kubectl} -n {self.ns} {self.name}"
                 return f"it was kept (on_exit=keep): {how_to}"
             if how == "suspend" and (patch := r.suspend_patch()) is not None:
-                if self._patch(patch) is None:
+                if self._patch(patch | (self._release() or {})) is None:
                     return "it was already gone"
                 return "it was suspended (on_exit=suspend); a retry of the step resumes it"
             if not self.api.delete_object(r.version, r.plural, self.ns, self.name, group=r.group):
