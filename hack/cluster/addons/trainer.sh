@@ -190,7 +190,15 @@ addon_install() {
       die "${PIECE}: the ${crd} CRD was not established within 60 s"
   done
   rollout "$PIECE" "$NS" kubeflow-trainer-controller-manager 180
-  apply_k "$PIECE" "${dir}/runtime"
+  # A ClusterTrainingRuntime's failurePolicy is immutable: a runtime changed there is replaced
+  # (deleted, then applied; a runtime still in use by a TrainJob is not deleted, and the apply
+  # then fails naming it).
+  if ! kubectl_ apply --server-side --force-conflicts --field-manager gpupipe-addons -k "${dir}/runtime" >/dev/null 2>&1; then
+    say "a runtime changed in an immutable field: replacing the runtimes"
+    kubectl_ delete -k "${dir}/runtime" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    wait_for 30 bash -c "! '${BIN_DIR}/kubernetes-${K8S_VERSION}/kubectl' --kubeconfig '${KUBECONFIG_ADMIN}' get clustertrainingruntime ${GPUPIPE_RUNTIME} >/dev/null 2>&1" || true
+    apply_k "$PIECE" "${dir}/runtime"
+  fi
   # The manager writes its serving certificate into its Secret and the CA into the webhook
   # configurations; the kubelet refreshes the mounted Secret within about a minute.
   wait_for 180 webhook_judges ||
