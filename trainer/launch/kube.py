@@ -43,26 +43,17 @@ KATIB_API_CALLS: list[tuple[str, str, str]] = [
 ]
 """The calls of the Katib (tune) launcher: Experiments and their Trials."""
 
-PYTORCHJOB_API_CALLS: list[tuple[str, str, str]] = [
-    (GROUP, PLURAL, "create"),
-    (GROUP, PLURAL, "get"),
-    (GROUP, PLURAL, "delete"),
-    (GROUP, PLURAL, "patch"),
-    ("", "pods", "list"),
-    ("", "pods/log", "get"),
-    ("", "events", "list"),
-]
+
+def _job_api_calls(group: str, plural: str) -> list[tuple[str, str, str]]:
+    """The calls of a training-job launcher: the job, its watched pod, the pod's log, events."""
+    job = [(group, plural, verb) for verb in ("create", "get", "delete", "patch")]
+    return [*job, ("", "pods", "list"), ("", "pods/log", "get"), ("", "events", "list")]
+
+
+PYTORCHJOB_API_CALLS = _job_api_calls(GROUP, PLURAL)
 """The calls of the PyTorchJob (train) launcher."""
 
-TRAINJOB_API_CALLS: list[tuple[str, str, str]] = [
-    (TRAINER_GROUP, TRAINJOBS, "create"),
-    (TRAINER_GROUP, TRAINJOBS, "get"),
-    (TRAINER_GROUP, TRAINJOBS, "delete"),
-    (TRAINER_GROUP, TRAINJOBS, "patch"),
-    ("", "pods", "list"),
-    ("", "pods/log", "get"),
-    ("", "events", "list"),
-]
+TRAINJOB_API_CALLS = _job_api_calls(TRAINER_GROUP, TRAINJOBS)
 """The calls of the TrainJob (train) launcher: the job, its node-0 pod, its log, events."""
 
 API_CALLS: list[tuple[str, str, str]] = list(
