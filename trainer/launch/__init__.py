@@ -25,21 +25,44 @@ Importing it is cheap (no ``torch``, no ``kubernetes``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+
+def processes_per_node(gpus_per_node: int) -> int:
+    """Training processes per node: one per GPU, and one (gloo) on a node without GPUs."""
+    return max(gpus_per_node, 1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingRun:
+    """One training run as every launcher gets it: the one route of its name, config and shape.
+
+    The train step makes it from its config (``TrainStepConfig.training_run``); a cluster
+    launcher adds its cluster settings to make the job (:class:`~trainer.launch.jobspec.JobSpec`).
+    """
+
+    job_name: str
+    """Deterministic name of the job (a retried step re-attaches to it)."""
+    config_uri: str
+    """URI of the worker config; a cluster job's pods read it, so never a launcher-local path."""
+    gpus_per_node: int = 0
+    """GPUs per node, one process each; 0: one process per node (gloo)."""
+    nnodes: int = 1
+    """Nodes; the local launcher runs one."""
+    timeout_s: int | None = None
+    """The launcher stops the job after this many seconds; ``None``: no deadline."""
+
+    @property
+    def procs_per_node(self) -> int:
+        """Processes per node (:func:`processes_per_node`)."""
+        return processes_per_node(self.gpus_per_node)
 
 
 class Launcher(Protocol):
     """Runs ``torchrun ... -m trainer.worker --config <config_uri>`` somewhere and waits."""
 
-    def launch(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> None:
+    def launch(self, run: TrainingRun) -> None:
         """Return when the job succeeded.
 
         Raises:
@@ -50,4 +73,4 @@ class Launcher(Protocol):
         ...
 
 
-__all__ = ["Launcher"]
+__all__ = ["Launcher", "TrainingRun", "processes_per_node"]
