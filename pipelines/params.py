@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from trainer.config import json_object
 from trainer.errors import InputError
 
 ALIASES_SEPARATOR = "."
@@ -160,64 +161,107 @@ def typed_parameters(pairs: list[str], *, require: bool = True) -> dict[str, Any
     return out
 
 
-def json_object(params: dict[str, Any], name: str) -> dict[str, Any]:
-    """The JSON object held by string parameter ``name`` (``{}`` when empty)."""
-    value = params.get(name, "{}")
-    if isinstance(value, dict):
-        return value
-    try:
-        data = json.loads(value or "{}")
-    except json.JSONDecodeError as e:
-        raise InputError("E_PARAM", f"{name} must be a JSON object: {e}", name) from None
-    if not isinstance(data, dict):
-        raise InputError("E_PARAM", f"{name} must be a JSON object, got {value!r}", name)
-    return data
+# --- the steps' mappings, called with pipeline parameters as the components call them --------
 
 
-# --- the step configs, built from pipeline parameters as the components build them -----------
-
-
-def step_arguments(p: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of :func:`trainer.steps.train.step_settings` for parameters ``p``.
-
-    Its arguments carry the pipeline parameters' names, so this only picks them, and adds the
-    images the pipeline passes to the train step.
-    """
-    from components.images import CPU_IMAGE, CUDA_IMAGE
+def step_mappings() -> dict[str, Callable[..., Any]]:
+    """Each step's one mapping from pipeline parameters (its arguments carry their names) to
+    its config, by step; the components call the same functions."""
+    from trainer.steps.evaluate import evaluate_config
+    from trainer.steps.preprocess_config import config_from_parameters
+    from trainer.steps.register import register_config
     from trainer.steps.train import step_settings
 
-    names = inspect.signature(step_settings).parameters
     return {
-        **{name: p[name] for name in names if name in p},
-        "cuda_image": CUDA_IMAGE,
-        "cpu_image": CPU_IMAGE,
+        "preprocess": config_from_parameters,
+        "train": step_settings,
+        "evaluate": evaluate_config,
+        "register": register_config,
     }
 
 
-# Which pipeline parameter sets which train-step field: errors name the parameter a person set.
+def mapping_arguments(mapping: Callable[..., Any], p: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``mapping`` that are pipeline parameters, taken from ``p``."""
+    return {name: p[name] for name in inspect.signature(mapping).parameters if name in p}
+
+
+def step_arguments(p: dict[str, Any], launcher: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of :func:`trainer.steps.train.step_settings` for parameters ``p`` (all
+    present), with the images the pipeline passes to the train step; ``launcher`` instead of
+    the ``launcher`` parameter where given."""
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+
+    args = mapping_arguments(step_mappings()["train"], p)
+    args |= {"cuda_image": CUDA_IMAGE, "cpu_image": CPU_IMAGE}
+    return args if launcher is None else {**args, "launcher": launcher}
+
+
+def with_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` over the pipeline's defaults (not checked: :func:`check_parameters` does)."""
+    return {**pipeline_parameters(), **params}
+
+
+def train_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The train step's settings for ``params`` over the pipeline's defaults, as the train
+    component makes them (not checked: ``from_dict(TrainStepConfig, ...)`` does that)."""
+    return step_mappings()["train"](**step_arguments(with_defaults(params)))  # type: ignore[no-any-return]
+
+
+def preprocess_config(p: dict[str, Any]) -> Any:
+    """The preprocess step's ``PreprocessConfig`` for parameters ``p`` (all present), built by
+    the component's own mapping."""
+    mapping = step_mappings()["preprocess"]
+    return mapping(**mapping_arguments(mapping, p))
+
+
+# Which pipeline parameter sets which step field: errors name the parameter a person set.
 _TRAIN_FIELDS = {
     "learning_rate": ("optim.lr",),
     "epochs": ("train.epochs",),
     "seed": ("train.seed",),
     "batch_size": ("train.global_batch_size",),
     "nodes": ("nnodes", "train.nnodes"),
-    "gpus_per_node": ("nproc_per_node", "train.nproc_per_node", "cluster.gpus_per_node"),
+    "gpus_per_node": ("gpus_per_node", "train.gpus_per_node"),
     "model_name": ("model.name",),
     "gpu_type": ("cluster.gpu_resource",),
     "gpu_node_selector": ("cluster.node_selector",),
     "trainer_runtime": ("cluster.runtime",),
+    "image_pull_secrets": ("cluster.image_pull_secrets",),
+    "job_labels": ("cluster.labels",),
+    "job_annotations": ("cluster.annotations",),
+    "job_env": ("cluster.env",),
+    "gang_queue": ("cluster.gang_queue",),
+    "gang_priority_class": ("cluster.gang_priority_class",),
+    "object_store_secret": ("cluster.object_store_secret",),
 }
+_EVALUATE_FIELDS = {
+    "gate.metric": "gate_metric",
+    "gate.threshold": "gate_threshold",
+    "gate.baseline": "gate_baseline",
+    "model_plugins": "model_name",
+}
+_PREPROCESS_FIELDS = {
+    "column_roles": "column_roles_json",
+    "csv_delimiter": "csv_delimiter",
+    "csv_header": "csv_header",
+    "csv_encoding": "csv_encoding",
+    "csv_null_values": "csv_null_values",
+    "csv_decimal": "csv_decimal",
+    "task": "task",
+    "seed": "seed",
+}
+"""Preprocess fields set by a plain parameter; the rest come from ``preprocess_config_json``."""
 
 
 def _owner(where: str, p: dict[str, Any]) -> str:
     """The pipeline parameter that a train-step field error ``where`` comes from."""
     where = where.removeprefix("train.") if where.startswith("train.optim") else where
     for name in ("hyperparams_json", "train_config_json"):
-        keys = _flat_keys(json_object(p, name))
+        keys = _flat_keys(json_object(p.get(name), name))
         if any(where == k or where.endswith("." + k) or k.startswith(where) for k in keys):
             return name
     for name, fields in _TRAIN_FIELDS.items():
-        if any(where == f or where.endswith("." + f) for f in fields):
+        if any(where == f or where.endswith("." + f) or where.startswith(f + "[") for f in fields):
             return name
     return "train_config_json"
 
@@ -246,42 +290,37 @@ def _reraise(param: str, e: ValueError) -> None:
 
 
 def _check_train(p: dict[str, Any]) -> None:
+    """The train step's config, and with ``launcher=local`` the cluster job's too: the
+    parameters that only a cluster job reads would fail a cluster run of the same pipeline."""
     from trainer.config import from_dict
-    from trainer.steps.train import TrainStepConfig, step_settings
+    from trainer.steps.train import TrainStepConfig
 
-    try:
-        from_dict(TrainStepConfig, step_settings(**step_arguments(p)))
-    except ValueError as e:
-        _reraise(_owner(getattr(e, "where", ""), p), e)
+    launchers = [p.get("launcher", "local")]
+    if launchers == ["local"]:
+        launchers.append("pytorchjob")
+    for launcher in launchers:
+        try:
+            from_dict(TrainStepConfig, step_mappings()["train"](**step_arguments(p, launcher)))
+        except ValueError as e:
+            _reraise(_owner(getattr(e, "where", ""), p), e)
 
 
 def _check_evaluate(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
-    from trainer.steps.evaluate import EvaluateConfig
-
-    threshold = p["gate_threshold"]
+    mapping = step_mappings()["evaluate"]
     try:
-        from_dict(EvaluateConfig, {"gate": {"metric": p["gate_metric"]}})
+        mapping(**mapping_arguments(mapping, p))
     except ValueError as e:
-        _reraise("gate_metric", e)
-    try:
-        from_dict(EvaluateConfig, {"gate": {"threshold": threshold or None}})
-    except ValueError as e:
-        _reraise("gate_threshold", e)
-    try:
-        from_dict(EvaluateConfig, {"gate": {"baseline": p.get("gate_baseline", "trivial")}})
-    except ValueError as e:
-        _reraise("gate_baseline", e)
+        where = str(getattr(e, "where", ""))
+        _reraise(_EVALUATE_FIELDS.get(where.split("[")[0], "gate_metric"), e)
 
 
 def _check_register(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
-    from trainer.steps.register import RegisterConfig
-
+    mapping = step_mappings()["register"]
     try:
-        from_dict(RegisterConfig, {"model_name": p["registered_model_name"]})
+        mapping(**mapping_arguments(mapping, p))
     except ValueError as e:
-        _reraise("registered_model_name", e)
+        where = str(getattr(e, "where", ""))
+        _reraise("registry_uri" if "tracking_uri" in where else "registered_model_name", e)
     uri = str(p.get("registry_uri") or "")
     if uri and "://" not in uri:
         raise InputError(
@@ -333,7 +372,7 @@ def _check_tune(p: dict[str, Any]) -> None:
     from trainer.config import WorkerConfig
     from trainer.tune.space import config_fields, load_space
 
-    space = json_object(p, "tune_space_json")
+    space = json_object(p.get("tune_space_json"), "tune_space_json")
     if not space:
         return
     try:
@@ -342,40 +381,8 @@ def _check_tune(p: dict[str, Any]) -> None:
         _reraise("tune_space_json", e)
 
 
-# Which pipeline parameter sets which preprocess field (the rest come from preprocess_config_json).
-_PREPROCESS_FIELDS = {
-    "column_roles": "column_roles_json",
-    "csv_delimiter": "csv_delimiter",
-    "csv_header": "csv_header",
-    "csv_encoding": "csv_encoding",
-    "csv_null_values": "csv_null_values",
-    "csv_decimal": "csv_decimal",
-    "task": "task",
-    "seed": "seed",
-}
-
-
-def preprocess_config(p: dict[str, Any]) -> Any:
-    """The preprocess step's ``PreprocessConfig`` for parameters ``p`` (all present), built as
-    the preprocess component builds it."""
-    from trainer.steps.preprocess_config import config_from_parameters
-
-    return config_from_parameters(
-        target=str(p["target"]),
-        task=str(p["task"]),
-        seed=int(p["seed"]),
-        column_roles_json=json.dumps(json_object(p, "column_roles_json")),
-        csv_delimiter=str(p["csv_delimiter"]),
-        csv_header=bool(p["csv_header"]),
-        csv_encoding=str(p["csv_encoding"]),
-        csv_null_values=str(p["csv_null_values"]),
-        csv_decimal=str(p["csv_decimal"]),
-        config_json=json.dumps(json_object(p, "preprocess_config_json")),
-    )
-
-
 def _check_preprocess(p: dict[str, Any]) -> None:
-    config = json_object(p, "preprocess_config_json")
+    config = json_object(p.get("preprocess_config_json"), "preprocess_config_json")
     try:
         preprocess_config(p)
     except ValueError as e:
@@ -388,7 +395,7 @@ def _check_preprocess(p: dict[str, Any]) -> None:
 
 CHECKS: list[Callable[[dict[str, Any]], None]] = [
     _check_choices,
-    lambda p: [json_object(p, name) for name in JSON_OBJECT_PARAMS if name in p],
+    lambda p: [json_object(p[name], name) for name in JSON_OBJECT_PARAMS if name in p],
     _check_train,
     _check_evaluate,
     _check_register,
