@@ -116,7 +116,6 @@ def service_address(namespace: str, name: str, port: int) -> str:
 
 
 JOB_POD_SETTINGS = {
-    "gpus_per_node": 0,
     "object_store_secret": STORE_SECRET,
     "cpu_request": "250m",
     "cpu_limit": "1",

@@ -31,7 +31,7 @@ def train_config(image: str, **over: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "launcher": "pytorchjob",
         "nnodes": 2,
-        "nproc_per_node": 1,
+        "gpus_per_node": 0,
         "checkpoint_every_steps": 5,
         # No early stopping: a run of known length (~190 steps), so a test can act mid-training.
         "train": {
