@@ -52,6 +52,37 @@ def parameter_types() -> dict[str, tuple[str, Any, bool]]:
     }
 
 
+README_BEGIN = "<!-- pipeline parameters: generated from pipelines/training.py by `make compile` -->"
+README_END = "<!-- end of pipeline parameters -->"
+
+
+def parameter_table() -> str:
+    """The README's table of the pipeline's parameters: name, type, default and description, as
+    the pipeline's signature and docstring give them (KFP compiles the same into the YAML)."""
+    from pipelines.training import training_pipeline
+
+    rows = ["| parameter | type | default | what it does |", "|---|---|---|---|"]
+    for name, inp in training_pipeline.component_spec.inputs.items():
+        default = "(required)" if inp.default is None else f"`{json.dumps(inp.default)}`"
+        text = " ".join(str(inp.description or "").split()).replace("``", "`").replace("|", "\\|")
+        rows.append(f"| `{name}` | {str(inp.type).lower()} | {default} | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+def readme_with_table(readme: str) -> str:
+    """``readme`` with the text between :data:`README_BEGIN` and :data:`README_END` replaced by
+    :func:`parameter_table`.
+
+    Raises:
+        ValueError: the markers are missing.
+    """
+    head, begin, rest = readme.partition(README_BEGIN + "\n")
+    _, end, tail = rest.partition(README_END)
+    if not (begin and end):
+        raise ValueError(f"the README has no {README_BEGIN!r} ... {README_END!r} block")
+    return head + begin + parameter_table() + end + tail
+
+
 def unknown_parameter(key: str, known: dict[str, Any] | set[str]) -> InputError:
     """E_PARAM for an unknown parameter name: the nearest names, or every name when none is near."""
     alias = key.replace(ALIASES_SEPARATOR, "_")
@@ -260,8 +291,9 @@ def _owner(where: str, p: dict[str, Any]) -> str:
         keys = _flat_keys(json_object(p.get(name), name))
         if any(where == k or where.endswith("." + k) or k.startswith(where) for k in keys):
             return name
+    field = where.split("[")[0]  # cluster.labels[team]: the labels' owner
     for name, fields in _TRAIN_FIELDS.items():
-        if any(where == f or where.endswith("." + f) or where.startswith(f + "[") for f in fields):
+        if any(field == f or field.endswith("." + f) for f in fields):
             return name
     return "train_config_json"
 
@@ -285,7 +317,7 @@ def _reraise(param: str, e: ValueError) -> None:
     if param in JSON_OBJECT_PARAMS:
         message = f"{param}: {message}"
     elif where:
-        message = message.replace(where, param)
+        message = message.replace(where.split("[")[0], param)  # keeps a [key] after it
     raise InputError("E_PARAM", message, param) from None
 
 
@@ -428,3 +460,11 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
     for check in CHECKS:
         check(full)
     return full
+
+
+if __name__ == "__main__":  # make compile: refresh the README's parameter table
+    import sys
+    from pathlib import Path
+
+    readme = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    readme.write_text(readme_with_table(readme.read_text()))

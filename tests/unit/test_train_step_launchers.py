@@ -390,3 +390,48 @@ def test_train_step_creates_the_pytorchjob_and_reads_back_the_model(
     assert len(locations) >= 5, locations
     for uri in locations:
         assert uri.startswith((uris["dataset"], uris["model"])), uri
+
+
+def test_the_train_component_puts_the_job_parameters_on_its_pytorchjob(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeKubeApi, api: KubeApi, uris: dict[str, str]
+) -> None:
+    """From the component's inputs (what the pipeline passes) to the job the API server gets."""
+    from kfp import dsl
+
+    from components.train import train
+
+    for name, value in LAUNCHER_POD.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(KubeApi, "from_config", classmethod(lambda cls, **_: api))
+
+    train.python_func(
+        dataset=dsl.Dataset(uri=uris["dataset"]),
+        model=dsl.Model(uri=uris["model"]),
+        metrics=dsl.Metrics(uri=uris["model"] + "-metrics"),
+        gpus_per_node=2,
+        nnodes=2,
+        launcher="pytorchjob",
+        pipeline_run_id="run-7d2e",
+        cuda_image=IMAGE,
+        image_pull_secrets=["regcred"],
+        job_labels={"kueue.x-k8s.io/queue-name": "gpu-team"},
+        job_annotations={"karpenter.sh/do-not-disrupt": "true"},
+        job_env={"NCCL_DEBUG": "INFO"},
+        gang_queue="research",
+        gang_priority_class="high",
+    )
+
+    (post,) = fake.calls("POST", r"/namespaces/team-a/pytorchjobs$")
+    job = post.body
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
+    assert job["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {
+        "queue": "research",
+        "priorityClass": "high",
+    }
+    for rtype in ("Master", "Worker"):
+        assert pod(job, rtype)["imagePullSecrets"] == [{"name": "regcred"}]
+        env = {e["name"]: e.get("value") for e in container(job, rtype)["env"]}
+        assert env["NCCL_DEBUG"] == "INFO"
+        assert container(job, rtype)["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert job["spec"]["nprocPerNode"] == "2"
