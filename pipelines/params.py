@@ -52,7 +52,9 @@ def parameter_types() -> dict[str, tuple[str, Any, bool]]:
     }
 
 
-README_BEGIN = "<!-- pipeline parameters: generated from pipelines/training.py by `make compile` -->"
+README_BEGIN = (
+    "<!-- pipeline parameters: generated from pipelines/training.py by `make compile` -->"
+)
 README_END = "<!-- end of pipeline parameters -->"
 
 

@@ -271,8 +271,24 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             _configure(prep, "preprocess", object_store_secret, retries=retries)
             prep.set_caching_options(True)
 
-            # The cluster job's settings, the same for the trained model's job and tune's trials.
-            job_settings = {
+            # What tune's trials and the trained model's job share: the train step's settings
+            # (the one mapping, trainer.steps.train.step_settings, reads them in both).
+            train_settings = {
+                "model_name": model_name,
+                "learning_rate": learning_rate,
+                "batch_size": batch_size,
+                "seed": seed,
+                "gpus_per_node": gpus_per_node,
+                "hyperparams_json": hyperparams_json,
+                "pipeline_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                "task_name": dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+                # An input, not only a resource setting: KFP 2.17 passes a channel that only
+                # set_accelerator_type reads into no sub-DAG, and the run fails.
+                "gpu_type": gpu_type,
+                "gpu_node_selector": gpu_node_selector,
+                "object_store_secret": object_store_secret,
+                "cuda_image": CUDA_IMAGE,
+                "cpu_image": CPU_IMAGE,
                 "image_pull_secrets": image_pull_secrets,
                 "job_labels": job_labels,
                 "job_annotations": job_annotations,
@@ -290,21 +306,8 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 engine=tune_engine,
                 space_json=tune_space_json,
                 trial_epochs=tune_trial_epochs,
-                model_name=model_name,
-                learning_rate=learning_rate,
-                batch_size=batch_size,
-                gpus_per_node=gpus_per_node,
-                seed=seed,
-                hyperparams_json=hyperparams_json,
                 train_config_json=train_config_json,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-                gpu_type=gpu_type,
-                gpu_node_selector=gpu_node_selector,
-                object_store_secret=object_store_secret,
-                cuda_image=CUDA_IMAGE,
-                cpu_image=CPU_IMAGE,
-                **job_settings,
+                **train_settings,
             )
             _configure(tn, "tune", object_store_secret, retries=retries)
             tn.set_caching_options(True)  # a finished search is reused; a retry resumes it
@@ -312,28 +315,13 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             def train_task() -> dsl.PipelineTask:
                 return train(
                     dataset=prep.outputs["dataset"],
-                    model_name=model_name,
                     epochs=epochs,
-                    learning_rate=learning_rate,
-                    batch_size=batch_size,
-                    seed=seed,
-                    gpus_per_node=gpus_per_node,
                     nnodes=nodes,
                     launcher=launcher,
-                    hyperparams_json=hyperparams_json,
                     tuned_hyperparams_json=tn.outputs["best_hyperparams_json"],
                     config_json=train_config_json,
-                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                    task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-                    # An input, not only a resource setting: KFP 2.17 passes a channel that only
-                    # set_accelerator_type reads into no sub-DAG, and the run fails.
-                    gpu_type=gpu_type,
-                    gpu_node_selector=gpu_node_selector,
-                    object_store_secret=object_store_secret,
-                    cuda_image=CUDA_IMAGE,
-                    cpu_image=CPU_IMAGE,
                     trainer_runtime=trainer_runtime,
-                    **job_settings,
+                    **train_settings,
                 )
 
             gpu = _Gpu(gpu_type, gpus_per_node, gpu_node_selector, object_store_secret)

@@ -7,20 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trainer.launch import podspec
 from trainer.launch.joblauncher import ClusterJobLauncher, JobResource
 from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
 from trainer.launch.kube import PLURAL, VERSION
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
-from trainer.launch.podspec import (
-    container_env,
-    container_resources,
-    container_security_context,
-    job_metadata,
-    pod_annotations,
-    pod_placement,
-    pod_security_context,
-    pod_volumes,
-)
 from trainer.launch.watch import LaunchCancelled, PodRef, job_state
 
 __all__ = [
@@ -50,27 +41,27 @@ finished job after a day."""
 
 
 def _pod_template(spec: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
-    volumes, mounts = pod_volumes(spec)
+    volumes, mounts = podspec.pod_volumes(spec)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.cluster.image,
         "command": [*WORKER_COMMAND, spec.run.config_uri],
-        "env": container_env(spec),
+        "env": podspec.container_env(spec),
         "ports": [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}],
-        "resources": container_resources(spec),
+        "resources": podspec.container_resources(spec),
         "volumeMounts": mounts,
-        "securityContext": container_security_context(),
+        "securityContext": podspec.container_security_context(),
     }
     pod: dict[str, Any] = {
-        "securityContext": pod_security_context(),
+        "securityContext": podspec.pod_security_context(),
         # Training never calls the Kubernetes API: no token in its pods.
         "automountServiceAccountToken": False,
         "containers": [container],
         "volumes": volumes,
-        **pod_placement(spec),
+        **podspec.pod_placement(spec),
     }
     return {
-        "metadata": {"labels": dict(labels), "annotations": pod_annotations(spec)},
+        "metadata": {"labels": dict(labels), "annotations": podspec.pod_annotations(spec)},
         "spec": pod,
     }
 
@@ -85,7 +76,7 @@ def build_pytorchjob(spec: JobSpec) -> dict[str, Any]:
         A complete ``kubeflow.org/v1`` PyTorchJob (apiVersion, kind, metadata, spec) that
         validates against the upstream CRD schema and the operator's webhook rules.
     """
-    metadata = job_metadata(spec)
+    metadata = podspec.job_metadata(spec)
     replicas: dict[str, Any] = {
         "Master": {
             "replicas": 1,

@@ -23,22 +23,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer.config import require
+from trainer.launch import podspec
 from trainer.launch.joblauncher import ClusterJobLauncher, JobResource
 from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
 from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS
 from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
 from trainer.launch.kubefields import RuntimeRef
-from trainer.launch.podspec import (
-    container_env,
-    container_resources,
-    container_security_context,
-    job_labels,
-    job_metadata,
-    pod_annotations,
-    pod_placement,
-    pod_security_context,
-    pod_volumes,
-)
 from trainer.launch.watch import LaunchCancelled, PodRef
 
 __all__ = [
@@ -82,21 +72,24 @@ def _check(spec: JobSpec) -> None:
 
 def _runtime_patch(spec: JobSpec) -> dict[str, Any]:
     """What the TrainJob API has no field for, as a patch of the runtime's ``node`` job."""
-    volumes, mounts = pod_volumes(spec)
+    volumes, mounts = podspec.pod_volumes(spec)
     pod: dict[str, Any] = {
-        "securityContext": pod_security_context(),
+        "securityContext": podspec.pod_security_context(),
         "volumes": volumes,
         "containers": [
             {
                 "name": NODE,
                 "volumeMounts": mounts,
-                "securityContext": container_security_context(),
+                "securityContext": podspec.container_security_context(),
             }
         ],
-        **pod_placement(spec),
+        **podspec.pod_placement(spec),
     }
     template = {
-        "metadata": {"labels": job_labels(spec), "annotations": pod_annotations(spec)},
+        "metadata": {
+            "labels": podspec.job_labels(spec),
+            "annotations": podspec.pod_annotations(spec),
+        },
         "spec": pod,
     }
     return {
@@ -135,11 +128,11 @@ def build_trainjob(spec: JobSpec) -> dict[str, Any]:
     trainer: dict[str, Any] = {
         "image": spec.cluster.image,
         "command": [*WORKER_COMMAND, spec.run.config_uri],
-        "env": container_env(spec),
+        "env": podspec.container_env(spec),
         "numNodes": spec.run.nnodes,
         "numProcPerNode": spec.procs_per_node,
     }
-    if resources := container_resources(spec):
+    if resources := podspec.container_resources(spec):
         trainer["resourcesPerNode"] = resources
     body: dict[str, Any] = {
         "runtimeRef": {"name": runtime.name, "apiGroup": TRAINER_GROUP, "kind": runtime.kind},
@@ -149,7 +142,12 @@ def build_trainjob(spec: JobSpec) -> dict[str, Any]:
         body["runtimePatches"] = [_runtime_patch(spec)]
     if spec.run.timeout_s is not None:
         body["activeDeadlineSeconds"] = spec.run.timeout_s
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": job_metadata(spec), "spec": body}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": podspec.job_metadata(spec),
+        "spec": body,
+    }
 
 
 _CONDITION_STATES = (("Failed", "Failed"), ("Complete", "Succeeded"), ("Suspended", "Suspended"))
