@@ -7,12 +7,15 @@ The job is always ``python -m trainer.launch ... -m trainer.worker --config <uri
   (exit codes the operator can act on) and :func:`~trainer.launch.torchrun.torchrun_command`;
 - :mod:`~trainer.launch.local`: :class:`~trainer.launch.local.LocalLauncher` (a child process
   here) and the one child-process output pump, shared with the tune trial runner;
-- :mod:`~trainer.launch.jobspec`: the cluster settings and :class:`~trainer.launch.jobspec.JobSpec`,
-  without a client (field checks in :mod:`~trainer.launch.kubefields`); the pod pieces built
-  from a spec in :mod:`~trainer.launch.podspec`;
+- :mod:`~trainer.launch.jobspec`: the cluster settings and :class:`~trainer.launch.jobspec.JobSpec`
+  (a :class:`TrainingRun` with those settings in a namespace), without a client (field checks
+  in :mod:`~trainer.launch.kubefields`); the pod pieces built from a spec in
+  :mod:`~trainer.launch.podspec`;
 - :mod:`~trainer.launch.kube`: the Kubernetes calls, typed, retried and named;
 - :mod:`~trainer.launch.watch`: the one create-or-adopt / wait / deadline / cancel / diagnose
   loop for any custom resource (a PyTorchJob, a Katib Experiment), with a small adapter each;
+  a failure's message is put together in :mod:`~trainer.launch.diagnosis`;
+- :mod:`~trainer.launch.joblauncher`: what the PyTorchJob and TrainJob launchers share;
 - :mod:`~trainer.launch.podlog`: a pod's log, followed by polling, streamed into the step's log;
 - :mod:`~trainer.launch.pytorchjob`: a :class:`JobSpec` as a Training Operator PyTorchJob, and
   its launcher on that loop;
