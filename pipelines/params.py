@@ -339,22 +339,24 @@ def _check_train(p: dict[str, Any]) -> None:
             _reraise(_owner(getattr(e, "where", ""), p), e)
 
 
-def _check_evaluate(p: dict[str, Any]) -> None:
-    mapping = step_mappings()["evaluate"]
+def _check_step(step: str, p: dict[str, Any], owner: Callable[[str], str]) -> None:
+    """Build ``step``'s config with its mapping; a bad value is E_PARAM naming ``owner(where)``."""
+    mapping = step_mappings()[step]
     try:
         mapping(**mapping_arguments(mapping, p))
     except ValueError as e:
-        where = str(getattr(e, "where", ""))
-        _reraise(_EVALUATE_FIELDS.get(where.split("[")[0], "gate_metric"), e)
+        _reraise(owner(str(getattr(e, "where", ""))), e)
+
+
+def _check_evaluate(p: dict[str, Any]) -> None:
+    _check_step("evaluate", p, lambda where: _EVALUATE_FIELDS.get(where, "gate_metric"))
 
 
 def _check_register(p: dict[str, Any]) -> None:
-    mapping = step_mappings()["register"]
-    try:
-        mapping(**mapping_arguments(mapping, p))
-    except ValueError as e:
-        where = str(getattr(e, "where", ""))
-        _reraise("registry_uri" if "tracking_uri" in where else "registered_model_name", e)
+    def owner(where: str) -> str:
+        return "registry_uri" if "tracking_uri" in where else "registered_model_name"
+
+    _check_step("register", p, owner)
     uri = str(p.get("registry_uri") or "")
     if uri and "://" not in uri:
         raise InputError(
@@ -417,14 +419,14 @@ def _check_tune(p: dict[str, Any]) -> None:
 
 def _check_preprocess(p: dict[str, Any]) -> None:
     config = json_object(p.get("preprocess_config_json"), "preprocess_config_json")
-    try:
-        preprocess_config(p)
-    except ValueError as e:
-        where = str(getattr(e, "where", ""))
+
+    def owner(where: str) -> str:
         field = where.split(".")[0]
-        set_in_config = field in config or any(k.split(".")[0] == field for k in config)
-        owner = "preprocess_config_json" if set_in_config else _PREPROCESS_FIELDS.get(field)
-        _reraise(owner or where or "preprocess_config_json", e)
+        if field in config or any(k.split(".")[0] == field for k in config):
+            return "preprocess_config_json"
+        return _PREPROCESS_FIELDS.get(field) or where or "preprocess_config_json"
+
+    _check_step("preprocess", p, owner)
 
 
 CHECKS: list[Callable[[dict[str, Any]], None]] = [
