@@ -118,7 +118,6 @@ def service_address(namespace: str, name: str, port: int) -> str:
 
 
 JOB_POD_SETTINGS = {
-    "gpus_per_node": 0,
     "object_store_secret": STORE_SECRET,
     "cpu_request": "250m",
     "cpu_limit": "1",
@@ -255,7 +254,7 @@ def train_config(image: str, launcher: str = "pytorchjob", **over: Any) -> dict[
     cfg: dict[str, Any] = {
         "launcher": launcher,
         "nnodes": 2,
-        "nproc_per_node": 1,
+        "gpus_per_node": 0,
         "checkpoint_every_steps": 5,
         # No early stopping: a run of known length (~190 steps), so a test can act mid-training.
         "train": {

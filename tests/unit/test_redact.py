@@ -15,6 +15,7 @@ from trainer.base import storage
 from trainer.base.errors import InputError, error_line
 from trainer.base.redact import has_userinfo, redact, redact_uri
 from trainer.config import ModelConfig
+from trainer.launch import TrainingRun
 from trainer.launch.local import LocalLauncher
 from trainer.models import ModelSpec, build_model
 from trainer.models.export import save_model
@@ -345,11 +346,11 @@ def test_local_launcher_output_and_error_carry_no_credentials(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     with pytest.raises(InputError) as info:
         LocalLauncher().launch(
-            job_name="j",
-            config_uri="s3://AKIAEXAMPLE:supersecret@bucket/cfg.json",
-            nproc_per_node=1,
-            nnodes=1,
-            timeout_s=120,
+            TrainingRun(
+                job_name="j",
+                config_uri="s3://AKIAEXAMPLE:supersecret@bucket/cfg.json",
+                timeout_s=120,
+            )
         )
     out, err = capfd.readouterr()
     assert info.value.code == "E_URI"

@@ -224,3 +224,21 @@ def config_fields(cls: type) -> set[str]:
         else:
             out.update(f"{f.name}.{leaf}" for leaf in config_fields(sub))
     return out
+
+
+def json_object(value: str | dict[str, Any] | None, name: str, code: str = "E_PARAM") -> dict:
+    """The JSON object that parameter ``name`` holds: as given when already a dict, ``{}`` when
+    empty. The one parser of the pipeline's JSON-object parameters.
+
+    Raises:
+        InputError: ``code`` naming ``name`` when the text is not a JSON object.
+    """
+    if isinstance(value, dict):
+        return value
+    try:
+        data = json.loads(value or "{}")
+    except json.JSONDecodeError as e:
+        raise InputError(code, f"{name} must be a JSON object: {e}", name) from None
+    if not isinstance(data, dict):
+        raise InputError(code, f"{name} must be a JSON object, got {value!r}", name)
+    return data

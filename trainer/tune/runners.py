@@ -132,8 +132,8 @@ class InProcessTrialRunner:
             raise InputError(
                 "E_CONFIG",
                 f"the in-process trial runner runs one process, got nproc_per_node="
-                f"{nproc_per_node}",
-                "tune.train.nproc_per_node",
+                f"{nproc_per_node} (from tune.train.gpus_per_node)",
+                "tune.train.gpus_per_node",
             )
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         ctx = DistContext(
