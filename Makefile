@@ -49,8 +49,9 @@ train-demo: setup ## only the trainer: demo table, torchrun with $(NPROC) local 
 	$(BIN)/python -m trainer.demo --summarize $(TRAINER_DEMO_DIR)
 
 .PHONY: compile
-compile: setup ## compile pipelines and components to YAML (the committed golden files)
+compile: setup ## compile pipelines and components to YAML (the golden files) and the README's parameter table
 	$(BIN)/gpupipe compile
+	$(BIN)/python -m pipelines.params README.md
 
 .PHONY: test
 test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster, no Docker)

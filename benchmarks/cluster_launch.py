@@ -16,6 +16,7 @@ Without a test cluster it prints why and exits 0 with no ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -81,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     from kubernetes import client, config
 
     from components.images import CPU_IMAGE
-    from trainer import storage
-    from trainer.config import from_dict, to_json
+    from trainer.base import storage
+    from trainer.base.typedconfig import from_dict, to_json
+    from trainer.launch.jobspec import JobSpec
     from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
     from trainer.steps.demo_data import write_demo_data
     from trainer.steps.preprocess import preprocess
     from trainer.steps.preprocess_config import PreprocessConfig
-    from trainer.steps.train import TrainStepConfig, job_spec, plan_worker_config, record_fixed
+    from trainer.steps.train import TrainStepConfig, plan_worker_config, record_fixed
 
     os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "minio-service", 9000)
     os.environ["MINIO_ACCESS_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey")
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = {
             "launcher": "pytorchjob",
             "nnodes": 2,
-            "nproc_per_node": 1,
+            "gpus_per_node": 0,
             "train": {"epochs": args.epochs, "seed": 0, "global_batch_size": 64},
             "cluster": {
                 "image": CPU_IMAGE,
@@ -126,17 +128,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 config_uri = f"{work}/worker-config.json"
                 storage.write_text(config_uri, to_json(worker_cfg))
+                run = cfg.training_run(job_name=name, config_uri=config_uri)
                 start = time.time()
                 if kind == "ours":
-                    PyTorchJobLauncher(namespace=ns, cluster=cfg.cluster).launch(
-                        job_name=name,
-                        config_uri=config_uri,
-                        nproc_per_node=cfg.nproc_per_node,
-                        nnodes=cfg.nnodes,
-                        timeout_s=900,
-                    )
+                    launcher = PyTorchJobLauncher(namespace=ns, cluster=cfg.cluster)
+                    launcher.launch(dataclasses.replace(run, timeout_s=900))
                 else:
-                    spec = job_spec(cfg, name=name, namespace=ns, config_uri=config_uri)
+                    spec = JobSpec(namespace=ns, run=run, cluster=cfg.cluster)
                     _plain(api, build_pytorchjob(spec), ns, 900)
                 wall = time.time() - start
                 first = _first_step_at(ns, name)

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.data import BatchStream, TabularDataset
+from trainer.data.datasets import BatchStream, TabularDataset
 
 SEED = 0
 

@@ -1,11 +1,11 @@
 """Benchmark: per-rank memory of the training state and step time, DDP vs FSDP2, same model.
 
 Both contenders train the same GPT (built by ``build_model`` after the same seed) with the same
-AdamW (``trainer.optim.make_optimizer``), clipping and batches, in the same processes: ``--world``
-ranks on the CPU with gloo, started with ``torch.multiprocessing``. **ddp** is
-``DistributedDataParallel`` around the model, as ``trainer.run.Run`` wraps it; **fsdp** is the
-same model sharded by ``trainer.sharding.apply_fsdp`` (``fully_shard`` per block and at the
-root), as ``Run`` shards it under ``train.strategy=fsdp``.
+AdamW (``trainer.training.optim.make_optimizer``), clipping and batches, in the same processes:
+``--world`` ranks on the CPU with gloo, started with ``torch.multiprocessing``. **ddp** is
+``DistributedDataParallel`` around the model, as ``trainer.training.run.Run`` wraps it; **fsdp**
+is the same model sharded by ``trainer.distributed.sharding.apply_fsdp`` (``fully_shard`` per
+block and at the root), as ``Run`` shards it under ``train.strategy=fsdp``.
 
 Memory is what each rank holds at rest: its (local shard of the) parameters, its gradients
 right after the backward pass (FSDP's are reduce-scattered into shards) and AdamW's moments,
@@ -46,11 +46,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import sharding
 from trainer.config import DataConfig, ModelConfig, OutputConfig, WorkerConfig
+from trainer.distributed import sharding
+from trainer.distributed.precision import resolve_precision
 from trainer.models import ModelSpec, build_model, compute_loss
-from trainer.optim import make_optimizer
-from trainer.precision import resolve_precision
+from trainer.training.optim import make_optimizer
 
 MB = 2**20
 

@@ -2,9 +2,9 @@
 
 For each model, in one run on one device:
 
-- **trainer**: the real ``trainer.run.Run`` built from a ``WorkerConfig`` over a Parquet token
-  file, exactly as ``train()`` builds it (bf16 autocast, ``torch.compile``, fused AdamW, TF32, SDPA
-  flash attention on CUDA), fed by ``train()``'s data path (``BatchStream`` through the
+- **trainer**: the real ``trainer.training.run.Run`` built from a ``WorkerConfig`` over a Parquet
+  token file, exactly as ``train()`` builds it (bf16 autocast, ``torch.compile``, fused AdamW, TF32,
+  SDPA flash attention on CUDA), fed by ``train()``'s data path (``BatchStream`` through the
   ``Prefetcher``: pinned memory, non-blocking copies on a side stream) and driven through
   ``step_with_oom_fallback`` plus the bookkeeping of ``train()``'s loop (the on-device loss window,
   synced every ``log_every_steps``), like ``benchmarks/trainer_overhead.py``.
@@ -88,7 +88,6 @@ from benchmarks.lib.gpu_report import (
     print_summary,
     row_cells,
 )
-from trainer import dist
 from trainer.config import (
     DataConfig,
     ModelConfig,
@@ -97,12 +96,15 @@ from trainer.config import (
     TrainConfig,
     WorkerConfig,
 )
-from trainer.data import BatchStream, DataPosition
-from trainer.dist import DistContext
+from trainer.data.datasets import BatchStream, DataPosition
+from trainer.distributed import dist
+from trainer.distributed.dist import DistContext
 from trainer.models import build_model, count_params, flops_per_token, forward_loss
-from trainer.run import LossWindow, Run, seed_everything, training_batches
-from trainer.stop import StopSignal
-from trainer.telemetry import Telemetry
+from trainer.training.loop import LossWindow, loop_step
+from trainer.training.rng import seed_everything
+from trainer.training.run import Run, training_batches
+from trainer.training.stop import StopSignal
+from trainer.training.telemetry import Telemetry
 
 SEED = 0
 DATASHEET_BF16_FLOPS = 989e12  # H100/H200 SXM, dense bf16 (no sparsity)
@@ -168,12 +170,12 @@ Batches = Iterator[tuple[Any, torch.Tensor, torch.Tensor]]
 
 
 def trainer_step(run: Run, batches: Batches) -> Callable[[], None]:
-    """One iteration of ``train()``'s loop (``Run.loop_step``) on ``batches``."""
+    """One iteration of ``train()``'s loop (``loop_step``) on ``batches``."""
     window = LossWindow(run.ctx)
 
     def step() -> None:
         position, x, y = next(batches)
-        if run.loop_step(position, x, y, window).diverged:
+        if loop_step(run, position, x, y, window).diverged:
             raise RuntimeError(f"non-finite loss by step {run.state.step}: the benchmark diverged")
 
     return step

@@ -1,4 +1,4 @@
-"""Benchmark: step time of trainer.loop against a hand-written PyTorch loop on the same work.
+"""Benchmark: step time of trainer.training against a hand-written PyTorch loop on the same work.
 
 Both contenders train the same model (built by ``build_model`` after the same seed, from the same
 starting weights), on the same batches (two ``BatchStream`` iterators over one dataset, same
@@ -6,15 +6,15 @@ seed), with the same AdamW (decay on matrices only, same fused flag), the same `
 warmup-and-cosine schedule, the same gradient clipping and the same precision policy, in one
 process (``dist.init()`` without torchrun: world size 1, the CPU unless a GPU is visible).
 
-- **ours** is the real ``trainer.run.Run``, built from a ``WorkerConfig`` over a Parquet file
-  exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)`` (micro-batch
-  split, control agreement, backward, clip, optimizer and scheduler step), plus the per-step
-  bookkeeping of ``train()``'s loop: the on-device loss window (``nan_to_num``, the non-finite
-  counts, the grad-norm check), the progress-bar advance, the log/eval/checkpoint decisions, and
-  every ``log_every_steps`` the one sync and a JSON log line (written to a throwaway stream).
-  ``train()`` itself is not timed because it cannot be paused to interleave blocks with the other
-  contender and its history holds only windowed, rounded losses, so the step-for-step loss check
-  would be impossible; the bookkeeping here mirrors its loop body line for line.
+- **ours** is the real ``trainer.training.run.Run``, built from a ``WorkerConfig`` over a Parquet
+  file exactly as ``train()`` builds it, driven through ``step_with_oom_fallback(x, y)``
+  (micro-batch split, control agreement, backward, clip, optimizer and scheduler step), plus the
+  per-step bookkeeping of ``train()``'s loop: the on-device loss window (``nan_to_num``, the
+  non-finite counts, the grad-norm check), the progress-bar advance, the log/eval/checkpoint
+  decisions, and every ``log_every_steps`` the one sync and a JSON log line (written to a throwaway
+  stream). ``train()`` itself is not timed because it cannot be paused to interleave blocks with the
+  other contender and its history holds only windowed, rounded losses, so the step-for-step loss
+  check would be impossible; the bookkeeping here mirrors its loop body line for line.
 - **raw** is a nanoGPT-style loop: ``loss = F.cross_entropy(model(x), y)`` (or, as nanoGPT,
   ``model(x, targets=y)`` for a model that computes its own loss: the GPT's chunked head);
   ``loss.backward(); clip; opt.step(); sched.step(); opt.zero_grad(set_to_none=True)``, with
@@ -52,7 +52,6 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import dist
 from trainer.config import (
     DataConfig,
     ModelConfig,
@@ -61,13 +60,15 @@ from trainer.config import (
     TrainConfig,
     WorkerConfig,
 )
-from trainer.data import BatchStream
-from trainer.dist import DistContext
+from trainer.data.datasets import BatchStream
+from trainer.distributed import dist
+from trainer.distributed.dist import DistContext
 from trainer.models import build_model, computes_loss
-from trainer.optim import lr_multiplier
-from trainer.run import LossWindow, Run
-from trainer.stop import StopSignal
-from trainer.telemetry import Telemetry
+from trainer.training.loop import LossWindow, loop_step
+from trainer.training.optim import lr_multiplier
+from trainer.training.run import Run
+from trainer.training.stop import StopSignal
+from trainer.training.telemetry import Telemetry
 
 SEED = 0
 # Losses are compared with this tolerance; on one CPU process they are in fact bitwise equal.
@@ -140,7 +141,7 @@ def make_config(case: Case, data: Path, out: Path, total_steps: int) -> WorkerCo
 
 
 def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor], Run]:
-    """The trainer's step: ``Run.loop_step``, the body of ``train()``'s loop."""
+    """The trainer's step: ``loop_step``, the body of ``train()``'s loop."""
     run = Run(cfg, ctx, StopSignal())
     # Same events as train() would emit, but into a sink so the table stays readable.
     run.telemetry = Telemetry(
@@ -151,7 +152,7 @@ def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor
 
     def step() -> torch.Tensor:
         position, x, y = next(it)
-        outcome = run.loop_step(position, x, y, window)
+        outcome = loop_step(run, position, x, y, window)
         if outcome.diverged:
             raise RuntimeError(f"non-finite loss by step {run.state.step}: the benchmark diverged")
         return outcome.loss

@@ -3,7 +3,7 @@
 The task is real training on a small tabular problem (``trainer.demo.make_table``: Gaussian
 features, a non-linear 3-class target with noise, written as Parquet), through the local tune
 engine (``trainer.tune.local.run_study``) and the real training loop
-(``InProcessTrialRunner`` -> ``trainer.loop.train``, one CPU process).
+(``InProcessTrialRunner`` -> ``trainer.training.loop.train``, one CPU process).
 
 - **Search space** (where hyperparameters matter): ``optim.lr`` log-uniform 1e-5..0.3,
   ``model.hidden_dim`` 8..256 (log), ``optim.weight_decay`` 0..0.3; objective: ``val_loss``.
@@ -40,7 +40,8 @@ import pyarrow.parquet as pq
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.config import WorkerConfig, apply_overrides, from_dict
+from trainer.base.typedconfig import apply_overrides, from_dict
+from trainer.config import WorkerConfig
 from trainer.demo import make_table
 from trainer.tune.local import InProcessTrialRunner, StudyResult, run_study
 from trainer.tune.space import load_space

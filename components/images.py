@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from trainer.version import __version__
+from trainer.base.version import __version__
 
 REGISTRY = os.environ.get("GPUPIPE_IMAGE_REGISTRY", "ghcr.io/gpupipe")
 """Where images are pulled from; set GPUPIPE_IMAGE_REGISTRY at compile time to change it

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import InputError, error_line
+from trainer.base.errors import InputError, error_line
 
 if TYPE_CHECKING:
     from pipelines.cluster import KfpCluster

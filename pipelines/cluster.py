@@ -24,7 +24,7 @@ import kfp_server_api as kapi
 import urllib3
 import yaml
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 
 TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 """Env var naming a token file (what ``kfp.Client`` reads too)."""

@@ -1,7 +1,7 @@
 """Compile every pipeline and component to YAML (the golden files under version control).
 
 Each YAML file is written only where asked and only over a file the suite wrote before (its
-``.<name>.gpupipe-output.json`` marker, :mod:`trainer.outputs`) or one with the same bytes: a
+``.<name>.gpupipe-output.json`` marker, :mod:`trainer.base.outputs`) or one with the same bytes: a
 person's own file of that name is refused, never overwritten.
 """
 
@@ -14,7 +14,7 @@ from kfp import compiler
 
 from components import ALL as COMPONENTS
 from pipelines.training import PIPELINES
-from trainer import outputs, storage
+from trainer.base import outputs, storage
 
 STEP = "compile"
 """The producer recorded in the markers of compiled YAML."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 
 FIELDS = ("seconds", "minutes", "hours", "day-of-month", "month", "day-of-week")
 _RANGES = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 6))

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.params import check_parameters, parameter_types
-from trainer.errors import NOT_INPUT_CODES, InputError, parse_error_line
-from trainer.redact import redact as _redact
+from trainer.base.errors import NOT_INPUT_CODES, InputError, parse_error_line
+from trainer.base.redact import redact as _redact
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """``gpupipe run --local --runner docker``: every step in its own image, under the pod's settings.
 
 kfp.local's ``DockerRunner`` starts one container per step, mounting only the run's pipeline
-root. Here the steps also get what a cluster pod of the suite gets (the defaults of
-:class:`~trainer.launch.jobspec.JobSpec`): a non-root uid, a read-only root filesystem with a
+root. Here the steps also get what a cluster pod of the suite gets (what
+:mod:`trainer.launch.podspec` fixes): a non-root uid, a read-only root filesystem with a
 writable ``/tmp``, no capabilities, no privilege escalation and the memory-backed ``/dev/shm``
 size. The whole ``--root`` (run folders, the embedded registry and its artifacts, demo data) is
 mounted at its own path, and so is a local ``--data`` path, read-only. Containers use the
@@ -14,14 +14,14 @@ handed to that uid first); otherwise the steps run as the calling user, who then
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import InputError
-from trainer.launch.jobspec import JobSpec
+from trainer.base.errors import InputError
+from trainer.launch.jobspec import SHM_SIZE
 from trainer.launch.kubefields import parse_quantity
+from trainer.launch.podspec import RUN_AS_USER
 
 RUNNERS = ("subprocess", "docker")
 """Where ``gpupipe run --local`` runs the steps: host processes, or containers of the images."""
@@ -29,8 +29,7 @@ RUNNERS = ("subprocess", "docker")
 
 def pod_defaults() -> dict[str, Any]:
     """``run_as_user``, ``shm_size`` and ``read_only_root_fs`` of a cluster job's pods."""
-    defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)}
-    return {k: defaults[k] for k in ("run_as_user", "shm_size", "read_only_root_fs")}
+    return {"run_as_user": RUN_AS_USER, "shm_size": SHM_SIZE, "read_only_root_fs": True}
 
 
 def parse_image_overrides(pairs: list[str]) -> dict[str, str]:

@@ -15,7 +15,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import json_object
 
 ALIASES_SEPARATOR = "."
 """``tune.enabled`` is accepted for ``tune_enabled`` (and so on)."""
@@ -49,6 +50,39 @@ def parameter_types() -> dict[str, tuple[str, Any, bool]]:
         name: (str(inputs[name].type), default, bool(inputs[name].optional))
         for name, default in pipeline_parameters().items()
     }
+
+
+README_BEGIN = (
+    "<!-- pipeline parameters: generated from pipelines/training.py by `make compile` -->"
+)
+README_END = "<!-- end of pipeline parameters -->"
+
+
+def parameter_table() -> str:
+    """The README's table of the pipeline's parameters: name, type, default and description, as
+    the pipeline's signature and docstring give them (KFP compiles the same into the YAML)."""
+    from pipelines.training import training_pipeline
+
+    rows = ["| parameter | type | default | what it does |", "|---|---|---|---|"]
+    for name, inp in training_pipeline.component_spec.inputs.items():
+        default = "(required)" if inp.default is None else f"`{json.dumps(inp.default)}`"
+        text = " ".join(str(inp.description or "").split()).replace("``", "`").replace("|", "\\|")
+        rows.append(f"| `{name}` | {str(inp.type).lower()} | {default} | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+def readme_with_table(readme: str) -> str:
+    """``readme`` with the text between :data:`README_BEGIN` and :data:`README_END` replaced by
+    :func:`parameter_table`.
+
+    Raises:
+        ValueError: the markers are missing.
+    """
+    head, begin, rest = readme.partition(README_BEGIN + "\n")
+    _, end, tail = rest.partition(README_END)
+    if not (begin and end):
+        raise ValueError(f"the README has no {README_BEGIN!r} ... {README_END!r} block")
+    return head + begin + parameter_table() + end + tail
 
 
 def unknown_parameter(key: str, known: dict[str, Any] | set[str]) -> InputError:
@@ -160,64 +194,108 @@ def typed_parameters(pairs: list[str], *, require: bool = True) -> dict[str, Any
     return out
 
 
-def json_object(params: dict[str, Any], name: str) -> dict[str, Any]:
-    """The JSON object held by string parameter ``name`` (``{}`` when empty)."""
-    value = params.get(name, "{}")
-    if isinstance(value, dict):
-        return value
-    try:
-        data = json.loads(value or "{}")
-    except json.JSONDecodeError as e:
-        raise InputError("E_PARAM", f"{name} must be a JSON object: {e}", name) from None
-    if not isinstance(data, dict):
-        raise InputError("E_PARAM", f"{name} must be a JSON object, got {value!r}", name)
-    return data
+# --- the steps' mappings, called with pipeline parameters as the components call them --------
 
 
-# --- the step configs, built from pipeline parameters as the components build them -----------
-
-
-def step_arguments(p: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of :func:`trainer.steps.train.step_settings` for parameters ``p``.
-
-    Its arguments carry the pipeline parameters' names, so this only picks them, and adds the
-    images the pipeline passes to the train step.
-    """
-    from components.images import CPU_IMAGE, CUDA_IMAGE
+def step_mappings() -> dict[str, Callable[..., Any]]:
+    """Each step's one mapping from pipeline parameters (its arguments carry their names) to
+    its config, by step; the components call the same functions."""
+    from trainer.steps.evaluate import evaluate_config
+    from trainer.steps.preprocess_config import config_from_parameters
+    from trainer.steps.register import register_config
     from trainer.steps.train import step_settings
 
-    names = inspect.signature(step_settings).parameters
     return {
-        **{name: p[name] for name in names if name in p},
-        "cuda_image": CUDA_IMAGE,
-        "cpu_image": CPU_IMAGE,
+        "preprocess": config_from_parameters,
+        "train": step_settings,
+        "evaluate": evaluate_config,
+        "register": register_config,
     }
 
 
-# Which pipeline parameter sets which train-step field: errors name the parameter a person set.
+def mapping_arguments(mapping: Callable[..., Any], p: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``mapping`` that are pipeline parameters, taken from ``p``."""
+    return {name: p[name] for name in inspect.signature(mapping).parameters if name in p}
+
+
+def step_arguments(p: dict[str, Any], launcher: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of :func:`trainer.steps.train.step_settings` for parameters ``p`` (all
+    present), with the images the pipeline passes to the train step; ``launcher`` instead of
+    the ``launcher`` parameter where given."""
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+
+    args = mapping_arguments(step_mappings()["train"], p)
+    args |= {"cuda_image": CUDA_IMAGE, "cpu_image": CPU_IMAGE}
+    return args if launcher is None else {**args, "launcher": launcher}
+
+
+def with_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` over the pipeline's defaults (not checked: :func:`check_parameters` does)."""
+    return {**pipeline_parameters(), **params}
+
+
+def train_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """The train step's settings for ``params`` over the pipeline's defaults, as the train
+    component makes them (not checked: ``from_dict(TrainStepConfig, ...)`` does that)."""
+    return step_mappings()["train"](**step_arguments(with_defaults(params)))  # type: ignore[no-any-return]
+
+
+def preprocess_config(p: dict[str, Any]) -> Any:
+    """The preprocess step's ``PreprocessConfig`` for parameters ``p`` (all present), built by
+    the component's own mapping."""
+    mapping = step_mappings()["preprocess"]
+    return mapping(**mapping_arguments(mapping, p))
+
+
+# Which pipeline parameter sets which step field: errors name the parameter a person set.
 _TRAIN_FIELDS = {
     "learning_rate": ("optim.lr",),
     "epochs": ("train.epochs",),
     "seed": ("train.seed",),
     "batch_size": ("train.global_batch_size",),
     "nodes": ("nnodes", "train.nnodes"),
-    "gpus_per_node": ("nproc_per_node", "train.nproc_per_node", "cluster.gpus_per_node"),
+    "gpus_per_node": ("gpus_per_node", "train.gpus_per_node"),
     "model_name": ("model.name",),
     "gpu_type": ("cluster.gpu_resource",),
     "gpu_node_selector": ("cluster.node_selector",),
     "trainer_runtime": ("cluster.runtime",),
+    "image_pull_secrets": ("cluster.image_pull_secrets",),
+    "job_labels": ("cluster.labels",),
+    "job_annotations": ("cluster.annotations",),
+    "job_env": ("cluster.env",),
+    "gang_queue": ("cluster.gang_queue",),
+    "gang_priority_class": ("cluster.gang_priority_class",),
+    "object_store_secret": ("cluster.object_store_secret",),
 }
+_EVALUATE_FIELDS = {
+    "gate.metric": "gate_metric",
+    "gate.threshold": "gate_threshold",
+    "gate.baseline": "gate_baseline",
+    "model_plugins": "model_name",
+}
+_PREPROCESS_FIELDS = {
+    "column_roles": "column_roles_json",
+    "csv_delimiter": "csv_delimiter",
+    "csv_header": "csv_header",
+    "csv_encoding": "csv_encoding",
+    "csv_null_values": "csv_null_values",
+    "csv_decimal": "csv_decimal",
+    "task": "task",
+    "seed": "seed",
+}
+"""Preprocess fields set by a plain parameter; the rest come from ``preprocess_config_json``."""
 
 
 def _owner(where: str, p: dict[str, Any]) -> str:
     """The pipeline parameter that a train-step field error ``where`` comes from."""
     where = where.removeprefix("train.") if where.startswith("train.optim") else where
     for name in ("hyperparams_json", "train_config_json"):
-        keys = _flat_keys(json_object(p, name))
+        keys = _flat_keys(json_object(p.get(name), name))
         if any(where == k or where.endswith("." + k) or k.startswith(where) for k in keys):
             return name
+    field = where.split("[")[0]  # cluster.labels[team]: the labels' owner
     for name, fields in _TRAIN_FIELDS.items():
-        if any(where == f or where.endswith("." + f) for f in fields):
+        if any(field == f or field.endswith("." + f) for f in fields):
             return name
     return "train_config_json"
 
@@ -241,47 +319,44 @@ def _reraise(param: str, e: ValueError) -> None:
     if param in JSON_OBJECT_PARAMS:
         message = f"{param}: {message}"
     elif where:
-        message = message.replace(where, param)
+        message = message.replace(where.split("[")[0], param)  # keeps a [key] after it
     raise InputError("E_PARAM", message, param) from None
 
 
 def _check_train(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
-    from trainer.steps.train import TrainStepConfig, step_settings
+    """The train step's config, and with ``launcher=local`` the cluster job's too: the
+    parameters that only a cluster job reads would fail a cluster run of the same pipeline."""
+    from trainer.base.typedconfig import from_dict
+    from trainer.steps.train import TrainStepConfig
 
+    launchers = [p.get("launcher", "local")]
+    if launchers == ["local"]:
+        launchers.append("pytorchjob")
+    for launcher in launchers:
+        try:
+            from_dict(TrainStepConfig, step_mappings()["train"](**step_arguments(p, launcher)))
+        except ValueError as e:
+            _reraise(_owner(getattr(e, "where", ""), p), e)
+
+
+def _check_step(step: str, p: dict[str, Any], owner: Callable[[str], str]) -> None:
+    """Build ``step``'s config with its mapping; a bad value is E_PARAM naming ``owner(where)``."""
+    mapping = step_mappings()[step]
     try:
-        from_dict(TrainStepConfig, step_settings(**step_arguments(p)))
+        mapping(**mapping_arguments(mapping, p))
     except ValueError as e:
-        _reraise(_owner(getattr(e, "where", ""), p), e)
+        _reraise(owner(str(getattr(e, "where", ""))), e)
 
 
 def _check_evaluate(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
-    from trainer.steps.evaluate import EvaluateConfig
-
-    threshold = p["gate_threshold"]
-    try:
-        from_dict(EvaluateConfig, {"gate": {"metric": p["gate_metric"]}})
-    except ValueError as e:
-        _reraise("gate_metric", e)
-    try:
-        from_dict(EvaluateConfig, {"gate": {"threshold": threshold or None}})
-    except ValueError as e:
-        _reraise("gate_threshold", e)
-    try:
-        from_dict(EvaluateConfig, {"gate": {"baseline": p.get("gate_baseline", "trivial")}})
-    except ValueError as e:
-        _reraise("gate_baseline", e)
+    _check_step("evaluate", p, lambda where: _EVALUATE_FIELDS.get(where, "gate_metric"))
 
 
 def _check_register(p: dict[str, Any]) -> None:
-    from trainer.config import from_dict
-    from trainer.steps.register import RegisterConfig
+    def owner(where: str) -> str:
+        return "registry_uri" if "tracking_uri" in where else "registered_model_name"
 
-    try:
-        from_dict(RegisterConfig, {"model_name": p["registered_model_name"]})
-    except ValueError as e:
-        _reraise("registered_model_name", e)
+    _check_step("register", p, owner)
     uri = str(p.get("registry_uri") or "")
     if uri and "://" not in uri:
         raise InputError(
@@ -330,10 +405,11 @@ def _check_choices(p: dict[str, Any]) -> None:
 
 
 def _check_tune(p: dict[str, Any]) -> None:
+    from trainer.base.typedconfig import config_fields
     from trainer.config import WorkerConfig
-    from trainer.tune.space import config_fields, load_space
+    from trainer.tune.space import load_space
 
-    space = json_object(p, "tune_space_json")
+    space = json_object(p.get("tune_space_json"), "tune_space_json")
     if not space:
         return
     try:
@@ -342,53 +418,21 @@ def _check_tune(p: dict[str, Any]) -> None:
         _reraise("tune_space_json", e)
 
 
-# Which pipeline parameter sets which preprocess field (the rest come from preprocess_config_json).
-_PREPROCESS_FIELDS = {
-    "column_roles": "column_roles_json",
-    "csv_delimiter": "csv_delimiter",
-    "csv_header": "csv_header",
-    "csv_encoding": "csv_encoding",
-    "csv_null_values": "csv_null_values",
-    "csv_decimal": "csv_decimal",
-    "task": "task",
-    "seed": "seed",
-}
-
-
-def preprocess_config(p: dict[str, Any]) -> Any:
-    """The preprocess step's ``PreprocessConfig`` for parameters ``p`` (all present), built as
-    the preprocess component builds it."""
-    from trainer.steps.preprocess_config import config_from_parameters
-
-    return config_from_parameters(
-        target=str(p["target"]),
-        task=str(p["task"]),
-        seed=int(p["seed"]),
-        column_roles_json=json.dumps(json_object(p, "column_roles_json")),
-        csv_delimiter=str(p["csv_delimiter"]),
-        csv_header=bool(p["csv_header"]),
-        csv_encoding=str(p["csv_encoding"]),
-        csv_null_values=str(p["csv_null_values"]),
-        csv_decimal=str(p["csv_decimal"]),
-        config_json=json.dumps(json_object(p, "preprocess_config_json")),
-    )
-
-
 def _check_preprocess(p: dict[str, Any]) -> None:
-    config = json_object(p, "preprocess_config_json")
-    try:
-        preprocess_config(p)
-    except ValueError as e:
-        where = str(getattr(e, "where", ""))
+    config = json_object(p.get("preprocess_config_json"), "preprocess_config_json")
+
+    def owner(where: str) -> str:
         field = where.split(".")[0]
-        set_in_config = field in config or any(k.split(".")[0] == field for k in config)
-        owner = "preprocess_config_json" if set_in_config else _PREPROCESS_FIELDS.get(field)
-        _reraise(owner or where or "preprocess_config_json", e)
+        if field in config or any(k.split(".")[0] == field for k in config):
+            return "preprocess_config_json"
+        return _PREPROCESS_FIELDS.get(field) or where or "preprocess_config_json"
+
+    _check_step("preprocess", p, owner)
 
 
 CHECKS: list[Callable[[dict[str, Any]], None]] = [
     _check_choices,
-    lambda p: [json_object(p, name) for name in JSON_OBJECT_PARAMS if name in p],
+    lambda p: [json_object(p[name], name) for name in JSON_OBJECT_PARAMS if name in p],
     _check_train,
     _check_evaluate,
     _check_register,
@@ -421,3 +465,11 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
     for check in CHECKS:
         check(full)
     return full
+
+
+if __name__ == "__main__":  # make compile: refresh the README's parameter table
+    import sys
+    from pathlib import Path
+
+    readme = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    readme.write_text(readme_with_table(readme.read_text()))

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 import yaml
 
-from trainer.config import from_dict
+from trainer.base.typedconfig import config_fields, from_dict, json_object
 from trainer.launch.jobspec import JobSpec, job_name
 from trainer.launch.pytorchjob import build_pytorchjob
-from trainer.steps.train import TrainStepConfig, job_spec, step_settings
+from trainer.steps.train import TrainStepConfig, step_settings
 
 Launcher = Literal["pytorchjob", "trainjob"]
 
@@ -33,7 +33,7 @@ def train_step(
 
     The step's settings come from the train component's own mapping
     (:func:`trainer.steps.train.step_settings`: base parameters, then ``train_config_json``,
-    then ``hyperparams_json``), so ``nnodes``, ``nproc_per_node`` and
+    then ``hyperparams_json``), so ``nnodes``, ``gpus_per_node`` and
     ``timeout_s`` overrides show up in the job.
 
     Args:
@@ -46,8 +46,8 @@ def train_step(
     """
     from pipelines.params import check_parameters, step_arguments
 
-    p = check_parameters({"data_uri": "<data>", **params})
-    settings = step_settings(**{**step_arguments(p), "launcher": launcher})
+    p = check_parameters({"data_uri": "<data>", **params, "launcher": launcher})
+    settings = step_settings(**step_arguments(p))
     settings["cluster"]["namespace"] = namespace
     return from_dict(TrainStepConfig, settings)
 
@@ -66,9 +66,8 @@ def train_job_spec(
         InputError: an unknown parameter (the message lists the valid ones) or a bad value.
     """
     step = train_step(params, namespace=namespace, launcher=launcher)
-    return job_spec(
-        step, name=job_name(run_id, "train"), namespace=namespace, config_uri=config_uri
-    )
+    run = step.training_run(job_name=job_name(run_id, "train"), config_uri=config_uri)
+    return JobSpec(namespace=namespace, run=run, cluster=step.cluster)
 
 
 def render_pytorchjob(
@@ -112,18 +111,10 @@ def render_trainjob(
     Raises:
         InputError: an unknown parameter (the message lists the valid ones) or a bad value.
     """
-    from trainer.launch.trainjob import RuntimeRef, build_trainjob
+    from trainer.launch.trainjob import build_trainjob
 
-    step = train_step(params, namespace=namespace, launcher="trainjob")
-    spec = job_spec(
-        step, name=job_name("render", "train"), namespace=namespace, config_uri=config_uri
-    )
-    job = build_trainjob(
-        spec,
-        runtime=RuntimeRef.parse(step.cluster.runtime),
-        runtime_patches=step.cluster.runtime_patches,
-    )
-    return yaml.safe_dump(job, sort_keys=False)
+    spec = train_job_spec(params, namespace=namespace, config_uri=config_uri, launcher="trainjob")
+    return yaml.safe_dump(build_trainjob(spec), sort_keys=False)
 
 
 TRIAL_URI_PLACEHOLDER = "minio://mlpipeline/v2/artifacts/<run-id>/tune/trials"
@@ -152,14 +143,13 @@ def render_experiment(
     Raises:
         InputError: an unknown parameter, a bad value or an invalid search space.
     """
-    from pipelines.params import json_object
     from trainer.config import WorkerConfig
     from trainer.tune.katib import build_experiment, experiment_name
-    from trainer.tune.space import config_fields, example_space, load_space
+    from trainer.tune.space import example_space, load_space
 
     spec = train_job_spec(params, namespace=namespace, config_uri=config_uri)
     if space is None:
-        space = json_object(params, "tune_space_json") or example_space()
+        space = json_object(params.get("tune_space_json"), "tune_space_json") or example_space()
     searched = load_space(space, config_fields=config_fields(WorkerConfig))
     experiment = build_experiment(
         searched,

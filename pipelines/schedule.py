@@ -14,7 +14,7 @@ from typing import Any
 
 import kfp_server_api as kapi
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 
 
 def schedule_body(

@@ -157,6 +157,12 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         launcher: str = "local",
         trainer_runtime: str = "torch-distributed",
         gpu_node_selector: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
+        image_pull_secrets: list = [],  # noqa: B006
+        job_labels: dict = {},  # noqa: B006
+        job_annotations: dict = {},  # noqa: B006
+        job_env: dict = {},  # noqa: B006
+        gang_queue: str = "",
+        gang_priority_class: str = "",
         hyperparams_json: str = "{}",
         tune_enabled: bool = False,
         tune_engine: str = "local",
@@ -206,6 +212,20 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 run's namespace.
             gpu_node_selector: node labels for the GPU nodes, e.g.
                 ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``.
+            image_pull_secrets: cluster jobs (``launcher`` pytorchjob or trainjob, Katib
+                trials): docker-registry secrets in the run's namespace for a private
+                registry, e.g. ``["regcred"]`` (the steps' own pods take the pipeline runner's
+                service account's).
+            job_labels: cluster jobs: extra labels of the job and its pods, e.g. Kueue's
+                ``{"kueue.x-k8s.io/queue-name": "gpu-team"}``.
+            job_annotations: cluster jobs: extra annotations of the job and its pods, e.g.
+                ``{"karpenter.sh/do-not-disrupt": "true"}``.
+            job_env: cluster jobs: extra environment variables of the training processes,
+                e.g. ``{"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}``.
+            gang_queue: PyTorchJobs: the queue of the job's PodGroup when the Training
+                Operator gang-schedules with Volcano (empty: the scheduler's default).
+            gang_priority_class: PyTorchJobs: the PriorityClass of the job's PodGroup (empty:
+                none).
             hyperparams_json: dotted trainer overrides, e.g. ``{"optim.weight_decay": 0.1}``.
             tune_enabled: run the hyperparameter search before training; train takes its best
                 parameters (applied after ``hyperparams_json``).
@@ -251,6 +271,32 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             _configure(prep, "preprocess", object_store_secret, retries=retries)
             prep.set_caching_options(True)
 
+            # What tune's trials and the trained model's job share: the train step's settings
+            # (the one mapping, trainer.steps.train.step_settings, reads them in both).
+            train_settings = {
+                "model_name": model_name,
+                "learning_rate": learning_rate,
+                "batch_size": batch_size,
+                "seed": seed,
+                "gpus_per_node": gpus_per_node,
+                "hyperparams_json": hyperparams_json,
+                "pipeline_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                "task_name": dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+                # An input, not only a resource setting: KFP 2.17 passes a channel that only
+                # set_accelerator_type reads into no sub-DAG, and the run fails.
+                "gpu_type": gpu_type,
+                "gpu_node_selector": gpu_node_selector,
+                "object_store_secret": object_store_secret,
+                "cuda_image": CUDA_IMAGE,
+                "cpu_image": CPU_IMAGE,
+                "image_pull_secrets": image_pull_secrets,
+                "job_labels": job_labels,
+                "job_annotations": job_annotations,
+                "job_env": job_env,
+                "gang_queue": gang_queue,
+                "gang_priority_class": gang_priority_class,
+            }
+
             # Always in the DAG: with tune_enabled false it passes no parameters on at once.
             # (A dsl.If around it would need dsl.OneOf to join train's inputs, which kfp.local
             # cannot resolve inside the exit handler.)
@@ -260,20 +306,8 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 engine=tune_engine,
                 space_json=tune_space_json,
                 trial_epochs=tune_trial_epochs,
-                model_name=model_name,
-                learning_rate=learning_rate,
-                batch_size=batch_size,
-                gpus_per_node=gpus_per_node,
-                seed=seed,
-                hyperparams_json=hyperparams_json,
                 train_config_json=train_config_json,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-                gpu_type=gpu_type,
-                gpu_node_selector=gpu_node_selector,
-                object_store_secret=object_store_secret,
-                cuda_image=CUDA_IMAGE,
-                cpu_image=CPU_IMAGE,
+                **train_settings,
             )
             _configure(tn, "tune", object_store_secret, retries=retries)
             tn.set_caching_options(True)  # a finished search is reused; a retry resumes it
@@ -281,27 +315,13 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             def train_task() -> dsl.PipelineTask:
                 return train(
                     dataset=prep.outputs["dataset"],
-                    model_name=model_name,
                     epochs=epochs,
-                    learning_rate=learning_rate,
-                    batch_size=batch_size,
-                    seed=seed,
-                    gpus_per_node=gpus_per_node,
                     nnodes=nodes,
                     launcher=launcher,
-                    hyperparams_json=hyperparams_json,
                     tuned_hyperparams_json=tn.outputs["best_hyperparams_json"],
                     config_json=train_config_json,
-                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                    task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-                    # An input, not only a resource setting: KFP 2.17 passes a channel that only
-                    # set_accelerator_type reads into no sub-DAG, and the run fails.
-                    gpu_type=gpu_type,
-                    gpu_node_selector=gpu_node_selector,
-                    object_store_secret=object_store_secret,
-                    cuda_image=CUDA_IMAGE,
-                    cpu_image=CPU_IMAGE,
                     trainer_runtime=trainer_runtime,
+                    **train_settings,
                 )
 
             gpu = _Gpu(gpu_type, gpus_per_node, gpu_node_selector, object_store_secret)

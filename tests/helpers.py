@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,8 +22,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from trainer import dist
 from trainer.demo import make_table
+from trainer.distributed import dist
+from trainer.launch.torchrun import torchrun_command
 
 if TYPE_CHECKING:
     from trainer.steps.tune import TuneConfig
@@ -294,7 +294,7 @@ def write_dataset(root: Path, rows: int = 600) -> Path:
 def tune_config(**over: Any) -> TuneConfig:
     """A small in-process tune config (TPE over ``optim.lr``, median stopping); ``over`` replaces
     top-level fields."""
-    from trainer.config import from_dict
+    from trainer.base.typedconfig import from_dict
     from trainer.steps.tune import TuneConfig
 
     data: dict[str, Any] = {
@@ -363,18 +363,18 @@ def env() -> dict[str, str]:
     return e
 
 
+def launch_cmd(config: Path, nproc: int = 2) -> list[str]:
+    """The production training command on ``config``: what ``LocalLauncher`` and local tune
+    trials run (``python -m trainer.launch ... -m trainer.worker --config <uri>``)."""
+    return torchrun_command(str(config), nproc_per_node=nproc, standalone=True)
+
+
 def torchrun_cmd(config: Path, nproc: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "trainer.worker",
-        "--config",
-        str(config),
-    ]
+    """The production command without its exit-code wrapper: the plain torchrun that
+    ``python -m trainer.launch`` runs (torchrun reports every worker failure as 1)."""
+    cmd = launch_cmd(config, nproc)
+    wrapper = cmd.index("trainer.launch")
+    return [*cmd[:wrapper], "torch.distributed.run", *cmd[wrapper + 1 :]]
 
 
 def torchrun(
@@ -404,20 +404,6 @@ def weights(config: Path) -> dict[str, torch.Tensor]:
     """The trained weights, named as in the plain MLP (fault plugins wrap it as ``inner``)."""
     loaded = load_file(str(config.parent / "model" / "model.safetensors"))
     return {k.removeprefix("inner."): v for k, v in loaded.items()}
-
-
-def launch_cmd(config: Path, nproc: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainer.launch",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "trainer.worker",
-        "--config",
-        str(config),
-    ]
 
 
 def run(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess[str]:

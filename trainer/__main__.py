@@ -3,7 +3,7 @@
 The same step functions the KFP components call, without KFP: what a PyTorchJob pod, a Katib
 trial or a person at a shell runs. Bad input prints ``ERROR [<step>] E_<CODE>: ...`` and exits 2.
 Outputs (``--output``, train's ``--model`` and ``--work``, ``--report``) go only where nothing
-but the same step's earlier output would be replaced (see :mod:`trainer.outputs`).
+but the same step's earlier output would be replaced (see :mod:`trainer.base.outputs`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from trainer import storage
-from trainer.config import apply_overrides, from_dict
+from trainer.base import storage
+from trainer.base.typedconfig import apply_overrides, from_dict
 from trainer.entry import run_guarded
 
 _FOLDER_HELP = (

@@ -14,8 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer import storage
-from trainer.config import WorkerConfig, from_dict, to_json
+from trainer.base import storage
+from trainer.base.typedconfig import from_dict, to_json
+from trainer.config import WorkerConfig
 
 
 def make_table(

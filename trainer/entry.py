@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainer import redact
-from trainer.errors import DISK_FULL_CODE, EXIT_BAD_INPUT, error_line, is_disk_full
+from trainer.base import redact
+from trainer.base.errors import DISK_FULL_CODE, EXIT_BAD_INPUT, error_line, is_disk_full
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import InputError
-from trainer.redact import redact
+from trainer.base.errors import InputError
+from trainer.base.redact import redact
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -12,9 +12,8 @@ import argparse
 import logging
 import sys
 
-from trainer import dist, exitcodes
-from trainer.config import WorkerConfig, load_worker_config
-from trainer.errors import (
+from trainer.base import exitcodes
+from trainer.base.errors import (
     DISK_FULL_CODE,
     EXIT_BAD_INPUT,
     EXIT_PEER_LOST,
@@ -22,8 +21,10 @@ from trainer.errors import (
     error_line,
     is_disk_full,
 )
-from trainer.loop import train
-from trainer.stop import Preempted, StopSignal
+from trainer.config import WorkerConfig, load_worker_config
+from trainer.distributed import dist
+from trainer.training.loop import train
+from trainer.training.stop import Preempted, StopSignal
 
 log = logging.getLogger("trainer.worker")
 

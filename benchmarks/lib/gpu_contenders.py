@@ -29,10 +29,11 @@ import pyarrow.parquet as pq
 import torch
 
 from trainer.config import WorkerConfig
-from trainer.data import BatchStream
-from trainer.dist import DistContext
-from trainer.optim import make_optimizer
-from trainer.run import Run, seed_everything, training_batches
+from trainer.data.datasets import BatchStream
+from trainer.distributed.dist import DistContext
+from trainer.training.optim import make_optimizer
+from trainer.training.rng import seed_everything
+from trainer.training.run import Run, training_batches
 
 
 def hf_unavailable() -> str | None:

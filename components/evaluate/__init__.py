@@ -31,25 +31,18 @@ def evaluate(
     the only code a model artifact may make this step import, and only from the installed
     environment.
     """
-    from trainer.config import from_dict
     from trainer.entry import run_guarded, write_metadata_file
-    from trainer.steps.evaluate import EvaluateConfig
     from trainer.steps.evaluate import evaluate as run
+    from trainer.steps.evaluate import evaluate_config
 
     def body():
         from trainer.registry import get_champion
 
-        cfg = from_dict(
-            EvaluateConfig,
-            {
-                "gate": {
-                    "metric": gate_metric,
-                    "threshold": gate_threshold or None,
-                    "baseline": gate_baseline,
-                },
-                # the one plugin this pipeline trained with may be imported (from the image)
-                "model_plugins": [model_name] if ":" in model_name else [],
-            },
+        cfg = evaluate_config(
+            gate_metric=gate_metric,
+            gate_threshold=gate_threshold,
+            gate_baseline=gate_baseline,
+            model_name=model_name,
         )
         champion = get_champion(registry_uri or None, registered_model_name)
         # register re-checks the alias against this version: a concurrent run may move it.

@@ -50,7 +50,7 @@ def preprocess(
             csv_encoding=csv_encoding,
             csv_null_values=csv_null_values,
             csv_decimal=csv_decimal,
-            config_json=config_json,
+            preprocess_config_json=config_json,
         )
         return run(
             cfg, data_uri=data_uri, output_uri=dataset.path, expected_fingerprint=data_fingerprint

@@ -28,20 +28,16 @@ def register(
     import json
     from collections import namedtuple
 
-    from trainer.config import from_dict
     from trainer.entry import run_guarded
-    from trainer.steps.register import RegisterConfig
     from trainer.steps.register import register as run
+    from trainer.steps.register import register_config
 
     def body():
-        cfg = from_dict(
-            RegisterConfig,
-            {
-                "model_name": registered_model_name,
-                "tracking_uri": registry_uri or None,
-                "gate_metric": str(evaluation.metadata.get("gate_metric", "")),
-                "evaluated_champion": str(evaluation.metadata.get("champion_version", "")),
-            },
+        cfg = register_config(
+            registered_model_name=registered_model_name,
+            registry_uri=registry_uri,
+            evaluated_metric=str(evaluation.metadata.get("gate_metric", "")),
+            evaluated_champion=str(evaluation.metadata.get("champion_version", "")),
         )
         values = {
             k: float(v)

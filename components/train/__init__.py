@@ -31,6 +31,12 @@ def train(
     cuda_image: str = "",
     cpu_image: str = "",
     trainer_runtime: str = "torch-distributed",
+    image_pull_secrets: list = [],  # noqa: B006 - compiled into the YAML, never mutated
+    job_labels: dict = {},  # noqa: B006
+    job_annotations: dict = {},  # noqa: B006
+    job_env: dict = {},  # noqa: B006
+    gang_queue: str = "",
+    gang_priority_class: str = "",
 ):
     """Train on the preprocessed dataset (see trainer.steps.train).
 
@@ -46,10 +52,12 @@ def train(
 
     With ``launcher="pytorchjob"`` or ``"trainjob"`` this pod only launches and watches (a
     TrainJob runs on the training runtime ``trainer_runtime``): the job's pods (GPU
-    limits, node selector, object-store secret from here) cannot see this pod's files, so they
-    get URIs, and rank 0 writes the model straight into KFP's artifact store. The job runs
-    ``cuda_image`` (GPUs) or ``cpu_image``; the pipeline passes this package version's images
-    (KFP re-runs this function's source, so defaults here can only be literals).
+    limits, node selector, object-store secret, pull secrets, labels, annotations, environment
+    and gang scheduling from here) cannot see this pod's files, so they get URIs, and rank 0
+    writes the model straight into KFP's artifact store. The job runs ``cuda_image`` (GPUs) or
+    ``cpu_image``; the pipeline passes this package version's images (KFP re-runs this
+    function's source, so defaults here can only be literals; they equal the pipeline's, which
+    a test checks).
     """
     from trainer import storage
     from trainer.config import from_dict
@@ -73,6 +81,12 @@ def train(
             cuda_image=cuda_image,
             cpu_image=cpu_image,
             trainer_runtime=trainer_runtime,
+            image_pull_secrets=image_pull_secrets,
+            job_labels=job_labels,
+            job_annotations=job_annotations,
+            job_env=job_env,
+            gang_queue=gang_queue,
+            gang_priority_class=gang_priority_class,
             train_config_json=config_json,
             hyperparams_json=hyperparams_json,
             tuned_hyperparams_json=tuned_hyperparams_json,

@@ -34,6 +34,12 @@ def tune(
     object_store_secret: str = "",
     cuda_image: str = "",
     cpu_image: str = "",
+    image_pull_secrets: list = [],  # noqa: B006 - compiled into the YAML, never mutated
+    job_labels: dict = {},  # noqa: B006
+    job_annotations: dict = {},  # noqa: B006
+    job_env: dict = {},  # noqa: B006
+    gang_queue: str = "",
+    gang_priority_class: str = "",
 ) -> NamedTuple("Outputs", [("best_hyperparams", dict), ("best_hyperparams_json", str)]):
     """Search hyperparameters over the preprocessed dataset (see trainer.steps.tune).
 
@@ -71,6 +77,8 @@ def tune(
     def body():
         remote = engine == "katib"
         launcher = "pytorchjob" if remote else "local"
+        # Trials run on one node, where the engine runs them (a PyTorchJob or a process here:
+        # no TrainJob runtime), whatever the final training uses.
         train = step_settings(
             launcher=launcher,
             model_name=model_name,
@@ -79,15 +87,22 @@ def tune(
             batch_size=batch_size,
             seed=seed,
             gpus_per_node=gpus_per_node,
+            nodes=1,
             gpu_type=gpu_type,
             gpu_node_selector=gpu_node_selector,
             object_store_secret=object_store_secret,
+            trainer_runtime="",
+            image_pull_secrets=image_pull_secrets,
+            job_labels=job_labels,
+            job_annotations=job_annotations,
+            job_env=job_env,
+            gang_queue=gang_queue,
+            gang_priority_class=gang_priority_class,
             cuda_image=cuda_image,
             cpu_image=cpu_image,
             train_config_json=train_config_json,
             hyperparams_json=hyperparams_json,
         )
-        # Trials run on one node, where the engine runs them, whatever the final training uses.
         train = apply_overrides(train, {"launcher": launcher, "nnodes": 1})
         base = {"engine": engine, "trial_epochs": trial_epochs or None, "seed": seed,
                 "train": train}  # fmt: skip

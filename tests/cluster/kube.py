@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +118,6 @@ def service_address(namespace: str, name: str, port: int) -> str:
 
 
 JOB_POD_SETTINGS = {
-    "gpus_per_node": 0,
     "object_store_secret": STORE_SECRET,
     "cpu_request": "250m",
     "cpu_limit": "1",
@@ -214,13 +215,138 @@ def logs(namespace: str, name: str, container: str | None = None) -> str:
     return kubectl("logs", "-n", namespace, name, *extra, check=False).stdout
 
 
-def jobs(namespace: str) -> list[dict[str, Any]]:
-    return get_json("pytorchjobs", "-n", namespace)["items"]
+JOB_KINDS = {
+    "pytorchjob": "training.kubeflow.org/job-name",
+    "trainjob": "jobset.sigs.k8s.io/jobset-name",
+}
+"""Each launcher's job kind, and the label its operator puts on the job's pods (the job's name)."""
 
 
-def job_pods(namespace: str, job: str) -> list[dict[str, Any]]:
-    return get_json("pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={job}")["items"]
+def jobs(namespace: str, kind: str = "pytorchjob") -> list[dict[str, Any]]:
+    return get_json(f"{kind}s", "-n", namespace)["items"]
+
+
+def job_pods(namespace: str, job: str, kind: str = "pytorchjob") -> list[dict[str, Any]]:
+    return get_json("pods", "-n", namespace, "-l", f"{JOB_KINDS[kind]}={job}")["items"]
+
+
+def job_gone(namespace: str, job: str, kind: str = "pytorchjob") -> bool:
+    names = {j["metadata"]["name"] for j in jobs(namespace, kind)}
+    return job not in names and not job_pods(namespace, job, kind)
 
 
 def events(namespace: str) -> list[dict[str, Any]]:
     return get_json("events", "-n", namespace)["items"]
+
+
+# --------------------------------------------------------------------------------------------
+# The train step's launcher in a pod, for either launcher (tests/cluster/test_*job.py)
+# --------------------------------------------------------------------------------------------
+
+JOB_TIMEOUT_S = 900
+"""Longest a test waits for one launcher: a 2-node job on this 2-core node, images local."""
+
+
+def train_config(image: str, launcher: str = "pytorchjob", **over: Any) -> dict[str, Any]:
+    """The train step's config for a 2-node CPU job of the demo table (``launcher`` picks the
+    PyTorchJob or the TrainJob); requests fit one 2-core node. The same settings give the same
+    weights (the node-loss tests rely on it). ``section__field=value`` overrides one field."""
+    cfg: dict[str, Any] = {
+        "launcher": launcher,
+        "nnodes": 2,
+        "gpus_per_node": 0,
+        "checkpoint_every_steps": 5,
+        # No early stopping: a run of known length (~190 steps), so a test can act mid-training.
+        "train": {
+            "epochs": 6,
+            "seed": 0,
+            "global_batch_size": 64,
+            "log_every_steps": 1,
+            "early_stopping": None,
+        },
+        # A lost peer that sends nothing (a dead node) is found by the collective timeout.
+        "dist": {"timeout_s": 90},
+        "cluster": {"image": image, **JOB_POD_SETTINGS},
+    }
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        if field:
+            cfg.setdefault(section, {})[field] = value
+        else:
+            cfg[section] = value
+    return cfg
+
+
+@dataclass
+class Launch:
+    """One launcher pod and where its job writes."""
+
+    namespace: str
+    pod: str
+    job: str
+    base: str
+    exit: dict[str, Any] | None = None
+    """The launcher container's terminated state, once waited for."""
+
+    @property
+    def model(self) -> str:
+        return f"{self.base}/model"
+
+    def done(self, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+        return wait_pod_done(self.namespace, self.pod, timeout)
+
+    def log(self) -> str:
+        return logs(self.namespace, self.pod)
+
+
+def launch(
+    namespace: str,
+    image: str,
+    dataset: str,
+    cfg: dict[str, Any],
+    *,
+    job: str | None = None,
+    base: str | None = None,
+) -> Launch:
+    """Start the train step's launcher pod; the config goes through the store, like KFP's."""
+    from trainer.base import storage
+
+    pod = unique("launcher")
+    job = job or unique("gpupipe-train")
+    base = base or f"minio://{BUCKET}/{namespace}/{job}"
+    storage.write_json(f"{base}/config.json", cfg)
+    args = ["--config", f"{base}/config.json", "--dataset", dataset]
+    args += ["--model", f"{base}/model", "--work", f"{base}/work", "--job-name", job]
+    apply(launcher_pod(pod, namespace, image, args))
+    return Launch(namespace=namespace, pod=pod, job=job, base=base)
+
+
+def weights(model_uri: str) -> dict[str, Any]:
+    """The stored model's tensors by name."""
+    from safetensors.torch import load
+
+    from trainer.base import storage
+
+    return load(storage.read_bytes(storage.join(model_uri, "model.safetensors")))
+
+
+def pod_steps(namespace: str, pod: str, container: str) -> int:
+    """The highest training step a pod's log reports (its JSON log lines)."""
+    best = 0
+    for line in logs(namespace, pod, container).splitlines():
+        m = re.search(r'"step": (\d+)', line)
+        if m and '"loss"' in line:
+            best = max(best, int(m.group(1)))
+    return best
+
+
+CTR = ["ctr", "--address", str(STATE / "run" / "containerd.sock"), "-n", "k8s.io"]
+"""The node's containerd (not Docker's)."""
+
+
+def kill_container(namespace: str, pod: str) -> None:
+    """SIGKILL the pod's container from the node, as an OOM kill or a crash would: the pod stays
+    (Failed), so the job it owns stays too."""
+    status = get_json("pod", "-n", namespace, pod)["status"]["containerStatuses"][0]
+    cid = status["containerID"].removeprefix("containerd://")
+    subprocess.run([*CTR, "tasks", "kill", "-s", "SIGKILL", cid], check=True, capture_output=True)

@@ -8,130 +8,30 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load
 
 from tests.cluster import kube
 from tests.cluster.conftest import delete_namespace, make_namespace, role
-from trainer import storage
-from trainer.export import load_model
-
-JOB_TIMEOUT_S = 900
-"""Longest a test waits for one launcher: a 2-replica job on this 2-core node, images local."""
+from tests.cluster.kube import JOB_TIMEOUT_S, Launch, kill_container, launch, weights
+from trainer.base import storage
+from trainer.models.export import load_model
 
 
 def train_config(image: str, **over: Any) -> dict[str, Any]:
-    """The train step's config for a 2-node CPU PyTorchJob of the demo table; requests fit one
-    2-core node. The same settings give the same weights (the node-loss test relies on it)."""
-    cfg: dict[str, Any] = {
-        "launcher": "pytorchjob",
-        "nnodes": 2,
-        "nproc_per_node": 1,
-        "checkpoint_every_steps": 5,
-        # No early stopping: a run of known length (~190 steps), so a test can act mid-training.
-        "train": {
-            "epochs": 6,
-            "seed": 0,
-            "global_batch_size": 64,
-            "log_every_steps": 1,
-            "early_stopping": None,
-        },
-        # A lost peer that sends nothing (a dead node) is found by the collective timeout.
-        "dist": {"timeout_s": 90},
-        "cluster": {
-            "image": image,
-            **kube.JOB_POD_SETTINGS,
-        },
-    }
-    for key, value in over.items():
-        section, _, field = key.partition("__")
-        if field:
-            cfg.setdefault(section, {})[field] = value
-        else:
-            cfg[section] = value
-    return cfg
-
-
-@dataclass
-class Launch:
-    """One launcher pod and where its job writes."""
-
-    namespace: str
-    pod: str
-    job: str
-    base: str
-    exit: dict[str, Any] | None = None
-    """The launcher container's terminated state, once waited for."""
-
-    @property
-    def model(self) -> str:
-        return f"{self.base}/model"
-
-    def done(self, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
-        return kube.wait_pod_done(self.namespace, self.pod, timeout)
-
-    def log(self) -> str:
-        return kube.logs(self.namespace, self.pod)
-
-
-def launch(
-    namespace: str,
-    image: str,
-    dataset: str,
-    cfg: dict[str, Any],
-    *,
-    job: str | None = None,
-    base: str | None = None,
-) -> Launch:
-    """Start the train step's launcher pod; the config goes through the store, like KFP's."""
-    pod = kube.unique("launcher")
-    job = job or kube.unique("gpupipe-train")
-    base = base or f"minio://{kube.BUCKET}/{namespace}/{job}"
-    storage.write_json(f"{base}/config.json", cfg)
-    args = ["--config", f"{base}/config.json", "--dataset", dataset]
-    args += ["--model", f"{base}/model", "--work", f"{base}/work", "--job-name", job]
-    kube.apply(kube.launcher_pod(pod, namespace, image, args))
-    return Launch(namespace=namespace, pod=pod, job=job, base=base)
-
-
-def weights(model_uri: str) -> dict[str, torch.Tensor]:
-    return load(storage.read_bytes(storage.join(model_uri, "model.safetensors")))
+    """The train step's config for a 2-node CPU PyTorchJob of the demo table."""
+    return kube.train_config(image, "pytorchjob", **over)
 
 
 def worker_steps(namespace: str, pod: str) -> int:
-    """The highest training step a pod's log reports (its JSON log lines)."""
-    best = 0
-    for line in kube.logs(namespace, pod, "pytorch").splitlines():
-        m = re.search(r'"step": (\d+)', line)
-        if m and '"loss"' in line:
-            best = max(best, int(m.group(1)))
-    return best
+    """The highest training step a replica's log reports."""
+    return kube.pod_steps(namespace, pod, "pytorch")
 
 
 def job_gone(namespace: str, job: str) -> bool:
-    names = {j["metadata"]["name"] for j in kube.jobs(namespace)}
-    return job not in names and not kube.job_pods(namespace, job)
-
-
-CTR = ["ctr", "--address", str(kube.STATE / "run" / "containerd.sock"), "-n", "k8s.io"]
-"""The node's containerd (not Docker's)."""
-
-
-def kill_container(namespace: str, pod: str) -> None:
-    """SIGKILL the pod's container from the node, as an OOM kill or a crash would: the pod stays
-    (Failed), so the job it owns stays too."""
-    status = kube.get_json("pod", "-n", namespace, pod)["status"]["containerStatuses"][0]
-    cid = status["containerID"].removeprefix("containerd://")
-    subprocess.run(
-        [*CTR, "tasks", "kill", "-s", "SIGKILL", cid],
-        check=True,
-        capture_output=True,
-    )
+    return kube.job_gone(namespace, job, "pytorchjob")
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ from tests.containers.pod import (
     run_args,
 )
 from tests.helpers import history
-from trainer.checkpoint import CheckpointManager
-from trainer.errors import EXIT_PEER_LOST
+from trainer.base.errors import EXIT_PEER_LOST
+from trainer.checkpoint.manager import CheckpointManager
 
 pytestmark = pytest.mark.containers
 

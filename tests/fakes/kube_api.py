@@ -539,6 +539,10 @@ class FakeKubeApi:
             raise _HttpError(409, f'{resource} "{name}" already exists')
         body = copy.deepcopy(body)
         body["metadata"]["namespace"] = namespace
+        if kind == "TrainJob":
+            # Trainer's defaulting webhook stamps each runtime patch with the time it was made.
+            for patch in (body.get("spec") or {}).get("runtimePatches") or []:
+                patch.setdefault("time", rfc3339(now))
         job = self._store(body, self.scenario, now)
         self.created.append(f"{namespace}/{name}")
         return self._render(job, now)
@@ -657,16 +661,21 @@ class FakeKubeApi:
             pod = copy.deepcopy(master)
             suffix = uuid.uuid5(uuid.NAMESPACE_URL, f"{job.body['metadata']['uid']}/{index}").hex
             pod["metadata"]["name"] = f"{job.name}-{NODE}-0-{index}-{suffix[:5]}"
-            pod["metadata"]["labels"] = {
+            # As observed on JobSet v0.12 / Trainer v2.3 (Kubernetes 1.34): JobSet's keys are
+            # both labels and annotations, the completion index both (the label since 1.28), and
+            # Trainer's ancestor label stays on the Job: it is not a pod label.
+            jobset = {
                 "jobset.sigs.k8s.io/jobset-name": job.name,
                 "jobset.sigs.k8s.io/replicatedjob-name": NODE,
                 "jobset.sigs.k8s.io/job-index": "0",
+                "jobset.sigs.k8s.io/restart-attempt": "0",
                 "batch.kubernetes.io/job-completion-index": str(index),
-                "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
             }
-            pod["metadata"]["annotations"] = {
-                "batch.kubernetes.io/job-completion-index": str(index)
+            pod["metadata"]["labels"] = {
+                **jobset,
+                "batch.kubernetes.io/job-name": f"{job.name}-{NODE}-0",
             }
+            pod["metadata"]["annotations"] = dict(jobset)
             pod["spec"]["containers"][0]["name"] = NODE
             pod["status"]["containerStatuses"][0]["name"] = NODE
             pods.append(pod)

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.gpu.test_gpu_training import gpt_config, history, losses, torchrun, write
-from trainer import export
+from trainer.models import export
 
 pytestmark = [
     pytest.mark.gpu,

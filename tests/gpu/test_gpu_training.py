@@ -23,11 +23,13 @@ import torch
 import torch.distributed as tdist
 from safetensors.torch import load_file
 
-from trainer import dist, loop
-from trainer import run as run_module
-from trainer.checkpoint import CheckpointManager
-from trainer.config import WorkerConfig, from_dict
+from trainer.base.typedconfig import from_dict
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.config import WorkerConfig
 from trainer.demo import make_table
+from trainer.distributed import dist
+from trainer.training import loop
+from trainer.training import run as run_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
@@ -156,7 +158,7 @@ def assert_fp32_export(run: Path) -> None:
 def test_worker_under_torchrun_trains_the_mlp_on_cuda(
     tmp_path: Path, table_data: tuple[str, str]
 ) -> None:
-    # One process: trainer.dist starts no process group, so this is the CUDA path, not NCCL.
+    # One process: trainer.distributed.dist starts no process group: the CUDA path, not NCCL.
     run = tmp_path / "mlp"
     torchrun(write(run, mlp_config(run, table_data)), "dist.backend=nccl", "train.precision=fp32")
     start = next(r for r in history(run) if r["event"] == "start")
@@ -171,7 +173,7 @@ def test_worker_under_torchrun_trains_the_mlp_on_cuda(
 
 @pytest.fixture
 def nccl_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[dist.DistContext]:
-    """A real one-rank NCCL process group (plus the gloo control group trainer.dist keeps).
+    """A real one-rank NCCL process group (plus the gloo control group that dist keeps).
 
     ``dist.init`` creates no group for one process, so the group is started here the way
     ``dist.init`` does for N > 1, and the context says so; everything downstream (DDP, the

@@ -1,4 +1,4 @@
-"""trainer.dist's control collectives across two real gloo processes (torch.multiprocessing)."""
+"""trainer.distributed.dist's control collectives across two real gloo processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.helpers import dist_session
-from trainer import dist
+from trainer.distributed import dist
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def _torchrun_env(rank: int, port: int) -> None:
 
 
 def _rank_main(rank: int, port: int, out: str) -> None:
-    """One rank: set torchrun's variables, init through trainer.dist, record what it sees."""
+    """One rank: set torchrun's variables, init through dist, record what it sees."""
     _torchrun_env(rank, port)
     with dist_session("gloo", timeout_s=60) as ctx:
         # Each rank raises a different flag; "any" must agree on every rank.

@@ -25,10 +25,11 @@ from tests.helpers import (
     weights,
     write_data,
 )
-from trainer import dcp, export, storage
-from trainer.checkpoint import CheckpointManager
+from trainer.base import storage
+from trainer.checkpoint import dcp
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.config import ModelConfig
-from trainer.models import ModelSpec, build_model
+from trainer.models import ModelSpec, build_model, export
 
 pytestmark = pytest.mark.integration
 

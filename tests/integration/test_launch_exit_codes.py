@@ -24,15 +24,15 @@ from tests.helpers import (
     wait_for_step,
     write_data,
 )
-from trainer.checkpoint import CheckpointManager
-from trainer.errors import EXIT_PEER_LOST
-from trainer.exitcodes import (
+from trainer.base.errors import EXIT_PEER_LOST
+from trainer.base.exitcodes import (
     EXIT_DIR_ENV,
     read_exit_codes,
     read_vanished,
     record_exit_code,
     record_started,
 )
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.launch.torchrun import resolve_exit_code
 
 pytestmark = pytest.mark.integration

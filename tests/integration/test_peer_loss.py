@@ -34,8 +34,8 @@ from tests.helpers import (
     weights,
     write_data,
 )
-from trainer.checkpoint import CheckpointManager
-from trainer.errors import EXIT_PEER_LOST
+from trainer.base.errors import EXIT_PEER_LOST
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.launch.jobspec import WORKER_COMMAND
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainer import registry
-from trainer.export import load_model
+from trainer.models.export import load_model
 from trainer.steps.register import RegisterConfig, register
 
 pytest_plugins = ["tests.fixtures.mlflow_server"]

@@ -1,4 +1,4 @@
-"""trainer.storage against a real S3-compatible server (moto on 127.0.0.1)."""
+"""trainer.base.storage against a real S3-compatible server (moto on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from trainer import outputs, storage
-from trainer.errors import InputError
-from trainer.outputs import OUTPUT_MARKER
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.outputs import OUTPUT_MARKER
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from tests.helpers import (
     weights,
     write_data,
 )
-from trainer import storage
+from trainer.base import storage
 
 pytestmark = pytest.mark.integration
 
@@ -149,7 +149,7 @@ def test_sigterm_writes_a_complete_checkpoint_and_rerun_finishes(
     proc.communicate(timeout=60)
     err = err_path.read_text()
     assert proc.returncode != 0  # torchrun reports the preempted workers as failed
-    from trainer.checkpoint import CheckpointManager
+    from trainer.checkpoint.manager import CheckpointManager
 
     mgr = CheckpointManager(str(cfg.parent / "ckpt"), keep_last=2)
     steps = mgr.steps()

@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers import GPT, ROOT, env, history, tokens, torchrun
-from trainer.data import load_dataset
+from trainer.data.datasets import load_dataset
+from trainer.data.streaming import StreamingParquetDataset
 from trainer.demo import make_table
-from trainer.export import load_model
-from trainer.streaming import StreamingParquetDataset
+from trainer.models.export import load_model
 
 pytestmark = pytest.mark.integration
 

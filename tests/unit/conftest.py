@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import TORCHRUN_VARS
-from trainer import dist
+from trainer.distributed import dist
 
 
 @pytest.fixture

@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 
-from trainer.config import EarlyStoppingConfig, OptimConfig, TrainConfig, from_dict
-from trainer.errors import InputError
+from pipelines.params import train_settings
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
+from trainer.config import EarlyStoppingConfig, OptimConfig, TrainConfig
 from trainer.steps import auto_settings as auto
 from trainer.steps.auto_settings import AutoSettingsConfig, choose_settings
-from trainer.steps.train import TrainStepConfig, step_settings
+from trainer.steps.train import TrainStepConfig
 
 MLP_PARAMS = 19_000  # the default MLP on a table of ~20 features
 
@@ -117,7 +119,7 @@ def test_switched_off_keeps_the_config_as_it_is(tmp_path) -> None:
     ids=["nothing", "epochs", "batch-and-epochs", "early-stopping-off", "warmup", "lr-only"],
 )
 def test_step_settings_record_what_the_user_set(kwargs: dict[str, Any], fixed: list[str]) -> None:
-    settings = step_settings(**kwargs)
+    settings = train_settings(kwargs)
     cfg = from_dict(TrainStepConfig, settings)
     assert cfg.auto.fixed == fixed
 

@@ -15,10 +15,11 @@ import torch
 from sklearn import metrics as skm
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from trainer.config import ModelConfig, from_dict
-from trainer.errors import InputError
-from trainer.export import load_model, predict, save_model
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
+from trainer.config import ModelConfig
 from trainer.models import ModelSpec, build_model
+from trainer.models.export import load_model, predict, save_model
 from trainer.steps.evaluate import EvaluateConfig, GateConfig, decide_gate, evaluate
 
 FEATURES = ["f0", "f1", "f2", "f3"]

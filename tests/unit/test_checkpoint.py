@@ -17,9 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from trainer.outputs import OUTPUT_MARKER
+from trainer.base.outputs import OUTPUT_MARKER
+from trainer.checkpoint import files
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.training.rng import capture_rng_state, restore_rng_state
 
 TrainObjects = tuple[nn.Linear, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, Any]
 
@@ -84,7 +85,7 @@ def test_round_trip_resumes_training_identically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_style: str, io_mode: str
 ) -> None:
     if io_mode == "buffer":
-        monkeypatch.setattr(checkpoint, "_local_file", lambda uri: None)
+        monkeypatch.setattr(files, "local_file", lambda uri: None)
     root = str(tmp_path / "ckpt") if root_style == "path" else f"file://{tmp_path}/ckpt"
     original = _train_objects(seed=0)
     for _ in range(2):

@@ -49,6 +49,50 @@ def test_training_operator_version_is_the_user_paths() -> None:
     assert f"?ref=v{VERSIONS['TRAINING_OPERATOR_VERSION']}\n" in text
 
 
+@pytest.mark.parametrize("part", ["manager", "runtimes"])
+def test_trainer_version_is_the_user_paths(part: str) -> None:
+    text = (ROOT / "manifests" / "trainer" / part / "kustomization.yaml").read_text()
+    assert f"?ref=v{VERSIONS['TRAINER_VERSION']}\n" in text
+
+
+def _default_addons() -> list[str]:
+    text = (ROOT / "hack" / "cluster-up.sh").read_text()
+    (found,) = re.findall(r'^addons="\$\{GPUPIPE_CLUSTER_ADDONS-([^}]*)\}"$', text, re.M)
+    return found.split()
+
+
+def test_cluster_up_installs_both_operators_jobset_before_trainer() -> None:
+    addons = _default_addons()
+    assert {"training-operator", "jobset", "trainer"} <= set(addons), addons
+    assert addons.index("jobset") < addons.index("trainer"), addons
+    for name in addons:
+        script = CLUSTER / "addons" / f"{name}.sh"
+        assert script.exists(), script
+
+
+@pytest.mark.parametrize("name", ["jobset", "trainer"])
+def test_operator_images_are_built_from_their_go_module_from_scratch(name: str) -> None:
+    script = (CLUSTER / "addons" / f"{name}.sh").read_text()
+    version = VERSIONS[f"{name.upper()}_VERSION"]
+    assert f'V="${{{name.upper()}_VERSION}}"' in script
+    assert re.search(r"^\s*go_(install|build_in_module) ", script, re.M), script
+    dockerfile = (CLUSTER / "addons" / "images" / name / "Dockerfile").read_text()
+    assert "FROM scratch" in dockerfile and 'ENTRYPOINT ["/manager"]' in dockerfile
+    assert version
+
+
+def test_the_trainer_addon_applies_the_runtime_the_launcher_names_by_default() -> None:
+    from trainer.launch.jobspec import ClusterConfig
+
+    script = (CLUSTER / "addons" / "trainer.sh").read_text()
+    (runtime,) = re.findall(r"^RUNTIME=(\S+)$", script, re.M)
+    assert runtime == ClusterConfig(image="x").runtime
+    # Every webhook is waited for: each install checks that its webhooks judge an object.
+    for name in ("jobset", "trainer"):
+        text = (CLUSTER / "addons" / f"{name}.sh").read_text()
+        assert "wait_for 180 webhook_judges" in text, name
+
+
 def test_mlflow_version_is_the_user_paths() -> None:
     text = (ROOT / "manifests" / "mlflow" / "deployment.yaml").read_text()
     assert f"image: ghcr.io/mlflow/mlflow:v{VERSIONS['MLFLOW_VERSION']}\n" in text

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainer.version import __version__
+from trainer.base.version import __version__
 
 REPO = Path(__file__).resolve().parents[2]
 COMPILED = REPO / "pipelines" / "compiled" / "gpupipe-training.yaml"
@@ -369,7 +369,7 @@ def test_parameters_give_preprocess_the_delimiter_csv_input_is_split_on(
 )
 def test_bad_preprocess_parameters_fail_before_any_step(pair: str, named: str) -> None:
     from pipelines.params import check_parameters, typed_parameters
-    from trainer.errors import InputError
+    from trainer.base.errors import InputError
 
     with pytest.raises(InputError) as info:
         check_parameters(typed_parameters(["data_uri=d.csv", pair]))

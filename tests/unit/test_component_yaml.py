@@ -10,7 +10,7 @@ import yaml
 from kfp import compiler, components, dsl
 from kfp.dsl.types.type_utils import InconsistentTypeException
 
-from trainer.version import __version__
+from trainer.base.version import __version__
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ("preprocess", "tune", "train", "evaluate", "register", "notify")

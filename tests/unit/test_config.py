@@ -9,16 +9,9 @@ from typing import Any
 
 import pytest
 
-from trainer.config import (
-    WorkerConfig,
-    apply_overrides,
-    config_hash,
-    from_dict,
-    load_worker_config,
-    to_dict,
-    to_json,
-)
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, config_hash, from_dict, to_dict, to_json
+from trainer.config import WorkerConfig, load_worker_config
 
 
 def base() -> dict[str, Any]:

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from trainer import data, streaming
-from trainer.data import (
+from trainer.base.errors import InputError
+from trainer.data import datasets, streaming
+from trainer.data.datasets import (
     BatchStream,
     DataPosition,
     TabularDataset,
@@ -20,8 +21,7 @@ from trainer.data import (
     eval_batches,
     load_dataset,
 )
-from trainer.errors import InputError
-from trainer.streaming import StreamingParquetDataset
+from trainer.data.streaming import StreamingParquetDataset
 
 ROWS = 600  # divisible by every global batch below, so an epoch visits every row
 ROW_GROUP = 50
@@ -61,7 +61,7 @@ def folder(tmp_path: Path) -> str:
     return str(root)
 
 
-def _dataset(kind: str, uri: str, window: int = 2) -> data.Dataset:
+def _dataset(kind: str, uri: str, window: int = 2) -> datasets.Dataset:
     if kind == "memory":
         return TabularDataset.from_parquet(uri, target="label", task="classification")
     return StreamingParquetDataset.from_parquet(

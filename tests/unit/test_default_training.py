@@ -16,12 +16,16 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.datasets import load_wine, make_regression
 
-from trainer import dist, loop
-from trainer.config import from_dict, load_worker_config
+from pipelines.params import train_settings
+from trainer.base.typedconfig import from_dict
+from trainer.config import load_worker_config
+from trainer.distributed import dist
+from trainer.launch import TrainingRun
 from trainer.steps.evaluate import EvaluateConfig, evaluate
 from trainer.steps.preprocess import preprocess
 from trainer.steps.preprocess_config import PreprocessConfig
-from trainer.steps.train import TrainStepConfig, step_settings, train_step
+from trainer.steps.train import TrainStepConfig, train_step
+from trainer.training import loop
 
 
 class InProcessLauncher:
@@ -30,8 +34,8 @@ class InProcessLauncher:
     def __init__(self, ctx: dist.DistContext) -> None:
         self.ctx = ctx
 
-    def launch(self, *, job_name: str, config_uri: str, **_: Any) -> None:
-        loop.train(load_worker_config(config_uri), self.ctx)
+    def launch(self, run: TrainingRun) -> None:
+        loop.train(load_worker_config(run.config_uri), self.ctx)
 
 
 def pipeline(
@@ -43,7 +47,7 @@ def pipeline(
     pq.write_table(pa.table(cols), tmp / "data.parquet")
     preprocess(PreprocessConfig(target="y", task=task), data_uri=str(tmp / "data.parquet"),
                output_uri=str(tmp / "ds"))  # fmt: skip
-    cfg = from_dict(TrainStepConfig, step_settings(**params))
+    cfg = from_dict(TrainStepConfig, train_settings(params))
     trained = train_step(cfg, dataset_uri=str(tmp / "ds"), model_uri=str(tmp / "model"),
                          work_uri=str(tmp / "work"), job_name="t",
                          launcher=InProcessLauncher(ctx))  # fmt: skip

@@ -10,7 +10,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.steps.demo_data import REGIONS, make_demo_table, write_demo_data
 from trainer.steps.preprocess import preprocess
 from trainer.steps.preprocess_config import PreprocessConfig

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import TORCHRUN_VARS, dist_session
-from trainer import dist
+from trainer.distributed import dist
 
 TORCHRUN_2x2 = {
     "RANK": "3",

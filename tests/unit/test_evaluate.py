@@ -20,10 +20,11 @@ import pytest
 import torch
 from sklearn import metrics as skm
 
-from trainer.config import ModelConfig, from_dict
-from trainer.errors import InputError
-from trainer.export import load_model, predict, save_model
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
+from trainer.config import ModelConfig
 from trainer.models import ModelSpec, build_model
+from trainer.models.export import load_model, predict, save_model
 from trainer.steps.evaluate import EvaluateConfig, GateConfig, decide_gate, evaluate
 
 FEATURES = ["f0", "f1", "f2", "f3"]

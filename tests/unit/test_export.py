@@ -16,13 +16,14 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from trainer import storage
-from trainer.config import ModelConfig, to_dict
-from trainer.errors import InputError
-from trainer.export import FORMAT, load_model, predict, save_model
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.base.outputs import OUTPUT_MARKER
+from trainer.base.typedconfig import to_dict
+from trainer.base.version import __version__
+from trainer.config import ModelConfig
 from trainer.models import ModelSpec, build_model
-from trainer.outputs import OUTPUT_MARKER
-from trainer.version import __version__
+from trainer.models.export import FORMAT, load_model, predict, save_model
 
 GPT_CFG = ModelConfig(name="gpt", vocab_size=32, n_layer=2, n_head=2, d_model=16)
 GPT_SPEC = ModelSpec(task="lm", seq_len=8)

@@ -13,7 +13,7 @@ import torch
 from benchmarks import gpu_throughput
 from benchmarks.lib import gpu_contenders as hf
 from benchmarks.lib import gpu_report
-from trainer import dist
+from trainer.distributed import dist
 from trainer.models import ModelSpec, build_model, count_params, flops_per_token
 
 TINY_ARGS = [

@@ -221,7 +221,7 @@ def test_image_overrides_replace_step_images_and_refuse_unknown_ones() -> None:
     from components.images import CPU_IMAGE, CUDA_IMAGE
     from pipelines.local_docker import parse_image_overrides, set_step_images
     from pipelines.training import build_training_pipeline
-    from trainer.errors import InputError
+    from trainer.base.errors import InputError
 
     pipeline = build_training_pipeline(retries=0, cluster=False)
     assert set_step_images(pipeline, {}) == sorted({CPU_IMAGE, CUDA_IMAGE})

@@ -9,38 +9,18 @@ from typing import Any
 import pytest
 
 from tests.helpers import DNS1035, assert_valid_job, needs_crd, schema_errors
-from trainer.errors import InputError
-from trainer.launch.jobspec import (
-    MAX_JOB_NAME_LEN,
-    JobSpec,
-    NcclConfig,
-    OwnerRef,
-    SchedulingConfig,
-    SecretEnv,
-    job_name,
-    parse_quantity,
-)
+from tests.unit.specs import BASE
+from tests.unit.specs import job_spec as make
+from trainer.base.errors import InputError
+from trainer.launch.jobspec import MAX_JOB_NAME_LEN, job_name, parse_quantity
 from trainer.launch.pytorchjob import build_pytorchjob
 
 # --------------------------------------------------------------------------------------------
 # Jobs under test
 # --------------------------------------------------------------------------------------------
 
-BASE = {
-    "name": "gpupipe-train-abc123",
-    "namespace": "team-a",
-    "image": "ghcr.io/gpupipe/trainer-cuda:0.1.0",
-    "config_uri": "s3://bucket/runs/r1/worker-config.json",
-}
-OWNER = OwnerRef(name="train-pod-xyz", uid="0b5c3a9e-3f7d-4b8e-9a51-2f0c3c1d9e77")
-NCCL = NcclConfig(
-    socket_ifname="^lo,docker", debug="INFO", ib_disable=True, heartbeat_timeout_s=900
-)
 GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-CREDS = [
-    SecretEnv(env="AWS_ACCESS_KEY_ID", secret="object-store", key="accesskey"),
-    SecretEnv(env="AWS_SECRET_ACCESS_KEY", secret="object-store", key="secretkey"),
-]
+NCCL_ENV = {"NCCL_SOCKET_IFNAME": "^lo,docker", "NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1"}
 
 CASES = {
     "1-node-cpu": {},
@@ -50,36 +30,26 @@ CASES = {
         "cpu_limit": "32",
         "memory_request": "64Gi",
         "memory_limit": "256Gi",
-        "tolerations": [GPU_TOL],
     },
     "4x8-gpus-gang": {
         "nnodes": 4,
         "gpus_per_node": 8,
         "cpu_request": "500m",
         "memory_limit": "1.5Ti",
-        "scheduling": SchedulingConfig(queue="gpu-queue", priority_class="high", min_available=4),
+        "gang_queue": "gpu-queue",
+        "gang_priority_class": "high",
         "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
         "image_pull_secrets": ["regcred"],
         "service_account": "trainer",
-        "tolerations": [GPU_TOL],
     },
-    "exit-code": {"nnodes": 2, "restart_policy": "ExitCode"},
-    "on-failure": {
-        "nnodes": 2,
-        "restart_policy": "OnFailure",
-        "clean_pod_policy": "All",
-        "active_deadline_s": 7200,
-        "ttl_s": None,
-        "backoff_limit": 0,
+    "deadline": {"nnodes": 2, "timeout_s": 7200},
+    "labels-annotations": {
+        "labels": {"team": "vision", "kueue.x-k8s.io/queue-name": "gpu"},
+        "annotations": {"a.b/c": "d"},
     },
-    "owner-ref": {"owner": OWNER, "labels": {"team": "vision"}, "annotations": {"a.b/c": "d"}},
-    "nccl": {"nnodes": 2, "gpus_per_node": 2, "nccl": NCCL, "env": {"NCCL_P2P_DISABLE": "1"}},
-    "secret-env": {"secret_env": CREDS, "read_only_root_fs": False},
+    "nccl-env": {"nnodes": 2, "gpus_per_node": 2, "env": NCCL_ENV},
+    "object-store-secret": {"object_store_secret": "object-store"},
 }
-
-
-def make(**overrides: Any) -> JobSpec:
-    return JobSpec(**{**BASE, **overrides})
 
 
 @pytest.fixture(params=list(CASES.values()), ids=list(CASES))
@@ -202,12 +172,10 @@ def test_one_master_and_nnodes_minus_one_workers(nnodes: int, workers: int | Non
     ("overrides", "nproc", "limits"),
     [
         ({}, "1", {}),
-        ({"nproc_per_node": 4}, "4", {}),
         ({"gpus_per_node": 8}, "8", {"nvidia.com/gpu": "8"}),
-        ({"gpus_per_node": 8, "nproc_per_node": 8}, "8", {"nvidia.com/gpu": "8"}),
         ({"gpus_per_node": 1, "gpu_resource": "amd.com/gpu"}, "1", {"amd.com/gpu": "1"}),
     ],
-    ids=["cpu", "cpu-4-procs", "8-gpus", "8-gpus-explicit", "amd"],
+    ids=["cpu", "8-gpus", "amd"],
 )
 def test_one_process_per_gpu_and_gpu_limits(
     overrides: dict[str, Any], nproc: str, limits: dict[str, str]
@@ -216,6 +184,10 @@ def test_one_process_per_gpu_and_gpu_limits(
     assert job["spec"]["nprocPerNode"] == nproc
     for rtype in ("Master", "Worker"):
         assert container(job, rtype)["resources"].get("limits", {}) == limits
+        tolerations = job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"].get(
+            "tolerations", []
+        )
+        assert tolerations == ([GPU_TOL] if limits else [])
 
 
 def test_cpu_and_memory_requests_and_limits() -> None:
@@ -265,82 +237,39 @@ def test_pods_meet_the_restricted_pod_security_standard(job: dict[str, Any]) -> 
         assert t["spec"]["automountServiceAccountToken"] is False
 
 
-@pytest.mark.parametrize("read_only", [True, False], ids=["read-only-root", "writable-root"])
-def test_a_read_only_root_keeps_a_writable_tmp_and_home(read_only: bool) -> None:
-    job = build_pytorchjob(make(read_only_root_fs=read_only))
-    c = container(job)
-    assert c["securityContext"]["readOnlyRootFilesystem"] is read_only
-    mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert ("/tmp" in mounts) is read_only
-    assert (env_of(c).get("HOME") == "/tmp") is read_only
+def test_a_read_only_root_keeps_a_writable_tmp_and_home(job: dict[str, Any]) -> None:
+    for t in templates(job):
+        (c,) = t["spec"]["containers"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}
+        assert env_of(c)["HOME"] == "/tmp"
 
 
 def test_object_store_credentials_come_from_a_secret() -> None:
-    c = container(build_pytorchjob(make(secret_env=CREDS)))
-    env = env_of(c)
+    env = env_of(container(build_pytorchjob(make(object_store_secret="object-store"))))
     assert env["AWS_ACCESS_KEY_ID"] == {
         "secretKeyRef": {"name": "object-store", "key": "accesskey", "optional": False}
     }
     assert env["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["key"] == "secretkey"
+    assert "AWS_ACCESS_KEY_ID" not in env_of(container(build_pytorchjob(make())))
 
 
-def test_environment_names_the_job_and_carries_nccl_settings() -> None:
-    job = build_pytorchjob(make(nccl=NCCL, env={"NCCL_DEBUG": "WARN", "FOO": "bar"}))
+def test_environment_names_the_job_and_carries_the_users_variables() -> None:
+    job = build_pytorchjob(make(env={**NCCL_ENV, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}))
     env = env_of(container(job))
-    assert env["GPUPIPE_JOB"] == BASE["name"]
-    assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
-    assert env["NCCL_IB_DISABLE"] == "1"
-    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "900"
-    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
-    assert env["NCCL_DEBUG"] == "WARN"  # the user's env wins over the typed default
-    assert env["FOO"] == "bar"
+    assert env["GPUPIPE_JOB"] == BASE["job_name"]
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert {k: env[k] for k in NCCL_ENV} == NCCL_ENV
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"  # the user's env wins over the default
+    assert env_of(container(build_pytorchjob(make())))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     names = [e["name"] for e in container(job)["env"]]
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize(
-    ("nccl", "expected"),
-    [
-        (NcclConfig(), {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}),
-        (
-            NcclConfig(async_error_handling=False, ib_disable=False, debug="WARN"),
-            {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "WARN"},
-        ),
-    ],
-    ids=["defaults", "explicit-off"],
-)
-def test_nccl_fields_map_to_environment_variables(
-    nccl: NcclConfig, expected: dict[str, str]
-) -> None:
-    assert nccl.env() == expected
-
-
-def test_run_policy_and_restart_policy() -> None:
-    job = build_pytorchjob(
-        make(
-            nnodes=2,
-            restart_policy="OnFailure",
-            clean_pod_policy="All",
-            backoff_limit=5,
-            active_deadline_s=3600,
-            ttl_s=600,
-            scheduling=SchedulingConfig(queue="q", priority_class="high", min_available=2),
-        )
-    )
-    assert job["spec"]["runPolicy"] == {
-        "cleanPodPolicy": "All",
-        "backoffLimit": 5,
-        "activeDeadlineSeconds": 3600,
-        "ttlSecondsAfterFinished": 600,
-        "schedulingPolicy": {"queue": "q", "priorityClass": "high", "minAvailable": 2},
-    }
+def test_run_policy_fails_fast_on_bad_input_and_keeps_failed_pods() -> None:
+    job = build_pytorchjob(make(nnodes=2))
     for r in job["spec"]["pytorchReplicaSpecs"].values():
-        assert r["restartPolicy"] == "OnFailure"
-
-
-def test_defaults_fail_fast_on_bad_input_and_keep_failed_pods() -> None:
-    job = build_pytorchjob(make())
-    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "ExitCode"
+        assert r["restartPolicy"] == "ExitCode"
     assert job["spec"]["runPolicy"] == {
         "cleanPodPolicy": "Running",
         "backoffLimit": 3,
@@ -348,25 +277,38 @@ def test_defaults_fail_fast_on_bad_input_and_keep_failed_pods() -> None:
     }
 
 
-def test_owner_reference_points_at_the_launcher_pod() -> None:
-    job = build_pytorchjob(make(owner=OWNER))
-    assert job["metadata"]["ownerReferences"] == [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": OWNER.name,
-            "uid": OWNER.uid,
-            "controller": False,
-            "blockOwnerDeletion": False,
-        }
-    ]
+def test_deadline_and_gang_scheduling_go_to_the_run_policy() -> None:
+    job = build_pytorchjob(
+        make(nnodes=2, timeout_s=3600, gang_queue="q", gang_priority_class="high")
+    )
+    policy = job["spec"]["runPolicy"]
+    assert policy["activeDeadlineSeconds"] == 3600
+    assert policy["schedulingPolicy"] == {"queue": "q", "priorityClass": "high"}
+    only_queue = build_pytorchjob(make(gang_queue="q2"))["spec"]["runPolicy"]
+    assert only_queue["schedulingPolicy"] == {"queue": "q2"}
+    assert "schedulingPolicy" not in build_pytorchjob(make())["spec"]["runPolicy"]
+
+
+def test_labels_and_annotations_reach_the_job_and_its_pods() -> None:
+    labels = {"kueue.x-k8s.io/queue-name": "gpu-team"}
+    job = build_pytorchjob(make(labels=labels, annotations={"karpenter.sh/do-not-disrupt": "true"}))
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
+    assert job["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
+    for t in templates(job):
+        assert t["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
+        assert t["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert "annotations" not in build_pytorchjob(make())["metadata"]
+
+
+def test_the_launcher_pod_owns_the_job_through_the_watch_loop_only() -> None:
+    # The spec carries no owner: the watch loop adds the launcher pod's (see the launchers).
     assert "ownerReferences" not in build_pytorchjob(make())["metadata"]
 
 
 def test_pod_placement_settings() -> None:
     job = build_pytorchjob(
         make(
-            tolerations=[GPU_TOL],
+            gpus_per_node=1,
             node_selector={"pool": "h200"},
             image_pull_secrets=["regcred"],
             service_account="trainer",
@@ -398,7 +340,7 @@ def test_job_name_is_a_short_dns_label_the_operator_accepts(run_id: str, task: s
     assert DNS1035.match(name), name
     assert len(name) <= MAX_JOB_NAME_LEN
     # Room for the operator's pod and service names, even with many workers.
-    JobSpec(**{**BASE, "name": name, "nnodes": 1000})
+    make(job_name=name, nnodes=1000)
 
 
 def test_job_name_is_stable_and_distinct() -> None:
@@ -429,54 +371,51 @@ def test_job_name_needs_run_and_task(run_id: str, task: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 BAD = {
-    "name-not-dns": ({"name": "Train_Job"}, "job.name"),
-    "name-digit-first": ({"name": "1job"}, "job.name"),
-    "name-too-long-for-pods": ({"name": "a" * 60, "nnodes": 2}, "job.name"),
+    "name-not-dns": ({"job_name": "Train_Job"}, "job.name"),
+    "name-digit-first": ({"job_name": "1job"}, "job.name"),
+    "name-too-long-for-pods": ({"job_name": "a" * 60, "nnodes": 2}, "job.name"),
     "namespace": ({"namespace": "Team A"}, "job.namespace"),
-    "image-spaces": ({"image": "my image"}, "job.image"),
+    "no-image": ({"image": ""}, "train.cluster.image"),
+    "image-spaces": ({"image": "my image"}, "train.cluster.image"),
     "nnodes-0": ({"nnodes": 0}, "job.nnodes"),
     "gpus-negative": ({"gpus_per_node": -1}, "job.gpus_per_node"),
-    "nproc-0": ({"nproc_per_node": 0}, "job.nproc_per_node"),
-    "nproc-not-gpus": ({"gpus_per_node": 8, "nproc_per_node": 4}, "job.nproc_per_node"),
-    "gpu-resource": ({"gpu_resource": "gpu"}, "job.gpu_resource"),
-    "cpu-quantity": ({"cpu_request": "lots"}, "job.cpu_request"),
-    "memory-quantity": ({"memory_limit": "16GB"}, "job.memory_limit"),
-    "shm-quantity": ({"shm_size": "-1Gi"}, "job.shm_size"),
-    "cpu-request-over-limit": ({"cpu_request": "8", "cpu_limit": "4000m"}, "job.cpu_request"),
+    "deadline-0": ({"timeout_s": 0}, "job.active_deadline_s"),
+    "gpu-resource": ({"gpu_resource": "gpu"}, "train.cluster.gpu_resource"),
+    "cpu-quantity": ({"cpu_request": "lots"}, "train.cluster.cpu_request"),
+    "memory-quantity": ({"memory_limit": "16GB"}, "train.cluster.memory_limit"),
+    "shm-quantity": ({"shm_size": "-1Gi"}, "train.cluster.shm_size"),
+    "cpu-request-over-limit": (
+        {"cpu_request": "8", "cpu_limit": "4000m"},
+        "train.cluster.cpu_request",
+    ),
     "memory-request-over-limit": (
         {"memory_request": "2Gi", "memory_limit": "1Gi"},
-        "job.memory_request",
+        "train.cluster.memory_request",
     ),
-    "shm-over-memory-limit": ({"memory_limit": "8Gi"}, "job.shm_size"),
-    "min-available-over-nnodes": (
-        {"nnodes": 4, "scheduling": SchedulingConfig(min_available=5)},
-        "job.scheduling.min_available",
+    "shm-over-memory-limit": ({"memory_limit": "8Gi"}, "train.cluster.shm_size"),
+    "node-selector-key": ({"node_selector": {"bad key": "x"}}, "train.cluster.node_selector"),
+    "pull-secret": ({"image_pull_secrets": ["Reg_Cred"]}, "train.cluster.image_pull_secrets"),
+    "object-store-secret": ({"object_store_secret": "S_S"}, "train.cluster.object_store_secret"),
+    "service-account": ({"service_account": "Trainer!"}, "train.cluster.service_account"),
+    "env-name": ({"env": {"1BAD": "x"}}, "train.cluster.env"),
+    "env-pet": ({"env": {"PET_NNODES": "2"}}, "train.cluster.env"),
+    "env-master-addr": ({"env": {"MASTER_ADDR": "x"}}, "train.cluster.env"),
+    "env-job-id": ({"env": {"GPUPIPE_JOB": "other"}}, "train.cluster.env"),
+    "env-value": ({"env": {"NCCL_IB_DISABLE": 1}}, "train.cluster.env[NCCL_IB_DISABLE]"),
+    "env-and-secret": (
+        {"env": {"AWS_ACCESS_KEY_ID": "x"}, "object_store_secret": "object-store"},
+        "train.cluster.env",
     ),
-    "restart-always": ({"restart_policy": "Always"}, "job.restart_policy"),
-    "clean-pod-policy": ({"clean_pod_policy": "Sometimes"}, "job.clean_pod_policy"),
-    "backoff-negative": ({"backoff_limit": -1}, "job.backoff_limit"),
-    "deadline-0": ({"active_deadline_s": 0}, "job.active_deadline_s"),
-    "toleration-typo": (
-        {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "efect": "NoSchedule"}]},
-        "job.tolerations[0]",
+    "label-reserved": ({"labels": {"gpupipe.dev/job": "x"}}, "train.cluster.labels"),
+    "label-value": ({"labels": {"team": "a b"}}, "train.cluster.labels[team]"),
+    "annotation-key": ({"annotations": {"a b": "x"}}, "train.cluster.annotations"),
+    "annotation-value": ({"annotations": {"a": True}}, "train.cluster.annotations[a]"),
+    "gang-queue-empty": ({"gang_queue": " "}, "train.cluster.gang_queue"),
+    "gang-priority-class": (
+        {"gang_priority_class": "High!"},
+        "train.cluster.gang_priority_class",
     ),
-    "toleration-effect": (
-        {"tolerations": [{"key": "k", "operator": "Exists", "effect": "Never"}]},
-        "job.tolerations[0].effect",
-    ),
-    "node-selector-key": ({"node_selector": {"bad key": "x"}}, "job.node_selector"),
-    "pull-secret": ({"image_pull_secrets": ["Reg_Cred"]}, "job.image_pull_secrets"),
-    "service-account": ({"service_account": "Trainer!"}, "job.service_account"),
-    "env-pet": ({"env": {"PET_NNODES": "2"}}, "job.env"),
-    "env-master-addr": ({"env": {"MASTER_ADDR": "x"}}, "job.env"),
-    "env-job-id": ({"env": {"GPUPIPE_JOB": "other"}}, "job.env"),
-    "env-twice": (
-        {"env": {"AWS_ACCESS_KEY_ID": "x"}, "secret_env": CREDS},
-        "job.secret_env",
-    ),
-    "label-reserved": ({"labels": {"gpupipe.dev/job": "x"}}, "job.labels"),
-    "label-value": ({"labels": {"team": "a b"}}, "job.labels[team]"),
-    "port": ({"port": 0}, "job.port"),
+    "runtime": ({"runtime": "Runtime/x"}, "train.cluster.runtime"),
 }
 
 
@@ -486,37 +425,6 @@ def test_bad_specs_fail_naming_the_field(overrides: dict[str, Any], where: str) 
         make(**overrides)
     assert info.value.where == where
     assert where in str(info.value)
-
-
-@pytest.mark.parametrize(
-    ("build", "where"),
-    [
-        (lambda: NcclConfig(debug="LOUD"), "job.nccl.debug"),  # type: ignore[arg-type]
-        (lambda: NcclConfig(socket_ifname="eth0 eth1"), "job.nccl.socket_ifname"),
-        (lambda: NcclConfig(heartbeat_timeout_s=0), "job.nccl.heartbeat_timeout_s"),
-        (lambda: SchedulingConfig(min_available=0), "job.scheduling.min_available"),
-        (lambda: SchedulingConfig(priority_class="High!"), "job.scheduling.priority_class"),
-        (lambda: SecretEnv(env="1BAD", secret="s", key="k"), "job.secret_env.env"),
-        (lambda: SecretEnv(env="OK", secret="S_S", key="k"), "job.secret_env.secret"),
-        (lambda: SecretEnv(env="OK", secret="s", key="a/b"), "job.secret_env.key"),
-        (lambda: OwnerRef(name="pod", uid="x"), "job.owner.uid"),
-    ],
-    ids=[
-        "nccl-debug",
-        "nccl-ifname",
-        "nccl-heartbeat",
-        "min-available-0",
-        "priority-class",
-        "secret-env-name",
-        "secret-name",
-        "secret-key",
-        "owner-uid",
-    ],
-)
-def test_bad_sub_configs_fail_naming_the_field(build: Any, where: str) -> None:
-    with pytest.raises(InputError) as info:
-        build()
-    assert info.value.where == where
 
 
 @pytest.mark.parametrize(

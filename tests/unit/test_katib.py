@@ -16,9 +16,11 @@ from kubernetes import client
 from pipelines.render import render_experiment
 from tests.fakes.kube_api import ExperimentScenario, FakeKubeApi, TrialPlan
 from tests.helpers import needs_crd, schema_errors
-from trainer.config import WorkerConfig, apply_overrides, parse_value
-from trainer.errors import InputError
-from trainer.launch.jobspec import JobSpec
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, config_fields, parse_value
+from trainer.config import WorkerConfig
+from trainer.launch import TrainingRun
+from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.launch.watch import LaunchCancelled, PodRef
@@ -30,7 +32,7 @@ from trainer.tune.katib import (
     katib_name,
     trial_template_errors,
 )
-from trainer.tune.space import SearchSpace, config_fields, example_space, load_space
+from trainer.tune.space import SearchSpace, example_space, load_space
 
 NS = "team-a"
 NAME = experiment_name("run-0f3c9a", "tune")
@@ -39,15 +41,11 @@ SPACE = load_space(example_space(), config_fields=config_fields(WorkerConfig))
 
 
 def trial_job(nnodes: int = 2) -> dict[str, Any]:
+    run = TrainingRun(
+        job_name="gpupipe-train-x", config_uri="s3://b/work/worker-config.json", nnodes=nnodes
+    )
     return build_pytorchjob(
-        JobSpec(
-            name="gpupipe-train-x",
-            namespace=NS,
-            image="gpupipe:test",
-            config_uri="s3://b/work/worker-config.json",
-            nnodes=nnodes,
-            nproc_per_node=1,
-        )
+        JobSpec(namespace=NS, run=run, cluster=ClusterConfig(image="gpupipe:test"))
     )
 
 

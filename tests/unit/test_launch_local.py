@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.launch.local import Child
 
 SECRET = "supersecret"

@@ -1,21 +1,59 @@
-"""The import picture: layers point down only, no circles, and the trainer never imports kfp.
+"""The import picture: layers point down only, no circles, torch only where it belongs.
 
-pipelines <- components <- (trainer.steps, trainer.tune) <- trainer.launch <- the engine.
+The layers, lowest first; a module may import its own layer and those below it:
+
+    0  trainer.base        torch-free: errors, exit codes, redaction, storage, outputs, version,
+                           the typed-config machinery. Imports nothing else of the project.
+    1  trainer.config      the worker's config schema; trainer.entry, trainer.registry (front
+                           doors that components and the steps name; torch-free)
+    2  trainer.data, trainer.distributed        the data path; processes and devices
+    3  trainer.checkpoint, trainer.models       checkpoints; models and the model artifact
+    4  trainer.training    the run loop and its state
+    5  trainer.worker, trainer.demo             what torchrun and ``make train-demo`` run
+    6  trainer.launch      how a run is started and watched. It may import only trainer.base
+                           (and itself): it runs where the engine's dependencies may be absent.
+    7  trainer.steps, trainer.tune
+    8  components, trainer.__main__ (``python -m trainer <step>`` runs the steps as a
+                           component does)
+    9  pipelines
+
 Every import counts, the lazy ones inside functions too; only imports under
-``if TYPE_CHECKING:`` are left out (they never run).
+``if TYPE_CHECKING:`` are left out (they never run). ``trainer`` never imports kfp; the base and
+the launchers never import torch, and importing every module of ``trainer.launch`` and
+``pipelines`` leaves torch unloaded.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("trainer", "components", "pipelines")
-ENTRY_POINTS = {"trainer.__main__": 3}
-"""``python -m trainer <step>`` runs the steps as a component does: it sits with components."""
+LAYERS = {
+    "trainer.base": 0,
+    "trainer.config": 1,
+    "trainer.entry": 1,
+    "trainer.registry": 1,
+    "trainer.data": 2,
+    "trainer.distributed": 2,
+    "trainer.checkpoint": 3,
+    "trainer.models": 3,
+    "trainer.training": 4,
+    "trainer.worker": 5,
+    "trainer.demo": 5,
+    "trainer.launch": 6,
+    "trainer.steps": 7,
+    "trainer.tune": 7,
+    "trainer.__main__": 8,
+    "components": 8,
+    "pipelines": 9,
+}
+"""Each module's layer is that of the longest prefix here that names it (the package itself too)."""
 
 
 def _module_name(path: Path) -> str:
@@ -27,15 +65,13 @@ MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).r
 
 
 def layer(module: str) -> int:
-    """0 engine, 1 launch, 2 steps and tune, 3 components, 4 pipelines."""
-    if module in ENTRY_POINTS:
-        return ENTRY_POINTS[module]
+    """The layer of ``module`` (see the table above); ``trainer`` itself sits with the base."""
     parts = module.split(".")
-    top = {"pipelines": 4, "components": 3}.get(parts[0])
-    if top is not None:
-        return top
-    sub = parts[1] if len(parts) > 1 else ""
-    return {"steps": 2, "tune": 2, "launch": 1}.get(sub, 0)
+    for n in range(len(parts), 0, -1):
+        if (prefix := ".".join(parts[:n])) in LAYERS:
+            return LAYERS[prefix]
+    assert module == "trainer", f"{module} has no layer: add it to LAYERS"
+    return 0
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
@@ -46,11 +82,12 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def imports(module: str) -> set[str]:
-    """Modules of this project (and ``kfp``) that ``module`` imports when it runs."""
+def imports(module: str, *, typing_too: bool = False) -> set[str]:
+    """Modules of this project (and ``kfp``, ``torch``) that ``module`` imports when it runs;
+    with ``typing_too``, also those it imports for type annotations only."""
     path = MODULES[module]
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
+    skip = set() if typing_too else _type_checking_nodes(tree)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -65,15 +102,22 @@ def imports(module: str) -> set[str]:
                 base = ".".join([*head, base] if base else head)
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}
-    return {m for m in found if m.split(".")[0] in (*PACKAGES, "kfp")}
+    return {m for m in found if m.split(".")[0] in (*PACKAGES, "kfp", "torch")}
 
 
 GRAPH = {m: imports(m) for m in MODULES}
+TYPING_GRAPH = {m: imports(m, typing_too=True) for m in MODULES}
 
 
 def test_the_tree_is_found() -> None:
-    assert {"trainer.loop", "trainer.launch.watch", "trainer.steps.train"} <= set(MODULES)
+    assert {"trainer.training.loop", "trainer.launch.watch", "trainer.steps.train"} <= set(MODULES)
     assert "trainer.launch.torchrun" in GRAPH["trainer.launch.local"]
+    assert "torch" in GRAPH["trainer.distributed.dist"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_module_has_a_layer(module: str) -> None:
+    assert layer(module) >= 0
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("trainer")))
@@ -91,14 +135,43 @@ def test_imports_point_down_only(module: str) -> None:
     assert upward == []
 
 
-def _cycle() -> list[str] | None:
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("trainer.base")))
+def test_the_base_imports_only_itself_and_never_torch(module: str) -> None:
+    """The base stands on nothing else of the project, and loads without torch."""
+    assert sorted(m for m in GRAPH[module] if not m.startswith("trainer.base")) == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("trainer.launch")))
+def test_launch_imports_only_the_base(module: str) -> None:
+    """The launchers run where only the base is sure to load (torch-free, no engine)."""
+    allowed = ("trainer.base", "trainer.launch")
+    found = {m for m in GRAPH[module] if m.split(".")[0] in ("trainer", "torch")}
+    assert sorted(m for m in found if not m.startswith(allowed)) == []
+
+
+def test_launch_and_pipelines_load_without_torch() -> None:
+    """Importing every launcher and every pipelines module leaves torch unloaded."""
+    names = sorted(m for m in MODULES if m.startswith(("trainer.launch", "pipelines")))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {[m for m in names if not m.endswith('__main__')]!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}
     stack: list[str] = []
 
     def visit(m: str) -> list[str] | None:
         state[m] = 1
         stack.append(m)
-        for n in sorted(GRAPH.get(m, ())):
+        for n in sorted(graph.get(m, ())):
             # A package imports its own submodules to re-export them: not a circle.
             if n not in MODULES or n.startswith(f"{m}."):
                 continue
@@ -117,4 +190,10 @@ def _cycle() -> list[str] | None:
 
 
 def test_no_import_circles() -> None:
-    assert _cycle() is None, " -> ".join(_cycle() or [])
+    assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH) or [])
+
+
+def test_no_import_circles_even_for_types() -> None:
+    """Two modules that need each other's types are one job split in two: no circles at all."""
+    found = _cycle(TYPING_GRAPH)
+    assert found is None, " -> ".join(found or [])

@@ -15,10 +15,12 @@ import torch
 from sklearn.datasets import make_classification, make_regression
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from trainer import dist, export, loop
-from trainer.config import ModelConfig, WorkerConfig, from_dict
-from trainer.models import ModelSpec, TabularMLP, build_model, linear_fit
+from trainer.base.typedconfig import from_dict
+from trainer.config import ModelConfig, WorkerConfig
+from trainer.distributed import dist
+from trainer.models import ModelSpec, TabularMLP, build_model, export, linear_fit
 from trainer.models.linear_fit import fit_linear, fit_rows
+from trainer.training import loop
 
 
 def _xy(task: str, rows: int = 400, classes: int = 3, seed: int = 0) -> tuple[Any, Any]:

@@ -14,14 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer import dist
-from trainer.checkpoint import CheckpointManager
-from trainer.config import ModelConfig, WorkerConfig, apply_overrides, from_dict
+from trainer.base.typedconfig import apply_overrides, from_dict
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.config import ModelConfig, WorkerConfig
 from trainer.demo import make_table
-from trainer.loop import train
+from trainer.distributed import dist
 from trainer.models import ModelSpec, build_model
-from trainer.optim import lr_multiplier, make_optimizer
-from trainer.stop import Preempted, StopSignal
+from trainer.training.loop import train
+from trainer.training.optim import lr_multiplier, make_optimizer
+from trainer.training.stop import Preempted, StopSignal
 
 # ---------------------------------------------------------------------------------- schedule
 

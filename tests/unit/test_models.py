@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.base.errors import InputError
 from trainer.config import ModelConfig
-from trainer.errors import InputError
 from trainer.models import (
     GPT,
     ModelSpec,

@@ -22,14 +22,17 @@ import pytest
 import torch
 
 from tests.helpers import TORCHRUN_VARS
-from trainer import outputs, storage, worker
-from trainer.checkpoint import ROOT_STEP, CheckpointManager
-from trainer.config import ModelConfig, from_dict
+from trainer import worker
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError, error_line
+from trainer.base.outputs import OUTPUT_MARKER
+from trainer.base.typedconfig import from_dict
+from trainer.checkpoint.manager import ROOT_STEP, CheckpointManager
+from trainer.config import ModelConfig
 from trainer.demo import make_table
-from trainer.errors import InputError, error_line
-from trainer.export import save_model
+from trainer.launch import TrainingRun
 from trainer.models import ModelSpec, build_model
-from trainer.outputs import OUTPUT_MARKER
+from trainer.models.export import save_model
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.evaluate import EvaluateConfig, evaluate
 from trainer.steps.preprocess import preprocess
@@ -381,9 +384,9 @@ class SavingLauncher:
     def __init__(self) -> None:
         self.launched = 0
 
-    def launch(self, *, job_name: str, config_uri: str, **_: Any) -> None:
+    def launch(self, run: TrainingRun) -> None:
         self.launched += 1
-        cfg = storage.read_json(config_uri)
+        cfg = storage.read_json(run.config_uri)
         spec = ModelSpec(task="classification", in_features=2, num_classes=2)
         model_cfg = ModelConfig(name="mlp", num_layers=0)
         save_model(

@@ -10,7 +10,7 @@ import yaml
 
 from pipelines.params import check_parameters, typed_parameters
 from pipelines.render import render_experiment
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 
 
 @pytest.mark.parametrize(

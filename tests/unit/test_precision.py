@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
+from trainer.distributed.precision import Precision, configure_backends, resolve_precision
 from trainer.models import ModelSpec, build_model
-from trainer.precision import Precision, configure_backends, resolve_precision
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)

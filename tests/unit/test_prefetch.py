@@ -13,12 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer import dist
-from trainer.config import WorkerConfig, apply_overrides, from_dict
-from trainer.data import BatchStream, DataPosition, TokenDataset
+from trainer.base.typedconfig import apply_overrides, from_dict
+from trainer.config import WorkerConfig
+from trainer.data.datasets import BatchStream, DataPosition, TokenDataset
+from trainer.data.prefetch import Prefetcher
 from trainer.demo import make_table
-from trainer.loop import train
-from trainer.prefetch import Prefetcher
+from trainer.distributed import dist
+from trainer.training.loop import train
 
 CPU = torch.device("cpu")
 TORCHRUN_VARS = (

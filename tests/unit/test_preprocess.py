@@ -18,19 +18,27 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.params import preprocess_config, with_defaults
 from trainer.__main__ import main as trainer_main
-from trainer.config import from_dict
-from trainer.data import TabularDataset
-from trainer.errors import InputError
-from trainer.outputs import OUTPUT_MARKER
+from trainer.base.errors import InputError
+from trainer.base.outputs import OUTPUT_MARKER
+from trainer.base.typedconfig import from_dict
+from trainer.data.datasets import TabularDataset
 from trainer.steps.demo_data import make_demo_table
 from trainer.steps.preprocess import (
     PreprocessResult,
     display_uri,
     preprocess,
 )
-from trainer.steps.preprocess_config import PreprocessConfig, config_from_parameters
+from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.tabular import split_indices
+
+
+def from_params(**params: Any) -> PreprocessConfig:
+    """The config the preprocess component makes of these pipeline parameters (the others at
+    the pipeline's defaults)."""
+    return preprocess_config(with_defaults(params))  # type: ignore[no-any-return]
+
 
 ROWS = 3000
 OUTPUTS = ("train.parquet", "val.parquet", "test.parquet", "schema.json", "stats.json")
@@ -284,7 +292,7 @@ def test_csv_options_read_what_the_defaults_cannot(
 ) -> None:
     (tmp_path / name).write_bytes(text.encode(encoding))
     target = params.pop("target", "churned")
-    cfg = config_from_parameters(target=target, task="auto", seed=0, **params)
+    cfg = from_params(target=target, **params)
 
     result = preprocess(cfg, data_uri=str(tmp_path / name), output_uri=str(tmp_path / "out"))
 
@@ -297,7 +305,7 @@ def test_csv_options_read_what_the_defaults_cannot(
 
 
 def test_pipeline_parameters_become_the_config() -> None:
-    cfg = config_from_parameters(
+    cfg = from_params(
         target="y",
         task="regression",
         seed=3,
@@ -306,7 +314,7 @@ def test_pipeline_parameters_become_the_config() -> None:
         csv_header=False,
         csv_encoding="cp1252",
         csv_null_values="?, n.a.",
-        config_json='{"val_fraction": 0.2, "column_roles.age": "numeric"}',
+        preprocess_config_json='{"val_fraction": 0.2, "column_roles.age": "numeric"}',
     )
 
     assert cfg.column_roles == {"zip": "categorical", "id": "drop", "age": "numeric"}
@@ -322,9 +330,13 @@ def test_pipeline_parameters_become_the_config() -> None:
         ({"column_roles_json": '["zip"]'}, "E_PARAM", ["column_roles_json", "JSON object"]),
         ({"column_roles_json": '{"zip": "text"}'}, "E_CONFIG", ["column_roles.zip", "'text'"]),
         ({"column_roles_json": '{"y": "numeric"}'}, "E_CONFIG", ["column_roles.y", "target"]),
-        ({"config_json": "[1]"}, "E_PARAM", ["preprocess_config_json"]),
-        ({"config_json": '{"val_fractio": 0.2}'}, "E_CONFIG", ["val_fractio"]),
-        ({"config_json": '{"test_fraction": 0}'}, "E_CONFIG", ["test_fraction", "(0, 1)"]),
+        ({"preprocess_config_json": "[1]"}, "E_PARAM", ["preprocess_config_json"]),
+        ({"preprocess_config_json": '{"val_fractio": 0.2}'}, "E_CONFIG", ["val_fractio"]),
+        (
+            {"preprocess_config_json": '{"test_fraction": 0}'},
+            "E_CONFIG",
+            ["test_fraction", "(0, 1)"],
+        ),
         ({"csv_delimiter": ";;"}, "E_CONFIG", ["csv_delimiter", "';;'"]),
         ({"csv_delimiter": '"'}, "E_CONFIG", ["csv_delimiter"]),
         ({"csv_encoding": "utf-9"}, "E_CONFIG", ["csv_encoding", "'utf-9'"]),
@@ -346,7 +358,7 @@ def test_bad_pipeline_parameters_name_the_parameter(
     params: dict[str, Any], code: str, needles: list[str]
 ) -> None:
     with pytest.raises(InputError) as info:
-        config_from_parameters(target="y", task="auto", seed=0, **params)
+        from_params(target="y", **params)
 
     assert info.value.code == code, str(info.value)
     for needle in needles:
@@ -690,17 +702,16 @@ def test_bad_input_exits_2_with_one_line_naming_the_culprit_and_writes_nothing(
 # --- the advice works -----------------------------------------------------------------------
 
 _PARAM = re.compile(r"--param ('[^']*'|[^\s,;]+)")
-_PARAM_TO_ARGUMENT = {"preprocess_config_json": "config_json"}
 
 
 def _advised(message: str) -> list[dict[str, Any]]:
-    """Each ``--param name=value`` the message advises, as config_from_parameters arguments."""
+    """Each ``--param name=value`` the message advises, as pipeline parameters."""
     out = []
     for match in _PARAM.finditer(message):
         (pair,) = shlex.split(match.group(1))
         name, _, value = pair.partition("=")
         typed: Any = int(value) if name == "seed" else value
-        out.append({_PARAM_TO_ARGUMENT.get(name, name): typed})
+        out.append({name: typed})
     return out
 
 
@@ -728,7 +739,7 @@ ADVICE_CASES = [
 ]
 _ADVICE_CONFIG = {
     "declared-numeric-text": {"column_roles_json": '{"plan": "numeric"}'},
-    "class-missing-from-training": {"config_json": '{"test_fraction": 0.6}'},
+    "class-missing-from-training": {"preprocess_config_json": '{"test_fraction": 0.6}'},
 }
 
 
@@ -740,7 +751,7 @@ def test_following_each_advised_parameter_fixes_the_run(
     base = _ADVICE_CONFIG.get(request.node.callspec.id, {})
     with pytest.raises(InputError) as info:
         preprocess(
-            config_from_parameters(target="churned", task="auto", seed=0, **base),
+            from_params(target="churned", **base),
             data_uri=data,
             output_uri=str(tmp_path / "out"),
         )
@@ -748,7 +759,7 @@ def test_following_each_advised_parameter_fixes_the_run(
     assert advice, f"no --param advice in: {info.value}"
 
     for i, param in enumerate(advice):  # each alternative on its own fixes the run
-        cfg = config_from_parameters(target="churned", task="auto", seed=0, **{**base, **param})
+        cfg = from_params(target="churned", **{**base, **param})
         result = preprocess(cfg, data_uri=data, output_uri=str(tmp_path / f"fixed-{i}"))
         assert result.train_rows > 0 and result.val_rows > 0 and result.test_rows > 0, param
 

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from trainer import storage
+from trainer.base import storage
+from trainer.base.errors import InputError, error_line
+from trainer.base.redact import has_userinfo, redact, redact_uri
 from trainer.config import ModelConfig
-from trainer.errors import InputError, error_line
-from trainer.export import save_model
+from trainer.launch import TrainingRun
 from trainer.launch.local import LocalLauncher
 from trainer.models import ModelSpec, build_model
-from trainer.redact import has_userinfo, redact, redact_uri
-from trainer.telemetry import Telemetry
+from trainer.models.export import save_model
+from trainer.training.telemetry import Telemetry
 
 REPO = str(Path(__file__).resolve().parents[2])
 SECRETS = ("supersecret", "hunter2", "AKIAEXAMPLE", "s3cr3t/Key+x", "sig-value-123", "tok-456")
@@ -315,7 +316,7 @@ def test_logs_and_uncaught_tracebacks_are_redacted_once_installed(tmp_path: Path
     script = textwrap.dedent(
         """
         import logging
-        from trainer import redact
+        from trainer.base import redact
         redact.install()
         log = logging.getLogger("third.party")
         log.warning("connecting to %s", "http://user:hunter2@db:5432/x")
@@ -345,11 +346,11 @@ def test_local_launcher_output_and_error_carry_no_credentials(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     with pytest.raises(InputError) as info:
         LocalLauncher().launch(
-            job_name="j",
-            config_uri="s3://AKIAEXAMPLE:supersecret@bucket/cfg.json",
-            nproc_per_node=1,
-            nnodes=1,
-            timeout_s=120,
+            TrainingRun(
+                job_name="j",
+                config_uri="s3://AKIAEXAMPLE:supersecret@bucket/cfg.json",
+                timeout_s=120,
+            )
         )
     out, err = capfd.readouterr()
     assert info.value.code == "E_URI"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from trainer import registry
-from trainer.errors import InputError
-from trainer.export import WEIGHTS_FILE, load_model
+from trainer.base.errors import InputError
+from trainer.models.export import WEIGHTS_FILE, load_model
 from trainer.steps.register import RegisterConfig, flatten_params, register
 
 pytest_plugins = ["tests.fixtures.mlflow_server"]

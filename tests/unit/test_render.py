@@ -11,7 +11,7 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.params import pipeline_parameters
 from pipelines.render import render_pytorchjob
 from tests.helpers import assert_valid_job, needs_crd
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 
 
 def render(**params: Any) -> dict[str, Any]:
@@ -107,10 +107,10 @@ def test_unknown_param_lists_the_valid_ones() -> None:
     [
         ({"nodes": "two"}, "nodes"),
         ({"gpu_node_selector": "[1, 2]"}, "gpu_node_selector"),
-        ({"gpus_per_node": 8, "train_config_json": '{"nproc_per_node": 4}'}, "job.nproc_per_node"),
-        ({"gpu_node_selector": {"bad key": "x"}}, "job.node_selector"),
+        ({"gpus_per_node": 8, "train_config_json": '{"nproc_per_node": 4}'}, "train_config_json"),
+        ({"gpu_node_selector": {"bad key": "x"}}, "gpu_node_selector"),
     ],
-    ids=["nodes-not-int", "selector-not-mapping", "procs-not-gpus", "selector-key"],
+    ids=["nodes-not-int", "selector-not-mapping", "procs-are-the-gpus", "selector-key"],
 )
 def test_bad_values_fail_naming_the_param(params: dict[str, Any], where: str) -> None:
     with pytest.raises(InputError) as info:

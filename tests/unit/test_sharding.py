@@ -1,4 +1,4 @@
-"""trainer.sharding and trainer.dcp: the strategy decision, shard units, and FSDP2 in one process.
+"""Sharding and sharded checkpoints: the strategy decision, shard units, FSDP2 in one process.
 
 The FSDP parts run in a real one-rank gloo process group in this process (FSDP2 runs on CPU
 with gloo in torch 2.13); the multi-rank behaviour is in tests/integration/test_fsdp.py.
@@ -17,12 +17,14 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from trainer import dcp, dist, sharding
-from trainer.checkpoint import MARKER_FILE, CheckpointManager, CorruptCheckpointError, file_entry
+from trainer.base.errors import InputError
+from trainer.checkpoint import dcp
+from trainer.checkpoint.files import MARKER_FILE, CorruptCheckpointError, file_entry
+from trainer.checkpoint.manager import CheckpointManager
 from trainer.config import ModelConfig, TrainConfig
-from trainer.errors import InputError
+from trainer.distributed import dist, sharding
+from trainer.distributed.precision import resolve_precision
 from trainer.models import ModelSpec, build_model
-from trainer.precision import resolve_precision
 
 GIB = 2**30
 

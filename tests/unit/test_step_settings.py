@@ -15,11 +15,13 @@ import pytest
 from kfp import dsl
 from safetensors.torch import load_file
 
+from components.images import CPU_IMAGE, CUDA_IMAGE
 from components.train import train as train_component
+from pipelines.params import train_settings
 from tests.helpers import write_dataset
-from trainer.config import from_dict
-from trainer.errors import InputError
-from trainer.steps.train import TrainStepConfig, step_settings
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
+from trainer.steps.train import TrainStepConfig
 
 TINY = {"model.hidden_dim": 8, "train.log_every_steps": 1000}
 """A model small enough that a real training takes a second or two."""
@@ -123,26 +125,21 @@ def test_tune_trials_start_from_the_users_settings(dataset: Path, tmp_path: Path
     ids=["parameter", "train-config", "hyperparams-over-config", "tuned-last"],
 )
 def test_overrides_apply_in_order(layers: dict[str, Any], lr: float) -> None:
-    cfg = from_dict(TrainStepConfig, step_settings(**layers))
+    cfg = from_dict(TrainStepConfig, train_settings(layers))
     assert cfg.optim.lr == lr
 
 
 @pytest.mark.parametrize(
-    ("gpus", "nproc", "image"), [(0, 1, "cpu"), (1, 1, "cuda"), (8, 8, "cuda")], ids=str
+    ("gpus", "nproc", "image"), [(0, 1, CPU_IMAGE), (1, 1, CUDA_IMAGE), (8, 8, CUDA_IMAGE)]
 )
 def test_processes_and_image_follow_the_gpus(gpus: int, nproc: int, image: str) -> None:
-    settings = step_settings(
-        launcher="pytorchjob", gpus_per_node=gpus, cuda_image="cuda", cpu_image="cpu"
-    )
+    settings = train_settings({"launcher": "pytorchjob", "gpus_per_node": gpus})
     cfg = from_dict(TrainStepConfig, settings)
-    assert (cfg.nproc_per_node, cfg.cluster.gpus_per_node, cfg.cluster.image) == (
-        nproc,
-        gpus,
-        image,
-    )
+    run = cfg.training_run(job_name="j", config_uri="s3://b/c.json")
+    assert (run.gpus_per_node, run.procs_per_node, cfg.cluster.image) == (gpus, nproc, image)
 
 
 def test_json_parameter_that_is_not_an_object_is_named() -> None:
     with pytest.raises(InputError) as info:
-        step_settings(hyperparams_json="[1]")
+        train_settings({"hyperparams_json": "[1]"})
     assert (info.value.code, info.value.where) == ("E_CONFIG", "hyperparams_json")

@@ -1,4 +1,4 @@
-"""Unit tests for trainer.storage on the local filesystem (object stores: integration tests)."""
+"""trainer.base.storage on the local filesystem (object stores: the integration tests)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from trainer import storage
+from trainer.base import storage
 
 
 def _uri(kind: str, path: Path) -> str:

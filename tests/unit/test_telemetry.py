@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.telemetry import Telemetry, gpu_memory_gb
+from trainer.training.telemetry import Telemetry, gpu_memory_gb
 
 
 class Terminal(io.StringIO):

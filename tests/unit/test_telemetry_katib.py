@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from trainer.config import TrainConfig, from_dict
-from trainer.telemetry import Telemetry
+from trainer.base.typedconfig import from_dict
+from trainer.config import TrainConfig
+from trainer.training.telemetry import Telemetry
 
 # Katib's default StdOut filter.
 KATIB_FILTER = re.compile(r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)")

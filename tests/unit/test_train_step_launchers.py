@@ -15,19 +15,14 @@ from components.images import CPU_IMAGE, CUDA_IMAGE
 from pipelines.render import render_pytorchjob
 from tests.fakes.kube_api import FakeKubeApi, Scenario
 from tests.helpers import assert_valid_job, needs_crd
-from trainer import outputs, storage
-from trainer.config import from_dict
-from trainer.errors import InputError
-from trainer.launch.jobspec import ClusterConfig, job_name
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
+from trainer.launch.jobspec import ClusterConfig, JobSpec, job_name
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.local import LocalLauncher
 from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
-from trainer.steps.train import (
-    TrainStepConfig,
-    job_spec,
-    make_launcher,
-    train_step,
-)
+from trainer.steps.train import TrainStepConfig, make_launcher, train_step
 
 NS = "team-a"
 IMAGE = "ghcr.io/gpupipe/trainer-cuda:test"
@@ -49,13 +44,12 @@ def cluster_cfg(**overrides: Any) -> TrainStepConfig:
     """A pytorchjob step on 2 nodes x 8 GPUs with every cluster setting given."""
     settings: dict[str, Any] = {
         "launcher": "pytorchjob",
-        "nproc_per_node": 8,
+        "gpus_per_node": 8,
         "nnodes": 2,
         "timeout_s": 3600,
         "cluster": {
             "namespace": NS,
             "image": IMAGE,
-            "gpus_per_node": 8,
             "gpu_resource": "nvidia.com/gpu",
             "node_selector": dict(SELECTOR),
             "object_store_secret": SECRET,
@@ -71,6 +65,12 @@ def cluster_cfg(**overrides: Any) -> TrainStepConfig:
         else:
             settings[key] = value
     return from_dict(TrainStepConfig, settings)
+
+
+def job_spec(cfg: TrainStepConfig, name: str = "gpupipe-run-train", namespace: str = NS) -> JobSpec:
+    """The job spec the step's launcher makes: the step's run, in ``namespace``."""
+    run = cfg.training_run(job_name=name, config_uri=CONFIG_URI)
+    return JobSpec(namespace=namespace, run=run, cluster=cfg.cluster)
 
 
 def pod(job: dict[str, Any], rtype: str = "Master") -> dict[str, Any]:
@@ -117,13 +117,8 @@ def test_pytorchjob_launcher_namespace(
 
     assert isinstance(launcher, PyTorchJobLauncher)
     assert launcher.namespace == expected
-    spec = launcher.job_spec(
-        job_name="gpupipe-run-train",
-        config_uri=CONFIG_URI,
-        nproc_per_node=8,
-        nnodes=2,
-        timeout_s=None,
-    )
+    assert isinstance(launcher.cluster, ClusterConfig)
+    spec = job_spec(cfg, namespace=launcher.namespace)
     assert build_pytorchjob(spec)["metadata"]["namespace"] == expected
 
 
@@ -169,24 +164,21 @@ def test_local_launcher_needs_no_image() -> None:
 
 
 def test_job_spec_maps_the_cluster_settings() -> None:
-    spec = job_spec(cluster_cfg(), name="gpupipe-run-train", namespace=NS, config_uri=CONFIG_URI)
+    spec = job_spec(cluster_cfg())
 
-    assert (spec.name, spec.namespace, spec.image, spec.config_uri) == (
+    assert (spec.name, spec.namespace, spec.cluster.image, spec.run.config_uri) == (
         "gpupipe-run-train",
         NS,
         IMAGE,
         CONFIG_URI,
     )
-    assert (spec.nnodes, spec.nproc_per_node, spec.gpus_per_node) == (2, 8, 8)
-    assert spec.gpu_resource == "nvidia.com/gpu"
-    assert spec.node_selector == SELECTOR
-    assert {(s.env, s.secret, s.key) for s in spec.secret_env} == {
-        ("AWS_ACCESS_KEY_ID", SECRET, "accesskey"),
-        ("AWS_SECRET_ACCESS_KEY", SECRET, "secretkey"),
-    }
-    assert (spec.cpu_request, spec.cpu_limit) == ("8", "32")
-    assert (spec.memory_request, spec.memory_limit) == ("64Gi", "256Gi")
-    assert spec.active_deadline_s == 3600
+    assert (spec.run.nnodes, spec.procs_per_node, spec.run.gpus_per_node) == (2, 8, 8)
+    assert spec.cluster.gpu_resource == "nvidia.com/gpu"
+    assert spec.cluster.node_selector == SELECTOR
+    assert spec.cluster.object_store_secret == SECRET
+    assert (spec.cluster.cpu_request, spec.cluster.cpu_limit) == ("8", "32")
+    assert (spec.cluster.memory_request, spec.cluster.memory_limit) == ("64Gi", "256Gi")
+    assert spec.run.timeout_s == 3600
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
         spec.tolerations
     )
@@ -194,9 +186,7 @@ def test_job_spec_maps_the_cluster_settings() -> None:
 
 def test_built_job_carries_the_cluster_settings() -> None:
     cfg = cluster_cfg()
-    job = build_pytorchjob(
-        job_spec(cfg, name="gpupipe-run-train", namespace=NS, config_uri=CONFIG_URI)
-    )
+    job = build_pytorchjob(job_spec(cfg))
 
     assert job["metadata"]["namespace"] == NS
     assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3600
@@ -216,11 +206,9 @@ def test_built_job_carries_the_cluster_settings() -> None:
 
 def test_cpu_job_without_secret_or_timeout() -> None:
     cfg = cluster_cfg(
-        nproc_per_node=1,
-        timeout_s=None,
-        cluster={"gpus_per_node": 0, "node_selector": {}, "object_store_secret": None},
+        gpus_per_node=0, timeout_s=None, cluster={"node_selector": {}, "object_store_secret": None}
     )
-    job = build_pytorchjob(job_spec(cfg, name="gpupipe-cpu", namespace=NS, config_uri=CONFIG_URI))
+    job = build_pytorchjob(job_spec(cfg, name="gpupipe-cpu"))
 
     assert "nvidia.com/gpu" not in container(job)["resources"]["limits"]
     assert "tolerations" not in pod(job) and "nodeSelector" not in pod(job)
@@ -234,18 +222,14 @@ def test_cpu_job_without_secret_or_timeout() -> None:
     [
         {},
         {"nnodes": 1},
-        {"nproc_per_node": 1, "cluster": {"gpus_per_node": 0, "object_store_secret": None}},
+        {"gpus_per_node": 0, "cluster": {"object_store_secret": None}},
         {"cluster": {"service_account": "trainer", "gpu_resource": "amd.com/gpu"}},
     ],
     ids=["2x8-gpus", "one-node", "cpu", "service-account-amd"],
 )
 def test_built_job_is_valid_against_the_crd(overrides: dict[str, Any]) -> None:
     cfg = cluster_cfg(**overrides)
-    assert_valid_job(
-        build_pytorchjob(
-            job_spec(cfg, name="gpupipe-run-train", namespace=NS, config_uri=CONFIG_URI)
-        )
-    )
+    assert_valid_job(build_pytorchjob(job_spec(cfg)))
 
 
 # --- one mapping: render == the train step ---------------------------------------------------
@@ -264,9 +248,9 @@ RENDER_CASES = {
     "cpu-cluster": (
         {"nodes": 2, "gpus_per_node": 0, "object_store_secret": SECRET},
         {
-            "nproc_per_node": 1,
+            "gpus_per_node": 0,
             "timeout_s": None,
-            "cluster": {"image": CPU_IMAGE, "gpus_per_node": 0, "node_selector": {}},
+            "cluster": {"image": CPU_IMAGE, "node_selector": {}},
         },
     ),
 }
@@ -290,7 +274,7 @@ def test_render_builds_what_the_train_step_builds(
     cfg = cluster_cfg(**{**overrides, "cluster": {**defaults, **overrides["cluster"]}})
 
     name = rendered["metadata"]["name"]  # a placeholder run id names the rendered job
-    built = build_pytorchjob(job_spec(cfg, name=name, namespace=NS, config_uri=CONFIG_URI))
+    built = build_pytorchjob(job_spec(cfg, name=name))
 
     assert rendered == built
 
@@ -406,3 +390,48 @@ def test_train_step_creates_the_pytorchjob_and_reads_back_the_model(
     assert len(locations) >= 5, locations
     for uri in locations:
         assert uri.startswith((uris["dataset"], uris["model"])), uri
+
+
+def test_the_train_component_puts_the_job_parameters_on_its_pytorchjob(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeKubeApi, api: KubeApi, uris: dict[str, str]
+) -> None:
+    """From the component's inputs (what the pipeline passes) to the job the API server gets."""
+    from kfp import dsl
+
+    from components.train import train
+
+    for name, value in LAUNCHER_POD.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(KubeApi, "from_config", classmethod(lambda cls, **_: api))
+
+    train.python_func(
+        dataset=dsl.Dataset(uri=uris["dataset"]),
+        model=dsl.Model(uri=uris["model"]),
+        metrics=dsl.Metrics(uri=uris["model"] + "-metrics"),
+        gpus_per_node=2,
+        nnodes=2,
+        launcher="pytorchjob",
+        pipeline_run_id="run-7d2e",
+        cuda_image=IMAGE,
+        image_pull_secrets=["regcred"],
+        job_labels={"kueue.x-k8s.io/queue-name": "gpu-team"},
+        job_annotations={"karpenter.sh/do-not-disrupt": "true"},
+        job_env={"NCCL_DEBUG": "INFO"},
+        gang_queue="research",
+        gang_priority_class="high",
+    )
+
+    (post,) = fake.calls("POST", r"/namespaces/team-a/pytorchjobs$")
+    job = post.body
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
+    assert job["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {
+        "queue": "research",
+        "priorityClass": "high",
+    }
+    for rtype in ("Master", "Worker"):
+        assert pod(job, rtype)["imagePullSecrets"] == [{"name": "regcred"}]
+        env = {e["name"]: e.get("value") for e in container(job, rtype)["env"]}
+        assert env["NCCL_DEBUG"] == "INFO"
+        assert container(job, rtype)["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert job["spec"]["nprocPerNode"] == "2"

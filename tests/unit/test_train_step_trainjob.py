@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from components.images import CPU_IMAGE, CUDA_IMAGE
-from pipelines.params import check_parameters
+from pipelines.params import check_parameters, train_settings
 from pipelines.render import render_pytorchjob, render_trainjob
 from tests.helpers import assert_valid_trainjob as assert_valid
 from tests.helpers import needs_trainjob_crd as needs_crd
-from trainer.config import from_dict
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
 from trainer.launch.trainjob import TrainJobLauncher
-from trainer.steps.train import TrainStepConfig, make_launcher, step_settings
+from trainer.steps.train import TrainStepConfig, make_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-H200"}
@@ -87,14 +87,14 @@ def test_the_step_makes_a_trainjob_launcher_in_the_pods_namespace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("POD_NAMESPACE", "team-a")
-    settings = step_settings(launcher="trainjob", cuda_image="img:1", trainer_runtime="torch-x")
+    settings = train_settings({"launcher": "trainjob", "trainer_runtime": "torch-x"})
     cfg = from_dict(TrainStepConfig, settings)
     assert cfg.cluster.runtime == "torch-x"
 
     launcher = make_launcher(cfg)
 
     assert isinstance(launcher, TrainJobLauncher)
-    assert (launcher.namespace, launcher.runtime.name) == ("team-a", "torch-x")
+    assert (launcher.namespace, launcher.cluster.runtime) == ("team-a", "torch-x")
 
 
 def test_a_trainjob_step_needs_an_image() -> None:

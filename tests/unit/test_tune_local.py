@@ -11,9 +11,10 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 from tests.helpers import LR, MEDIAN, dist_session, write_dataset  # noqa: E402
-from trainer.config import WorkerConfig, apply_overrides, from_dict  # noqa: E402
-from trainer.errors import InputError  # noqa: E402
-from trainer.loop import train  # noqa: E402
+from trainer.base.errors import InputError  # noqa: E402
+from trainer.base.typedconfig import apply_overrides, from_dict  # noqa: E402
+from trainer.config import WorkerConfig  # noqa: E402
+from trainer.training.loop import train  # noqa: E402
 from trainer.tune import local  # noqa: E402
 from trainer.tune.local import (  # noqa: E402
     InProcessTrialRunner,

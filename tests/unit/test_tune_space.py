@@ -7,19 +7,12 @@ from typing import Any
 
 import pytest
 
-from trainer.config import WorkerConfig, apply_overrides
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, config_fields
+from trainer.config import WorkerConfig
 from trainer.steps.train import TrainStepConfig
-from trainer.tune.space import (
-    Parameter,
-    config_fields,
-    default_space,
-    example_space,
-    grid_points,
-    load_space,
-    sample_value,
-    trial_overrides,
-)
+from trainer.tune.space import Parameter, default_space, example_space, load_space
+from trainer.tune.values import grid_points, sample_value, trial_overrides
 
 FIELDS = config_fields(TrainStepConfig)
 

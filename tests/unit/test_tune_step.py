@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("optuna")
 
 from tests.helpers import LR, tune_config, write_dataset
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.steps.tune import tune
 
 
@@ -119,7 +119,7 @@ def test_disabled_search_writes_empty_parameters_and_says_so(tmp_path: Path) -> 
 
 
 def test_disabled_search_refuses_a_users_file(tmp_path: Path) -> None:
-    from trainer.errors import InputError
+    from trainer.base.errors import InputError
     from trainer.steps.tune import tune_disabled
 
     mine = tmp_path / "notes.txt"

@@ -17,8 +17,8 @@ import pytest
 
 from tests.helpers import TORCHRUN_VARS
 from trainer import worker
+from trainer.base.errors import EXIT_PEER_LOST
 from trainer.demo import make_table
-from trainer.errors import EXIT_PEER_LOST
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,12 +7,15 @@ The job is always ``python -m trainer.launch ... -m trainer.worker --config <uri
   (exit codes the operator can act on) and :func:`~trainer.launch.torchrun.torchrun_command`;
 - :mod:`~trainer.launch.local`: :class:`~trainer.launch.local.LocalLauncher` (a child process
   here) and the one child-process output pump, shared with the tune trial runner;
-- :mod:`~trainer.launch.jobspec`: the cluster settings and :class:`~trainer.launch.jobspec.JobSpec`,
-  without a client (field checks in :mod:`~trainer.launch.kubefields`); the pod pieces built
-  from a spec in :mod:`~trainer.launch.podspec`;
+- :mod:`~trainer.launch.jobspec`: the cluster settings and :class:`~trainer.launch.jobspec.JobSpec`
+  (a :class:`TrainingRun` with those settings in a namespace), without a client (field checks
+  in :mod:`~trainer.launch.kubefields`); the pod pieces built from a spec in
+  :mod:`~trainer.launch.podspec`;
 - :mod:`~trainer.launch.kube`: the Kubernetes calls, typed, retried and named;
 - :mod:`~trainer.launch.watch`: the one create-or-adopt / wait / deadline / cancel / diagnose
   loop for any custom resource (a PyTorchJob, a Katib Experiment), with a small adapter each;
+  a failure's message is put together in :mod:`~trainer.launch.diagnosis`;
+- :mod:`~trainer.launch.joblauncher`: what the PyTorchJob and TrainJob launchers share;
 - :mod:`~trainer.launch.podlog`: a pod's log, followed by polling, streamed into the step's log;
 - :mod:`~trainer.launch.pytorchjob`: a :class:`JobSpec` as a Training Operator PyTorchJob, and
   its launcher on that loop;
@@ -25,21 +28,44 @@ Importing it is cheap (no ``torch``, no ``kubernetes``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+
+def processes_per_node(gpus_per_node: int) -> int:
+    """Training processes per node: one per GPU, and one (gloo) on a node without GPUs."""
+    return max(gpus_per_node, 1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingRun:
+    """One training run as every launcher gets it: the one route of its name, config and shape.
+
+    The train step makes it from its config (``TrainStepConfig.training_run``); a cluster
+    launcher adds its cluster settings to make the job (:class:`~trainer.launch.jobspec.JobSpec`).
+    """
+
+    job_name: str
+    """Deterministic name of the job (a retried step re-attaches to it)."""
+    config_uri: str
+    """URI of the worker config; a cluster job's pods read it, so never a launcher-local path."""
+    gpus_per_node: int = 0
+    """GPUs per node, one process each; 0: one process per node (gloo)."""
+    nnodes: int = 1
+    """Nodes; the local launcher runs one."""
+    timeout_s: int | None = None
+    """The launcher stops the job after this many seconds; ``None``: no deadline."""
+
+    @property
+    def procs_per_node(self) -> int:
+        """Processes per node (:func:`processes_per_node`)."""
+        return processes_per_node(self.gpus_per_node)
 
 
 class Launcher(Protocol):
     """Runs ``torchrun ... -m trainer.worker --config <config_uri>`` somewhere and waits."""
 
-    def launch(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> None:
+    def launch(self, run: TrainingRun) -> None:
         """Return when the job succeeded.
 
         Raises:
@@ -50,4 +76,4 @@ class Launcher(Protocol):
         ...
 
 
-__all__ = ["Launcher"]
+__all__ = ["Launcher", "TrainingRun", "processes_per_node"]

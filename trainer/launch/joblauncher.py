@@ -1,24 +1,94 @@
-"""What the PyTorchJob and TrainJob launchers share: cluster settings in, one job spec, one run."""
+"""What the PyTorchJob and TrainJob launchers share: a run and the cluster settings in, one job
+spec, one resource on the watch loop with its main pod's log streamed, one outcome."""
 
 from __future__ import annotations
 
 import abc
+import logging
+from typing import Any
 
+from trainer.launch import TrainingRun
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi
-from trainer.launch.watch import OnExit, PodRef, ResourceLauncher
+from trainer.launch.podlog import PodLog
+from trainer.launch.watch import TERMINAL, OnExit, PodRef, Resource, ResourceLauncher
+
+log = logging.getLogger(__name__)
+
+
+class JobResource(Resource, abc.ABC):
+    """A training job on the watch loop: its state is logged and its main pod's log streamed.
+
+    Subclasses name the resource (the :class:`Resource` attributes), the container whose log is
+    streamed, and how the main pod is found (:meth:`main_pod`).
+    """
+
+    container: str = ""
+    """The training container of the job's pods."""
+
+    def __init__(self, api: KubeApi, namespace: str, name: str, log_tail: int) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.log_tail = log_tail
+        self.reported: str | None = None
+        self.pod: dict[str, Any] | None = None
+        self.pod_log = self._log(reattached=False)
+
+    def _log(self, *, reattached: bool) -> PodLog:
+        return PodLog(
+            self.api,
+            self.namespace,
+            tail=self.log_tail,
+            reattached=reattached,
+            container=self.container,
+        )
+
+    def observe(self, obj: dict[str, Any], state: str) -> bool:
+        if state != self.reported:
+            log.info("%s %s/%s: %s", self.kind, self.namespace, self.name, state)
+            self.reported = state
+        self.pod = self.main_pod()
+        self.pod_log.pump(self.pod)
+        return state in TERMINAL
+
+    def on_adopt(self) -> None:
+        # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
+        self.pod_log = self._log(reattached=True)
+
+    def describe(self, state: str) -> str:
+        return f"train.timeout_s; it was {state}"
+
+    def main_pod(self) -> dict[str, Any] | None:
+        """The live main pod (the newest, while a controller replaces one)."""
+        pods = self.pods()
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")] or pods
+        if not live:
+            return None
+        return max(live, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+
+    @abc.abstractmethod
+    def pods(self) -> list[dict[str, Any]]:
+        """The pods that may be the job's main pod (the master, node 0)."""
 
 
 class ClusterJobLauncher(ResourceLauncher, abc.ABC):
     """A launcher of one training-job resource built from the step's :class:`ClusterConfig`.
 
-    Subclasses say how a :class:`JobSpec` becomes their resource and how it is watched
-    (:meth:`run`); the spec itself, the arguments and the ``launch`` entry point are common.
+    The job is named by the caller from the KFP run and task, so a retried or restarted step
+    finds its job and re-attaches instead of creating a second one (a finished job is reported,
+    not re-run; a suspended one is resumed). While waiting it streams the main pod's log into
+    this step's stdout. When the job fails, the deadline passes or the step is cancelled
+    (SIGTERM), ``on_exit`` decides what happens to the job: ``delete`` it (and its pods),
+    ``keep`` it for inspection, or ``suspend`` it (pods go, the job and its state stay).
+
+    Subclasses say how a :class:`JobSpec` becomes their resource (:meth:`build`) and which
+    :class:`JobResource` watches it (:attr:`resource`).
 
     Args:
         namespace: namespace of the job (the launcher pod's, for the ownerReference).
-        cluster: the step's cluster settings, which :meth:`launch` turns into a
-            :class:`JobSpec`; :meth:`run` takes a :class:`JobSpec` as it is.
+        cluster: the step's cluster settings; :meth:`launch` adds a run to them to make the
+            :class:`JobSpec`, :meth:`run` takes a :class:`JobSpec` as it is.
         api: the Kubernetes API; ``None``: in-cluster config, else the kubeconfig.
         on_exit: what to do with the job on failure, deadline and cancellation.
         poll_s: seconds between looks at the job and its log.
@@ -28,6 +98,11 @@ class ClusterJobLauncher(ResourceLauncher, abc.ABC):
     Raises:
         ValueError: an argument is out of range.
     """
+
+    resource: type[JobResource]
+    """The watch loop's adapter of this launcher's resource."""
+    role: str = "master"
+    """How a failure's message calls the main pod."""
 
     def __init__(
         self,
@@ -48,60 +123,46 @@ class ClusterJobLauncher(ResourceLauncher, abc.ABC):
         self.cluster = cluster
         self.log_tail = log_tail
 
-    def job_spec(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> JobSpec:
-        """The job spec of one run: the cluster settings, in this launcher's namespace."""
-        return self.cluster.job_spec(
-            name=job_name,
-            namespace=self.namespace,
-            config_uri=config_uri,
-            nnodes=nnodes,
-            nproc_per_node=nproc_per_node,
-            timeout_s=timeout_s,
-        )
-
-    def launch(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> None:
-        """Create (or re-attach to) the job ``job_name`` and return when it succeeded.
+    def launch(self, run: TrainingRun) -> None:
+        """Create (or re-attach to) the job of ``run`` and return when it succeeded.
 
         Raises:
             InputError: the job failed on bad input (the worker's ``ERROR [train] E_...`` line),
-                or the cluster settings make no valid job.
+                or the run makes no valid job.
             RuntimeError: the job failed (conditions, events and the watched pod's last log
                 lines in the message), the API refused a call, or the step was cancelled
                 (:class:`~trainer.launch.watch.LaunchCancelled`).
-            TimeoutError: ``timeout_s`` passed before the job finished.
+            TimeoutError: the run's ``timeout_s`` passed before the job finished.
         """
-        spec = self.job_spec(
-            job_name=job_name,
-            config_uri=config_uri,
-            nproc_per_node=nproc_per_node,
-            nnodes=nnodes,
-            timeout_s=timeout_s,
-        )
-        self.run(spec, timeout_s=timeout_s)
+        self.run(JobSpec(namespace=self.namespace, run=run, cluster=self.cluster))
 
-    def check_namespace(self, spec: JobSpec) -> None:
-        """Refuse a spec made for another namespace than this launcher's."""
+    def run(self, spec: JobSpec) -> None:
+        """Create (or re-attach to) the job of ``spec``; return when it succeeded.
+
+        Raises:
+            ValueError: ``spec`` is for another namespace.
+            InputError, RuntimeError, TimeoutError: as :meth:`launch`.
+        """
         if spec.namespace != self.namespace:
             raise ValueError(
                 f"the job spec is for namespace {spec.namespace!r}, not {self.namespace!r}"
             )
+        body = self.build(spec)
+        job = self.resource(self.api, self.namespace, spec.name, self.log_tail)
+        watch = self.watch(job, spec.name, spec.run.timeout_s)
+        found = watch.run(body)
+        if watch.state == "Succeeded":
+            log.info("%s %s succeeded", job.kind, watch.ref)
+            return
+        diagnosis = watch.diagnose(
+            found, pod=job.pod, pod_log=job.pod_log, container=job.container, role=self.role
+        )
+        done = watch.apply_on_exit()
+        if job.pod_log.errors:
+            log.error("%s\n%s", diagnosis, done)
+            raise job.pod_log.errors[0]
+        raise RuntimeError(f"{diagnosis}\n{done}")
 
     @abc.abstractmethod
-    def run(self, spec: JobSpec, *, timeout_s: float | None) -> None:
-        """Create (or re-attach to) the job of ``spec``; return when it succeeded."""
+    def build(self, spec: JobSpec) -> dict[str, Any]:
+        """The resource of ``spec``, as the dict to send to the API server."""

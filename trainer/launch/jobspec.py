@@ -1,15 +1,19 @@
-"""One typed :class:`JobSpec` of a training run on a cluster, and the pod pieces built from it.
+"""The job of a training run on a cluster: the step's cluster settings and one typed
+:class:`JobSpec`.
 
-The step's cluster settings (:class:`ClusterConfig`, with the pod's defaults) live here too, with
-the one mapping from them to a :class:`JobSpec` (:meth:`ClusterConfig.job_spec`). The resources
-that carry a spec are built elsewhere, from the pod pieces in :mod:`trainer.launch.podspec`:
-:func:`trainer.launch.pytorchjob.build_pytorchjob` (Training Operator ``kubeflow.org/v1``) and
-:func:`trainer.launch.trainjob.build_trainjob` (Kubeflow Trainer ``trainer.kubeflow.org/v1alpha1``).
+:class:`ClusterConfig` holds what a user sets for the cluster jobs of a step (with the pod's
+defaults) and checks it when the step's config is read, before anything is written or created;
+a :class:`JobSpec` is those settings for one :class:`~trainer.launch.TrainingRun` in one
+namespace. The resources that carry a spec are built from the pod pieces in
+:mod:`trainer.launch.podspec`: :func:`trainer.launch.pytorchjob.build_pytorchjob` (Training
+Operator ``kubeflow.org/v1``) and :func:`trainer.launch.trainjob.build_trainjob` (Kubeflow
+Trainer ``trainer.kubeflow.org/v1alpha1``).
 
 Everything is plain dicts (no ``kubernetes`` or ``kubeflow.training`` import), so this module
 works in the bare trainer image and in tests; the tests validate every generated job against the
 upstream CRD schemas. Everything a user can get wrong is checked here, before the API server or the
-operator sees it, with an :class:`~trainer.errors.InputError` naming the ``job.<field>``.
+operator sees it, with an :class:`~trainer.errors.InputError` naming the ``train.cluster.<field>``
+(which the pipeline's parameter check reports as the pipeline parameter that set it).
 
 Decisions worth knowing:
 
@@ -18,13 +22,13 @@ Decisions worth knowing:
   ``restartPolicy: ExitCode`` can tell them apart (torchrun alone reports every failure as 1). No
   ``--nnodes``/``--nproc_per_node``: torchrun reads the ``PET_*`` variables the operator injects
   from ``spec.nprocPerNode`` and the replica counts, so the counts live in one place.
-- With GPUs, one process per GPU: ``nproc_per_node`` defaults to ``gpus_per_node`` and any other
-  value is an error (fewer processes idle GPUs that were paid for; more make NCCL fail on
+- One process per GPU, and one per node without GPUs: the count follows from the run's
+  ``gpus_per_node`` alone (fewer processes idle GPUs that were paid for; more make NCCL fail on
   duplicate devices).
 - Job names leave room for the operator's pod and service names (``<job>-worker-<i>`` must be a
   63-character DNS label too), so :func:`job_name` makes names of at most 48 characters.
-- The root filesystem is read-only by default; ``/tmp`` is a writable emptyDir and ``HOME`` points
-  there, so caches (torch, triton, matplotlib) still work.
+- The root filesystem is read-only; ``/tmp`` is a writable emptyDir and ``HOME`` points there, so
+  caches (torch, triton, matplotlib) still work.
 """
 
 from __future__ import annotations
@@ -32,20 +36,20 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from decimal import Decimal
+from typing import Literal
 
-from trainer.config import require
+from trainer.base.typedconfig import require
+from trainer.launch import TrainingRun
 from trainer.launch.kubefields import (
     DNS1035,
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     ENV_NAME,
-    SECRET_KEY,
     RuntimeRef,
     check_dns,
     check_label_key,
     check_labels,
-    check_toleration,
     parse_quantity,
 )
 
@@ -59,7 +63,7 @@ WORKER_COMMAND = ["python", "-m", "trainer.launch", "-m", "trainer.worker", "--c
 """The training command of every replica (torchrun via :mod:`trainer.launch.torchrun`); the URI
 follows."""
 
-_RESERVED_ENV = ("GPUPIPE_JOB", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+RESERVED_ENV = ("GPUPIPE_JOB", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 """Set by gpupipe or the operator; a user value would silently break rendezvous or logs."""
 OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 """Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""
@@ -77,382 +81,7 @@ TRAIN_POD_RESOURCES = {
 """CPU and memory of a training pod: every PyTorchJob replica, and the in-step train pod."""
 
 # --------------------------------------------------------------------------------------------
-# The spec
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(kw_only=True, slots=True)
-class NcclConfig:
-    """NCCL and PyTorch-NCCL settings that users tune, set as environment variables of the job.
-
-    The collective timeout is not here: it is ``dist.timeout_s`` of the worker config, which
-    ``init_process_group(timeout=...)`` takes and no environment variable can set.
-    """
-
-    socket_ifname: str | None = None
-    """``NCCL_SOCKET_IFNAME``: interfaces for bootstrap and socket transport, e.g. ``eth0`` or
-    ``^lo,docker`` (a leading ``^`` excludes)."""
-    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = None
-    """``NCCL_DEBUG``: NCCL's log level; ``INFO`` shows the chosen transports and rings."""
-    ib_disable: bool | None = None
-    """``NCCL_IB_DISABLE``: ``True`` forces TCP sockets (clusters without working InfiniBand)."""
-    heartbeat_timeout_s: int | None = None
-    """``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC``: the watchdog kills a process whose NCCL work is
-    stuck this long (torch's default is 480 s)."""
-    async_error_handling: bool = True
-    """``TORCH_NCCL_ASYNC_ERROR_HANDLING``: ``1`` aborts the communicator and the process on a
-    failed or timed-out collective, so a hung rank ends the job instead of holding its GPUs."""
-
-    def __post_init__(self) -> None:
-        require(
-            self.socket_ifname is None
-            or bool(re.match(r"^[\^=]?[A-Za-z0-9_.,:=^-]+$", self.socket_ifname)),
-            "job.nccl.socket_ifname",
-            "must be a comma-separated list of interface names or prefixes",
-            self.socket_ifname,
-        )
-        require(
-            self.debug in (None, "VERSION", "WARN", "INFO", "TRACE"),
-            "job.nccl.debug",
-            "must be VERSION, WARN, INFO or TRACE",
-            self.debug,
-        )
-        require(
-            self.heartbeat_timeout_s is None or self.heartbeat_timeout_s > 0,
-            "job.nccl.heartbeat_timeout_s",
-            "must be > 0 or null",
-            self.heartbeat_timeout_s,
-        )
-
-    def env(self) -> dict[str, str]:
-        """The environment variables these settings mean (unset fields are left out)."""
-        out = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1" if self.async_error_handling else "0"}
-        if self.socket_ifname is not None:
-            out["NCCL_SOCKET_IFNAME"] = self.socket_ifname
-        if self.debug is not None:
-            out["NCCL_DEBUG"] = self.debug
-        if self.ib_disable is not None:
-            out["NCCL_IB_DISABLE"] = "1" if self.ib_disable else "0"
-        if self.heartbeat_timeout_s is not None:
-            out["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] = str(self.heartbeat_timeout_s)
-        return out
-
-
-@dataclass(kw_only=True, slots=True)
-class SchedulingConfig:
-    """Gang scheduling (Volcano or scheduler-plugins): all replicas start together or none do."""
-
-    queue: str | None = None
-    """Scheduler queue of the job's PodGroup (immutable once the job exists)."""
-    priority_class: str | None = None
-    """PriorityClass of the PodGroup (preemption order under contention)."""
-    min_available: int | None = None
-    """Replicas that must be schedulable together; ``None``: all of them (the operator's
-    default), which is what DDP needs, since it cannot start with fewer."""
-
-    def __post_init__(self) -> None:
-        require(
-            self.queue is None or bool(self.queue.strip()),
-            "job.scheduling.queue",
-            "must not be empty",
-            self.queue,
-        )
-        if self.priority_class is not None:
-            check_dns(
-                self.priority_class,
-                "job.scheduling.priority_class",
-                DNS1123_SUBDOMAIN,
-                "a DNS-1123 subdomain",
-                253,
-            )
-        require(
-            self.min_available is None or self.min_available >= 1,
-            "job.scheduling.min_available",
-            "must be >= 1 or null",
-            self.min_available,
-        )
-
-
-@dataclass(kw_only=True, slots=True)
-class SecretEnv:
-    """One environment variable read from a key of a Kubernetes secret (object-store keys)."""
-
-    env: str
-    """Name of the environment variable, e.g. ``AWS_ACCESS_KEY_ID``."""
-    secret: str
-    """Name of the secret, in the job's namespace."""
-    key: str
-    """Key inside the secret."""
-    optional: bool = False
-    """``False``: pods do not start without the secret (a clear event instead of a late 403)."""
-
-    def __post_init__(self) -> None:
-        require(
-            bool(ENV_NAME.match(self.env)),
-            "job.secret_env.env",
-            "must be an environment variable name",
-            self.env,
-        )
-        check_dns(self.secret, "job.secret_env.secret", DNS1123_SUBDOMAIN, "a secret name", 253)
-        require(
-            bool(SECRET_KEY.match(self.key)),
-            "job.secret_env.key",
-            "must be a secret key (alphanumerics, '-', '_', '.')",
-            self.key,
-        )
-
-
-@dataclass(kw_only=True, slots=True)
-class OwnerRef:
-    """The launcher pod (from the downward API): deleting it, e.g. with the run, deletes the job.
-
-    The reference is written with ``controller: false`` (the pod does not reconcile the job) and
-    ``blockOwnerDeletion: false`` (``true`` would need ``update`` on ``pods/finalizers`` under the
-    OwnerReferencesPermissionEnforcement admission plugin; the garbage collector deletes the
-    job either way). Owner and job must share a namespace.
-    """
-
-    name: str
-    """Name of the owner, e.g. the pod's ``metadata.name``."""
-    uid: str
-    """UID of the owner, e.g. the pod's ``metadata.uid``."""
-    api_version: str = "v1"
-    """API version of the owner."""
-    kind: str = "Pod"
-    """Kind of the owner."""
-
-    def __post_init__(self) -> None:
-        require(bool(self.name), "job.owner.name", "must be set", self.name)
-        require(
-            bool(re.match(r"^[0-9a-fA-F-]{8,}$", self.uid)),
-            "job.owner.uid",
-            "must be a Kubernetes UID",
-            self.uid,
-        )
-        require(bool(self.kind), "job.owner.kind", "must be set", self.kind)
-        require(bool(self.api_version), "job.owner.api_version", "must be set", self.api_version)
-
-
-@dataclass(kw_only=True, slots=True)
-class JobSpec:
-    """Everything that decides the job of one training run (a PyTorchJob or a TrainJob)."""
-
-    name: str
-    """Job name: a DNS-1035 label short enough for the operator's pod names (see
-    :func:`job_name`)."""
-    namespace: str
-    """Namespace of the job (and of its secrets, service account and owner)."""
-    image: str
-    """Trainer image of every replica."""
-    config_uri: str
-    """URI of the worker config JSON; the pods read it, so never a path local to the launcher."""
-    nnodes: int = 1
-    """Nodes: one Master replica plus ``nnodes - 1`` Worker replicas."""
-    nproc_per_node: int | None = None
-    """Processes per node; ``None``: ``gpus_per_node`` (or 1 without GPUs). With GPUs it must
-    equal ``gpus_per_node``."""
-    gpus_per_node: int = 0
-    """GPUs per node, as the limit of ``gpu_resource``; 0: a CPU job (gloo)."""
-    gpu_resource: str = "nvidia.com/gpu"
-    """Extended resource name of the GPU (``nvidia.com/gpu``, ``amd.com/gpu``, a MIG profile)."""
-    cpu_request: str | None = None
-    """CPU request per pod (Kubernetes quantity)."""
-    cpu_limit: str | None = None
-    """CPU limit per pod."""
-    memory_request: str | None = None
-    """Memory request per pod."""
-    memory_limit: str | None = None
-    """Memory limit per pod; the memory-backed ``/dev/shm`` counts against it."""
-    shm_size: str = SHM_SIZE
-    """Size of the memory-backed emptyDir at ``/dev/shm`` (the 64 MB default crashes NCCL and
-    data loader workers)."""
-    read_only_root_fs: bool = True
-    """Read-only root filesystem; a writable emptyDir at ``/tmp`` (also ``HOME``) keeps caches
-    working."""
-    run_as_user: int = 1000
-    """UID (and GID) of the training processes; the image's non-root user."""
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    """Pod tolerations, as Kubernetes dicts (``key``, ``operator``, ``value``, ``effect``)."""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    """Node labels the pods must land on, e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``."""
-    image_pull_secrets: list[str] = field(default_factory=list)
-    """Names of docker-registry secrets for a private registry."""
-    service_account: str | None = None
-    """Service account of the pods; ``None``: the namespace's default."""
-    automount_service_account_token: bool = False
-    """Training never calls the Kubernetes API, so pods get no API token unless asked."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Extra environment variables; they override gpupipe's defaults (``HOME``, NCCL ones)."""
-    secret_env: list[SecretEnv] = field(default_factory=list)
-    """Environment variables from secrets, e.g. object-store credentials."""
-    clean_pod_policy: Literal["None", "Running", "All"] = "Running"
-    """Pods deleted when the job finishes: ``Running`` frees GPUs of stragglers but keeps failed
-    pods' logs for diagnosis."""
-    backoff_limit: int = 3
-    """Pod restarts (under ``restart_policy``) before the job fails."""
-    active_deadline_s: int | None = None
-    """The operator fails the job after this many seconds, even if the launcher is gone."""
-    ttl_s: int | None = 86400
-    """The operator deletes the finished job after this many seconds; ``None``: never."""
-    restart_policy: Literal["OnFailure", "ExitCode", "Never"] = "ExitCode"
-    """``ExitCode``: exit codes 1-127 (bad input, bugs) fail the job, 128-255 (signals,
-    preemption) restart the pod. ``Always`` is not offered: a finished pod would restart forever."""
-    scheduling: SchedulingConfig | None = None
-    """Gang scheduling; ``None``: the default scheduler, no PodGroup."""
-    nccl: NcclConfig = field(default_factory=NcclConfig)
-    """NCCL settings, as environment variables."""
-    labels: dict[str, str] = field(default_factory=dict)
-    """Extra labels of the job and its pods."""
-    annotations: dict[str, str] = field(default_factory=dict)
-    """Extra annotations of the job and its pods."""
-    owner: OwnerRef | None = None
-    """Owner of the job (the launcher pod), so that deleting the owner deletes the job."""
-    port: int = 23456
-    """Rendezvous port of the master (``MASTER_PORT``)."""
-
-    def __post_init__(self) -> None:
-        require(self.nnodes >= 1, "job.nnodes", "must be >= 1", self.nnodes)
-        require(self.gpus_per_node >= 0, "job.gpus_per_node", "must be >= 0", self.gpus_per_node)
-        require(
-            self.nproc_per_node is None or self.nproc_per_node >= 1,
-            "job.nproc_per_node",
-            "must be >= 1 or null",
-            self.nproc_per_node,
-        )
-        require(
-            self.gpus_per_node == 0
-            or self.nproc_per_node is None
-            or self.nproc_per_node == self.gpus_per_node,
-            "job.nproc_per_node",
-            f"must equal job.gpus_per_node={self.gpus_per_node} (one process per GPU)",
-            self.nproc_per_node,
-        )
-        longest_pod = "-master-0" if self.nnodes == 1 else f"-worker-{self.nnodes - 2}"
-        check_dns(
-            self.name,
-            "job.name",
-            DNS1035,
-            f"a DNS-1035 label that leaves room for the pod name suffix {longest_pod!r}",
-            63 - len(longest_pod),
-        )
-        check_dns(self.namespace, "job.namespace", DNS1123_LABEL, "a namespace name", 63)
-        require(
-            bool(self.image) and not any(c.isspace() for c in self.image),
-            "job.image",
-            "must be an image reference without spaces",
-            self.image,
-        )
-        require(bool(self.config_uri), "job.config_uri", "must be set", self.config_uri)
-        check_label_key(self.gpu_resource, "job.gpu_resource")
-        require(
-            "/" in self.gpu_resource,
-            "job.gpu_resource",
-            "must be an extended resource with a domain, like nvidia.com/gpu",
-            self.gpu_resource,
-        )
-        self._check_resources()
-        for i, tol in enumerate(self.tolerations):
-            require(isinstance(tol, dict), f"job.tolerations[{i}]", "must be a mapping", tol)
-            check_toleration(tol, f"job.tolerations[{i}]")
-        for key, value in self.node_selector.items():
-            check_label_key(key, "job.node_selector")
-            require(isinstance(value, str), f"job.node_selector[{key}]", "must be a string", value)
-        for secret in self.image_pull_secrets:
-            check_dns(secret, "job.image_pull_secrets", DNS1123_SUBDOMAIN, "a secret name", 253)
-        if self.service_account is not None:
-            check_dns(
-                self.service_account,
-                "job.service_account",
-                DNS1123_SUBDOMAIN,
-                "a service account name",
-                253,
-            )
-        self._check_env()
-        require(
-            self.clean_pod_policy in ("None", "Running", "All"),
-            "job.clean_pod_policy",
-            "must be None, Running or All",
-            self.clean_pod_policy,
-        )
-        require(self.backoff_limit >= 0, "job.backoff_limit", "must be >= 0", self.backoff_limit)
-        require(
-            self.active_deadline_s is None or self.active_deadline_s > 0,
-            "job.active_deadline_s",
-            "must be > 0 or null",
-            self.active_deadline_s,
-        )
-        require(
-            self.ttl_s is None or self.ttl_s >= 0, "job.ttl_s", "must be >= 0 or null", self.ttl_s
-        )
-        require(
-            self.restart_policy in ("OnFailure", "ExitCode", "Never"),
-            "job.restart_policy",
-            "must be OnFailure, ExitCode or Never",
-            self.restart_policy,
-        )
-        if self.scheduling is not None and self.scheduling.min_available is not None:
-            require(
-                self.scheduling.min_available <= self.nnodes,
-                "job.scheduling.min_available",
-                f"must be <= job.nnodes={self.nnodes}",
-                self.scheduling.min_available,
-            )
-        check_labels(self.labels, "job.labels", reserved=(LABEL_APP, LABEL_JOB))
-        for key in self.annotations:
-            check_label_key(key, "job.annotations")
-        require(1 <= self.port <= 65535, "job.port", "must be in 1..65535", self.port)
-
-    def _check_resources(self) -> None:
-        values = {}
-        for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit", "shm_size"):
-            text = getattr(self, name)
-            if text is not None:
-                values[name] = parse_quantity(text, f"job.{name}")
-        for kind in ("cpu", "memory"):
-            req, lim = values.get(f"{kind}_request"), values.get(f"{kind}_limit")
-            require(
-                req is None or lim is None or req <= lim,
-                f"job.{kind}_request",
-                f"must be <= job.{kind}_limit={getattr(self, f'{kind}_limit')}",
-                getattr(self, f"{kind}_request"),
-            )
-        # Pages of a memory-backed emptyDir are charged to the pod: a /dev/shm larger than the
-        # memory limit would let the kernel OOM-kill the trainer instead of failing the write.
-        lim = values.get("memory_limit")
-        require(
-            lim is None or values["shm_size"] <= lim,
-            "job.shm_size",
-            f"must be <= job.memory_limit={self.memory_limit} (/dev/shm counts against it)",
-            self.shm_size,
-        )
-
-    def _check_env(self) -> None:
-        names = [s.env for s in self.secret_env]
-        for name in [*self.env, *names]:
-            require(
-                bool(ENV_NAME.match(name)), "job.env", "must use environment variable names", name
-            )
-            require(
-                name not in _RESERVED_ENV and not name.startswith("PET_"),
-                "job.env",
-                "must not set a variable owned by gpupipe or the training operator",
-                name,
-            )
-        dupes = sorted({n for n in names if names.count(n) > 1} | (set(names) & set(self.env)))
-        require(not dupes, "job.secret_env", "sets variables more than once", dupes)
-        for key, value in self.env.items():
-            require(isinstance(value, str), f"job.env[{key}]", "must be a string", value)
-
-    @property
-    def procs_per_node(self) -> int:
-        """Processes per node: ``nproc_per_node``, else one per GPU, else 1."""
-        if self.nproc_per_node is not None:
-            return self.nproc_per_node
-        return self.gpus_per_node if self.gpus_per_node > 0 else 1
-
-
-# --------------------------------------------------------------------------------------------
-# The cluster settings of a step, and the job spec they give
+# The cluster settings of a step
 # --------------------------------------------------------------------------------------------
 
 
@@ -462,26 +91,32 @@ class ClusterConfig:
     local launcher).
 
     The step's config carries it (``train.cluster``, ``tune.train.cluster``); its defaults are
-    the pod's defaults. :meth:`job_spec` is the one mapping to a :class:`JobSpec`, shared by the
-    launcher, the Katib trial template and ``gpupipe render``.
+    the pod's defaults. With a run and a namespace it makes the job's :class:`JobSpec`, for the
+    launcher, the Katib trial template and ``gpupipe render`` alike. The run's size (nodes, GPUs
+    per node) is not here: it travels with the :class:`~trainer.launch.TrainingRun`.
     """
 
     namespace: str | None = None
     """Namespace of the job; ``None``: the launcher pod's own (downward API)."""
     image: str = ""
     """Image of the job's pods (the component sets the package's CUDA or CPU image)."""
-    gpus_per_node: int = 0
-    """GPUs each job pod requests (and processes per node when > 0)."""
     gpu_resource: str = "nvidia.com/gpu"
-    """Extended resource that counts GPUs."""
+    """Extended resource that counts GPUs (``nvidia.com/gpu``, ``amd.com/gpu``, a MIG profile).
+    (Pipeline parameter ``gpu_type``.)"""
     node_selector: dict[str, str] = field(default_factory=dict)
-    """Node labels of the GPU nodes, e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``."""
+    """Node labels of the GPU nodes, e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H200"}``.
+    (Pipeline parameter ``gpu_node_selector``.)"""
     object_store_secret: str | None = None
-    """Secret with ``accesskey``/``secretkey`` of the artifact store, as AWS_* env vars."""
+    """Secret with ``accesskey``/``secretkey`` of the artifact store, as AWS_* env vars; pods do
+    not start without it (a clear event instead of a late 403)."""
     cpu_request: str | None = TRAIN_POD_RESOURCES["cpu_request"]
+    """CPU request per pod (Kubernetes quantity)."""
     cpu_limit: str | None = TRAIN_POD_RESOURCES["cpu_limit"]
+    """CPU limit per pod."""
     memory_request: str | None = TRAIN_POD_RESOURCES["memory_request"]
+    """Memory request per pod."""
     memory_limit: str | None = TRAIN_POD_RESOURCES["memory_limit"]
+    """Memory limit per pod; the memory-backed ``/dev/shm`` counts against it."""
     shm_size: str = SHM_SIZE
     """Memory-backed /dev/shm (the 64 MB container default crashes NCCL and data loaders)."""
     on_exit: Literal["delete", "keep", "suspend"] = "delete"
@@ -490,62 +125,200 @@ class ClusterConfig:
     """Service account of the job's pods (none needed for reading the object store by secret)."""
     runtime: str = "torch-distributed"
     """TrainJob only: the training runtime, ``<name>`` (a ClusterTrainingRuntime) or
-    ``TrainingRuntime/<name>`` (one in the job's namespace)."""
+    ``TrainingRuntime/<name>`` (one in the job's namespace). (Pipeline parameter
+    ``trainer_runtime``.)"""
     runtime_patches: bool = True
     """TrainJob only: carry /dev/shm, /tmp, security contexts, placement, pull secrets and the
     service account in ``spec.runtimePatches``; ``False``: the runtime must set them."""
+    image_pull_secrets: list[str] = field(default_factory=list)
+    """Docker-registry secrets (in the job's namespace) for a private registry. (Pipeline
+    parameter ``image_pull_secrets``.)"""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables of the training container, e.g. ``NCCL_SOCKET_IFNAME``,
+    ``NCCL_DEBUG``; they override gpupipe's defaults (``HOME``,
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING``). (Pipeline parameter ``job_env``.)"""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Extra labels of the job and its pods, e.g. Kueue's ``kueue.x-k8s.io/queue-name``.
+    (Pipeline parameter ``job_labels``.)"""
+    annotations: dict[str, str] = field(default_factory=dict)
+    """Extra annotations of the job and its pods, e.g. ``karpenter.sh/do-not-disrupt``.
+    (Pipeline parameter ``job_annotations``.)"""
+    gang_queue: str | None = None
+    """PyTorchJob only: queue of the job's PodGroup under the Training Operator's gang scheduling
+    (Volcano); ``runPolicy.schedulingPolicy.queue``. (Pipeline parameter ``gang_queue``.)"""
+    gang_priority_class: str | None = None
+    """PyTorchJob only: PriorityClass of the job's PodGroup (preemption order under contention).
+    (Pipeline parameter ``gang_priority_class``.)"""
 
     def __post_init__(self) -> None:
-        # Checked here, before any job exists.
+        # Checked here, when the step's config is read: before any output or job exists.
         RuntimeRef.parse(self.runtime, "train.cluster.runtime")
         require(
-            self.gpus_per_node >= 0,
-            "train.cluster.gpus_per_node",
-            "must be >= 0",
-            self.gpus_per_node,
+            not any(c.isspace() for c in self.image),
+            "train.cluster.image",
+            "must be an image reference without spaces",
+            self.image,
+        )
+        check_label_key(self.gpu_resource, "train.cluster.gpu_resource")
+        require(
+            "/" in self.gpu_resource,
+            "train.cluster.gpu_resource",
+            "must be an extended resource with a domain, like nvidia.com/gpu",
+            self.gpu_resource,
+        )
+        self._check_resources()
+        for key, value in self.node_selector.items():
+            check_label_key(key, "train.cluster.node_selector")
+            require(
+                isinstance(value, str),
+                f"train.cluster.node_selector[{key}]",
+                "must be a string",
+                value,
+            )
+        names: list[tuple[str, str | None, str]] = [
+            ("object_store_secret", self.object_store_secret or None, "a secret name"),
+            ("service_account", self.service_account, "a service account name"),
+            ("gang_priority_class", self.gang_priority_class, "a PriorityClass name"),
+        ]
+        names += [("image_pull_secrets", s, "a secret name") for s in self.image_pull_secrets]
+        for name, given, what in names:
+            if given is not None:
+                check_dns(given, f"train.cluster.{name}", DNS1123_SUBDOMAIN, what, 253)
+        self._check_env()
+        check_labels(self.labels, "train.cluster.labels", reserved=(LABEL_APP, LABEL_JOB))
+        for key, value in self.annotations.items():
+            check_label_key(key, "train.cluster.annotations")
+            require(
+                isinstance(value, str),
+                f"train.cluster.annotations[{key}]",
+                "must be a string",
+                value,
+            )
+        require(
+            self.gang_queue is None or bool(self.gang_queue.strip()),
+            "train.cluster.gang_queue",
+            "must not be empty",
+            self.gang_queue,
         )
 
-    def job_spec(
-        self,
-        *,
-        name: str,
-        namespace: str,
-        config_uri: str,
-        nnodes: int,
-        nproc_per_node: int,
-        timeout_s: int | None,
-    ) -> JobSpec:
-        """The job spec of one run with these settings.
+    def _check_resources(self) -> None:
+        values: dict[str, Decimal] = {}
+        for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit", "shm_size"):
+            text = getattr(self, name)
+            if text is not None:
+                values[name] = parse_quantity(text, f"train.cluster.{name}")
+        for kind in ("cpu", "memory"):
+            req, lim = values.get(f"{kind}_request"), values.get(f"{kind}_limit")
+            require(
+                req is None or lim is None or req <= lim,
+                f"train.cluster.{kind}_request",
+                f"must be <= train.cluster.{kind}_limit={getattr(self, f'{kind}_limit')}",
+                getattr(self, f"{kind}_request"),
+            )
+        # Pages of a memory-backed emptyDir are charged to the pod: a /dev/shm larger than the
+        # memory limit would let the kernel OOM-kill the trainer instead of failing the write.
+        lim = values.get("memory_limit")
+        require(
+            lim is None or values["shm_size"] <= lim,
+            "train.cluster.shm_size",
+            f"must be <= train.cluster.memory_limit={self.memory_limit} (/dev/shm counts "
+            "against it)",
+            self.shm_size,
+        )
+
+    def _check_env(self) -> None:
+        for name, value in self.env.items():
+            require(
+                bool(ENV_NAME.match(name)),
+                "train.cluster.env",
+                "must use environment variable names",
+                name,
+            )
+            require(
+                name not in RESERVED_ENV and not name.startswith("PET_"),
+                "train.cluster.env",
+                "must not set a variable owned by gpupipe or the training operator",
+                name,
+            )
+            require(
+                not (self.object_store_secret and name in OBJECT_STORE_ENV.values()),
+                "train.cluster.env",
+                f"must not set a variable read from object_store_secret "
+                f"{self.object_store_secret!r}",
+                name,
+            )
+            require(isinstance(value, str), f"train.cluster.env[{name}]", "must be a string", value)
+
+    def check_trainjob(self) -> None:
+        """Refuse what a TrainJob cannot carry: gang scheduling is the runtime's
+        ``podGroupPolicy`` (or Kueue's, through ``labels``).
 
         Raises:
-            InputError: a setting the job cannot have (names the ``job.<field>``).
+            InputError: a ``gang_*`` setting is set (names it).
         """
-        secret_env = []
-        if self.object_store_secret:
-            secret_env = [
-                SecretEnv(env=env, secret=self.object_store_secret, key=key)
-                for key, env in OBJECT_STORE_ENV.items()
-            ]
-        return JobSpec(
-            name=name,
-            namespace=namespace,
-            image=self.image,
-            config_uri=config_uri,
-            nnodes=nnodes,
-            nproc_per_node=nproc_per_node,
-            gpus_per_node=self.gpus_per_node,
-            gpu_resource=self.gpu_resource,
-            cpu_request=self.cpu_request,
-            cpu_limit=self.cpu_limit,
-            memory_request=self.memory_request,
-            memory_limit=self.memory_limit,
-            shm_size=self.shm_size,
-            tolerations=[dict(GPU_TOLERATION)] if self.gpus_per_node > 0 else [],
-            node_selector=dict(self.node_selector),
-            secret_env=secret_env,
-            service_account=self.service_account,
-            active_deadline_s=timeout_s,
+        for name in ("gang_queue", "gang_priority_class"):
+            require(
+                getattr(self, name) is None,
+                f"train.cluster.{name}",
+                "cannot be set on a TrainJob: gang scheduling is the runtime's podGroupPolicy "
+                "(or Kueue's queue-name label)",
+                getattr(self, name),
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# The spec
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """Everything that decides the job of one training run (a PyTorchJob or a TrainJob): the
+    run, the namespace it runs in and the step's cluster settings."""
+
+    namespace: str
+    """Namespace of the job (and of its secrets, service account and owner)."""
+    run: TrainingRun
+    """The run: job name, worker config URI, nodes, GPUs per node, deadline."""
+    cluster: ClusterConfig
+    """The step's cluster settings (checked when they were made)."""
+
+    def __post_init__(self) -> None:
+        run = self.run
+        require(run.nnodes >= 1, "job.nnodes", "must be >= 1", run.nnodes)
+        require(run.gpus_per_node >= 0, "job.gpus_per_node", "must be >= 0", run.gpus_per_node)
+        require(
+            run.timeout_s is None or run.timeout_s > 0,
+            "job.active_deadline_s",
+            "must be > 0 or null",
+            run.timeout_s,
         )
+        longest_pod = "-master-0" if run.nnodes == 1 else f"-worker-{run.nnodes - 2}"
+        check_dns(
+            run.job_name,
+            "job.name",
+            DNS1035,
+            f"a DNS-1035 label that leaves room for the pod name suffix {longest_pod!r}",
+            63 - len(longest_pod),
+        )
+        check_dns(self.namespace, "job.namespace", DNS1123_LABEL, "a namespace name", 63)
+        require(bool(self.cluster.image), "train.cluster.image", "must be set", self.cluster.image)
+        require(bool(run.config_uri), "job.config_uri", "must be set", run.config_uri)
+
+    @property
+    def name(self) -> str:
+        """The job's name (the run's)."""
+        return self.run.job_name
+
+    @property
+    def procs_per_node(self) -> int:
+        """Processes per node: one per GPU, else 1."""
+        return self.run.procs_per_node
+
+    @property
+    def tolerations(self) -> list[dict[str, str]]:
+        """The pods' tolerations: the GPU taint's, when the job asks for GPUs."""
+        return [dict(GPU_TOLERATION)] if self.run.gpus_per_node > 0 else []
 
 
 # --------------------------------------------------------------------------------------------

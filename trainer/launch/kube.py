@@ -43,26 +43,17 @@ KATIB_API_CALLS: list[tuple[str, str, str]] = [
 ]
 """The calls of the Katib (tune) launcher: Experiments and their Trials."""
 
-PYTORCHJOB_API_CALLS: list[tuple[str, str, str]] = [
-    (GROUP, PLURAL, "create"),
-    (GROUP, PLURAL, "get"),
-    (GROUP, PLURAL, "delete"),
-    (GROUP, PLURAL, "patch"),
-    ("", "pods", "list"),
-    ("", "pods/log", "get"),
-    ("", "events", "list"),
-]
+
+def _job_api_calls(group: str, plural: str) -> list[tuple[str, str, str]]:
+    """The calls of a training-job launcher: the job, its watched pod, the pod's log, events."""
+    job = [(group, plural, verb) for verb in ("create", "get", "delete", "patch")]
+    return [*job, ("", "pods", "list"), ("", "pods/log", "get"), ("", "events", "list")]
+
+
+PYTORCHJOB_API_CALLS = _job_api_calls(GROUP, PLURAL)
 """The calls of the PyTorchJob (train) launcher."""
 
-TRAINJOB_API_CALLS: list[tuple[str, str, str]] = [
-    (TRAINER_GROUP, TRAINJOBS, "create"),
-    (TRAINER_GROUP, TRAINJOBS, "get"),
-    (TRAINER_GROUP, TRAINJOBS, "delete"),
-    (TRAINER_GROUP, TRAINJOBS, "patch"),
-    ("", "pods", "list"),
-    ("", "pods/log", "get"),
-    ("", "events", "list"),
-]
+TRAINJOB_API_CALLS = _job_api_calls(TRAINER_GROUP, TRAINJOBS)
 """The calls of the TrainJob (train) launcher: the job, its node-0 pod, its log, events."""
 
 API_CALLS: list[tuple[str, str, str]] = list(
@@ -171,7 +162,42 @@ class KubeApi:
         cfg.retries = False
         return cls(client.ApiClient(cfg), **kwargs)
 
-    # Custom objects: one implementation per verb, for PyTorchJobs and Katib objects alike
+    # Custom objects: one implementation for every verb, for PyTorchJobs, TrainJobs and Katib
+
+    def _custom_call(
+        self,
+        verb: str,
+        version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        *args: Any,
+        group: str,
+        absent: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``<verb>_namespaced_custom_object``; ``absent`` when the object is not there (404),
+        or for a create, already there (409): both are states of the object, not failures."""
+        method = getattr(self._custom, f"{verb}_namespaced_custom_object")
+        try:
+            return self._call(
+                (group, plural, verb),
+                namespace,
+                name,
+                lambda: method(
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    *args,
+                    _request_timeout=self._timeout,
+                    **kwargs,
+                ),
+            )
+        except KubeApiError as e:
+            if e.status == (409 if verb == "create" else 404):
+                return absent
+            raise
 
     def create_object(
         self,
@@ -184,37 +210,13 @@ class KubeApi:
     ) -> dict[str, Any] | None:
         """Create ``body``; ``None`` when an object of that name already exists (409)."""
         name = str(body.get("metadata", {}).get("name", "?"))
-        try:
-            return self._call(
-                (group, plural, "create"),
-                namespace,
-                name,
-                lambda: self._custom.create_namespaced_custom_object(
-                    group, version, namespace, plural, body, _request_timeout=self._timeout
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 409:
-                return None
-            raise
+        return self._custom_call("create", version, plural, namespace, name, body, group=group)
 
     def get_object(
         self, version: str, plural: str, namespace: str, name: str, *, group: str = GROUP
     ) -> dict[str, Any] | None:
         """The object, or ``None`` when there is none of that name (404)."""
-        try:
-            return self._call(
-                (group, plural, "get"),
-                namespace,
-                name,
-                lambda: self._custom.get_namespaced_custom_object(
-                    group, version, namespace, plural, name, _request_timeout=self._timeout
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._custom_call("get", version, plural, namespace, name, name, group=group)
 
     def patch_object(
         self,
@@ -227,44 +229,19 @@ class KubeApi:
         group: str = GROUP,
     ) -> dict[str, Any] | None:
         """JSON-merge-patch the object; ``None`` when it is gone (404)."""
-        try:
-            return self._call(
-                (group, plural, "patch"),
-                namespace,
-                name,
-                lambda: self._custom.patch_namespaced_custom_object(
-                    group, version, namespace, plural, name, patch, _request_timeout=self._timeout
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._custom_call(
+            "patch", version, plural, namespace, name, name, patch, group=group
+        )
 
     def delete_object(
         self, version: str, plural: str, namespace: str, name: str, *, group: str = GROUP
     ) -> bool:
         """Delete the object (dependents in the background); ``False`` if already gone."""
-        try:
-            self._call(
-                (group, plural, "delete"),
-                namespace,
-                name,
-                lambda: self._custom.delete_namespaced_custom_object(
-                    group,
-                    version,
-                    namespace,
-                    plural,
-                    name,
-                    propagation_policy="Background",
-                    _request_timeout=self._timeout,
-                ),
-            )
-        except KubeApiError as e:
-            if e.status == 404:
-                return False
-            raise
-        return True
+        deleted = self._custom_call(
+            "delete", version, plural, namespace, name, name, group=group, absent=False,
+            propagation_policy="Background",
+        )  # fmt: skip
+        return deleted is not False
 
     def list_trials(self, namespace: str, experiment: str) -> list[dict[str, Any]]:
         """The Trials of ``experiment`` (by Katib's experiment label)."""

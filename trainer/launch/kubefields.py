@@ -1,4 +1,4 @@
-"""Checks of Kubernetes field values (names, labels, quantities, tolerations) for the job specs.
+"""Checks of Kubernetes field values (names, labels, quantities, runtimes) for the job specs.
 
 Each check raises :class:`~trainer.errors.InputError` naming the spec's field, so a value the API
 server or an operator would refuse fails in the step, with the field a user can fix.
@@ -10,23 +10,21 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Literal
 
-from trainer.config import require
+from trainer.base.typedconfig import require
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _QUANTITY = re.compile(
     r"^(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
     r"(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 )
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 
 
 def parse_quantity(text: str, name: str) -> Decimal:
@@ -82,37 +80,6 @@ def check_labels(labels: dict[str, str], name: str, reserved: Collection[str] = 
             "must not set a label gpupipe sets itself",
             key,
         )
-
-
-def check_toleration(tol: dict[str, Any], name: str) -> None:
-    # The CRD is structural, so the API server drops unknown keys silently: a typo like
-    # "efect" would turn a NoSchedule toleration into one that tolerates every effect.
-    unknown = sorted(set(tol) - _TOLERATION_KEYS)
-    require(
-        not unknown, name, f"has unknown keys {unknown} (allowed: {sorted(_TOLERATION_KEYS)})", tol
-    )
-    op = tol.get("operator", "Equal")
-    require(op in ("Equal", "Exists"), f"{name}.operator", "must be 'Equal' or 'Exists'", op)
-    require(
-        op != "Exists" or "value" not in tol,
-        f"{name}.value",
-        "must be unset when operator is 'Exists'",
-        tol.get("value"),
-    )
-    effect = tol.get("effect", "")
-    require(
-        effect in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"),
-        f"{name}.effect",
-        "must be NoSchedule, PreferNoSchedule, NoExecute or empty",
-        effect,
-    )
-    seconds = tol.get("tolerationSeconds")
-    require(
-        seconds is None or (isinstance(seconds, int) and effect == "NoExecute"),
-        f"{name}.tolerationSeconds",
-        "must be an integer and needs effect 'NoExecute'",
-        seconds,
-    )
 
 
 DEFAULT_RUNTIME = "torch-distributed"

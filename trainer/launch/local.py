@@ -23,9 +23,10 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from trainer.errors import InputError, StepFailure, parse_error_line
+from trainer.base.errors import InputError, StepFailure, parse_error_line
+from trainer.base.redact import redact
+from trainer.launch import TrainingRun
 from trainer.launch.torchrun import torchrun_command
-from trainer.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -142,21 +143,16 @@ class LocalLauncher:
         self.grace_s = grace_s
         self.env = env
 
-    def launch(
-        self,
-        *,
-        job_name: str,
-        config_uri: str,
-        nproc_per_node: int,
-        nnodes: int,
-        timeout_s: int | None,
-    ) -> None:
+    def launch(self, run: TrainingRun) -> None:
         """Run the job here and return when it succeeded (see :class:`trainer.launch.Launcher`)."""
-        if nnodes != 1:
+        if run.nnodes != 1:
             raise InputError(
-                "E_CONFIG", f"the local launcher runs one node, got nnodes={nnodes}", "train.nnodes"
+                "E_CONFIG",
+                f"the local launcher runs one node, got nnodes={run.nnodes}",
+                "train.nnodes",
             )
-        cmd = torchrun_command(config_uri, nproc_per_node=nproc_per_node, standalone=True)
+        job_name, timeout_s = run.job_name, run.timeout_s
+        cmd = torchrun_command(run.config_uri, nproc_per_node=run.procs_per_node, standalone=True)
         env = dict(os.environ if self.env is None else self.env)
         env["GPUPIPE_JOB"] = job_name
         env.setdefault("OMP_NUM_THREADS", "1")

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from trainer.errors import InputError, StepFailure, parse_error_line
+from trainer.base.errors import InputError, StepFailure, parse_error_line
+from trainer.base.redact import redact
 from trainer.launch.kube import CONTAINER, KubeApi
-from trainer.redact import redact
 
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
 _LOG_OVERLAP_S = 5

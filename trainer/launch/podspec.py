@@ -1,57 +1,61 @@
-"""The pod pieces every job resource carries, built from one
-:class:`~trainer.launch.jobspec.JobSpec`: labels, annotations, owner, the training container's
-environment, resources and mounts, and the restricted Pod Security contexts. A PyTorchJob puts
-them in each replica's pod template; a TrainJob in its ``trainer`` fields and its runtime patch."""
+"""The pieces every job resource carries, built from one :class:`~trainer.launch.jobspec.JobSpec`:
+metadata, the training container's environment, resources and mounts, the pod's placement and
+the restricted Pod Security contexts. A PyTorchJob puts them in each replica's pod template; a
+TrainJob in its ``trainer`` fields and its runtime patch.
+
+What is the same for every job is fixed here, not a setting: a read-only root filesystem with a
+writable ``/tmp`` (also ``HOME``), the image's non-root user, no Istio sidecar, and NCCL's
+asynchronous error handling (a hung rank ends the job instead of holding its GPUs)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.launch.jobspec import ISTIO_INJECT, LABEL_APP, LABEL_JOB, JobSpec
+from trainer.launch.jobspec import ISTIO_INJECT, LABEL_APP, LABEL_JOB, OBJECT_STORE_ENV, JobSpec
+
+RUN_AS_USER = 1000
+"""UID (and GID) of the training processes: the image's non-root user."""
+DEFAULT_ENV = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+"""The training container's environment before the user's ``env``: ``HOME`` on the writable
+``/tmp``; ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` aborts the communicator and the process on a
+failed or timed-out collective."""
 
 
 def job_labels(spec: JobSpec) -> dict[str, str]:
     """Labels of the job and its pods: the user's, then gpupipe's own."""
-    return {**spec.labels, LABEL_APP: "gpupipe", LABEL_JOB: spec.name}
+    return {**spec.cluster.labels, LABEL_APP: "gpupipe", LABEL_JOB: spec.name}
 
 
 def pod_annotations(spec: JobSpec) -> dict[str, str]:
     """Annotations of the job's pods: the user's, and no Istio sidecar."""
-    return {**spec.annotations, ISTIO_INJECT: "false"}
+    return {**spec.cluster.annotations, ISTIO_INJECT: "false"}
 
 
-def owner_references(spec: JobSpec) -> list[dict[str, Any]]:
-    """The job's ownerReferences: the launcher pod, when known (see :class:`OwnerRef`)."""
-    if spec.owner is None:
-        return []
-    return [
-        {
-            "apiVersion": spec.owner.api_version,
-            "kind": spec.owner.kind,
-            "name": spec.owner.name,
-            "uid": spec.owner.uid,
-            "controller": False,
-            "blockOwnerDeletion": False,
-        }
-    ]
+def job_metadata(spec: JobSpec) -> dict[str, Any]:
+    """The job's own metadata: name, namespace, labels and the user's annotations (the launcher
+    pod's ownerReference is added by the watch loop, which knows the pod)."""
+    metadata: dict[str, Any] = {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "labels": job_labels(spec),
+    }
+    if spec.cluster.annotations:
+        metadata["annotations"] = dict(spec.cluster.annotations)
+    return metadata
 
 
 def container_env(spec: JobSpec) -> list[dict[str, Any]]:
-    """The training container's environment: gpupipe's defaults, NCCL, the user's, secrets."""
-    plain = {"GPUPIPE_JOB": spec.name, "PYTHONUNBUFFERED": "1"}
-    if spec.read_only_root_fs:
-        plain["HOME"] = "/tmp"
-    plain |= spec.nccl.env()
-    plain |= spec.env
-    plain["GPUPIPE_JOB"] = spec.name  # the trainer's logs use it as the job id
+    """The training container's environment: gpupipe's defaults, the user's, secrets."""
+    plain = {"GPUPIPE_JOB": spec.name, **DEFAULT_ENV, **spec.cluster.env}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
-    env += [
-        {
-            "name": s.env,
-            "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key, "optional": s.optional}},
-        }
-        for s in spec.secret_env
-    ]
+    if secret := spec.cluster.object_store_secret:
+        env += [
+            {
+                "name": name,
+                "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": False}},
+            }
+            for key, name in OBJECT_STORE_ENV.items()
+        ]
     return env
 
 
@@ -60,13 +64,13 @@ def container_resources(spec: JobSpec) -> dict[str, Any]:
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     for kind in ("cpu", "memory"):
-        if (req := getattr(spec, f"{kind}_request")) is not None:
+        if (req := getattr(spec.cluster, f"{kind}_request")) is not None:
             requests[kind] = req
-        if (lim := getattr(spec, f"{kind}_limit")) is not None:
+        if (lim := getattr(spec.cluster, f"{kind}_limit")) is not None:
             limits[kind] = lim
-    if spec.gpus_per_node > 0:
+    if spec.run.gpus_per_node > 0:
         # Extended resources are limits only; the API server copies them to requests.
-        limits[spec.gpu_resource] = str(spec.gpus_per_node)
+        limits[spec.cluster.gpu_resource] = str(spec.run.gpus_per_node)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -77,33 +81,47 @@ def container_resources(spec: JobSpec) -> dict[str, Any]:
 
 def pod_volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, the training container's mounts): memory-backed /dev/shm, and a writable /tmp
-    under a read-only root."""
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    under the read-only root."""
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}]
     volumes: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.cluster.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
     ]
-    if spec.read_only_root_fs:
-        mounts.append({"name": "tmp", "mountPath": "/tmp"})
-        volumes.append({"name": "tmp", "emptyDir": {}})
     return volumes, mounts
 
 
-def container_security_context(spec: JobSpec) -> dict[str, Any]:
+def pod_placement(spec: JobSpec) -> dict[str, Any]:
+    """The pod spec's identity and placement: service account, pull secrets, node selector,
+    tolerations (each only where set)."""
+    c = spec.cluster
+    pod: dict[str, Any] = {}
+    if c.service_account is not None:
+        pod["serviceAccountName"] = c.service_account
+    if c.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s} for s in c.image_pull_secrets]
+    if c.node_selector:
+        pod["nodeSelector"] = dict(c.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = spec.tolerations
+    return pod
+
+
+def container_security_context() -> dict[str, Any]:
     """The restricted Pod Security Standard for the training container."""
     return {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
-        "readOnlyRootFilesystem": spec.read_only_root_fs,
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
     }
 
 
-def pod_security_context(spec: JobSpec) -> dict[str, Any]:
+def pod_security_context() -> dict[str, Any]:
     """The restricted Pod Security Standard for the pod: non-root, RuntimeDefault seccomp."""
     return {
         "runAsNonRoot": True,
-        "runAsUser": spec.run_as_user,
-        "runAsGroup": spec.run_as_user,
-        "fsGroup": spec.run_as_user,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
         "seccompProfile": {"type": "RuntimeDefault"},
     }

@@ -4,32 +4,15 @@ Operator job (:func:`build_pytorchjob`) and run on the one watch loop
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.launch.joblauncher import ClusterJobLauncher
+from trainer.launch import podspec
+from trainer.launch.joblauncher import ClusterJobLauncher, JobResource
 from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
-from trainer.launch.kube import PLURAL, VERSION, KubeApi
+from trainer.launch.kube import PLURAL, VERSION
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
-from trainer.launch.podlog import PodLog
-from trainer.launch.podspec import (
-    container_env,
-    container_resources,
-    container_security_context,
-    job_labels,
-    owner_references,
-    pod_annotations,
-    pod_security_context,
-    pod_volumes,
-)
-from trainer.launch.watch import (
-    TERMINAL,
-    LaunchCancelled,
-    PodRef,
-    Resource,
-    job_state,
-)
+from trainer.launch.watch import LaunchCancelled, PodRef, job_state
 
 __all__ = [
     "API_CALLS",
@@ -40,44 +23,45 @@ __all__ = [
     "job_state",
 ]
 
-log = logging.getLogger(__name__)
-
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
 CONTAINER_NAME = "pytorch"
 """The operator injects its variables into the container of this name only."""
 PORT_NAME = "pytorchjob-port"
 """The operator takes ``MASTER_PORT`` from the container port of this name."""
+MASTER_PORT = 23456
+"""Rendezvous port of the master (the operator's default)."""
+RESTART_POLICY = "ExitCode"
+"""Exit codes 1-127 (bad input, bugs) fail the job, 128-255 (signals, preemption) restart the
+pod. ``Always`` would restart a finished pod forever."""
+RUN_POLICY = {"cleanPodPolicy": "Running", "backoffLimit": 3, "ttlSecondsAfterFinished": 86400}
+"""``Running``: pods still running when the job ends are deleted (their GPUs freed), failed pods
+kept for their logs; three pod restarts under :data:`RESTART_POLICY`; the operator deletes the
+finished job after a day."""
 
 
 def _pod_template(spec: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
-    volumes, mounts = pod_volumes(spec)
+    volumes, mounts = podspec.pod_volumes(spec)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": spec.image,
-        "command": [*WORKER_COMMAND, spec.config_uri],
-        "env": container_env(spec),
-        "ports": [{"name": PORT_NAME, "containerPort": spec.port, "protocol": "TCP"}],
-        "resources": container_resources(spec),
+        "image": spec.cluster.image,
+        "command": [*WORKER_COMMAND, spec.run.config_uri],
+        "env": podspec.container_env(spec),
+        "ports": [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "resources": podspec.container_resources(spec),
         "volumeMounts": mounts,
-        "securityContext": container_security_context(spec),
+        "securityContext": podspec.container_security_context(),
     }
     pod: dict[str, Any] = {
-        "securityContext": pod_security_context(spec),
-        "automountServiceAccountToken": spec.automount_service_account_token,
+        "securityContext": podspec.pod_security_context(),
+        # Training never calls the Kubernetes API: no token in its pods.
+        "automountServiceAccountToken": False,
         "containers": [container],
         "volumes": volumes,
+        **podspec.pod_placement(spec),
     }
-    if spec.service_account is not None:
-        pod["serviceAccountName"] = spec.service_account
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = [dict(t) for t in spec.tolerations]
     return {
-        "metadata": {"labels": dict(labels), "annotations": pod_annotations(spec)},
+        "metadata": {"labels": dict(labels), "annotations": podspec.pod_annotations(spec)},
         "spec": pod,
     }
 
@@ -92,41 +76,32 @@ def build_pytorchjob(spec: JobSpec) -> dict[str, Any]:
         A complete ``kubeflow.org/v1`` PyTorchJob (apiVersion, kind, metadata, spec) that
         validates against the upstream CRD schema and the operator's webhook rules.
     """
-    labels = job_labels(spec)
-    metadata: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "labels": labels}
-    if spec.annotations:
-        metadata["annotations"] = dict(spec.annotations)
-    if owners := owner_references(spec):
-        metadata["ownerReferences"] = owners
+    metadata = podspec.job_metadata(spec)
     replicas: dict[str, Any] = {
         "Master": {
             "replicas": 1,
-            "restartPolicy": spec.restart_policy,
-            "template": _pod_template(spec, labels),
+            "restartPolicy": RESTART_POLICY,
+            "template": _pod_template(spec, metadata["labels"]),
         }
     }
-    if spec.nnodes > 1:
+    if spec.run.nnodes > 1:
         replicas["Worker"] = {
-            "replicas": spec.nnodes - 1,
-            "restartPolicy": spec.restart_policy,
-            "template": _pod_template(spec, labels),
+            "replicas": spec.run.nnodes - 1,
+            "restartPolicy": RESTART_POLICY,
+            "template": _pod_template(spec, metadata["labels"]),
         }
-    run_policy: dict[str, Any] = {
-        "cleanPodPolicy": spec.clean_pod_policy,
-        "backoffLimit": spec.backoff_limit,
+    run_policy: dict[str, Any] = dict(RUN_POLICY)
+    if spec.run.timeout_s is not None:
+        run_policy["activeDeadlineSeconds"] = spec.run.timeout_s
+    sched = {
+        key: value
+        for key, value in (
+            ("queue", spec.cluster.gang_queue),
+            ("priorityClass", spec.cluster.gang_priority_class),
+        )
+        if value is not None
     }
-    if spec.active_deadline_s is not None:
-        run_policy["activeDeadlineSeconds"] = spec.active_deadline_s
-    if spec.ttl_s is not None:
-        run_policy["ttlSecondsAfterFinished"] = spec.ttl_s
-    if spec.scheduling is not None:
-        sched: dict[str, Any] = {}
-        if spec.scheduling.queue is not None:
-            sched["queue"] = spec.scheduling.queue
-        if spec.scheduling.priority_class is not None:
-            sched["priorityClass"] = spec.scheduling.priority_class
-        if spec.scheduling.min_available is not None:
-            sched["minAvailable"] = spec.scheduling.min_available
+    if sched:
         run_policy["schedulingPolicy"] = sched
     return {
         "apiVersion": API_VERSION,
@@ -140,37 +115,14 @@ def build_pytorchjob(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-class _PyTorchJob(Resource):
-    """A PyTorchJob on the watch loop: its state is logged and its master's log streamed."""
+class _PyTorchJob(JobResource):
+    """A PyTorchJob on the watch loop: its master's log is streamed."""
 
     kind = "PyTorchJob"
     kubectl = "pytorchjob"
     version = VERSION
     plural = PLURAL
-
-    def __init__(self, api: KubeApi, namespace: str, name: str, log_tail: int) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.name = name
-        self.log_tail = log_tail
-        self.reported: str | None = None
-        self.pod: dict[str, Any] | None = None
-        self.master = PodLog(api, namespace, tail=log_tail, reattached=False)
-
-    def observe(self, obj: dict[str, Any], state: str) -> bool:
-        if state != self.reported:
-            log.info("PyTorchJob %s/%s: %s", self.namespace, self.name, state)
-            self.reported = state
-        self.pod = self.master_pod()
-        self.master.pump(self.pod)
-        return state in TERMINAL
-
-    def on_adopt(self) -> None:
-        # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
-        self.master = PodLog(self.api, self.namespace, tail=self.log_tail, reattached=True)
-
-    def describe(self, state: str) -> str:
-        return f"train.timeout_s; it was {state}"
+    container = CONTAINER_NAME
 
     def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         if ((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"):
@@ -180,56 +132,15 @@ class _PyTorchJob(Resource):
     def suspend_patch(self) -> dict[str, Any] | None:
         return {"spec": {"runPolicy": {"suspend": True}}}
 
-    def master_pod(self) -> dict[str, Any] | None:
-        """The live master pod (the newest, while the operator replaces one)."""
-        pods = self.api.master_pods(self.namespace, self.name)
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")] or pods
-        if not live:
-            return None
-        return max(live, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""))
+    def pods(self) -> list[dict[str, Any]]:
+        return self.api.master_pods(self.namespace, self.name)
 
 
 class PyTorchJobLauncher(ClusterJobLauncher):
-    """Runs the training job as a Training Operator PyTorchJob and waits for its outcome.
+    """Runs the training job as a Training Operator PyTorchJob and waits for its outcome,
+    streaming the master's log (see :class:`~trainer.launch.joblauncher.ClusterJobLauncher`)."""
 
-    The job is named by the caller from the KFP run and task, so a retried or restarted step
-    finds its job and re-attaches instead of creating a second one (a finished job is reported,
-    not re-run; a suspended one is resumed). While waiting it streams the master's log into
-    this step's stdout. When the job fails, the deadline passes or the step is cancelled
-    (SIGTERM), ``on_exit`` decides what happens to the job: ``delete`` it (and its pods),
-    ``keep`` it for inspection, or ``suspend`` it (pods go, the job and its state stay).
+    resource = _PyTorchJob
 
-    Args:
-        namespace: namespace of the job (the launcher pod's, for the ownerReference).
-        cluster: the step's cluster settings, which :meth:`launch` turns into a
-            :class:`JobSpec`; :meth:`run` takes a :class:`JobSpec` as it is.
-        api: the Kubernetes API; ``None``: in-cluster config, else the kubeconfig.
-        on_exit: what to do with the job on failure, deadline and cancellation.
-        poll_s: seconds between looks at the job and its log.
-        log_tail: master log lines kept for a failure's message.
-        own_pod: the launcher's pod; the job gets an ownerReference to it.
-
-    Raises:
-        ValueError: an argument is out of range.
-    """
-
-    def run(self, spec: JobSpec, *, timeout_s: float | None) -> None:
-        """Create (or re-attach to) the PyTorchJob of ``spec``; return when it succeeded.
-
-        Raises:
-            ValueError: ``spec`` is for another namespace.
-            InputError, RuntimeError, TimeoutError: as :meth:`launch`.
-        """
-        self.check_namespace(spec)
-        job = _PyTorchJob(self.api, self.namespace, spec.name, self.log_tail)
-        watch = self.watch(job, spec.name, timeout_s)
-        found = watch.run(build_pytorchjob(spec))
-        if watch.state == "Succeeded":
-            log.info("PyTorchJob %s succeeded", watch.ref)
-            return
-        diagnosis = watch.diagnose(found, pod=job.pod, pod_log=job.master, container=CONTAINER_NAME)
-        done = watch.apply_on_exit()
-        if job.master.errors:
-            log.error("%s\n%s", diagnosis, done)
-            raise job.master.errors[0]
-        raise RuntimeError(f"{diagnosis}\n{done}")
+    def build(self, spec: JobSpec) -> dict[str, Any]:
+        return build_pytorchjob(spec)

@@ -42,8 +42,8 @@ import tempfile
 from collections.abc import Mapping
 from types import FrameType
 
-from trainer.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED
-from trainer.exitcodes import (
+from trainer.base.errors import EXIT_BAD_INPUT, EXIT_PEER_LOST, EXIT_PREEMPTED
+from trainer.base.exitcodes import (
     EXIT_DIR_ENV,
     read_exit_codes,
     read_vanished,

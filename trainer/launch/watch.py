@@ -15,7 +15,7 @@ state, what to print while it runs, how to resume and suspend it. The loop is th
 - **on_exit**: when the step fails, times out or is cancelled, ``delete`` the object, ``keep`` it
   for inspection, or ``suspend`` it (where the resource can be suspended);
 - **diagnose**: a failed object's conditions, recent events, a container's exit code and the
-  last log lines of its main pod, in one message.
+  last log lines of its main pod, in one message (:mod:`trainer.launch.diagnosis`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Literal, Self
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.launch.diagnosis import diagnose, event_time
 from trainer.launch.kube import GROUP, KubeApi, KubeApiError
 from trainer.launch.podlog import PodLog
-from trainer.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,6 @@ REFUSAL_CHECK_POLLS = 5
 """Every this many polls the wait looks for a Pod Security refusal of the object's pods."""
 GONE_WAIT_S = 600.0
 """Longest wait for an earlier attempt's object to finish being deleted (a stuck finalizer)."""
-_EVENTS_SHOWN = 10
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -249,6 +248,19 @@ class Watch:
         r = self.resource
         return self.api.get_object(r.version, r.plural, self.ns, self.name, group=r.group)
 
+    def _release(self) -> dict[str, Any] | None:
+        """The patch that drops this launcher pod from the object's owners, or None.
+
+        A kept or suspended job must outlive the launcher: KFP cancels a step by deleting its
+        pod, and the garbage collector then deletes what the pod owns (seen on the cluster: a
+        TrainJob suspended on SIGTERM was gone a moment later). A retry adopts it again.
+        """
+        if self.own_pod is None or (obj := self._get()) is None:
+            return None
+        owners = list((obj.get("metadata") or {}).get("ownerReferences") or [])
+        kept = [o for o in owners if o.get("uid") != self.own_pod.uid]
+        return {"metadata": {"ownerReferences": kept}} if len(kept) != len(owners) else None
+
     def _patch(self, patch: dict[str, Any]) -> dict[str, Any] | None:
         r = self.resource
         return self.api.patch_object(r.version, r.plural, self.ns, self.name, patch, group=r.group)
@@ -341,7 +353,7 @@ class Watch:
             events = self.api.events(self.ns, self.name)
         except KubeApiError:
             return None  # events are a diagnosis aid: their absence must not fail the wait
-        for e in sorted(events, key=_event_time, reverse=True):
+        for e in sorted(events, key=event_time, reverse=True):
             message = str(e.get("message") or "")
             if e.get("type") == "Warning" and "violates PodSecurity" in message:
                 return " ".join(message.split())
@@ -353,10 +365,12 @@ class Watch:
         r = self.resource
         try:
             if how == "keep":
+                if (release := self._release()) is not None:
+                    self._patch(release)
                 how_to = f"kubectl delete {r.kubectl} -n {self.ns} {self.name}"
                 return f"it was kept (on_exit=keep): {how_to}"
             if how == "suspend" and (patch := r.suspend_patch()) is not None:
-                if self._patch(patch) is None:
+                if self._patch(patch | (self._release() or {})) is None:
                     return "it was already gone"
                 return "it was suspended (on_exit=suspend); a retry of the step resumes it"
             if not self.api.delete_object(r.version, r.plural, self.ns, self.name, group=r.group):
@@ -376,42 +390,11 @@ class Watch:
         container: str,
         role: str = "master",
     ) -> str:
-        """Why the object failed: conditions, the pod's exit code, recent events, last lines."""
-        conds = (obj.get("status") or {}).get("conditions") or []
-        failed: Mapping[str, Any] = next(
-            (c for c in reversed(conds) if c.get("type") == "Failed"), {}
-        )
-        parts = [
-            f"{self.what} failed: "
-            f"{failed.get('reason', 'Failed')}: {failed.get('message', '(no message)')}",
-            "conditions: " + "; ".join(_condition(c) for c in conds),
-        ]
-        if (exit_line := _exit_code(pod, container, role)) is not None:
-            parts.append(exit_line)
-        parts.append(self._events(pod))
-        try:
-            lines = pod_log.last_lines(pod)
-        except KubeApiError as e:
-            lines = [f"(log unavailable: {e})"]
-        name = pod["metadata"]["name"] if pod else "gone"
-        parts.append(f"last {len(lines)} lines of the {role}'s log (pod {name}):")
-        parts += [f"  {line}" for line in lines]
-        return redact("\n".join(parts))
-
-    def _events(self, pod: Mapping[str, Any] | None) -> str:
-        names = [self.name] + ([pod["metadata"]["name"]] if pod else [])
-        try:
-            events = [e for n in names for e in self.api.events(self.ns, n)]
-        except KubeApiError as e:
-            return f"recent events: unavailable ({e})"
-        events.sort(key=_event_time)
-        shown = [
-            f"  {e.get('type', '')} {e.get('reason', '')} "
-            f"{(e.get('involvedObject') or {}).get('kind', '')}/"
-            f"{(e.get('involvedObject') or {}).get('name', '')}: {e.get('message', '')}"
-            for e in events[-_EVENTS_SHOWN:]
-        ]
-        return "\n".join(["recent events:", *shown] if shown else ["recent events: none"])
+        """Why the object failed (:func:`trainer.launch.diagnosis.diagnose`)."""
+        return diagnose(
+            self.api, self.ns, self.name, self.what, obj,
+            pod=pod, pod_log=pod_log, container=container, role=role,
+        )  # fmt: skip
 
     def check(self) -> None:
         """Leave the wait (via :class:`_Stop`) on cancellation or past the deadline."""
@@ -522,43 +505,3 @@ class ResourceLauncher:
             own_pod=self.own_pod,
             report=report,
         )
-
-
-# --------------------------------------------------------------------------------------------
-# Diagnosis
-# --------------------------------------------------------------------------------------------
-
-
-def _condition(cond: Mapping[str, Any]) -> str:
-    text = f"{cond.get('type')}={cond.get('status')}"
-    if cond.get("status") == "True" and (cond.get("reason") or cond.get("message")):
-        text += f" ({cond.get('reason', '')}: {cond.get('message', '')})"
-    return text
-
-
-def _exit_code(pod: Mapping[str, Any] | None, container: str, role: str) -> str | None:
-    """How the pod's ``container`` ended, if it has."""
-    if pod is None:
-        return None
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") != container:
-            continue
-        for key in ("state", "lastState"):
-            ended = (status.get(key) or {}).get("terminated")
-            if ended:
-                return (
-                    f"{role} pod {pod['metadata']['name']}: container {container} exited with "
-                    f"code {ended.get('exitCode')} ({ended.get('reason', 'no reason')})"
-                )
-    return None
-
-
-def _event_time(event: Mapping[str, Any]) -> str:
-    meta = event.get("metadata") or {}
-    return str(
-        event.get("lastTimestamp")
-        or event.get("eventTime")
-        or event.get("firstTimestamp")
-        or meta.get("creationTimestamp")
-        or ""
-    )

@@ -27,7 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config import EarlyStoppingConfig, OptimConfig, TrainConfig, require
+from trainer.base.typedconfig import require
+from trainer.config import EarlyStoppingConfig, OptimConfig, TrainConfig
 
 __all__ = [
     "AUTO_FIELDS",

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from trainer import outputs
-from trainer.errors import InputError
+from trainer.base import outputs
+from trainer.base.errors import InputError
 
 STEP = "demo-data"
 """The producer recorded in the demo table's output marker."""

@@ -13,12 +13,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer import outputs, storage
-from trainer.data import TabularDataset
-from trainer.errors import InputError
-from trainer.export import LoadedModel, load_model
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.redact import redact
+from trainer.base.typedconfig import from_dict
+from trainer.data.datasets import TabularDataset
 from trainer.models import validate_plugin_entries
-from trainer.redact import redact
+from trainer.models.export import LoadedModel, load_model
 from trainer.steps import report
 from trainer.steps.auto_settings import AUTO_SETTINGS_FILE
 from trainer.steps.baselines import baseline_label, fit_and_score
@@ -87,6 +88,26 @@ class EvaluateConfig:
                 f"split must name a split such as 'test' (no slashes), got {self.split!r}",
                 "split",
             )
+
+
+def evaluate_config(
+    *, gate_metric: str, gate_threshold: float, gate_baseline: str, model_name: str
+) -> EvaluateConfig:
+    """The evaluate step's config for pipeline parameters (same names, defaulted once, in the
+    pipeline's signature): the one mapping the component and the pipeline's parameter check
+    share.
+
+    ``gate_threshold`` 0 means no threshold. ``model_name`` is the pipeline's model: a plugin
+    (``package.module:build``) named there is the only code a model artifact may make the step
+    import, and only from the installed environment.
+
+    Raises:
+        InputError: a bad value, naming the field (``gate.metric``, ``gate.threshold``,
+            ``gate.baseline``, ``model_plugins``).
+    """
+    gate = {"metric": gate_metric, "threshold": gate_threshold or None, "baseline": gate_baseline}
+    plugins = [model_name] if ":" in model_name else []
+    return from_dict(EvaluateConfig, {"gate": gate, "model_plugins": plugins})
 
 
 # --- Loading --------------------------------------------------------------------------------------

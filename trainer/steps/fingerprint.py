@@ -21,8 +21,8 @@ import hashlib
 
 import pyarrow.fs as pafs
 
-from trainer import storage
-from trainer.errors import InputError
+from trainer.base import storage
+from trainer.base.errors import InputError
 
 FORMAT = "fp1"
 """Prefix of every fingerprint: a scheme change changes every key."""

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trainer.errors import InputError
+from trainer.base.errors import InputError
 from trainer.steps.metrics import HIGHER_IS_BETTER, is_number
 
 __all__ = ["MIN_GATE_ROWS", "GateConfig", "decide_gate", "stored_metric"]

@@ -13,16 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer import storage
-from trainer.errors import InputError
-from trainer.steps.columns import (
-    _comma_numbers_notice,
-    _refuse_dates,
-    check_splits,
-    target_column,
-)
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.steps.columns import _comma_numbers_notice, _refuse_dates, target_column
 from trainer.steps.gate import MIN_GATE_ROWS
 from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.splits import check_splits
 from trainer.steps.tabular import (
     HEAD_BYTES,
     RawInput,

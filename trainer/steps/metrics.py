@@ -14,8 +14,8 @@ from typing import Any, TypeGuard
 import numpy as np
 import torch
 
-from trainer.data import TabularDataset
-from trainer.export import LoadedModel, predict
+from trainer.data.datasets import TabularDataset
+from trainer.models.export import LoadedModel, predict
 
 __all__ = [
     "AUTO_METRIC",

@@ -17,17 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer import storage
-from trainer.errors import InputError
-from trainer.outputs import atomic_dir, check_output_location
-from trainer.steps.columns import (
-    check_scaled,
-    check_splits,
-    feature_columns,
-    target_column,
-)
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.base.outputs import atomic_dir, check_output_location
+from trainer.steps.columns import feature_columns, target_column
 from trainer.steps.fingerprint import data_fingerprint
 from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.splits import check_scaled, check_splits
 from trainer.steps.tabular import (
     CategoricalFit,
     NoTrainingValues,

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import codecs
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer.config import apply_overrides, from_dict, require
-from trainer.errors import InputError
+from trainer.base.typedconfig import apply_overrides, from_dict, json_object, require
 from trainer.steps.tabular import (
     CsvOptions,
 )
@@ -139,30 +137,22 @@ def config_from_parameters(
     target: str,
     task: str,
     seed: int,
-    column_roles_json: str = "{}",
-    csv_delimiter: str = "auto",
-    csv_header: bool = True,
-    csv_encoding: str = "utf-8",
-    csv_null_values: str = "",
-    csv_decimal: str = ".",
-    config_json: str = "{}",
+    column_roles_json: str | dict[str, Any],
+    csv_delimiter: str,
+    csv_header: bool,
+    csv_encoding: str,
+    csv_null_values: str,
+    csv_decimal: str,
+    preprocess_config_json: str | dict[str, Any],
 ) -> PreprocessConfig:
-    """The step's config from the pipeline's parameters (what the KFP component receives).
+    """The step's config from the pipeline's parameters (same names, documented and defaulted
+    once, in the pipeline's signature): the one mapping the component and the pipeline's
+    parameter check share.
 
-    ``config_json`` (the pipeline's ``preprocess_config_json``) holds further
-    :class:`PreprocessConfig` fields, dotted or nested, applied last.
-
-    Args:
-        target: Target column.
-        task: ``auto``, ``classification`` or ``regression``.
-        seed: Split seed.
-        column_roles_json: JSON object ``{"column": "numeric" | "categorical" | "drop"}``.
-        csv_delimiter: One character, ``tab`` or ``auto``.
-        csv_header: Whether CSV files start with a header line.
-        csv_encoding: Text encoding of CSV files.
-        csv_null_values: Extra CSV values read as missing, comma-separated (``?,-``).
-        csv_decimal: Decimal separator of CSV numbers, ``.`` or ``,``.
-        config_json: JSON object of further fields (``{"val_fraction": 0.2}``).
+    ``column_roles_json`` is a JSON object ``{"column": "numeric" | "categorical" | "drop"}``;
+    ``csv_null_values`` comma-separated extra missing values (``?,-``);
+    ``preprocess_config_json`` further :class:`PreprocessConfig` fields, dotted or nested,
+    applied last.
 
     Raises:
         InputError: ``E_PARAM`` for a parameter that is not the JSON it must be; ``E_CONFIG``
@@ -172,22 +162,12 @@ def config_from_parameters(
         "target": target,
         "task": task,
         "seed": seed,
-        "column_roles": _json_object(column_roles_json, "column_roles_json"),
+        "column_roles": json_object(column_roles_json, "column_roles_json"),
         "csv_delimiter": csv_delimiter,
         "csv_header": csv_header,
         "csv_encoding": csv_encoding,
         "csv_null_values": [v.strip() for v in csv_null_values.split(",") if v.strip()],
         "csv_decimal": csv_decimal,
     }
-    overrides = _json_object(config_json, "preprocess_config_json")
+    overrides = json_object(preprocess_config_json, "preprocess_config_json")
     return from_dict(PreprocessConfig, apply_overrides(base, overrides))
-
-
-def _json_object(text: str, name: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text or "{}")
-    except json.JSONDecodeError as e:
-        raise InputError("E_PARAM", f"{name} is not valid JSON ({e.msg}): {text!r}", name) from e
-    if not isinstance(value, dict):
-        raise InputError("E_PARAM", f"{name} must be a JSON object, got {text!r}", name)
-    return value

@@ -13,9 +13,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer import registry, storage
-from trainer.errors import InputError
-from trainer.export import META_FILE, WEIGHTS_FILE
+from trainer import registry
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict
+from trainer.models.export import META_FILE, WEIGHTS_FILE
 from trainer.steps.metrics import HIGHER_IS_BETTER
 
 if TYPE_CHECKING:
@@ -81,6 +83,37 @@ class RegisterConfig:
                 f"got {self.gate_metric!r}",
                 "register.gate_metric",
             )
+
+
+def register_config(
+    *,
+    registered_model_name: str,
+    registry_uri: str,
+    evaluated_metric: str = "",
+    evaluated_champion: str = "",
+) -> RegisterConfig:
+    """The register step's config for pipeline parameters (same names, defaulted once, in the
+    pipeline's signature): the one mapping the component and the pipeline's parameter check
+    share. ``registry_uri`` empty: the default registry.
+
+    Args:
+        registered_model_name: name of the model in the registry.
+        registry_uri: MLflow tracking URI.
+        evaluated_metric: the metric evaluate's gate compared (from its report).
+        evaluated_champion: the champion version evaluate compared against (from its report).
+
+    Raises:
+        InputError: a bad value, naming the field (``register.model_name`` ...).
+    """
+    return from_dict(
+        RegisterConfig,
+        {
+            "model_name": registered_model_name,
+            "tracking_uri": registry_uri or None,
+            "gate_metric": evaluated_metric,
+            "evaluated_champion": evaluated_champion,
+        },
+    )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from trainer.redact import redact
+from trainer.base.redact import redact
+from trainer.base.version import __version__
 from trainer.steps import figures
 from trainer.steps.baselines import baseline_label
 from trainer.steps.metrics import HIGHER_IS_BETTER, TASK_METRICS, EvaluateResult
-from trainer.version import __version__
 
 __all__ = ["render_report"]
 

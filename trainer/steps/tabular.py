@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from trainer import storage
-from trainer.errors import InputError
+from trainer.base import storage
+from trainer.base.errors import InputError
 
 # The split and the fitted transforms live in trainer.steps.encode; importable from here too.
 from trainer.steps.encode import (  # noqa: F401 - re-exported

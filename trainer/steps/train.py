@@ -10,35 +10,31 @@ Everything the job needs travels as URIs, never as local paths of the launcher.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer import outputs, storage
-from trainer.config import (
-    DistConfig,
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-    WorkerConfig,
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import (
     apply_overrides,
     from_dict,
+    json_object,
     require,
     to_dict,
     to_json,
 )
-from trainer.errors import InputError
-from trainer.launch import Launcher
+from trainer.config import DistConfig, ModelConfig, OptimConfig, TrainConfig, WorkerConfig
+from trainer.launch import Launcher, TrainingRun, processes_per_node
 
 # Re-exported: the pipeline's pod settings use them (the in-step train pod is a training pod).
 from trainer.launch.jobspec import GPU_TOLERATION as GPU_TOLERATION
 from trainer.launch.jobspec import OBJECT_STORE_ENV as OBJECT_STORE_ENV
 from trainer.launch.jobspec import SHM_SIZE as SHM_SIZE
 from trainer.launch.jobspec import TRAIN_POD_RESOURCES as TRAIN_POD_RESOURCES
-from trainer.launch.jobspec import ClusterConfig, JobSpec
+from trainer.launch.jobspec import ClusterConfig
 from trainer.launch.local import LocalLauncher
 from trainer.steps.auto_settings import (
     AUTO_FIELDS,
@@ -61,10 +57,11 @@ class TrainStepConfig:
     launcher: Literal["local", "pytorchjob", "trainjob"] = "local"
     """``local``: torchrun subprocess here; ``pytorchjob``: a Training Operator PyTorchJob;
     ``trainjob``: a Kubeflow Trainer v2 TrainJob."""
-    nproc_per_node: int = 1
-    """Processes per node: GPUs per node on a cluster, CPU processes locally."""
+    gpus_per_node: int = 0
+    """GPUs per node, one training process each; 0: one process per node (gloo on CPU). The
+    local launcher starts as many processes (on CPU where the machine has no GPU)."""
     nnodes: int = 1
-    """Nodes (PyTorchJob replicas); the local launcher supports 1."""
+    """Nodes (PyTorchJob replicas, TrainJob nodes); the local launcher supports 1."""
     timeout_s: int | None = None
     """Fail (and stop the job) if training has not finished after this many seconds."""
     checkpoint_every_steps: int = 100
@@ -91,7 +88,9 @@ class TrainStepConfig:
                 f"must be set for launcher {self.launcher!r}",
                 self.cluster.image,
             )
-        require(self.nproc_per_node > 0, "train.nproc_per_node", "must be > 0", self.nproc_per_node)
+            if self.launcher == "trainjob":
+                self.cluster.check_trainjob()
+        require(self.gpus_per_node >= 0, "train.gpus_per_node", "must be >= 0", self.gpus_per_node)
         require(self.nnodes > 0, "train.nnodes", "must be > 0", self.nnodes)
         require(
             self.timeout_s is None or self.timeout_s > 0,
@@ -106,63 +105,69 @@ class TrainStepConfig:
             self.checkpoint_every_steps,
         )
 
+    def training_run(self, *, job_name: str, config_uri: str) -> TrainingRun:
+        """The run every launcher gets: the one route of the step's nodes, GPUs and deadline."""
+        return TrainingRun(
+            job_name=job_name,
+            config_uri=config_uri,
+            gpus_per_node=self.gpus_per_node,
+            nnodes=self.nnodes,
+            timeout_s=self.timeout_s,
+        )
+
 
 def step_settings(
     *,
-    launcher: str = "local",
-    model_name: str = "mlp",
-    epochs: int = 0,
-    learning_rate: float = 0.001,
-    batch_size: int = 0,
-    seed: int = 0,
-    gpus_per_node: int = 1,
-    nodes: int = 1,
-    gpu_type: str = "nvidia.com/gpu",
-    gpu_node_selector: dict[str, Any] | None = None,
-    object_store_secret: str = "",
+    launcher: str,
+    model_name: str,
+    epochs: int,
+    learning_rate: float,
+    batch_size: int,
+    seed: int,
+    gpus_per_node: int,
+    nodes: int,
+    gpu_type: str,
+    gpu_node_selector: dict[str, Any],
+    object_store_secret: str,
+    trainer_runtime: str,
+    image_pull_secrets: list[str],
+    job_labels: dict[str, Any],
+    job_annotations: dict[str, Any],
+    job_env: dict[str, Any],
+    gang_queue: str,
+    gang_priority_class: str,
+    train_config_json: str | dict[str, Any],
+    hyperparams_json: str | dict[str, Any],
+    tuned_hyperparams_json: str | dict[str, Any] = "{}",
     cuda_image: str = "",
     cpu_image: str = "",
-    trainer_runtime: str = "torch-distributed",
-    train_config_json: str | dict[str, Any] = "{}",
-    hyperparams_json: str | dict[str, Any] = "{}",
-    tuned_hyperparams_json: str | dict[str, Any] = "{}",
 ) -> dict[str, Any]:
     """The train step's settings (a :class:`TrainStepConfig` dict) for pipeline parameters.
 
-    The one mapping from the training pipeline's parameters (same names) to the train step's
-    config: the train and tune components and ``gpupipe render`` all call it, so a trial, the
-    rendered job and the trained model start from the same settings. Overrides apply in this
-    order: ``train_config_json`` (any ``TrainStepConfig`` field), ``hyperparams_json`` (the
-    user's dotted overrides), ``tuned_hyperparams_json`` (the tune step's best parameters).
-    The result is not validated: ``from_dict(TrainStepConfig, ...)`` does that.
+    The one mapping from the training pipeline's parameters (same names, documented and
+    defaulted once, in the pipeline's signature) to the train step's config: the train and tune
+    components and ``gpupipe render`` all call it, so a trial, the rendered job and the trained
+    model start from the same settings. Overrides apply in this order: ``train_config_json``
+    (any ``TrainStepConfig`` field), ``hyperparams_json`` (the user's dotted overrides),
+    ``tuned_hyperparams_json`` (the tune step's best parameters). The result is not validated:
+    ``from_dict(TrainStepConfig, ...)`` does that.
+
+    The cluster parameters (``gpu_type`` to ``gang_priority_class``) fill the ``cluster``
+    section of the ``pytorchjob`` and ``trainjob`` launchers; ``trainer_runtime`` only a
+    TrainJob's. ``gpus_per_node`` is the run's, whatever the launcher.
 
     Args:
-        launcher: ``local``, ``pytorchjob`` or ``trainjob`` (the last two add the ``cluster``
-            section).
-        model_name: ``mlp`` or a user model ``package.module:build``.
-        epochs: passes over the training split; 0: chosen from the data.
-        learning_rate: the optimizer's peak learning rate.
-        batch_size: global batch (all processes together); 0: chosen from the data.
-        seed: initialisation, shuffling and dropout seed.
-        gpus_per_node: GPUs per node; 0 (a CPU cluster) still runs one process per node.
-        nodes: nodes of the job.
-        gpu_type: extended resource that counts GPUs.
-        gpu_node_selector: node labels of the GPU nodes.
-        object_store_secret: secret with the artifact store's credentials (pytorchjob).
-        cuda_image: the job's image with GPUs (pytorchjob).
-        cpu_image: the job's image without GPUs (pytorchjob).
-        trainer_runtime: the TrainJob's training runtime, ``<name>`` (a
-            ClusterTrainingRuntime) or ``TrainingRuntime/<name>`` (trainjob only).
-        train_config_json: further ``TrainStepConfig`` fields (JSON object or dict).
-        hyperparams_json: dotted overrides, e.g. ``{"optim.weight_decay": 0.1}``.
-        tuned_hyperparams_json: the tune step's best parameters, applied last.
+        tuned_hyperparams_json: the tune step's best parameters (its output, not a pipeline
+            parameter), applied last.
+        cuda_image: the cluster job's image with GPUs (the pipeline passes the package's).
+        cpu_image: the cluster job's image without GPUs.
 
     Raises:
         InputError: ``E_CONFIG`` when a JSON parameter is not a JSON object.
     """
     settings: dict[str, Any] = {
         "launcher": launcher,
-        "nproc_per_node": processes_per_node(gpus_per_node),
+        "gpus_per_node": gpus_per_node,
         "nnodes": nodes,
         "model": {"name": model_name},
         "optim": {"lr": learning_rate},
@@ -175,10 +180,15 @@ def step_settings(
     if launcher in CLUSTER_LAUNCHERS:
         settings["cluster"] = {
             "image": cuda_image if gpus_per_node > 0 else cpu_image,
-            "gpus_per_node": gpus_per_node,
             "gpu_resource": gpu_type,
-            "node_selector": {str(k): str(v) for k, v in (gpu_node_selector or {}).items()},
+            "node_selector": {str(k): str(v) for k, v in gpu_node_selector.items()},
             "object_store_secret": object_store_secret or None,
+            "image_pull_secrets": list(image_pull_secrets),
+            "labels": dict(job_labels),
+            "annotations": dict(job_annotations),
+            "env": dict(job_env),
+            "gang_queue": gang_queue or None,
+            "gang_priority_class": gang_priority_class or None,
         }
         if launcher == "trainjob":
             settings["cluster"]["runtime"] = trainer_runtime
@@ -188,7 +198,7 @@ def step_settings(
         "tuned_hyperparams_json": tuned_hyperparams_json,
     }
     for name, overrides in layers.items():
-        settings = apply_overrides(settings, json_object(overrides, name))
+        settings = apply_overrides(settings, json_object(overrides, name, "E_CONFIG"))
     return record_fixed(settings)
 
 
@@ -209,28 +219,6 @@ def record_fixed(settings: dict[str, Any]) -> dict[str, Any]:
     fixed = auto.get("fixed", [])
     auto["fixed"] = sorted({*fixed, *given}) if isinstance(fixed, list) else fixed
     return {**settings, "auto": auto}
-
-
-def processes_per_node(gpus_per_node: int) -> int:
-    """Training processes per node: one per GPU, and one (gloo) on a node without GPUs."""
-    return max(gpus_per_node, 1)
-
-
-def json_object(value: str | dict[str, Any], name: str) -> dict[str, Any]:
-    """The JSON object a string parameter ``name`` holds (``{}`` when empty).
-
-    Raises:
-        InputError: ``E_CONFIG`` naming ``name`` when the text is not a JSON object.
-    """
-    if isinstance(value, dict):
-        return value
-    try:
-        data = json.loads(value or "{}")
-    except json.JSONDecodeError as e:
-        raise InputError("E_CONFIG", f"{name} must be a JSON object: {e}", name) from None
-    if not isinstance(data, dict):
-        raise InputError("E_CONFIG", f"{name} must be a JSON object, got {value!r}", name)
-    return data
 
 
 @dataclass
@@ -369,7 +357,7 @@ def plan_worker_config(
             n_train=n_train,
             n_val=(_split_rows(schema, dataset_uri, "val") or 0) if has_val else 0,
             n_params=_mlp_params(cfg, schema),
-            world_size=cfg.nproc_per_node * cfg.nnodes,
+            world_size=processes_per_node(cfg.gpus_per_node) * cfg.nnodes,
             fixed=cfg.auto.fixed,
         )
         train_section, optim_section = auto.train, auto.optim
@@ -446,13 +434,7 @@ def train_step(
     storage.write_text(config_uri, to_json(worker_cfg))
     if launcher is None:
         launcher = make_launcher(cfg)
-    launcher.launch(
-        job_name=job_name,
-        config_uri=config_uri,
-        nproc_per_node=cfg.nproc_per_node,
-        nnodes=cfg.nnodes,
-        timeout_s=cfg.timeout_s,
-    )
+    launcher.launch(cfg.training_run(job_name=job_name, config_uri=config_uri))
     history = storage.join(work_uri, "history.jsonl")
     if storage.exists(history):
         storage.write_bytes(storage.join(model_uri, "history.jsonl"), storage.read_bytes(history))
@@ -466,20 +448,6 @@ def train_step(
         metrics={k: float(v) for k, v in metrics.items()},
         steps=steps,
         job_name=job_name,
-    )
-
-
-def job_spec(cfg: TrainStepConfig, *, name: str, namespace: str, config_uri: str) -> JobSpec:
-    """The job spec of a train step, for a PyTorchJob or a TrainJob
-    (:meth:`ClusterConfig.job_spec` with the step's nodes, processes and deadline): what
-    ``gpupipe render`` shows."""
-    return cfg.cluster.job_spec(
-        name=name,
-        namespace=namespace,
-        config_uri=config_uri,
-        nnodes=cfg.nnodes,
-        nproc_per_node=cfg.nproc_per_node,
-        timeout_s=cfg.timeout_s,
     )
 
 

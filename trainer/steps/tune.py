@@ -18,18 +18,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainer import outputs, storage
-from trainer.config import WorkerConfig, apply_overrides, from_dict, require, to_json
-from trainer.errors import InputError
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import apply_overrides, config_fields, from_dict, require, to_json
+from trainer.config import WorkerConfig
+from trainer.launch import processes_per_node
 from trainer.steps.train import TrainStepConfig, build_worker_config, read_schema, record_fixed
 from trainer.steps.tune_report import TuneStepResult, disabled_report, render_tune_report
-from trainer.tune.space import (
-    SearchSpace,
-    config_fields,
-    example_space,
-    load_space,
-    trial_overrides,
-)
+from trainer.tune.space import SearchSpace, example_space, load_space
+from trainer.tune.values import trial_overrides
 
 if TYPE_CHECKING:
     from trainer.tune.katib import KatibLauncher
@@ -58,14 +55,14 @@ class TuneConfig:
     """The search space in Katib's Experiment vocabulary (see ``trainer.tune.space``)."""
     train: dict[str, Any] = field(default_factory=dict)
     """Base train-step settings every trial starts from (``model``/``optim``/``train``
-    sections, ``nproc_per_node``, ``cluster`` for katib), as the train step takes them."""
+    sections, ``gpus_per_node``, ``cluster`` for katib), as the train step takes them."""
     trial_epochs: int | None = None
     """Epochs of each trial (``train.epochs``), unless the space searches it; ``None`` keeps
     the base setting. Trials are usually shorter than the final training."""
     seed: int = 0
     """Seed of the local sampler (an algorithm's ``random_state`` setting wins)."""
     runner: Literal["subprocess", "in_process"] = "subprocess"
-    """Local engine: trials as ``trainer.worker`` processes (torchrun when nproc_per_node > 1),
+    """Local engine: trials as ``trainer.worker`` processes (torchrun when gpus_per_node > 1),
     or ``train()`` calls in this process (one at a time; quick for tiny searches)."""
     timeout_s: int | None = None
     """Local: start no new trial after this many seconds; katib: the Experiment's deadline."""
@@ -246,7 +243,7 @@ def _tune_local(
         runner = (
             InProcessTrialRunner()
             if cfg.runner == "in_process"
-            else SubprocessTrialRunner(nproc_per_node=step_cfg.nproc_per_node)
+            else SubprocessTrialRunner(nproc_per_node=processes_per_node(step_cfg.gpus_per_node))
         )
 
     def trial_config(number: int, assignment: dict[str, Any], trial_uri: str) -> WorkerConfig:
@@ -260,7 +257,7 @@ def _tune_local(
         work_uri=work_uri,
         study_name=cfg.study_name(),
         seed=cfg.seed,
-        nproc_per_node=step_cfg.nproc_per_node,
+        nproc_per_node=processes_per_node(step_cfg.gpus_per_node),
         timeout_s=cfg.timeout_s,
     )
 
@@ -276,8 +273,8 @@ def _tune_katib(
     task_name: str,
 ) -> TuneStepResult:
     """One Katib Experiment whose trials are the train launcher's PyTorchJob."""
+    from trainer.launch.jobspec import JobSpec
     from trainer.launch.pytorchjob import build_pytorchjob
-    from trainer.steps.train import job_spec
     from trainer.tune.katib import KatibLauncher, build_experiment, experiment_name
 
     if not step_cfg.cluster.image:
@@ -304,8 +301,9 @@ def _tune_katib(
     )
     config_uri = storage.join(work_uri, "worker-config.json")
     storage.write_text(config_uri, to_json(base))
+    run = step_cfg.training_run(job_name=name, config_uri=config_uri)
     trial_job = build_pytorchjob(
-        job_spec(step_cfg, name=name, namespace=launcher.namespace, config_uri=config_uri)
+        JobSpec(namespace=launcher.namespace, run=run, cluster=step_cfg.cluster)
     )
     experiment = build_experiment(
         space,

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from trainer.version import __version__
+from trainer.base.version import __version__
 
 if TYPE_CHECKING:
-    from trainer.tune.local import StudyResult, TrialRecord
+    from trainer.tune.journal import TrialRecord
+    from trainer.tune.local import StudyResult
 
 
 @dataclass

@@ -33,8 +33,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.config import parse_value
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import parse_value
 from trainer.tune.space import SearchSpace
 
 API_VERSION = "kubeflow.org/v1beta1"

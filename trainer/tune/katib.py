@@ -30,7 +30,8 @@ from trainer.tune.experiment import (
     katib_name,
     trial_template_errors,
 )
-from trainer.tune.space import SearchSpace, sample_value
+from trainer.tune.space import SearchSpace
+from trainer.tune.values import sample_value
 
 __all__ = [
     "KATIB_API_CALLS",

@@ -1,10 +1,11 @@
 """The local tune engine: a Katib-style search space run as an Optuna study over real trainings.
 
 Katib's algorithms map onto Optuna samplers and its median stopping (or Hyperband) onto pruners
-(:mod:`trainer.tune.samplers`). Each trial is a real training run of ``trainer.loop``,
+(:mod:`trainer.tune.samplers`). Each trial is a real training run of ``trainer.training.loop``,
 driven by a :class:`TrialRunner`: a ``trainer.worker`` subprocess whose JSON ``eval`` lines are
 reported to the trial as they appear (:class:`SubprocessTrialRunner`), or a call of
-``trainer.loop.train`` in this process (:class:`InProcessTrialRunner`, for tests and benchmarks).
+``trainer.training.loop.train`` in this process (:class:`InProcessTrialRunner`, for tests and
+benchmarks).
 A pruned trial is stopped the way a preempted one is (SIGTERM, or ``on_eval`` returning True).
 
 Semantics follow Katib's experiment controller:
@@ -20,27 +21,24 @@ Semantics follow Katib's experiment controller:
 The study lives in a journal file in the step's working area (``<work>/study.journal``;
 mirrored to an object store when the work URI is remote), so a retried step resumes it: finished
 trials are kept, and trials that a killed attempt left running are marked failed, not counted as
-failures, and queued again with the same parameters. Optuna is imported lazily: the trainer
-package imports without it.
+failures, and queued again with the same parameters (:mod:`trainer.tune.journal`). Optuna is
+imported lazily: the trainer package imports without it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
-import shutil
 import signal
-import tempfile
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from trainer import storage
+from trainer.base import storage
 from trainer.config import WorkerConfig
-from trainer.errors import InputError
+from trainer.tune import journal
+from trainer.tune.journal import TrialRecord
 from trainer.tune.runners import (
     InProcessTrialRunner,
     SubprocessTrialRunner,
@@ -51,18 +49,13 @@ from trainer.tune.runners import (
     is_number,
 )
 from trainer.tune.samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, suggest
-from trainer.tune.space import SearchSpace, grid_points
+from trainer.tune.space import SearchSpace
+from trainer.tune.values import grid_points
 
 if TYPE_CHECKING:
     import optuna
 
 log = logging.getLogger(__name__)
-
-JOURNAL_NAME = "study.journal"
-"""File of the study inside the work URI."""
-
-_INTERRUPTED_ATTR = "interrupted_trials"
-"""Study user attribute: numbers of trials a killed attempt left unfinished (re-queued)."""
 
 __all__ = [
     "PRUNERS",
@@ -93,22 +86,6 @@ class TooManyFailedTrials(RuntimeError):
 
 
 @dataclass
-class TrialRecord:
-    """One trial as the report and the step's outputs show it."""
-
-    number: int
-    state: str
-    """``COMPLETE``, ``PRUNED``, ``FAIL`` (``interrupted`` tells a re-queued one), ``RUNNING``."""
-    value: float | None
-    params: dict[str, Any]
-    epochs: float | None
-    intermediate: list[tuple[int, float]] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    interrupted: bool = False
-
-
-@dataclass
 class StudyResult:
     """Where the search ended."""
 
@@ -130,118 +107,6 @@ class StudyResult:
 TrialConfigFn = Callable[[int, dict[str, Any], str], WorkerConfig]
 """(trial number, assignment, the trial's folder ``<work>/trials/<number>``) -> its worker
 config."""
-
-
-@contextlib.contextmanager
-def _study_file(work_uri: str) -> Iterator[tuple[str, Callable[[], None]]]:
-    """A local journal path for the study, plus a function that saves it to ``work_uri``.
-
-    A local work URI holds the journal itself; an object-store one gets a copy after each trial
-    (the complete lines only), and the copy is read back when a retried step starts.
-    """
-    local = storage.local_path(work_uri)
-    if local is not None:
-        os.makedirs(local, exist_ok=True)
-        yield os.path.join(local, JOURNAL_NAME), lambda: None
-        return
-    remote = storage.join(work_uri, JOURNAL_NAME)
-    tmp = tempfile.mkdtemp(prefix="gpupipe-tune-")
-    path = os.path.join(tmp, JOURNAL_NAME)
-    if storage.exists(remote):
-        with open(path, "wb") as f:
-            f.write(storage.read_bytes(remote))
-    lock = threading.Lock()
-
-    def save() -> None:
-        with lock, open(path, "rb") as f:
-            data = f.read()
-        storage.write_bytes(remote, data[: data.rfind(b"\n") + 1])
-
-    try:
-        yield path, save
-        save()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _open_study(path: str, name: str, space: SearchSpace, seed: int) -> optuna.Study:
-    import optuna
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-
-    backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path + ".lock"))
-    storage_ = optuna.storages.JournalStorage(backend)
-    direction: Literal["minimize", "maximize"] = (
-        "maximize" if space.objective.type == "maximize" else "minimize"
-    )
-    study = optuna.create_study(
-        storage=storage_,
-        study_name=name,
-        direction=direction,
-        load_if_exists=True,
-        pruner=make_pruner(space),
-        sampler=optuna.samplers.RandomSampler(),  # replaced below, once the trials are known
-    )
-    if study.direction.name.lower() != direction:
-        raise InputError(
-            "E_CONFIG",
-            f"study {name} in {path} optimises in direction {study.direction.name.lower()}, "
-            f"the space says {direction}",
-            "tune.objective.type",
-        )
-    # A seeded sampler would redraw the first attempt's points after a retry: offset the seed
-    # by the trials already in the study.
-    study.sampler = make_sampler(space, seed=seed + 7919 * len(study.trials))
-    return study
-
-
-def _resume(study: optuna.Study) -> list[int]:
-    """Mark trials a killed attempt left running as failed and queue them again."""
-    from optuna.trial import TrialState
-
-    interrupted = list(study.user_attrs.get(_INTERRUPTED_ATTR, []))
-    requeue = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.RUNNING:
-            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            requeue.append(t)
-        elif (
-            t.state == TrialState.FAIL
-            and t.user_attrs.get("interrupted")
-            and t.number not in interrupted
-        ):
-            requeue.append(t)
-    for t in requeue:
-        interrupted.append(t.number)
-        # A trial killed before its first suggestion has only its queued values, if any.
-        params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
-        study.enqueue_trial(params, user_attrs={"requeued_from": t.number})
-    if requeue:
-        study.set_user_attr(_INTERRUPTED_ATTR, sorted(interrupted))
-    return [t.number for t in requeue]
-
-
-def _records(study: optuna.Study, metric: str) -> list[TrialRecord]:
-    from optuna.trial import TrialState
-
-    interrupted = set(study.user_attrs.get(_INTERRUPTED_ATTR, []))
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.WAITING:
-            continue
-        out.append(
-            TrialRecord(
-                number=t.number,
-                state=t.state.name,
-                value=t.value if t.state == TrialState.COMPLETE else None,
-                params=dict(t.user_attrs.get("assignment", t.params)),
-                epochs=t.user_attrs.get("epochs"),
-                intermediate=sorted((int(s), float(v)) for s, v in t.intermediate_values.items()),
-                metrics=dict(t.user_attrs.get("metrics", {})),
-                error=t.user_attrs.get("error"),
-                interrupted=t.number in interrupted or bool(t.user_attrs.get("interrupted")),
-            )
-        )
-    return out
 
 
 def _importances(study: optuna.Study) -> dict[str, float] | None:
@@ -341,23 +206,6 @@ def _stop_reason(study: optuna.Study, space: SearchSpace) -> str | None:
     return None
 
 
-def _failed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    from optuna.trial import TrialState
-
-    interrupted = set(study.user_attrs.get(_INTERRUPTED_ATTR, []))
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-        if t.number not in interrupted and not t.user_attrs.get("interrupted")
-    ]
-
-
-def _finished(study: optuna.Study) -> int:
-    from optuna.trial import TrialState
-
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-
-
 def _too_many_failed(failed: list[optuna.trial.FrozenTrial], limit: int) -> TooManyFailedTrials:
     last = failed[-1]
     why = last.user_attrs.get("error", "no message")
@@ -402,11 +250,13 @@ def run_study(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     metric = space.objective.objectiveMetricName
-    with _study_file(work_uri) as (path, save):
-        study = _open_study(path, study_name, space, seed)
-        _log_resume(study, study_name, metric, requeued=_resume(study), path=path)
+    with journal.study_file(work_uri) as (path, save):
+        study = journal.open_study(path, study_name, space, seed)
+        _log_resume(
+            study, study_name, metric, requeued=journal.requeue_interrupted(study), path=path
+        )
         _raise_if_too_many_failed(study, space)
-        remaining = space.maxTrialCount - _finished(study) - len(_failed(study))
+        remaining = space.maxTrialCount - journal.finished(study) - len(journal.failed(study))
         reason = _stop_reason(study, space)
         jobs = _parallel_jobs(space, runner)
         progress = _Progress(space, save, reason or "maxTrialCount reached")
@@ -433,7 +283,7 @@ def run_study(
 def _log_resume(
     study: optuna.Study, study_name: str, metric: str, *, requeued: list[int], path: str
 ) -> None:
-    records = _records(study, metric)
+    records = journal.records(study, metric)
     if records:
         log.info(
             "resuming study %s: %d trials finished before, %d re-queued (%s)",
@@ -445,7 +295,7 @@ def _log_resume(
 
 
 def _raise_if_too_many_failed(study: optuna.Study, space: SearchSpace) -> None:
-    failed = _failed(study)
+    failed = journal.failed(study)
     if len(failed) > space.maxFailedTrialCount:
         raise _too_many_failed(failed, space.maxFailedTrialCount)
 
@@ -478,8 +328,8 @@ class _Progress:
         space = self.space
         with self._lock:
             self.save()
-            fails = _failed(st)
-            best = _best(st)
+            fails = journal.failed(st)
+            best = journal.best(st)
             log.info(
                 "trial %d %s%s; %d/%d finished, %d failed, best %s",
                 trial.number,
@@ -487,7 +337,7 @@ class _Progress:
                 f" {space.objective.objectiveMetricName}={trial.value:.6g}"
                 if trial.value is not None
                 else "",
-                _finished(st) + len(fails),
+                journal.finished(st) + len(fails),
                 space.maxTrialCount,
                 len(fails),
                 f"{best[1]:.6g} (trial {best[0]})" if best else "none yet",
@@ -508,12 +358,12 @@ def _result(
     timeout_s: float | None,
 ) -> StudyResult:
     if reason == "maxTrialCount reached" and (
-        _finished(study) + len(_failed(study)) < space.maxTrialCount
+        journal.finished(study) + len(journal.failed(study)) < space.maxTrialCount
     ):
         reason = f"timeout: no new trials after {timeout_s} s"
     if _grid_exhausted(study, space):
         reason = "grid exhausted"
-    best = _best(study)
+    best = journal.best(study)
     best_params: dict[str, Any] = {}
     if best is not None:
         best_params = dict(study.trials[best[0]].user_attrs.get("assignment", {}))
@@ -524,19 +374,10 @@ def _result(
         best_params=best_params,
         best_value=best[1] if best else None,
         best_trial=best[0] if best else None,
-        trials=_records(study, space.objective.objectiveMetricName),
+        trials=journal.records(study, space.objective.objectiveMetricName),
         importances=_importances(study),
         stopped_reason=reason,
     )
-
-
-def _best(study: optuna.Study) -> tuple[int, float] | None:
-    from optuna.trial import TrialState
-
-    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        return None
-    t = study.best_trial
-    return t.number, float(t.value) if t.value is not None else math.nan
 
 
 def _grid_exhausted(study: optuna.Study, space: SearchSpace) -> bool:

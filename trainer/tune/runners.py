@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trainer import storage
-from trainer.config import WorkerConfig, to_json
-from trainer.errors import InputError
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import to_json
+from trainer.config import WorkerConfig
 from trainer.launch.local import Child
 from trainer.launch.torchrun import torchrun_command
 
@@ -93,7 +94,7 @@ class TrialRunner(Protocol):
 
 
 class InProcessTrialRunner:
-    """Calls ``trainer.loop.train`` in this process, one trial at a time (tests, benchmarks).
+    """Calls ``trainer.training.loop.train`` in this process, one trial at a time (tests).
 
     Single process only (``nproc_per_node`` 1). With ``quiet`` the trainer's JSON log lines
     are swallowed (stdout is redirected while a trial runs, which is why trials take turns).
@@ -123,16 +124,16 @@ class InProcessTrialRunner:
     ) -> TrialOutcome:
         import torch
 
-        from trainer.dist import DistContext
-        from trainer.loop import train
-        from trainer.stop import StopSignal
+        from trainer.distributed.dist import DistContext
+        from trainer.training.loop import train
+        from trainer.training.stop import StopSignal
 
         if nproc_per_node != 1:
             raise InputError(
                 "E_CONFIG",
                 f"the in-process trial runner runs one process, got nproc_per_node="
-                f"{nproc_per_node}",
-                "tune.train.nproc_per_node",
+                f"{nproc_per_node} (from tune.train.gpus_per_node)",
+                "tune.train.gpus_per_node",
             )
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         ctx = DistContext(

@@ -13,8 +13,9 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import InputError
-from trainer.tune.space import Parameter, SearchSpace, grid_points, sample_value
+from trainer.base.errors import InputError
+from trainer.tune.space import Parameter, SearchSpace
+from trainer.tune.values import grid_points, sample_value
 
 if TYPE_CHECKING:
     import optuna

@@ -14,16 +14,13 @@ into strings on load).
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 import re
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trainer.config import coerce, parse_value
-from trainer.errors import InputError
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import coerce
 
 ParameterType = Literal["double", "int", "discrete", "categorical"]
 Distribution = Literal["uniform", "logUniform", "normal", "logNormal"]
@@ -63,7 +60,8 @@ EARLY_STOPPING_SETTINGS: dict[str, str] = {"min_trials_required": "int>0", "star
 """Settings of Katib's ``medianstop``: trials that must finish before any is stopped (default
 3), and reported evaluations a trial makes before it can be stopped (default 4)."""
 
-_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+DOTTED_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+"""A dotted config path (``optim.lr``): what a parameter's name must be."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -220,25 +218,28 @@ def load_space(
     return space
 
 
-def _bad(where: str, rule: str, value: Any) -> InputError:
+def bad_value(where: str, rule: str, value: Any) -> InputError:
+    """The one-line error for a bad value at ``where`` (a dotted path into the space)."""
     return InputError("E_CONFIG", f"{where} {rule}, got {value!r}", where)
 
 
 def _number(text: str | None, where: str, *, integral: bool = False) -> float:
     """``text`` as a number; an integer when ``integral``."""
     if text is None:
-        raise _bad(where, "must be set", text)
+        raise bad_value(where, "must be set", text)
     try:
         value = float(text)
     except ValueError:
-        raise _bad(where, "must be an integer" if integral else "must be a number", text) from None
+        raise bad_value(
+            where, "must be an integer" if integral else "must be a number", text
+        ) from None
     if not math.isfinite(value):
-        raise _bad(where, "must be finite", text)
+        raise bad_value(where, "must be finite", text)
     if integral:
         try:
             int(text)
         except ValueError:
-            raise _bad(where, "must be an integer", text) from None
+            raise bad_value(where, "must be an integer", text) from None
     return value
 
 
@@ -246,11 +247,11 @@ def _check_setting(rule: str, value: str, where: str) -> None:
     kind, _, bound = rule.partition(">")
     if kind == "str":
         if not value:
-            raise _bad(where, "must not be empty", value)
+            raise bad_value(where, "must not be empty", value)
         return
     number = _number(value, where, integral=kind == "int")
     if bound and not number > float(bound):
-        raise _bad(where, f"must be > {bound}", value)
+        raise bad_value(where, f"must be > {bound}", value)
 
 
 def _check_settings(settings: list[Setting], known: dict[str, str], owner: str, where: str) -> None:
@@ -259,9 +260,9 @@ def _check_settings(settings: list[Setting], known: dict[str, str], owner: str, 
         at = f"{where}[{i}]"
         if s.name not in known:
             names = ", ".join(sorted(known)) or "none"
-            raise _bad(f"{at}.name", f"is not a setting of {owner} (known: {names})", s.name)
+            raise bad_value(f"{at}.name", f"is not a setting of {owner} (known: {names})", s.name)
         if s.name in seen:
-            raise _bad(f"{at}.name", "is set twice", s.name)
+            raise bad_value(f"{at}.name", "is set twice", s.name)
         seen.add(s.name)
         _check_setting(known[s.name], s.value, f"{at}.value")
 
@@ -269,41 +270,41 @@ def _check_settings(settings: list[Setting], known: dict[str, str], owner: str, 
 def _check_parameter(p: Parameter, at: str, algorithm: str) -> None:
     fs = p.feasibleSpace
     fat = f"{at}.feasibleSpace"
-    if not p.name or not _DOTTED.match(p.name):
-        raise _bad(f"{at}.name", "must be a dotted config field like optim.lr", p.name)
+    if not p.name or not DOTTED_NAME.match(p.name):
+        raise bad_value(f"{at}.name", "must be a dotted config field like optim.lr", p.name)
     if p.parameterType in ("double", "int"):
         integral = p.parameterType == "int"
         if fs.list is not None:
             rule = f"is not allowed for parameterType {p.parameterType}"
-            raise _bad(f"{fat}.list", rule, fs.list)
+            raise bad_value(f"{fat}.list", rule, fs.list)
         lo = _number(fs.min, f"{fat}.min", integral=integral)
         hi = _number(fs.max, f"{fat}.max", integral=integral)
         if lo > hi:
-            raise _bad(f"{fat}.min", f"must be <= feasibleSpace.max={fs.max}", fs.min)
+            raise bad_value(f"{fat}.min", f"must be <= feasibleSpace.max={fs.max}", fs.min)
         if fs.step is not None:
             step = _number(fs.step, f"{fat}.step", integral=integral)
             if step <= 0:
-                raise _bad(f"{fat}.step", "must be > 0", fs.step)
+                raise bad_value(f"{fat}.step", "must be > 0", fs.step)
         elif algorithm == "grid" and p.parameterType == "double":
             rule = "must be set for a double parameter with algorithm grid"
-            raise _bad(f"{fat}.step", rule, None)
+            raise bad_value(f"{fat}.step", rule, None)
         if fs.distribution in ("logUniform", "logNormal") and lo <= 0:
-            raise _bad(f"{fat}.min", f"must be > 0 for distribution {fs.distribution}", fs.min)
+            raise bad_value(f"{fat}.min", f"must be > 0 for distribution {fs.distribution}", fs.min)
         return
     for key in ("min", "max", "step", "distribution"):
         if getattr(fs, key) is not None:
-            raise _bad(
+            raise bad_value(
                 f"{fat}.{key}",
                 f"is not allowed for parameterType {p.parameterType} (use list)",
                 getattr(fs, key),
             )
     if not fs.list:
-        raise _bad(f"{fat}.list", f"must be a non-empty list for {p.parameterType}", fs.list)
+        raise bad_value(f"{fat}.list", f"must be a non-empty list for {p.parameterType}", fs.list)
     for j, v in enumerate(fs.list):
         if p.parameterType == "discrete":
             _number(v, f"{fat}.list[{j}]")
         if fs.list.index(v) != j:
-            raise _bad(f"{fat}.list[{j}]", "repeats an earlier value", v)
+            raise bad_value(f"{fat}.list[{j}]", "repeats an earlier value", v)
 
 
 def grid_size(space: SearchSpace) -> int:
@@ -328,8 +329,8 @@ def validate_space(
 
     Args:
         space: a parsed space.
-        config_fields: valid dotted config paths (see :func:`config_fields`); ``None`` skips
-            that check.
+        config_fields: valid dotted config paths (see
+            :func:`trainer.base.typedconfig.config_fields`); ``None`` skips that check.
         where: prefix of the dotted paths in error messages.
 
     Raises:
@@ -337,54 +338,54 @@ def validate_space(
     """
     algo = space.algorithm.algorithmName
     if not space.parameters:
-        raise _bad(f"{where}.parameters", "must list at least one parameter", space.parameters)
+        raise bad_value(f"{where}.parameters", "must list at least one parameter", space.parameters)
     names: set[str] = set()
     for i, p in enumerate(space.parameters):
         at = f"{where}.parameters[{i}]"
         _check_parameter(p, at, algo)
         if p.name in names:
-            raise _bad(f"{at}.name", "repeats an earlier parameter", p.name)
+            raise bad_value(f"{at}.name", "repeats an earlier parameter", p.name)
         names.add(p.name)
         if config_fields is not None and p.name not in config_fields:
             close = sorted(f for f in config_fields if f.split(".")[-1] == p.name.split(".")[-1])
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise _bad(f"{at}.name", f"maps to no trainer config field{hint}", p.name)
+            raise bad_value(f"{at}.name", f"maps to no trainer config field{hint}", p.name)
 
     obj = space.objective
     if not obj.objectiveMetricName.strip():
-        raise _bad(f"{where}.objective.objectiveMetricName", "must not be empty", "")
+        raise bad_value(f"{where}.objective.objectiveMetricName", "must not be empty", "")
     for j, m in enumerate(obj.additionalMetricNames):
         if not m.strip() or m == obj.objectiveMetricName or obj.additionalMetricNames.index(m) != j:
-            raise _bad(
+            raise bad_value(
                 f"{where}.objective.additionalMetricNames[{j}]",
                 "must be non-empty, distinct and not the objective metric",
                 m,
             )
     if obj.goal is not None and not math.isfinite(obj.goal):
-        raise _bad(f"{where}.objective.goal", "must be finite", obj.goal)
+        raise bad_value(f"{where}.objective.goal", "must be finite", obj.goal)
     if obj.goal is not None and algo == "hyperband":
         # Hyperband plans its brackets (trials and their budgets) up front; ending the search
         # at a goal would cut brackets short and leave the plan meaningless.
         rule = "cannot be combined with algorithm hyperband"
-        raise _bad(f"{where}.objective.goal", rule, obj.goal)
+        raise bad_value(f"{where}.objective.goal", rule, obj.goal)
 
     at = f"{where}.algorithm.algorithmSettings"
     _check_settings(space.algorithm.algorithmSettings, ALGORITHM_SETTINGS[algo], algo, at)
     if algo == "hyperband":
         resource = space.setting("resource_name")
         if resource is None:
-            raise _bad(at, "must set resource_name (the parameter hyperband budgets)", None)
+            raise bad_value(at, "must set resource_name (the parameter hyperband budgets)", None)
         res = next((p for p in space.parameters if p.name == resource), None)
         if res is None or res.parameterType not in ("int", "double"):
-            raise _bad(at, "resource_name must name an int or double parameter", resource)
+            raise bad_value(at, "resource_name must name an int or double parameter", resource)
     if algo == "cmaes":
         if len(space.parameters) < 2:
-            raise _bad(
+            raise bad_value(
                 f"{where}.parameters", "cmaes needs at least two parameters", len(space.parameters)
             )
         for i, p in enumerate(space.parameters):
             if p.parameterType == "categorical":
-                raise _bad(
+                raise bad_value(
                     f"{where}.parameters[{i}].parameterType",
                     "cmaes supports double, int and discrete parameters only",
                     p.parameterType,
@@ -405,119 +406,25 @@ def validate_space(
     }
     for key, value in counts.items():
         if value <= 0:
-            raise _bad(f"{where}.{key}", "must be > 0", value)
+            raise bad_value(f"{where}.{key}", "must be > 0", value)
     if space.parallelTrialCount > space.maxTrialCount:
-        raise _bad(
+        raise bad_value(
             f"{where}.parallelTrialCount",
             f"trial counts out of order: must be <= maxTrialCount={space.maxTrialCount}",
             space.parallelTrialCount,
         )
     if space.maxFailedTrialCount > space.maxTrialCount:
-        raise _bad(
+        raise bad_value(
             f"{where}.maxFailedTrialCount",
             f"trial counts out of order: must be <= maxTrialCount={space.maxTrialCount}",
             space.maxFailedTrialCount,
         )
     if algo == "grid" and space.maxTrialCount > (size := grid_size(space)):
-        raise _bad(
+        raise bad_value(
             f"{where}.maxTrialCount",
             f"exceeds the {size} points of the grid",
             space.maxTrialCount,
         )
-
-
-# --------------------------------------------------------------------------------------------
-# Config fields and trial values
-# --------------------------------------------------------------------------------------------
-
-
-def _dataclass_in(tp: Any) -> type | None:
-    """The dataclass that annotation ``tp`` holds (directly or as ``X | None``), if any."""
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return tp
-    for arg in typing.get_args(tp):
-        if dataclasses.is_dataclass(arg) and isinstance(arg, type):
-            return arg
-    return None
-
-
-def config_fields(cls: type) -> set[str]:
-    """Every dotted leaf path of config dataclass ``cls`` (``optim.lr``, ``train.epochs``, ...).
-
-    Nested sections (also optional ones such as ``train.early_stopping``) are walked; dicts and
-    lists are leaves.
-    """
-    out: set[str] = set()
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        sub = _dataclass_in(hints[f.name])
-        if sub is None:
-            out.add(f.name)
-        else:
-            out.update(f"{f.name}.{leaf}" for leaf in config_fields(sub))
-    return out
-
-
-def sample_value(p: Parameter, raw: Any) -> int | float | str:
-    """``raw`` (a sampler's or Katib's value) as the type of ``p``'s config field.
-
-    int: rounded to an integer; double: a float; discrete: an int when the list's value is
-    integral, else a float; categorical: the string.
-
-    Raises:
-        InputError: ``raw`` is not a value of that type.
-    """
-    where = f"parameter {p.name}"
-    try:
-        if p.parameterType == "int":
-            return round(float(raw))
-        if p.parameterType == "double":
-            return float(raw)
-        if p.parameterType == "discrete":
-            value = float(raw)
-            # The list decides the type: ["32", "64"] gives ints (also for a sampled 64.0).
-            texts = [t for t in p.feasibleSpace.list or [] if float(t) == value]
-            text = texts[0] if texts else str(raw).strip()
-            if value.is_integer() and re.fullmatch(r"[+-]?\d+", text):
-                return int(value)
-            return value
-    except (TypeError, ValueError):
-        raise _bad(where, f"must be a {p.parameterType} value", raw) from None
-    return str(raw)
-
-
-def trial_overrides(assignment: dict[str, Any]) -> dict[str, Any]:
-    """Dotted overrides for :func:`trainer.config.apply_overrides` from one trial's values.
-
-    String values are parsed like ``--set key=value`` (JSON, else the string), so a
-    categorical ``"true"`` becomes ``True`` here just as it does in a Katib trial's command.
-
-    Raises:
-        InputError: a key that is not a dotted config path.
-    """
-    out: dict[str, Any] = {}
-    for key, value in assignment.items():
-        if not isinstance(key, str) or not _DOTTED.match(key):
-            raise _bad("trial parameter", "must be a dotted config field like optim.lr", key)
-        out[key] = parse_value(value) if isinstance(value, str) else value
-    return out
-
-
-def grid_points(space: SearchSpace) -> list[dict[str, int | float | str]]:
-    """Every point of a grid over ``space``, in order (for grid search)."""
-    axes: list[list[int | float | str]] = []
-    for p in space.parameters:
-        fs = p.feasibleSpace
-        if fs.list is not None:
-            axes.append([sample_value(p, v) for v in fs.list])
-            continue
-        lo, hi = float(fs.min or 0), float(fs.max or 0)
-        step = float(fs.step) if fs.step is not None else 1.0
-        n = math.floor((hi - lo) / step + 1e-9) + 1
-        # Rounded to 12 significant digits: 0.1 * 3 is a grid point 0.3, not 0.30000000000000004.
-        axes.append([sample_value(p, float(f"{lo + k * step:.12g}")) for k in range(n)])
-    names = [p.name for p in space.parameters]
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes)]
 
 
 def example_space() -> dict[str, Any]:

@@ -109,6 +109,25 @@ go_build_wrapper() {
   say "built ${out} in $((SECONDS - start)) s"
 }
 
+# go_build_in_module PIECE NAME VERSION MODULE@VERSION PACKAGE OUT: the same, built inside the
+# module's own download (its go.mod and go.sum, as its release is built). For modules that
+# `go install pkg@version` refuses here: it also reads the module's version list (@v/list) for a
+# deprecation notice, and the proxy answers 403 for some (sigs.k8s.io/jobset) while it serves the
+# version itself.
+go_build_in_module() {
+  local piece="$1" name="$2" version="$3" modver="$4" pkg="$5" out="$6"
+  local dir="${BIN_DIR}/${name}-${version}" src start=$SECONDS
+  [[ -x "${dir}/${out}" ]] && return 0
+  command -v go >/dev/null 2>&1 || cannot "${piece}: Go is not installed (it is built from its Go module)"
+  src="$(go_module_dir "$piece" "$modver")"
+  mkdir -p "$dir"
+  say "go build ${pkg} (in ${modver}) -> ${dir}/${out}"
+  (cd "$src" && CGO_ENABLED=0 go build -trimpath -o "${dir}/${out}.tmp" -ldflags "-s -w" "$pkg") ||
+    cannot "${piece}: building ${pkg} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
+  mv "${dir}/${out}.tmp" "${dir}/${out}"
+  say "built ${out} in $((SECONDS - start)) s"
+}
+
 # The folder of MODULE@VERSION in Go's module cache (downloaded when missing).
 go_module_dir() {
   local piece="$1" modver="$2" dir

@@ -1,5 +1,6 @@
 """Tabular Parquet larger than memory, read row group by row group: the streaming dataset and
-the one-epoch source that serves it window by window to :class:`trainer.data.BatchStream`.
+the one-epoch source that serves it window by window to
+:class:`trainer.data.datasets.BatchStream`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import torch
 
-from trainer.errors import InputError
-from trainer.parquet_columns import (
+from trainer.base.errors import InputError
+from trainer.data.parquet_columns import (
     check_task,
     empty_rows,
     fill_rows,

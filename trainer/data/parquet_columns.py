@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trainer import storage
-from trainer.errors import InputError
+from trainer.base import storage
+from trainer.base.errors import InputError
 
 TASKS = ("classification", "regression")
 

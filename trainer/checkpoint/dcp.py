@@ -1,7 +1,7 @@
 """Sharded FSDP checkpoints: ``torch.distributed.checkpoint`` inside the usual step folders.
 
-A sharded step folder is the :class:`trainer.checkpoint.CheckpointManager`'s ``step-<n>/`` with
-more files: each rank writes its shard of the model and the optimizer state
+A sharded step folder is the :class:`~trainer.checkpoint.manager.CheckpointManager`'s
+``step-<n>/`` with more files: each rank writes its shard of the model and the optimizer state
 (``__<rank>_0.distcp``), rank 0 the DCP ``.metadata`` and the usual ``state.pt`` (loop state,
 scheduler, RNG, data position). Every file is listed with its size and sha256 in
 ``COMPLETE.json``, so the manager's guarantees carry over unchanged: the folder is written as
@@ -48,9 +48,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from trainer import dist, storage
-from trainer.checkpoint import STATE_FILE, CheckpointManager, CorruptCheckpointError, file_entry
-from trainer.dist import DistContext
+from trainer.base import storage
+from trainer.checkpoint.files import STATE_FILE, CorruptCheckpointError, file_entry
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.distributed import dist
+from trainer.distributed.dist import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +239,7 @@ def read_model_state(step_uri: str, model: nn.Module) -> nn.Module:
 
     For looking into a checkpoint (or exporting from it) without starting the job: DCP reads
     every shard and reassembles the full tensors. The step folder is not verified here; use it
-    on a folder :class:`trainer.checkpoint.CheckpointManager` lists as complete.
+    on a folder :class:`trainer.checkpoint.manager.CheckpointManager` lists as complete.
 
     Args:
         step_uri: A ``step-<n>/`` folder written by :func:`save_sharded`.

@@ -1,12 +1,13 @@
 """Data path: Parquet into columnar tensors, served as sharded, resumable batches by global step.
 
 In-memory datasets (:class:`TabularDataset`, :class:`TokenDataset`) live here with the batch
-stream; data over ``data.max_memory_mb`` streams through :mod:`trainer.streaming`, and the
-Parquet column handling both share is :mod:`trainer.parquet_columns`.
+stream; data over ``data.max_memory_mb`` streams through :mod:`trainer.data.streaming`, and
+the Parquet column handling both share is :mod:`trainer.data.parquet_columns`.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from trainer.errors import InputError
-from trainer.parquet_columns import (
+from trainer.base.errors import InputError
+from trainer.data.parquet_columns import (
     check_task,
     empty_rows,
     fill_rows,
@@ -26,7 +27,7 @@ from trainer.parquet_columns import (
     read_metadata,
     resolve_columns,
 )
-from trainer.streaming import StreamingParquetDataset, StreamSource
+from trainer.data.streaming import StreamingParquetDataset, StreamSource
 
 KINDS = ("tabular", "tokens")
 
@@ -329,11 +330,25 @@ class BatchStream:
         self.seed = seed
         self.shuffle = shuffle
         self.steps_per_epoch = n // global_batch_size
+        self.start = self._checked(start)
+
+    def _checked(self, start: DataPosition) -> DataPosition:
         if start.step > self.steps_per_epoch:
             raise ValueError(
                 f"start step {start.step} is past the {self.steps_per_epoch} steps of an epoch"
             )
-        self.start = start
+        return start
+
+    def starting_at(self, start: DataPosition) -> BatchStream:
+        """This stream from ``start`` on (a resumed run's position): the same batches an
+        uninterrupted iteration yields from there.
+
+        Raises:
+            ValueError: ``start`` is past the end of an epoch.
+        """
+        stream = copy.copy(self)
+        stream.start = self._checked(start)
+        return stream
 
     def __iter__(self) -> Iterator[tuple[DataPosition, torch.Tensor, torch.Tensor]]:
         """Yields (position after this step, x_local, y_local); the caller decides when to stop.

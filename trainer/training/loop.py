@@ -1,29 +1,41 @@
 """The training loop, ``train(cfg, ctx)``: read top to bottom in one sitting.
 
-It builds a :class:`trainer.run.Run`, resumes from the newest complete checkpoint, then runs
-global steps (:meth:`Run.loop_step`), evaluating, checkpointing and logging as they fall due.
+It builds a :class:`trainer.training.run.Run`, resumes from the newest complete checkpoint, then
+runs global steps (:func:`loop_step`), evaluating, checkpointing and logging as they fall due.
 Each step splits this rank's share of the global batch into micro-batches, so the effective
 batch is the same whatever the world size or micro-batch. Failure handling:
 
-- out of memory: halve the micro-batch and retry the step (in :class:`trainer.run.Run`);
+- out of memory: halve the micro-batch and retry the step (in :class:`trainer.training.run.Run`);
 - NaN/Inf loss: roll back to the last good checkpoint with a lower learning rate, a bounded
   number of times (:func:`_rollback`, here);
-- SIGTERM: finish the step, write a checkpoint, raise :class:`trainer.stop.Preempted`
+- SIGTERM: finish the step, write a checkpoint, raise :class:`trainer.training.stop.Preempted`
   (exit 143, so the operator may retry).
+
+Loss values stay on the device in a :class:`LossWindow` and are synced only when a log line,
+an evaluation or a checkpoint is due.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainer import dist, export, storage
-from trainer.config import WorkerConfig, to_dict
-from trainer.dist import DistContext
-from trainer.run import LossWindow, Run, training_batches
-from trainer.stop import Preempted, StopSignal
-from trainer.streaming import StreamingParquetDataset
+import torch
+
+from trainer.base import storage
+from trainer.base.typedconfig import to_dict
+from trainer.config import WorkerConfig
+from trainer.data.datasets import DataPosition
+from trainer.data.streaming import StreamingParquetDataset
+from trainer.distributed import dist
+from trainer.distributed.dist import DistContext
+from trainer.models import export
+from trainer.training import evaluation
+from trainer.training.run import Run, training_batches
+from trainer.training.stop import Preempted, StopSignal
+from trainer.training.telemetry import gpu_memory_gb
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +52,57 @@ class TrainResult:
     micro_batch_size: int
     resumed_from: int | None
     model_uri: str
+
+
+class LossWindow:
+    """The step losses between two log lines, kept on the device: no per-step host sync.
+
+    ``add`` is a few tiny device ops; ``sync`` is the one place loss values leave the device
+    (summed over ranks), which is also where a non-finite loss or gradient norm shows up.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.sums = torch.zeros(3, device=ctx.device)  # loss sum, non-finite count, steps
+        self.start, self.samples = time.perf_counter(), 0
+
+    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, samples: int) -> None:
+        """Record one step; ``grad_norm`` (unscaled runs only) is checked for Inf/NaN too."""
+        self.sums[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+        self.sums[1] += (~torch.isfinite(loss)).float()
+        if grad_norm is not None:
+            # An Inf gradient with a finite loss poisons the weights: catch it before a save.
+            self.sums[1] += (~torch.isfinite(grad_norm)).float()
+        self.sums[2] += 1
+        self.samples += samples
+
+    def sync(self) -> tuple[float, float, float]:
+        """(mean loss per step, non-finite count, samples/s) over all ranks since the reset."""
+        loss_total, bad, n = dist.all_reduce_sum(self.ctx, self.sums.clone()).tolist()
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        return loss_total / self.ctx.world_size / max(n, 1.0), bad, self.samples / elapsed
+
+    def reset(self) -> None:
+        self.sums.zero_()
+        self.start, self.samples = time.perf_counter(), 0
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What one iteration of the training loop did and what the loop must do next."""
+
+    loss: torch.Tensor
+    """This step's loss, still on the device."""
+    stop_now: bool
+    """SIGTERM arrived: checkpoint and stop."""
+    checkpoint: bool
+    """A checkpoint is due after this step."""
+    evaluate: bool
+    """An evaluation is due after this step."""
+    mean_loss: float | None = None
+    """Mean loss since the last log line, where this step synced (logged or evaluates)."""
+    diverged: bool = False
+    """The synced window held a non-finite loss or gradient norm: roll back."""
 
 
 def train(
@@ -99,7 +162,7 @@ def train(
     try:
         while s.step < run.total_steps and not s.stopped_early:
             position, x, y = next(it)
-            step = run.loop_step(position, x, y, window)
+            step = loop_step(run, position, x, y, window)
             if step.diverged:
                 it.close()
                 _rollback(run, at_step=s.step)
@@ -131,7 +194,9 @@ def train(
     finally:
         it.close()  # stops the prefetch thread, whatever ended the loop
 
-    weights = run.best_state  # the main rank's copy of the best weights, if early stopping kept any
+    weights = (
+        run.best.weights
+    )  # the main rank's copy of the best weights, if early stopping kept any
     if weights is not None:
         # Early stopping exports the best weights, with the validation metrics they scored.
         metrics.update(s.best_metrics)
@@ -184,17 +249,77 @@ def train(
     return result
 
 
+def loop_step(
+    run: Run, position: DataPosition, x: torch.Tensor, y: torch.Tensor, window: LossWindow
+) -> StepOutcome:
+    """One iteration of :func:`train`'s loop on batch ``(x, y)`` (the benchmarks time it).
+
+    Steps the optimizer (with the OOM fallback), advances the state to ``position``, adds
+    the loss to ``window`` and, where a log line or an evaluation is due, syncs the window
+    and logs the step. A non-finite window is reported (``diverged``), not logged: the
+    caller rolls back. Evaluation and checkpoints are the caller's, as the outcome says.
+    """
+    s, t, tel = run.state, run.cfg.train, run.telemetry
+    loss, stop_now = run.step_with_oom_fallback(x, y)
+    s.step += 1
+    run.data.position = position
+    window.add(loss, run.last_grad_norm if run.scaler is None else None, t.global_batch_size)
+    tel.advance(s.step)
+    want_ckpt, want_log, want_eval = _due(run, stop_now)
+    outcome = StepOutcome(loss=loss, stop_now=stop_now, checkpoint=want_ckpt, evaluate=want_eval)
+    if not (want_log or want_eval):
+        return outcome
+    # Sync point: the only place loss values leave the device.
+    mean_loss, bad, samples_per_s = window.sync()
+    if bad > 0:
+        outcome.diverged = True
+        return outcome
+    norm = run.last_grad_norm
+    tel.emit(
+        "step",
+        step=s.step,
+        epoch=round(s.step / run.steps_per_epoch, 4),
+        loss=mean_loss,
+        lr=run.scheduler.get_last_lr()[0],
+        grad_norm=float(norm) if norm is not None else None,
+        samples_per_s=round(samples_per_s, 1),
+        micro_batch=s.micro_batch_size,
+        gpu_mem_gb=gpu_memory_gb(run.ctx.device),
+    )
+    window.reset()
+    outcome.mean_loss = mean_loss
+    return outcome
+
+
+def _due(run: Run, stop_now: bool) -> tuple[bool, bool, bool]:
+    """After the current step: (checkpoint, log, evaluate) due? A checkpoint implies a log
+    line, because the loss sync before it is what keeps non-finite weights out of saves."""
+    t, s = run.cfg.train, run.state
+    end_of_epoch = run.data.position.step == 0 and s.step > 0
+    last = s.step == run.total_steps
+    ckpt = run.ckpt is not None and (
+        s.step % run.cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
+    )
+    log_line = s.step % t.log_every_steps == 0 or last or ckpt or stop_now
+    evaluate = run.val_ds is not None and (
+        (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
+        or (t.eval_every_steps is None and end_of_epoch)
+        or last
+    )
+    return ckpt, log_line, evaluate
+
+
 def _evaluate(run: Run, metrics: dict[str, float]) -> bool:
     """Score the validation rows into ``metrics``, log them, and return whether to stop early."""
     step = run.state.step
-    metrics.update(run.evaluate())
+    metrics.update(evaluation.evaluate(run))
     run.telemetry.emit(
         "eval",
         step=step,
         epoch=round(step / run.steps_per_epoch, 4),
         **{k: v for k, v in metrics.items() if k.startswith("val_")},
     )
-    return run.early_stop_update(metrics)
+    return evaluation.early_stop_update(run, metrics)
 
 
 def _ask_to_stop(

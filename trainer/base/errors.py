@@ -7,7 +7,7 @@ import os
 import re
 import shutil
 
-from trainer.redact import redact
+from trainer.base.redact import redact
 
 EXIT_BAD_INPUT = 2
 """Permanent failure under the training operator's ExitCode restart policy (1-127)."""

@@ -1,124 +1,64 @@
-"""One training run's objects and the steps of its loop: :class:`Run`.
+"""One training run's objects and its optimizer step: :class:`Run`.
 
 ``Run(cfg, ctx, stop)`` builds data, model, optimizer, scheduler, scaler, checkpoint manager and
-telemetry once. Its methods are the pieces :func:`trainer.loop.train` puts in order, and that the
-benchmarks time: ``loop_step`` (one iteration), ``train_step`` (micro-batches and one optimizer
-step) with the out-of-memory fallback (halve the micro-batch, double accumulation, keep the
-effective batch), ``evaluate``, ``early_stop_update``, ``save_checkpoint`` and
-``restore_latest``.
+telemetry once, and registers every piece of state a checkpoint holds
+(:mod:`trainer.training.state`). Its methods are what :mod:`trainer.training.loop` puts in
+order, and what the benchmarks time: ``train_step`` (micro-batches and one optimizer step) with
+the out-of-memory fallback (halve the micro-batch, double accumulation, keep the effective
+batch), ``save_checkpoint`` and ``restore_latest``.
 
 Decisions that change control flow (OOM, stop) are agreed by all ranks over a small CPU (gloo)
 collective so that no rank is left waiting inside a GPU collective, and without a device sync.
-Loss values stay on the device in a :class:`LossWindow` and are synced only when a log line,
-an evaluation or a checkpoint is due.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Generator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import dist, resume, sharding
-from trainer.checkpoint import CheckpointManager, seed_everything
-from trainer.config import WorkerConfig, config_hash
-from trainer.data import (
+from trainer.base.typedconfig import config_hash
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.config import WorkerConfig
+from trainer.data.datasets import (
     BatchStream,
     DataPosition,
     TabularDataset,
     TokenDataset,
-    eval_batches,
     load_dataset,
 )
-from trainer.dist import DistContext
-from trainer.models import ModelSpec, TabularMLP, build_model, compute_loss, forward_loss
+from trainer.data.prefetch import Prefetcher
+from trainer.distributed import dist, sharding
+from trainer.distributed.dist import DistContext
+from trainer.distributed.precision import Precision, configure_backends, resolve_precision
+from trainer.models import ModelSpec, TabularMLP, build_model, forward_loss
 from trainer.models.linear_fit import fit_linear
-from trainer.optim import lr_multiplier, make_optimizer
-from trainer.precision import Precision, configure_backends, resolve_precision
-from trainer.prefetch import Prefetcher
-from trainer.stop import StopSignal
-from trainer.telemetry import Telemetry, gpu_memory_gb
+from trainer.training.optim import lr_multiplier, make_optimizer
+from trainer.training.rng import seed_everything
+from trainer.training.state import (
+    META,
+    BestWeights,
+    DataState,
+    LoopState,
+    OptionalPiece,
+    RngState,
+    RunState,
+    Stateful,
+)
+from trainer.training.stop import StopSignal
+from trainer.training.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _State:
-    """Mutable loop state that a checkpoint captures (besides model/optimizer tensors)."""
-
-    step: int = 0
-    position: DataPosition = field(default_factory=DataPosition)
-    micro_batch_size: int = 1
-    lr_scale: float = 1.0
-    rollbacks: int = 0
-    best: float | None = None
-    evals_without_improvement: int = 0
-    stopped_early: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
-    best_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _free_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-class LossWindow:
-    """The step losses between two log lines, kept on the device: no per-step host sync.
-
-    ``add`` is a few tiny device ops; ``sync`` is the one place loss values leave the device
-    (summed over ranks), which is also where a non-finite loss or gradient norm shows up.
-    """
-
-    def __init__(self, ctx: DistContext) -> None:
-        self.ctx = ctx
-        self.sums = torch.zeros(3, device=ctx.device)  # loss sum, non-finite count, steps
-        self.start, self.samples = time.perf_counter(), 0
-
-    def add(self, loss: torch.Tensor, grad_norm: torch.Tensor | None, samples: int) -> None:
-        """Record one step; ``grad_norm`` (unscaled runs only) is checked for Inf/NaN too."""
-        self.sums[0] += torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
-        self.sums[1] += (~torch.isfinite(loss)).float()
-        if grad_norm is not None:
-            # An Inf gradient with a finite loss poisons the weights: catch it before a save.
-            self.sums[1] += (~torch.isfinite(grad_norm)).float()
-        self.sums[2] += 1
-        self.samples += samples
-
-    def sync(self) -> tuple[float, float, float]:
-        """(mean loss per step, non-finite count, samples/s) over all ranks since the reset."""
-        loss_total, bad, n = dist.all_reduce_sum(self.ctx, self.sums.clone()).tolist()
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        return loss_total / self.ctx.world_size / max(n, 1.0), bad, self.samples / elapsed
-
-    def reset(self) -> None:
-        self.sums.zero_()
-        self.start, self.samples = time.perf_counter(), 0
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    """What one iteration of the training loop did and what the loop must do next."""
-
-    loss: torch.Tensor
-    """This step's loss, still on the device."""
-    stop_now: bool
-    """SIGTERM arrived: checkpoint and stop."""
-    checkpoint: bool
-    """A checkpoint is due after this step."""
-    evaluate: bool
-    """An evaluation is due after this step."""
-    mean_loss: float | None = None
-    """Mean loss since the last log line, where this step synced (logged or evaluates)."""
-    diverged: bool = False
-    """The synced window held a non-finite loss or gradient norm: roll back."""
 
 
 class Run:
@@ -167,13 +107,15 @@ class Run:
         self.local_batch = t.global_batch_size // ctx.world_size
         # Regression learns the standardised target; its scale converts RMSE back to target units.
         self.target_mean, self.target_std = d.target_scale or (0.0, 1.0)
-        self.stream = BatchStream(
-            self.train_ds,
-            global_batch_size=t.global_batch_size,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            seed=t.seed,
-            shuffle=d.shuffle,
+        self.data = DataState(
+            BatchStream(
+                self.train_ds,
+                global_batch_size=t.global_batch_size,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                seed=t.seed,
+                shuffle=d.shuffle,
+            )
         )
         self.steps_per_epoch = self.stream.steps_per_epoch
         total = t.epochs * self.steps_per_epoch
@@ -200,7 +142,7 @@ class Run:
         self.fwd_model: Any = None
         self._wrap_model()
         self.optimizer = make_optimizer(self.raw_model, cfg, ctx.device)
-        self.state = _State(
+        self.state = LoopState(
             micro_batch_size=min(t.micro_batch_size or self.local_batch, self.local_batch)
         )
         o = cfg.optim
@@ -220,7 +162,6 @@ class Run:
         self.scaler = self.precision.make_scaler()
         c = cfg.checkpoint
         self.ckpt = CheckpointManager(c.uri, keep_last=c.keep_last) if c.uri else None
-        self.cfg_hash = config_hash(cfg)
         self.telemetry = Telemetry(
             enabled=ctx.is_main,
             job=ctx.run_id,
@@ -228,9 +169,38 @@ class Run:
             history_uri=cfg.output.history_uri,
             metrics_stdout=cfg.train.metrics_stdout,
         )
-        self.best_state: dict[str, torch.Tensor] | None = None
+        self.best = BestWeights(ctx)
+        self.checkpointed = self._run_state(config_hash(cfg))
         self.last_checkpoint: str | None = None
         self.last_grad_norm: torch.Tensor | None = None
+
+    def _run_state(self, cfg_hash: str) -> RunState:
+        """Every piece of this run's state that a checkpoint holds, by its key in ``state.pt``,
+        in the order a restore loads them (see :mod:`trainer.training.state`)."""
+        pieces: dict[str, Stateful] = {META: self.state}
+        if not self.sharded:  # under FSDP every rank writes its shards through DCP instead
+            pieces |= {"model": self.raw_model, "optimizer": self.optimizer}
+        pieces |= {
+            "scheduler": self.scheduler,
+            "scaler": OptionalPiece(self.scaler),
+            "data": self.data,
+            "best_model": self.best,
+            "rng": RngState(self.ctx, seed=self.cfg.train.seed, loop=self.state),
+        }
+        return RunState(
+            pieces,
+            identity={
+                "world_size": self.ctx.world_size,
+                "config_hash": cfg_hash,
+                "strategy": self.strategy,
+            },
+            shards=(self.raw_model, self.optimizer) if self.sharded else None,
+        )
+
+    @property
+    def stream(self) -> BatchStream:
+        """The training batches from the position of the last step taken (or restored)."""
+        return self.data.stream
 
     def _start_linear(self) -> None:
         """``model.linear: fit``: start the MLP from the linear model fitted to the training rows.
@@ -280,75 +250,34 @@ class Run:
         model: torch.nn.Module = self.ddp if self.ddp is not None else self.raw_model
         self.fwd_model = torch.compile(model) if self.cfg.train.compile else model
 
-    def loop_step(
-        self, position: DataPosition, x: torch.Tensor, y: torch.Tensor, window: LossWindow
-    ) -> StepOutcome:
-        """One iteration of :func:`train`'s loop on batch ``(x, y)`` (the benchmarks time it).
-
-        Steps the optimizer (with the OOM fallback), advances the state to ``position``, adds
-        the loss to ``window`` and, where a log line or an evaluation is due, syncs the window
-        and logs the step. A non-finite window is reported (``diverged``), not logged: the
-        caller rolls back. Evaluation and checkpoints are the caller's, as the outcome says.
-        """
-        s, t, tel = self.state, self.cfg.train, self.telemetry
-        loss, stop_now = self.step_with_oom_fallback(x, y)
-        s.step += 1
-        s.position = position
-        window.add(loss, self.last_grad_norm if self.scaler is None else None, t.global_batch_size)
-        tel.advance(s.step)
-        want_ckpt, want_log, want_eval = self.due(stop_now)
-        outcome = StepOutcome(
-            loss=loss, stop_now=stop_now, checkpoint=want_ckpt, evaluate=want_eval
-        )
-        if not (want_log or want_eval):
-            return outcome
-        # Sync point: the only place loss values leave the device.
-        mean_loss, bad, samples_per_s = window.sync()
-        if bad > 0:
-            outcome.diverged = True
-            return outcome
-        norm = self.last_grad_norm
-        tel.emit(
-            "step",
-            step=s.step,
-            epoch=round(s.step / self.steps_per_epoch, 4),
-            loss=mean_loss,
-            lr=self.scheduler.get_last_lr()[0],
-            grad_norm=float(norm) if norm is not None else None,
-            samples_per_s=round(samples_per_s, 1),
-            micro_batch=s.micro_batch_size,
-            gpu_mem_gb=gpu_memory_gb(self.ctx.device),
-        )
-        window.reset()
-        outcome.mean_loss = mean_loss
-        return outcome
-
-    def due(self, stop_now: bool) -> tuple[bool, bool, bool]:
-        """After the current step: (checkpoint, log, evaluate) due? A checkpoint implies a log
-        line, because the loss sync before it is what keeps non-finite weights out of saves."""
-        t, s = self.cfg.train, self.state
-        end_of_epoch = s.position.step == 0 and s.step > 0
-        last = s.step == self.total_steps
-        ckpt = self.ckpt is not None and (
-            s.step % self.cfg.checkpoint.every_steps == 0 or end_of_epoch or stop_now
-        )
-        log_line = s.step % t.log_every_steps == 0 or last or ckpt or stop_now
-        evaluate = self.val_ds is not None and (
-            (t.eval_every_steps is not None and s.step % t.eval_every_steps == 0)
-            or (t.eval_every_steps is None and end_of_epoch)
-            or last
-        )
-        return ckpt, log_line, evaluate
-
     # ---------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self) -> None:
-        """Write a checkpoint of this step (every rank calls it; see :mod:`trainer.resume`)."""
-        resume.save(self)
+        """Write a checkpoint of this step (every rank calls it)."""
+        if self.ckpt is None:
+            return
+        uri = self.checkpointed.save(self.ckpt, self.ctx, self.state.step)
+        if self.ctx.is_main:
+            self.last_checkpoint = uri
+            self.telemetry.emit("checkpoint", step=self.state.step, uri=uri)
+            self.telemetry.flush()
 
     def restore_latest(self, *, reason: str) -> int | None:
-        """Load the newest complete checkpoint on every rank; return its step or None."""
-        return resume.restore(self, reason=reason)
+        """Load the newest complete checkpoint on every rank; return its step or None.
+
+        Raises:
+            ValueError: The checkpoint was written under the other ``train.strategy``.
+        """
+        if self.ckpt is None:
+            return None
+        step = self.checkpointed.restore(self.ckpt, self.ctx)
+        if step is None:
+            return None
+        s = self.state
+        # A checkpoint of fewer processes may carry a micro-batch larger than this run's share.
+        s.micro_batch_size = min(s.micro_batch_size, self.local_batch)
+        self.telemetry.emit("restore", step=s.step, reason=reason, epoch=self.data.position.epoch)
+        return step
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole model's weights as CPU tensors on the main rank (all ranks call it)."""
@@ -517,78 +446,11 @@ class Run:
                     accumulation=accum,
                 )
 
-    # ---------------------------------------------------------------- evaluation
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Loss (and accuracy or RMSE) over every validation row, summed over ranks."""
-        if self.val_ds is None:
-            return {}
-        self.raw_model.eval()
-        ctx = self.ctx
-        totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, correct, n
-        for x, y, n_valid in eval_batches(
-            self.val_ds,
-            batch_size=self.cfg.data.eval_batch_size,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-        ):
-            # Every rank runs every (padded) batch: an FSDP forward is a collective.
-            with self.precision.autocast():
-                out = self.raw_model(x.to(ctx.device))
-            if n_valid == 0:
-                continue
-            out = out[:n_valid].float()
-            y = self.scaled_target(y[:n_valid].to(ctx.device))
-            task = self.spec.task
-            per = compute_loss(task, out, y) * n_valid
-            totals[0] += per.double()
-            if task == "classification":
-                totals[1] += (out.argmax(-1) == y).sum().double()
-            elif task == "regression":
-                totals[1] += ((out.squeeze(-1) - y) ** 2).sum().double()
-            totals[2] += n_valid
-        self.raw_model.train()
-        loss_sum, extra, n = dist.all_reduce_sum(ctx, totals).tolist()
-        n = max(n, 1.0)
-        metrics = {"val_loss": loss_sum / n}
-        if self.spec.task == "classification":
-            metrics["val_accuracy"] = extra / n
-        elif self.spec.task == "regression":
-            metrics["val_rmse"] = math.sqrt(extra / n) * self.target_std
-        else:
-            metrics["val_perplexity"] = math.exp(min(loss_sum / n, 50.0))
-        return metrics
-
     def scaled_target(self, y: torch.Tensor) -> torch.Tensor:
         """The regression target as the model learns it (``data.target_scale``); else ``y``."""
         if self.cfg.data.target_scale is None:
             return y
         return (y - self.target_mean) / self.target_std
-
-    def early_stop_update(self, metrics: dict[str, float]) -> bool:
-        """Track the best value; keep the best weights; return True when patience is used up."""
-        es = self.cfg.train.early_stopping
-        if es is None:
-            return False
-        if es.metric not in metrics:
-            raise ValueError(
-                f"train.early_stopping.metric {es.metric!r} is not produced for this "
-                f"task; available: {sorted(metrics)}"
-            )
-        value, s = metrics[es.metric], self.state
-        better = s.best is None or (
-            value < s.best - es.min_delta if es.mode == "min" else value > s.best + es.min_delta
-        )
-        if better:
-            s.best, s.evals_without_improvement = value, 0
-            s.best_metrics = {k: v for k, v in metrics.items() if k.startswith("val_")}
-            best = self.full_state()  # a collective under FSDP
-            if self.ctx.is_main:
-                self.best_state = best
-            return False
-        s.evals_without_improvement += 1
-        return s.evals_without_improvement >= es.patience
 
 
 def training_batches(

@@ -1,64 +1,41 @@
-"""Atomic, checksummed ``step-<n>/`` training checkpoints that resume from the newest good one."""
+"""Atomic, checksummed ``step-<n>/`` training checkpoints that resume from the newest good one.
+
+The folders' life cycle: written under a temporary name and renamed when complete, pruned to
+the newest k, bad ones skipped and quarantined. What one folder holds, and how it is verified,
+is :mod:`trainer.checkpoint.files`.
+"""
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import hashlib
-import io
 import logging
-import os
-import pickle
-import random
 import re
 import time
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
-import torch
-
-from trainer import outputs, storage
-from trainer.errors import disk_full, is_disk_full
+from trainer.base import outputs, storage
+from trainer.base.errors import disk_full, is_disk_full
+from trainer.checkpoint.files import (
+    FORMAT,
+    MARKER_FILE,
+    STATE_FILE,
+    CorruptCheckpointError,
+    check_loadable,
+    local_file,
+    read_verified,
+    write_state,
+)
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
-"""Version of the on-disk layout, recorded in every completion marker."""
-STATE_FILE = "state.pt"
-MARKER_FILE = "COMPLETE.json"
 ROOT_STEP = "checkpoints"
-"""The step named in the root's :data:`trainer.outputs.OUTPUT_MARKER`: the root is the manager's."""
+"""The step named in the root's :data:`trainer.base.outputs.OUTPUT_MARKER`: the root is the
+manager's."""
 
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _TMP_DIR = re.compile(r"step-(\d{8,})\.tmp")
 _REPLACED_DIR = re.compile(r"step-(\d{8,})\.replaced")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-# What a state.pt that passed its checksum can still raise from torch.load: a refused global
-# (UnpicklingError) or a malformed archive or pickle. OSError is deliberately absent: an I/O
-# failure says nothing about the checkpoint and must not get a good one quarantined.
-_LOAD_ERRORS = (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, IndexError)
-
-# Exact types that torch.load(weights_only=True) accepts by default (checked on torch 2.13).
-# Exact, not isinstance: subclasses such as defaultdict or namedtuples pickle a class reference
-# and are refused.
-_SAFE_LEAVES: frozenset[type] = frozenset(
-    {str, bytes, bytearray, int, float, bool, complex, type(None), torch.Size, torch.dtype}
-    | {torch.device, torch.Tensor, torch.nn.Parameter}
-)
-_SAFE_CONTAINERS: frozenset[type] = frozenset(
-    {dict, collections.OrderedDict, collections.Counter, list, tuple, set}
-)
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint directory that is incomplete, fails its checksums or cannot be loaded safely."""
-
-    def __init__(self, uri: str, reason: str) -> None:
-        super().__init__(f"checkpoint {uri} is unusable: {reason}")
-        self.uri = uri
-        self.reason = reason
 
 
 class CheckpointManager:
@@ -71,9 +48,9 @@ class CheckpointManager:
     checkpoint can never run code.
 
     Only one process may save (the caller passes ``ctx.is_main``). A sharded save
-    (:mod:`trainer.dcp`) splits :meth:`save` into :meth:`begin` and :meth:`commit`, and the
-    other ranks write their shard files into the temporary folder in between; the marker lists
-    them, so they are verified like ``state.pt``. ``load_latest`` repairs the
+    (:mod:`trainer.checkpoint.dcp`) splits :meth:`save` into :meth:`begin` and :meth:`commit`,
+    and the other ranks write their shard files into the temporary folder in between; the marker
+    lists them, so they are verified like ``state.pt``. ``load_latest`` repairs the
     directory (quarantines bad steps, removes leftovers); on a shared root, let the main rank call
     it first, or pass ``repair=False`` on the other ranks.
 
@@ -126,7 +103,7 @@ class CheckpointManager:
         _check_step(step)
         if type(state) is not dict:
             raise ValueError(f"checkpoint state must be a dict, got {type(state).__name__}")
-        _check_loadable(state, "state")
+        check_loadable(state, "state")
         started = time.monotonic()
         self.begin(step)
         return self.commit(step, state, started=started)
@@ -170,13 +147,13 @@ class CheckpointManager:
             The URI of the complete ``step-<n>/`` directory.
         """
         _check_step(step)
-        _check_loadable(state, "state")
+        check_loadable(state, "state")
         started = time.monotonic() if started is None else started
         name = _dir_name(step)
         final, tmp, aside = (self._uri(name + suffix) for suffix in ("", ".tmp", ".replaced"))
         entries = dict(files or {})
         try:
-            entries[STATE_FILE] = _write_state(storage.join(tmp, STATE_FILE), state)
+            entries[STATE_FILE] = write_state(storage.join(tmp, STATE_FILE), state)
             marker = {
                 "step": step,
                 "files": entries,
@@ -187,7 +164,7 @@ class CheckpointManager:
             storage.fsync_dir(tmp)
         except BaseException as e:
             # Nothing half-written stays behind (a full disk would stay full, too).
-            local = _local_file(tmp)
+            local = local_file(tmp)
             full = is_disk_full(e, local) if local is not None else is_disk_full(e)
             with contextlib.suppress(Exception):
                 storage.delete(tmp)
@@ -296,52 +273,7 @@ class CheckpointManager:
         return storage.join(self.root, *parts)
 
     def _read_verified(self, name: str, step: int) -> dict[str, Any]:
-        """Check marker, sizes and sha256 of ``name``, then load its state with weights_only."""
-        uri = self._uri(name)
-        marker_uri = storage.join(uri, MARKER_FILE)
-        if not storage.exists(marker_uri):
-            raise CorruptCheckpointError(uri, f"no {MARKER_FILE} (incomplete save)")
-        try:
-            marker = storage.read_json(marker_uri)
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise CorruptCheckpointError(uri, f"{MARKER_FILE} is not valid JSON ({e})") from e
-        files = _check_marker(uri, marker, step)
-
-        # Local files are hashed and loaded in place; remote ones are read once into memory.
-        state_source: str | io.BytesIO | None = None
-        for file_name, expected in files.items():
-            file_uri = storage.join(uri, file_name)
-            local = _local_file(file_uri)
-            try:
-                if local is not None:
-                    digest, size = _hash_file(local)
-                    source: str | io.BytesIO = local
-                else:
-                    data = storage.read_bytes(file_uri)
-                    digest, size = hashlib.sha256(data).hexdigest(), len(data)
-                    source = io.BytesIO(data)
-            except FileNotFoundError as e:
-                raise CorruptCheckpointError(uri, f"{file_name} is missing") from e
-            if size != expected["bytes"]:
-                raise CorruptCheckpointError(
-                    uri, f"{file_name} has {size} bytes, {MARKER_FILE} says {expected['bytes']}"
-                )
-            if digest != expected["sha256"]:
-                raise CorruptCheckpointError(uri, f"{file_name} fails its sha256 checksum")
-            if file_name == STATE_FILE:
-                state_source = source
-        assert state_source is not None  # _check_marker guarantees STATE_FILE is listed
-        try:
-            state = torch.load(state_source, map_location="cpu", weights_only=True)
-        except _LOAD_ERRORS as e:
-            raise CorruptCheckpointError(
-                uri, f"{STATE_FILE} cannot be loaded with weights_only=True: {_why(e)}"
-            ) from e
-        if not isinstance(state, dict):
-            raise CorruptCheckpointError(
-                uri, f"{STATE_FILE} holds a {type(state).__name__}, expected a dict"
-            )
-        return state
+        return read_verified(self._uri(name), step)
 
     def _quarantine(self, name: str) -> str | None:
         """Rename a bad step directory to the first free ``<name>.corrupt-<k>``; return its URI."""
@@ -389,90 +321,6 @@ class CheckpointManager:
             storage.delete(uri)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """Capture the Python, NumPy, torch CPU and torch CUDA random states of this process.
-
-    The result holds only lists, ints, floats, str, None and tensors, so it survives
-    ``torch.load(weights_only=True)``; NumPy's key array becomes an int64 tensor.
-
-    Returns:
-        A dict for ``restore_rng_state``. ``"cuda"`` holds one state per visible device (empty
-        without CUDA).
-    """
-    version, internal, gauss_next = random.getstate()
-    algorithm, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    return {
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-        "numpy": {
-            "algorithm": str(algorithm),
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        },
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Restore random states captured by ``capture_rng_state`` (possibly after a save and load).
-
-    CUDA states are restored for the devices present in both; a mismatch in device count is logged
-    as a WARNING, since the CUDA streams of the missing devices cannot match the original run.
-
-    Args:
-        state: A dict from ``capture_rng_state``.
-
-    Raises:
-        ValueError: If ``state`` lacks a part or has one of the wrong shape.
-    """
-    try:
-        py, npy = state["python"], state["numpy"]
-        random.setstate(
-            (int(py["version"]), tuple(int(x) for x in py["internal"]), py["gauss_next"])
-        )
-        keys = np.asarray(npy["keys"].cpu().numpy(), dtype=np.uint32)
-        np.random.set_state(
-            (
-                str(npy["algorithm"]),
-                keys,
-                int(npy["pos"]),
-                int(npy["has_gauss"]),
-                float(npy["cached_gaussian"]),
-            )
-        )
-        torch.set_rng_state(state["torch"].cpu())
-        cuda_states = list(state.get("cuda", []))
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise ValueError(f"rng state is malformed: {type(e).__name__}: {e}") from e
-
-    if not cuda_states:
-        return
-    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if devices != len(cuda_states):
-        logger.warning(
-            "rng state has CUDA states for %d devices, this process sees %d; restoring %d",
-            len(cuda_states),
-            devices,
-            min(devices, len(cuda_states)),
-        )
-    for index, cuda_state in enumerate(cuda_states[:devices]):
-        torch.cuda.set_rng_state(cuda_state.cpu(), index)
-
-
-def _local_file(uri: str) -> str | None:
-    """The OS path of a local ``uri``; None for object stores, which get whole-buffer I/O."""
-    return storage.local_path(uri)
-
-
 def _dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
@@ -488,103 +336,3 @@ def _parse(pattern: re.Pattern[str], name: str) -> int | None:
 def _check_step(step: int) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"checkpoint step must be an int >= 0, got {step!r}")
-
-
-def _check_loadable(value: Any, path: str) -> None:
-    """Raise ValueError naming the first value under ``path`` that weights_only would refuse.
-
-    Catching it here fails the save, loudly and at once, instead of the resume hours later.
-    """
-    kind = type(value)
-    if kind in _SAFE_LEAVES or kind in torch.serialization.get_safe_globals():
-        return
-    if kind not in _SAFE_CONTAINERS:
-        raise ValueError(
-            f"{path} is a {kind.__module__}.{kind.__qualname__}, which"
-            " torch.load(weights_only=True) refuses; store tensors or plain Python values"
-        )
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_loadable(key, f"{path} key {key!r}")
-            _check_loadable(item, f"{path}[{key!r}]")
-    else:
-        for index, item in enumerate(value):
-            _check_loadable(item, f"{path}[{index}]")
-
-
-def _write_state(uri: str, state: dict[str, Any]) -> dict[str, Any]:
-    """torch.save ``state`` to ``uri`` durably; return its ``{"sha256", "bytes"}`` entry."""
-    local = _local_file(uri)
-    if local is None:
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        data = buffer.getvalue()
-        storage.write_bytes(uri, data)
-        return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    torch.save(state, local)
-    fd = os.open(local, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    digest, size = _hash_file(local)
-    return {"sha256": digest, "bytes": size}
-
-
-def file_entry(uri: str) -> dict[str, Any]:
-    """The ``{"sha256", "bytes"}`` marker entry of a file already written at ``uri``."""
-    local = _local_file(uri)
-    if local is not None:
-        digest, size = _hash_file(local)
-    else:
-        data = storage.read_bytes(uri)
-        digest, size = hashlib.sha256(data).hexdigest(), len(data)
-    return {"sha256": digest, "bytes": size}
-
-
-def _hash_file(path: str) -> tuple[str, int]:
-    """Return the sha256 hex digest and size of a local file, reading it in chunks."""
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-        size = os.fstat(f.fileno()).st_size
-    return digest, size
-
-
-def _check_marker(uri: str, marker: Any, step: int) -> dict[str, dict[str, Any]]:
-    """Validate a parsed ``COMPLETE.json``; return its ``files`` table."""
-    if not isinstance(marker, dict):
-        raise CorruptCheckpointError(uri, f"{MARKER_FILE} is not a JSON object")
-    if marker.get("format") != FORMAT:
-        raise CorruptCheckpointError(
-            uri, f"{MARKER_FILE} has format {marker.get('format')!r}, expected {FORMAT}"
-        )
-    if marker.get("step") != step or isinstance(marker.get("step"), bool):
-        raise CorruptCheckpointError(
-            uri, f"{MARKER_FILE} is for step {marker.get('step')!r}, not {step}"
-        )
-    files = marker.get("files")
-    if not isinstance(files, dict) or STATE_FILE not in files:
-        raise CorruptCheckpointError(uri, f"{MARKER_FILE} does not list {STATE_FILE}")
-    for file_name, entry in files.items():
-        ok_name = isinstance(file_name, str) and file_name == os.path.basename(file_name)
-        ok_entry = (
-            isinstance(entry, dict)
-            and isinstance(entry.get("sha256"), str)
-            and _SHA256.fullmatch(entry["sha256"]) is not None
-            and type(entry.get("bytes")) is int
-            and entry["bytes"] >= 0
-        )
-        if not (ok_name and ok_entry and file_name not in ("", ".", "..")):
-            raise CorruptCheckpointError(uri, f"{MARKER_FILE} has a bad entry for {file_name!r}")
-    return files
-
-
-def _why(error: BaseException) -> str:
-    """Shorten torch.load's error to the line that says what was wrong, without the boilerplate."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if "WeightsUnpickler error:" in line:
-            return line.split("WeightsUnpickler error:", 1)[1].strip()
-        if "GLOBAL" in line:  # "Trying to load unsupported GLOBAL posix.mkdir whose module ..."
-            return line
-    return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"

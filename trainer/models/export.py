@@ -14,9 +14,11 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from trainer import outputs, storage
-from trainer.config import ModelConfig, from_dict, to_dict
-from trainer.errors import InputError
+from trainer.base import outputs, storage
+from trainer.base.errors import InputError
+from trainer.base.typedconfig import from_dict, to_dict
+from trainer.base.version import __version__
+from trainer.config import ModelConfig
 from trainer.models import (
     BUILTIN_MODELS,
     ModelSpec,
@@ -25,7 +27,6 @@ from trainer.models import (
     plugin_module,
     unwrap_model,
 )
-from trainer.version import __version__
 
 FORMAT = "gpupipe.model/v1"
 WEIGHTS_FILE = "model.safetensors"
@@ -105,7 +106,7 @@ def save_model(
 
     The directory is built under a temporary sibling name and renamed to ``uri`` only when every
     file is written, so a failure leaves nothing at ``uri``. ``uri`` must be absent, empty or an
-    earlier model (which is replaced on success): see :func:`trainer.outputs.atomic_dir`. DDP
+    earlier model (which is replaced on success): see :func:`trainer.base.outputs.atomic_dir`. DDP
     and torch.compile wrappers are unwrapped first, so the weight names are those of the plain
     model.
 

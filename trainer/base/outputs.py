@@ -5,7 +5,7 @@ folder, or a folder that carries gpupipe's own marker (``.gpupipe-output.json``)
 run of the *same* step; a retried step replaces its earlier attempt. Anything else (a folder
 with files gpupipe did not create, another step's output, a regular file, the step's own inputs
 or a folder around them, the working directory, the home directory, ``/``, a whole bucket) is
-refused before any work with one :class:`~trainer.errors.InputError` (``E_OUTPUT``) that names
+refused before any work with one :class:`~trainer.base.errors.InputError` (``E_OUTPUT``) that names
 the path.
 
 A folder output carries its marker inside it. A file output (an HTML report, a JSON file)
@@ -22,9 +22,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from trainer import storage
-from trainer.errors import InputError
-from trainer.version import __version__
+from trainer.base import storage
+from trainer.base.errors import InputError
+from trainer.base.version import __version__
 
 OUTPUT_MARKER = ".gpupipe-output.json"
 """The marker's file name: inside a folder output, or ``.<name>`` + this next to a file output."""

@@ -40,7 +40,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from trainer.precision import Precision
+from trainer.distributed.precision import Precision
 
 log = logging.getLogger(__name__)
 

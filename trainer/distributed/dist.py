@@ -167,7 +167,7 @@ def peer_lost(exc: BaseException) -> bool:
     """Whether ``exc`` means another process of the job (or the store) went away.
 
     A lost peer is not this rank's fault and the rerun resumes from the last checkpoint, so the
-    worker exits with the retryable :data:`trainer.errors.EXIT_PEER_LOST` instead of 1. The
+    worker exits with the retryable :data:`trainer.base.errors.EXIT_PEER_LOST` instead of 1. The
     explicit cause chain (``raise ... from e``) is followed, so a wrapped collective error counts.
     """
     seen: set[int] = set()

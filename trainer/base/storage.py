@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from trainer.errors import InputError
-from trainer.redact import has_userinfo, redact
+from trainer.base.errors import InputError
+from trainer.base.redact import has_userinfo, redact
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _REMOTE_SCHEMES = ("s3", "gs", "minio")
@@ -468,7 +468,7 @@ def rename(src: str, dst: str) -> None:
 
     Both local: ``os.replace`` (atomic; an existing file ``dst`` is replaced, an empty directory
     ``dst`` too). Otherwise: copy, then delete ``src``, which is not atomic: a reader may see
-    ``dst`` half-filled, so publish directories through ``trainer.outputs.atomic_dir`` (readers
+    ``dst`` half-filled, so publish directories through ``trainer.base.outputs.atomic_dir`` (readers
     look for ``dst`` only after the writer returns) or through a marker file written last.
 
     Raises:

@@ -11,8 +11,8 @@ from typing import Any, TextIO
 
 import torch
 
-from trainer import storage
-from trainer.redact import redact
+from trainer.base import storage
+from trainer.base.redact import redact
 
 log = logging.getLogger(__name__)
 

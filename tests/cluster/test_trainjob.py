@@ -1,0 +1,292 @@
+"""The train step's TrainJob path (``launcher=trainjob``) on a real cluster: the launcher runs in a
+pod under the ``pipeline-runner`` account and our Role, in a namespace that enforces restricted Pod
+Security, and Kubeflow Trainer v2 with JobSet (both built from upstream, in the cluster, with their
+webhooks: hack/cluster/addons/{jobset,trainer}.sh) runs a 2-node TrainJob on the
+``torch-distributed`` ClusterTrainingRuntime (gloo on CPU) of the trainer's image that reads and
+writes the in-cluster object store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import torch
+
+from tests.cluster import kube
+from tests.cluster.conftest import delete_namespace, make_namespace, role
+from tests.cluster.kube import JOB_TIMEOUT_S, Launch, kill_container, launch, weights
+from trainer.base import storage
+from trainer.models.export import load_model
+
+KIND = "trainjob"
+NODE = "node"
+"""Trainer's replicated job and container in torch-distributed."""
+GPUPIPE_RUNTIME = "gpupipe-torch-distributed"
+"""hack/cluster/addons/trainer/: torch-distributed with the PyTorchJob path's failure semantics
+(exit codes 1-127 fail at once; a lost node restarts the JobSet and training resumes)."""
+
+
+def train_config(image: str, runtime: str = GPUPIPE_RUNTIME, **over: Any) -> dict[str, Any]:
+    """The train step's config for a 2-node CPU TrainJob of the demo table on ``runtime``."""
+    cfg = kube.train_config(image, KIND, **over)
+    cfg["cluster"]["runtime"] = runtime
+    return cfg
+
+
+def node_pods(namespace: str, job: str, index: int | None = None) -> list[dict[str, Any]]:
+    """The TrainJob's pods (JobSet's label), of one node when ``index`` is given, oldest first."""
+    pods = kube.job_pods(namespace, job, KIND)
+    if index is not None:
+        pods = [
+            p
+            for p in pods
+            if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index")
+            == str(index)
+        ]
+    return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
+
+
+def node_pod(namespace: str, job: str, index: int) -> str | None:
+    """The name of node ``index``'s newest pod that is not being deleted."""
+    pods = node_pods(namespace, job, index)
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return live[-1]["metadata"]["name"] if live else None
+
+
+def node0_steps(namespace: str, job: str) -> int:
+    pod = node_pod(namespace, job, 0)
+    return kube.pod_steps(namespace, pod, NODE) if pod else 0
+
+
+def trainjob(namespace: str, job: str) -> dict[str, Any]:
+    return kube.get_json("trainjob", "-n", namespace, job)
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+def job_gone(namespace: str, job: str) -> bool:
+    return kube.job_gone(namespace, job, KIND)
+
+
+@pytest.fixture(scope="module")
+def reference(namespace: str, image: str, dataset: str) -> Launch:
+    """A 2-node TrainJob on upstream's torch-distributed (what the launcher names by default) run
+    to the end, uninterrupted and kept: test 1, the weights the node-loss test matches, and the
+    objects the runtime-patch test reads."""
+    cfg = train_config(image, runtime="torch-distributed")
+    cfg["cluster"]["on_exit"] = "keep"
+    run = launch(namespace, image, dataset, cfg)
+    run.exit = run.done()
+    return run
+
+
+def test_two_node_trainjob_trains_streams_node_0s_log_and_stores_the_model(
+    reference: Launch,
+) -> None:
+    log = reference.log()
+    assert reference.exit is not None
+    assert reference.exit["exitCode"] == 0, f"launcher failed:\n{log[-3000:]}"
+    # Node 0's JSON log lines (loss per step) reached the launcher's own log.
+    assert re.search(r'"step": \d+.*"loss"', log), log[-3000:]
+    loaded = load_model(reference.model)
+    assert sum(p.numel() for p in loaded.module.parameters()) > 0
+    assert storage.exists(storage.join(reference.model, "metrics.json"))
+    job = trainjob(reference.namespace, reference.job)
+    complete = conditions(job)["Complete"]
+    assert (complete["status"], complete["reason"]) == ("True", "AllJobsCompleted"), job["status"]
+
+
+def test_bad_input_fails_the_step_with_the_workers_line_and_the_trainjobs_conditions(
+    namespace: str, image: str, dataset: str
+) -> None:
+    # A dataset whose record is fine (the launcher accepts it) but whose training split is not
+    # Parquet: the workers refuse it with exit 2, which must not be retried.
+    bad = f"minio://{kube.BUCKET}/{namespace}/bad-dataset"
+    for name in ("schema.json", "stats.json", "val.parquet", "test.parquet"):
+        storage.write_bytes(f"{bad}/{name}", storage.read_bytes(f"{dataset}/{name}"))
+    storage.write_bytes(f"{bad}/train.parquet", b"not parquet")
+    cfg = train_config(image)
+    cfg["cluster"]["on_exit"] = "keep"
+    run = launch(namespace, image, bad, cfg)
+    done = run.done()
+    log = run.log()
+    assert done["exitCode"] == 2, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("ERROR [train] E_"), last
+    assert "train.parquet" in log
+    # The TrainJob's conditions are in the message.
+    assert f"TrainJob {namespace}/{run.job} failed" in log, log[-3000:]
+    assert "conditions: " in log and "Failed=True" in log, log[-3000:]
+    failed = conditions(trainjob(namespace, run.job))["Failed"]
+    assert failed["status"] == "True"
+    for pod in node_pods(namespace, run.job):
+        for cs in pod["status"].get("containerStatuses", []):
+            assert cs["restartCount"] == 0, f"{pod['metadata']['name']} was restarted"
+            assert cs["state"]["terminated"]["exitCode"] == 2
+    kube.kubectl("delete", "trainjob", "-n", namespace, run.job)
+
+
+def test_a_deleted_node_pod_restarts_the_jobset_and_training_resumes_to_the_same_weights(
+    namespace: str, image: str, dataset: str, reference: Launch
+) -> None:
+    run = launch(namespace, image, dataset, train_config(image))
+    kube.wait_until(
+        "the job to pass its first checkpoint",
+        lambda: node0_steps(namespace, run.job) >= 12,
+        timeout=JOB_TIMEOUT_S,
+        interval=2,
+    )
+    node1 = node_pod(namespace, run.job, 1)
+    assert node1 is not None
+    kube.kubectl("delete", "pod", "-n", namespace, node1, "--grace-period=0", "--force")
+    done = run.done()
+    log = run.log()
+    assert done["exitCode"] == 0, log[-3000:]
+    # gpupipe's runtime: the lost pod failed its Job (backoffLimit 0), and JobSet restarted every
+    # node together (its failurePolicy), which resumed from the last checkpoint.
+    jobset = kube.get_json("jobset", "-n", namespace, run.job)
+    assert jobset["status"]["restarts"] >= 1, jobset["status"]
+    assert all(
+        p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] != "0"
+        for p in node_pods(namespace, run.job)
+    )
+    assert re.search(r"resum", log, re.IGNORECASE), log[-3000:]
+    ours, theirs = weights(run.model), weights(reference.model)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), f"{name} differs from the uninterrupted run"
+
+
+def test_deadline_deletes_the_trainjob_and_names_the_deadline(
+    namespace: str, image: str, dataset: str
+) -> None:
+    cfg = train_config(image, train__epochs=500)
+    cfg["timeout_s"] = 45
+    run = launch(namespace, image, dataset, cfg)
+    done = run.done()
+    log = run.log()
+    assert done["exitCode"] != 0, log[-3000:]
+    assert re.search(r"deadline|timed out|timeout", log.strip().splitlines()[-1], re.I), log[-2000:]
+    kube.wait_until(
+        f"TrainJob {run.job} and its pods to be deleted", lambda: job_gone(namespace, run.job), 120
+    )
+
+
+@pytest.mark.parametrize("on_exit", ["delete", "suspend"])
+def test_sigterm_to_the_launcher_deletes_or_suspends_the_trainjob(
+    namespace: str, image: str, dataset: str, on_exit: str
+) -> None:
+    cfg = train_config(image, train__epochs=500)
+    cfg["cluster"]["on_exit"] = on_exit
+    run = launch(namespace, image, dataset, cfg)
+    kube.wait_until(
+        "node 0 to train", lambda: node0_steps(namespace, run.job) >= 1, JOB_TIMEOUT_S, interval=2
+    )
+    kube.kubectl("delete", "pod", "-n", namespace, run.pod, "--wait=false")  # SIGTERM
+    if on_exit == "delete":
+        kube.wait_until(
+            f"TrainJob {run.job} and its pods to be deleted",
+            lambda: job_gone(namespace, run.job),
+            120,
+        )
+        return
+    # Suspended: the TrainJob stays with spec.suspend and Trainer's Suspended condition, and
+    # JobSet removes the pods.
+    kube.wait_until(
+        f"TrainJob {run.job} to be suspended with no pod left",
+        lambda: (
+            trainjob(namespace, run.job)["spec"].get("suspend") is True
+            and conditions(trainjob(namespace, run.job)).get("Suspended", {}).get("status")
+            == "True"
+            and not node_pods(namespace, run.job)
+        ),
+        120,
+        interval=2,
+    )
+    kube.kubectl("delete", "trainjob", "-n", namespace, run.job)
+
+
+def test_a_restarted_launcher_adopts_its_trainjob(namespace: str, image: str, dataset: str) -> None:
+    cfg = train_config(image, train__epochs=12)
+    first = launch(namespace, image, dataset, cfg)
+    kube.wait_until(
+        "node 0 to train", lambda: node0_steps(namespace, first.job) >= 1, JOB_TIMEOUT_S, interval=2
+    )
+    uid = trainjob(namespace, first.job)["metadata"]["uid"]
+    kill_container(namespace, first.pod)
+    assert first.done(60)["exitCode"] == 137
+    second = launch(namespace, image, dataset, cfg, job=first.job, base=first.base)
+    done = second.done()
+    log = second.log()
+    assert done["exitCode"] == 0, log[-3000:]
+    assert trainjob(namespace, first.job)["metadata"]["uid"] == uid
+    assert [j["metadata"]["name"] for j in kube.jobs(namespace, KIND)].count(first.job) == 1
+    assert storage.exists(storage.join(second.model, "model.safetensors"))
+
+
+def test_the_runtime_patch_reaches_the_pods_and_they_pass_restricted(
+    namespace: str, reference: Launch
+) -> None:
+    # The namespace really refuses what restricted forbids ...
+    bad = kube.launcher_pod("privileged-probe", namespace, "gpupipe.local/busybox:1.35.0", [])
+    bad["spec"]["securityContext"] = {}
+    bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    proc = kube.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert proc.returncode != 0 and "violates PodSecurity" in proc.stderr, proc.stderr
+    # ... and admitted both nodes of the reference TrainJob, with the runtime patch merged in.
+    assert reference.exit is not None and reference.exit["exitCode"] == 0
+    job = trainjob(namespace, reference.job)
+    (patch,) = job["spec"]["runtimePatches"]
+    assert patch["manager"] == "gpupipe.dev/launcher" and patch["time"]  # the defaulter's stamp
+    owner = job["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Pod", reference.pod)
+    pods = node_pods(namespace, reference.job)
+    assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in volumes.values())
+        (node,) = [c for c in spec["containers"] if c["name"] == NODE]
+        sc = node["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+        mounts = {m["mountPath"] for m in node["volumeMounts"]}
+        assert {"/dev/shm", "/tmp"} <= mounts, mounts
+        env = {e["name"]: e for e in node["env"]}
+        assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == kube.STORE_SECRET
+        assert {"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR"} <= env.keys()
+        assert node["resources"]["limits"]["cpu"] == kube.JOB_POD_SETTINGS["cpu_limit"]
+        assert pod["metadata"]["annotations"].get("sidecar.istio.io/inject") == "false"
+    kube.kubectl("delete", "trainjob", "-n", namespace, reference.job)
+
+
+@pytest.mark.parametrize(
+    ("group", "resource", "verb"),
+    [
+        ("trainer.kubeflow.org", "trainjobs", "create"),
+        ("trainer.kubeflow.org", "trainjobs", "get"),
+        ("", "pods", "list"),
+    ],
+    ids=["create-trainjobs", "get-trainjobs", "list-pods"],
+)
+def test_one_verb_less_fails_with_a_line_naming_the_permission(
+    image: str, dataset: str, group: str, resource: str, verb: str
+) -> None:
+    ns = kube.unique("gpupipe-rbac")
+    make_namespace(ns, role(rules_without=(group, resource, verb)))
+    try:
+        run = launch(ns, image, dataset, train_config(image))
+        done = run.done()
+        log = run.log()
+        assert done["exitCode"] != 0, log[-2000:]
+        last = log.strip().splitlines()[-1]
+        assert last.startswith("ERROR [train] E_"), last
+        assert verb in last and resource in last, last
+    finally:
+        delete_namespace(ns)

@@ -1,0 +1,687 @@
+"""The PyTorchJob and TrainJob launchers against a fake API server that plays the Training
+Operator, Kubeflow Trainer and JobSet: every scenario of the one watch loop runs against both
+launchers; what the loop does the same whatever the resource runs once, with the PyTorchJob."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.fakes.kube_api import FakeKubeApi, Scenario
+from tests.unit.specs import job_spec
+from trainer.base.errors import InputError
+from trainer.launch import TrainingRun
+from trainer.launch.joblauncher import ClusterJobLauncher
+from trainer.launch.jobspec import ClusterConfig, job_name
+from trainer.launch.kube import (
+    PYTORCHJOB_API_CALLS,
+    TRAINJOB_API_CALLS,
+    KubeApi,
+    KubeApiError,
+    RetryPolicy,
+)
+from trainer.launch.pytorchjob import PyTorchJobLauncher, job_state
+from trainer.launch.trainjob import MANAGER, TrainJobLauncher, trainjob_state
+from trainer.launch.watch import LaunchCancelled, PodRef
+
+NS = "team-a"
+JOB = job_name("run-0f3c9a", "train")
+REF = f"{NS}/{JOB}"
+LINES = [f"epoch {i} loss {1 / i:.4f}" for i in range(1, 7)]
+POD = PodRef(name="train-launcher-abc12", namespace=NS, uid="3f0e6a52-9a0c-4c2e-8f4e-0c7f7b1d2a11")
+CLUSTER = ClusterConfig(image="gpupipe:test")
+"""What the train step passes: its cluster settings (with the pod's defaults)."""
+RUN = TrainingRun(
+    job_name=JOB, config_uri="s3://bucket/work/worker-config.json", gpus_per_node=2, nnodes=2
+)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One launcher and what differs about its resource."""
+
+    name: str
+    launcher: type[ClusterJobLauncher]
+    plural: str
+    container: str
+    api_calls: list[tuple[str, str, str]]
+    failure: tuple[str, ...]
+    """Lines of a failed job's message that only this resource's controller writes."""
+
+    def get(self, fake: FakeKubeApi) -> dict[str, Any] | None:
+        return fake.job(JOB) if self.name == "PyTorchJob" else fake.trainjob(JOB)
+
+    def state(self, job: dict[str, Any]) -> str:
+        return job_state(job) if self.name == "PyTorchJob" else trainjob_state(job)
+
+    def suspended(self, job: dict[str, Any]) -> bool:
+        spec = job["spec"]["runPolicy"] if self.name == "PyTorchJob" else job["spec"]
+        return bool(spec.get("suspend"))
+
+    def nodes(self, job: dict[str, Any]) -> int:
+        if self.name == "PyTorchJob":
+            return 1 + job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
+        return int(job["spec"]["trainer"]["numNodes"])
+
+    def deadline(self, job: dict[str, Any]) -> int | None:
+        spec = job["spec"]["runPolicy"] if self.name == "PyTorchJob" else job["spec"]
+        return spec.get("activeDeadlineSeconds")
+
+    @property
+    def path(self) -> str:
+        return rf"/{self.plural}/{JOB}$"
+
+
+PYTORCHJOB = Kind(
+    "PyTorchJob",
+    PyTorchJobLauncher,
+    "pytorchjobs",
+    "pytorch",
+    PYTORCHJOB_API_CALLS,
+    (f"PyTorchJob {REF} failed: PyTorchJobFailed", "1 Master replica(s) failed", "Running=False"),
+)
+TRAINJOB = Kind(
+    "TrainJob",
+    TrainJobLauncher,
+    "trainjobs",
+    "node",
+    TRAINJOB_API_CALLS,
+    (
+        f"TrainJob {REF} failed: FailedJobs: jobset failed",
+        "node 0 pod",
+        f"job {JOB}-node-0 failed: BackoffLimitExceeded",
+    ),
+)
+
+
+@pytest.fixture(params=[PYTORCHJOB, TRAINJOB], ids=["pytorchjob", "trainjob"])
+def kind(request: pytest.FixtureRequest) -> Kind:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubeApi]:
+    with FakeKubeApi(Scenario(lines=list(LINES))) as server:
+        yield server
+
+
+@pytest.fixture
+def waits() -> list[float]:
+    """Seconds the API wrapper waited between attempts (recorded, not slept)."""
+    return []
+
+
+@pytest.fixture
+def api(fake: FakeKubeApi, waits: list[float]) -> KubeApi:
+    cfg = client.Configuration(host=fake.url)
+    cfg.retries = False
+    return KubeApi(
+        client.ApiClient(cfg),
+        retry=RetryPolicy(attempts=4, backoff_s=0.01, max_backoff_s=0.02),
+        request_timeout_s=0.5,
+        sleep=waits.append,
+    )
+
+
+@pytest.fixture
+def launcher(api: KubeApi, kind: Kind) -> Callable[..., ClusterJobLauncher]:
+    def make(**kwargs: Any) -> ClusterJobLauncher:
+        kwargs = {"namespace": NS, "cluster": CLUSTER, "api": api, "poll_s": 0.05, **kwargs}
+        return kind.launcher(**kwargs)
+
+    return make
+
+
+@pytest.fixture
+def pytorchjob_launcher(api: KubeApi) -> Callable[..., ClusterJobLauncher]:
+    """The PyTorchJob launcher, for what the loop does the same whatever the resource."""
+
+    def make(**kwargs: Any) -> ClusterJobLauncher:
+        kwargs = {"namespace": NS, "cluster": CLUSTER, "api": api, "poll_s": 0.05, **kwargs}
+        return PyTorchJobLauncher(**kwargs)
+
+    return make
+
+
+def launch(launcher: ClusterJobLauncher, timeout_s: int | None = 20) -> None:
+    launcher.launch(dataclasses.replace(RUN, timeout_s=timeout_s))
+
+
+# --------------------------------------------------------------------------------------------
+# Every scenario, against both launchers
+# --------------------------------------------------------------------------------------------
+
+
+def test_success_streams_the_main_pods_log_once_in_order(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    launch(launcher())
+
+    # Every poll reaches back a few seconds: without dedupe each line would print many times;
+    # a TrainJob's node-1 pod carries the same JobSet labels, yet only node 0's lines show.
+    assert capsys.readouterr().out.splitlines() == LINES
+    assert fake.created == [REF]
+    job = kind.get(fake)
+    assert job is not None and kind.state(job) == "Succeeded"
+    assert kind.nodes(job) == 2
+    if job["kind"] == "TrainJob":
+        (patch,) = job["spec"]["runtimePatches"]
+        assert patch["manager"] == MANAGER and patch["time"]  # Trainer's defaulter stamps it
+    assert fake.calls("DELETE") == []
+    logs = fake.calls("GET", "/log$")
+    assert logs and all(r.query["container"] == [kind.container] for r in logs)
+
+
+def test_run_takes_a_job_spec_as_it_is(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
+) -> None:
+    spec = job_spec(job_name=JOB, image="other:1", config_uri="s3://b/c.json", gpus_per_node=3)
+
+    launcher().run(spec)
+
+    (post,) = fake.calls("POST", rf"/{kind.plural}$")
+    assert ("other:1", "s3://b/c.json") in {
+        (c.get("image"), (c.get("command") or [""])[-1]) for c in _containers(post.body)
+    }
+    with pytest.raises(ValueError, match="namespace 'team-b'"):
+        launcher().run(job_spec(job_name=JOB, namespace="team-b"))
+
+
+def _containers(job: dict[str, Any]) -> list[dict[str, Any]]:
+    if job["kind"] == "TrainJob":
+        return [job["spec"]["trainer"]]
+    return [
+        c
+        for r in job["spec"]["pytorchReplicaSpecs"].values()
+        for c in r["template"]["spec"]["containers"]
+    ]
+
+
+def _failed(kind: Kind) -> Scenario:
+    return Scenario(
+        lines=[f"line-{c}" for c in "abcdefgh"],
+        outcome="Failed",
+        pod_events=[
+            ("Warning", "BackOff", f"Back-off restarting failed container {kind.container}")
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("on_exit", "job_left"),
+    [("delete", None), ("keep", False), ("suspend", True)],
+    ids=["delete", "keep", "suspend"],
+)
+def test_failure_names_conditions_events_and_last_lines_then_applies_on_exit(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    on_exit: str,
+    job_left: bool | None,
+) -> None:
+    fake.scenario = _failed(kind)
+
+    with pytest.raises(RuntimeError) as info:
+        launch(launcher(on_exit=on_exit, log_tail=3))
+
+    message = str(info.value)
+    for line in kind.failure:
+        assert line in message
+    assert "conditions: " in message
+    assert "exited with code 1" in message
+    assert f"Back-off restarting failed container {kind.container}" in message
+    assert "  line-f\n  line-g\n  line-h" in message
+    assert "line-e" not in message  # log_tail=3
+    job = kind.get(fake)
+    if job_left is None:
+        assert job is None
+        assert "it was deleted (on_exit=delete)" in message
+    else:
+        assert job is not None
+        assert kind.suspended(job) is job_left
+        assert fake.calls("DELETE") == []
+
+
+@pytest.mark.parametrize("on_exit", ["keep", "suspend"])
+def test_a_kept_or_suspended_job_is_released_by_the_launcher_pod(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi, on_exit: str
+) -> None:
+    # Seen on the cluster: KFP cancels by deleting the launcher pod, and the garbage collector
+    # deleted the TrainJob the pod owned, suspended or not.
+    fake.scenario = _failed(kind)
+    with pytest.raises(RuntimeError):
+        launch(launcher(on_exit=on_exit, own_pod=POD))
+    job = kind.get(fake)
+    assert job is not None
+    owners = job["metadata"].get("ownerReferences") or []
+    assert all(o["uid"] != POD.uid for o in owners), owners
+    assert kind.suspended(job) is (on_exit == "suspend")
+
+
+def test_the_workers_bad_input_line_fails_the_step_as_bad_input(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
+) -> None:
+    fake.scenario = Scenario(
+        lines=["loading config", "ERROR [train] E_CONFIG: must be > 0, got -1 (optim.lr)"],
+        outcome="Failed",
+    )
+
+    with pytest.raises(InputError) as info:
+        launch(launcher())
+
+    assert (info.value.code, info.value.message, info.value.where) == (
+        "E_CONFIG",
+        "must be > 0, got -1",
+        "optim.lr",
+    )
+    assert kind.get(fake) is None
+
+
+def test_deadline_stops_the_job_and_raises_timeout(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake.scenario = Scenario(lines=LINES, outcome=None)
+    started = time.monotonic()
+
+    with pytest.raises(
+        TimeoutError,
+        match=rf"{kind.name} {REF} did not finish within 1 s .*it was Running.*deleted",
+    ):
+        launch(launcher(), timeout_s=1)
+
+    assert time.monotonic() - started < 3
+    assert kind.get(fake) is None
+    (post,) = fake.calls("POST")
+    assert kind.deadline(post.body) == 1
+    assert capsys.readouterr().out.splitlines() == LINES
+
+
+@pytest.fixture
+def sigterm_guard() -> Iterator[Callable[[int, Any], None]]:
+    """A SIGTERM handler of the test's own, so a stray signal cannot kill pytest."""
+    stray: list[int] = []
+
+    def guard(signum: int, frame: Any) -> None:
+        stray.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, guard)
+    yield guard
+    signal.signal(signal.SIGTERM, previous)
+    assert stray == [], "SIGTERM arrived outside the launcher"
+
+
+def test_sigterm_deletes_the_job_and_fails_the_step(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    sigterm_guard: Callable[[int, Any], None],
+) -> None:
+    fake.scenario = Scenario(lines=LINES, outcome=None)
+
+    def cancel_once_streaming() -> None:
+        end = time.monotonic() + 10
+        while not fake.calls("GET", "/log$") and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=cancel_once_streaming, daemon=True).start()
+    with pytest.raises(LaunchCancelled, match=rf"{REF}: the step was cancelled .*deleted"):
+        launch(launcher(), timeout_s=None)
+
+    assert kind.get(fake) is None
+    assert signal.getsignal(signal.SIGTERM) is sigterm_guard
+
+
+@pytest.mark.parametrize(
+    ("scenario", "age_s", "fails"),
+    [
+        (Scenario(lines=LINES, line_every_s=0.1), 0.4, False),
+        (Scenario(lines=LINES), 3600, False),
+        (Scenario(lines=LINES, outcome="Failed"), 3600, True),
+    ],
+    ids=["running-waits-for-it", "succeeded-is-reported", "failed-is-reported"],
+)
+def test_a_retried_launcher_reattaches_to_its_job(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    capsys: pytest.CaptureFixture[str],
+    scenario: Scenario,
+    age_s: float,
+    fails: bool,
+) -> None:
+    fake.add_job(JOB, scenario=scenario, age_s=age_s, kind=kind.name)  # type: ignore[arg-type]
+
+    if fails:
+        with pytest.raises(RuntimeError, match=rf"(?s){REF} failed.*{re.escape(LINES[-1])}"):
+            launch(launcher())
+        assert kind.get(fake) is None
+    else:
+        launch(launcher())
+        assert fake.calls("DELETE") == []
+    assert fake.calls("POST") == []
+    # A re-attached launcher still shows the main pod's log, each line once.
+    assert capsys.readouterr().out.splitlines() == LINES
+
+
+def test_a_job_created_between_get_and_create_is_adopted(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
+) -> None:
+    fake.add_job(JOB, kind=kind.name)  # type: ignore[arg-type]
+    fake.fail("GET", kind.path, 404)  # The first look misses the other launcher's job.
+
+    launch(launcher())
+
+    assert len(fake.calls("POST")) == 1  # answered 409 AlreadyExists
+    assert fake.created == []
+
+
+def test_a_suspended_job_is_resumed_and_owned_by_the_new_launcher_pod(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
+) -> None:
+    earlier = PodRef(
+        name="train-launcher-old", namespace=NS, uid="0b1c2d3e-aaaa-bbbb-cccc-000000000001"
+    )
+    fake.add_job(
+        JOB,
+        age_s=0.2,
+        suspended=True,
+        owners=[earlier.owner_reference()],
+        kind=kind.name,  # type: ignore[arg-type]
+    )
+    job = kind.get(fake)
+    assert job is not None and kind.state(job) == "Suspended"
+
+    launch(launcher(own_pod=POD))
+
+    job = kind.get(fake)
+    assert job is not None and kind.state(job) == "Succeeded"
+    assert kind.suspended(job) is False
+    assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == [earlier.uid, POD.uid]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "times", "retry_after"),
+    [
+        ("POST", "create", 429, 1, 1.5),
+        ("POST", "create", 500, 2, None),
+        ("POST", "create", 503, 3, None),
+        ("GET", "get", 429, 2, None),
+        ("GET", "get", 503, 3, None),
+        ("GET", r"/pods$", 500, 2, None),
+        ("GET", r"/log$", 503, 3, None),
+    ],
+    ids=[
+        "create-429-retry-after",
+        "create-500",
+        "create-503",
+        "get-429-no-retry-after",
+        "get-503",
+        "list-pods-500",
+        "log-503",
+    ],
+)
+def test_transient_api_errors_are_retried(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    waits: list[float],
+    capsys: pytest.CaptureFixture[str],
+    method: str,
+    path: str,
+    status: int,
+    times: int,
+    retry_after: float | None,
+) -> None:
+    path = {"create": rf"/{kind.plural}$", "get": kind.path}.get(path, path)
+    fake.fail(method, path, status, times=times, retry_after=retry_after)
+
+    launch(launcher())
+
+    assert fake.created == [REF]
+    assert len(waits) == times
+    if retry_after is not None:
+        assert waits == [retry_after]
+    assert capsys.readouterr().out.splitlines() == LINES
+
+
+def _rbac(method: str, path: str) -> tuple[str, str, str]:
+    m = re.match(r"^/apis/([^/]+)/", path)
+    group = m.group(1) if m else ""
+    parts = path.split("/namespaces/", 1)[1].split("/")[1:]
+    resource = "/".join(parts[::2])
+    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method)
+    return group, resource, verb or ("get" if len(parts) >= 2 else "list")
+
+
+def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
+) -> None:
+    fake.scenario = _failed(kind)
+    with pytest.raises(RuntimeError):
+        launch(launcher())  # create, get, list pods, log, events, delete
+    fake.scenario = Scenario(lines=LINES)
+    fake.add_job(JOB, age_s=0.2, kind=kind.name)  # type: ignore[arg-type]
+    launch(launcher(own_pod=POD))  # adopt: patch the ownerReference
+
+    assert {_rbac(r.method, r.path) for r in fake.requests} == set(kind.api_calls)
+
+
+@pytest.mark.parametrize("module", ["pytorchjob", "trainjob"])
+def test_importing_the_launcher_does_not_import_kubernetes(module: str) -> None:
+    code = f"import sys, trainer.launch.{module}; print('kubernetes' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"
+
+
+# --------------------------------------------------------------------------------------------
+# What the loop does the same whatever the resource: once, with the PyTorchJob
+# --------------------------------------------------------------------------------------------
+
+
+def test_pods_refused_by_pod_security_fail_the_step_at_once_and_delete_the_job(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+) -> None:
+    # What the real cluster showed: the operator retries creating a refused pod forever, so the
+    # job never fails on its own; the launcher reads the refusal in the job's events.
+    refusal = (
+        f'Error creating: pods "{JOB}-worker-0" is forbidden: violates PodSecurity '
+        '"restricted:latest": allowPrivilegeEscalation != false (container "init-pytorch" '
+        "must set securityContext.allowPrivilegeEscalation=false)"
+    )
+    fake.scenario = Scenario(outcome=None, job_events=[("Warning", "FailedCreatePod", refusal)])
+
+    with pytest.raises(InputError) as info:
+        launch(pytorchjob_launcher())
+
+    assert info.value.code == "E_POD_SECURITY"
+    assert 'violates PodSecurity "restricted:latest"' in str(info.value)
+    assert f"(namespace {NS})" in str(info.value)
+    assert fake.job(JOB) is None, "the refused job was left behind"
+
+
+def test_a_job_still_being_deleted_is_created_anew_once_gone(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.add_job(JOB, deleting_for_s=0.3)
+
+    launch(pytorchjob_launcher())
+
+    assert fake.created == [REF]
+
+
+def test_a_create_that_timed_out_is_retried_without_a_second_job(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.delay("POST", r"/pytorchjobs$", 1.0)  # longer than the client's 0.5 s timeout
+
+    launch(pytorchjob_launcher())
+
+    assert len(fake.calls("POST")) == 2
+    assert fake.created == [REF]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message", "expected"),
+    [
+        (
+            "POST",
+            r"/pytorchjobs$",
+            403,
+            'pytorchjobs.kubeflow.org is forbidden: User "system:serviceaccount:kubeflow:'
+            'pipeline-runner" cannot create resource "pytorchjobs" in API group "kubeflow.org" '
+            'in the namespace "team-a"',
+            "needs RBAC verb 'create' on 'pytorchjobs' in API group 'kubeflow.org' in namespace "
+            "'team-a'",
+        ),
+        (
+            "POST",
+            r"/pytorchjobs$",
+            422,
+            "PyTorchJob.kubeflow.org is invalid: spec.nprocPerNode: Invalid value",
+            "422 Unprocessable Entity",
+        ),
+        ("GET", PYTORCHJOB.path, 401, "Unauthorized", "401 Unauthorized"),
+    ],
+    ids=["create-forbidden", "create-invalid", "get-unauthorized"],
+)
+def test_a_permanent_api_error_names_the_job_without_retrying(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher],
+    fake: FakeKubeApi,
+    method: str,
+    path: str,
+    status: int,
+    message: str,
+    expected: str,
+) -> None:
+    fake.fail(method, path, status, times=5, message=message)
+
+    with pytest.raises(KubeApiError) as info:
+        launch(pytorchjob_launcher())
+
+    assert REF in str(info.value)
+    assert message in str(info.value) and expected in str(info.value)
+    assert len(fake.calls(method, path)) == 1
+    assert fake.created == [] and fake.calls("DELETE") == []
+
+
+def test_retries_are_bounded(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.fail("POST", r"/pytorchjobs$", 503, times=100)
+
+    with pytest.raises(
+        RuntimeError,
+        match=rf"create pytorchjobs.kubeflow.org {REF} still failing "
+        "after 4 attempts: 503",
+    ):
+        launch(pytorchjob_launcher())
+
+
+@pytest.mark.parametrize(
+    ("own_pod", "owners"),
+    [
+        (POD, [POD.uid]),
+        (PodRef(name="launcher", namespace="kubeflow", uid=POD.uid), []),
+        (None, []),
+    ],
+    ids=["same-namespace", "other-namespace-cannot-own", "unknown-pod"],
+)
+def test_the_job_is_owned_by_the_launcher_pod_when_known(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher],
+    fake: FakeKubeApi,
+    own_pod: PodRef | None,
+    owners: list[str],
+) -> None:
+    launch(pytorchjob_launcher(own_pod=own_pod))
+
+    (create,) = fake.calls("POST")
+    refs = create.body["metadata"].get("ownerReferences", [])
+    assert [o["uid"] for o in refs] == owners
+    for ref in refs:
+        assert ref == {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": POD.name,
+            "uid": POD.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+
+
+def test_from_environment_reads_the_downward_api(
+    monkeypatch: pytest.MonkeyPatch, api: KubeApi
+) -> None:
+    monkeypatch.setenv("POD_NAME", POD.name)
+    monkeypatch.setenv("POD_NAMESPACE", POD.namespace)
+    monkeypatch.setenv("POD_UID", POD.uid)
+
+    found = PyTorchJobLauncher.from_environment(cluster=CLUSTER, api=api)
+
+    assert (found.namespace, found.own_pod) == (NS, POD)
+
+
+def test_from_environment_needs_a_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+
+    with pytest.raises(ValueError, match="POD_NAMESPACE"):
+        PyTorchJobLauncher.from_environment(cluster=CLUSTER)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"on_exit": "orphan"}, "on_exit must be delete, keep or suspend, got 'orphan'"),
+        ({"poll_s": 0}, "poll_s must be > 0, got 0"),
+        ({"log_tail": 0}, "log_tail must be >= 1, got 0"),
+        ({"namespace": ""}, "namespace must be set"),
+    ],
+    ids=["on-exit", "poll", "log-tail", "namespace"],
+)
+def test_bad_arguments_are_refused(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], kwargs: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        pytorchjob_launcher(**kwargs)
+
+
+def test_without_a_cluster_the_default_api_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+
+    with pytest.raises(RuntimeError, match="no Kubernetes API to talk to"):
+        launch(PyTorchJobLauncher(namespace=NS, cluster=CLUSTER))
+
+
+@pytest.mark.parametrize("kind", [PYTORCHJOB, TRAINJOB], ids=["pytorchjob", "trainjob"])
+def test_a_forbidden_create_names_the_missing_permission(
+    api: KubeApi, fake: FakeKubeApi, kind: Kind
+) -> None:
+    fake.fail("POST", rf"/{kind.plural}$", 403, times=5, message=f"{kind.plural} is forbidden")
+
+    with pytest.raises(KubeApiError) as info:
+        launch(kind.launcher(namespace=NS, cluster=CLUSTER, api=api, poll_s=0.05))
+
+    (group, plural, _) = kind.api_calls[0]
+    assert f"needs RBAC verb 'create' on '{plural}' in API group '{group}'" in str(info.value)
+    assert len(fake.calls("POST")) == 1

@@ -1,0 +1,98 @@
+"""Why a custom resource failed, in one message: its conditions, the main pod's exit code,
+recent events of the object and the pod, and the pod's last log lines (credentials redacted)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainer.base.redact import redact
+from trainer.launch.kube import KubeApi, KubeApiError
+from trainer.launch.podlog import PodLog
+
+EVENTS_SHOWN = 10
+"""The newest events a failure's message shows."""
+
+
+def diagnose(
+    api: KubeApi,
+    namespace: str,
+    name: str,
+    what: str,
+    obj: Mapping[str, Any],
+    *,
+    pod: Mapping[str, Any] | None,
+    pod_log: PodLog,
+    container: str,
+    role: str = "master",
+) -> str:
+    """Why the object ``namespace/name`` (``what``: ``PyTorchJob team-a/x``) failed: conditions,
+    the pod's exit code, recent events, last lines."""
+    conds = (obj.get("status") or {}).get("conditions") or []
+    failed: Mapping[str, Any] = next((c for c in reversed(conds) if c.get("type") == "Failed"), {})
+    parts = [
+        f"{what} failed: {failed.get('reason', 'Failed')}: {failed.get('message', '(no message)')}",
+        "conditions: " + "; ".join(_condition(c) for c in conds),
+    ]
+    if (exit_line := _exit_code(pod, container, role)) is not None:
+        parts.append(exit_line)
+    parts.append(_events(api, namespace, [name] + ([pod["metadata"]["name"]] if pod else [])))
+    try:
+        lines = pod_log.last_lines(pod)
+    except KubeApiError as e:
+        lines = [f"(log unavailable: {e})"]
+    pod_name = pod["metadata"]["name"] if pod else "gone"
+    parts.append(f"last {len(lines)} lines of the {role}'s log (pod {pod_name}):")
+    parts += [f"  {line}" for line in lines]
+    return redact("\n".join(parts))
+
+
+def _events(api: KubeApi, namespace: str, names: list[str]) -> str:
+    try:
+        events = [e for n in names for e in api.events(namespace, n)]
+    except KubeApiError as e:
+        return f"recent events: unavailable ({e})"
+    events.sort(key=event_time)
+    shown = [
+        f"  {e.get('type', '')} {e.get('reason', '')} "
+        f"{(e.get('involvedObject') or {}).get('kind', '')}/"
+        f"{(e.get('involvedObject') or {}).get('name', '')}: {e.get('message', '')}"
+        for e in events[-EVENTS_SHOWN:]
+    ]
+    return "\n".join(["recent events:", *shown] if shown else ["recent events: none"])
+
+
+def _condition(cond: Mapping[str, Any]) -> str:
+    text = f"{cond.get('type')}={cond.get('status')}"
+    if cond.get("status") == "True" and (cond.get("reason") or cond.get("message")):
+        text += f" ({cond.get('reason', '')}: {cond.get('message', '')})"
+    return text
+
+
+def _exit_code(pod: Mapping[str, Any] | None, container: str, role: str) -> str | None:
+    """How the pod's ``container`` ended, if it has."""
+    if pod is None:
+        return None
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != container:
+            continue
+        for key in ("state", "lastState"):
+            ended = (status.get(key) or {}).get("terminated")
+            if ended:
+                return (
+                    f"{role} pod {pod['metadata']['name']}: container {container} exited with "
+                    f"code {ended.get('exitCode')} ({ended.get('reason', 'no reason')})"
+                )
+    return None
+
+
+def event_time(event: Mapping[str, Any]) -> str:
+    """When an event last happened, as a string that sorts by time."""
+    meta = event.get("metadata") or {}
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event.get("firstTimestamp")
+        or meta.get("creationTimestamp")
+        or ""
+    )
