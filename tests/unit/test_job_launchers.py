@@ -520,6 +520,46 @@ def test_pods_refused_by_pod_security_fail_the_step_at_once_and_delete_the_job(
     assert fake.job(JOB) is None, "the refused job was left behind"
 
 
+JOBSET_DENIAL = (
+    'Error creating JobSet: admission webhook "vjobset.kb.io" denied the request: '
+    "spec.replicatedJobs[0]: pod names generated for this JobSet will exceed 63 characters"
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        (JOBSET_DENIAL, True),
+        # A webhook that could not be reached: Trainer tries again, and so does the step.
+        (
+            "Error creating JobSet: Internal error occurred: failed calling webhook "
+            '"mjobset.kb.io": connect: connection refused',
+            False,
+        ),
+    ],
+    ids=["denied", "webhook-unreachable"],
+)
+def test_a_trainjob_whose_jobset_a_webhook_denies_fails_at_once_and_is_deleted(
+    api: KubeApi, fake: FakeKubeApi, message: str, refused: bool
+) -> None:
+    # Seen on the test cluster: Trainer admitted the TrainJob, JobSet's webhook denied its
+    # JobSet, and Trainer retried forever: the TrainJob stayed without pods.
+    fake.scenario = Scenario(
+        outcome=None, job_events=[("Warning", "TrainJobResourcesCreationFailed", message)]
+    )
+    launcher = TrainJobLauncher(namespace=NS, cluster=CLUSTER, api=api, poll_s=0.05)
+
+    if refused:
+        with pytest.raises(InputError) as info:
+            launch(launcher)
+        assert info.value.code == "E_JOB_REFUSED"
+        assert "pod names generated for this JobSet will exceed 63 characters" in str(info.value)
+        assert fake.trainjob(JOB) is None, "the refused TrainJob was left behind"
+    else:
+        with pytest.raises(TimeoutError):
+            launch(launcher, timeout_s=1)
+
+
 def test_a_job_still_being_deleted_is_created_anew_once_gone(
     pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
 ) -> None:

@@ -182,6 +182,9 @@ class _TrainJob(JobResource):
     version = TRAINER_VERSION
     plural = TRAINJOBS
     container = NODE
+    # Seen on the test cluster: JobSet's webhook denied the JobSet of a TrainJob whose pod names
+    # would pass 63 characters; Trainer retried forever and the TrainJob stayed without pods.
+    creation_failed = ("TrainJobResourcesCreationFailed",)
 
     def state(self, obj: Mapping[str, Any]) -> str:
         return trainjob_state(obj)

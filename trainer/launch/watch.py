@@ -123,6 +123,9 @@ class Resource:
     noun: str = "job"
     """What the step calls it: "no job had been created"."""
     deleted: str = "it was deleted (on_exit=delete)"
+    creation_failed: tuple[str, ...] = ()
+    """Reasons of the controller's events saying it could not create the object's children
+    (Trainer's ``TrainJobResourcesCreationFailed``): with a webhook's denial, permanent."""
     """What ``on_exit=delete`` did, for the step's message."""
 
     def state(self, obj: Mapping[str, Any]) -> str:
@@ -321,7 +324,8 @@ class Watch:
 
         Raises:
             InputError: ``E_POD_SECURITY`` when the namespace's Pod Security refuses the
-                object's pods (the controller would retry creating them forever).
+                object's pods, ``E_JOB_REFUSED`` when a webhook denies what the controller
+                creates for it (the controller would retry either forever).
         """
         polls = 0
         while True:
@@ -329,13 +333,10 @@ class Watch:
             if self.resource.observe(obj, self.state):
                 return obj
             polls += 1
-            if polls % REFUSAL_CHECK_POLLS == 0 and (why := self._pods_refused()):
+            if polls % REFUSAL_CHECK_POLLS == 0 and (refused := self._refused()):
+                code, why = refused
                 done = self.apply_on_exit()
-                raise InputError(
-                    "E_POD_SECURITY",
-                    f"the namespace refuses the pods of {self.what}: {why}; {done}",
-                    f"namespace {self.ns}",
-                )
+                raise InputError(code, f"{why}; {done}", f"namespace {self.ns}")
             self.sleep(self.poll_s)
             got = self._get()
             if got is None:
@@ -346,17 +347,24 @@ class Watch:
                 )
             obj = got
 
-    def _pods_refused(self) -> str | None:
-        """The message of a Warning event on the object saying that Pod Security admission
-        refused one of its pods: permanent until the namespace or the pod template changes."""
+    def _refused(self) -> tuple[str, str] | None:
+        """The error code and message of a Warning event on the object that no retry of the
+        controller's can change: Pod Security refusing one of its pods, or an admission webhook
+        denying what the controller creates for it (:attr:`Resource.creation_failed`). A webhook
+        that could not be reached is not a refusal: the controller tries again."""
         try:
             events = self.api.events(self.ns, self.name)
         except KubeApiError:
             return None  # events are a diagnosis aid: their absence must not fail the wait
         for e in sorted(events, key=event_time, reverse=True):
-            message = str(e.get("message") or "")
-            if e.get("type") == "Warning" and "violates PodSecurity" in message:
-                return " ".join(message.split())
+            if e.get("type") != "Warning":
+                continue
+            message = " ".join(str(e.get("message") or "").split())
+            if "violates PodSecurity" in message:
+                return "E_POD_SECURITY", f"the namespace refuses the pods of {self.what}: {message}"
+            denied = "denied the request" in message or " is invalid" in message
+            if e.get("reason") in self.resource.creation_failed and denied:
+                return "E_JOB_REFUSED", f"the cluster refuses what {self.what} needs: {message}"
         return None
 
     def apply_on_exit(self) -> str:
