@@ -57,6 +57,10 @@ compile: setup ## compile pipelines and components to YAML (the golden files) an
 test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster, no Docker)
 	$(BIN)/pytest -m "not e2e and not slow and not containers and not cluster" --durations=15 $(PYTEST_ARGS)
 
+.PHONY: test-slow
+test-slow: setup ## the whole-pipeline tests too slow for make test (.ci/run runs them after it)
+	$(BIN)/pytest -m "slow and not e2e and not containers and not cluster" $(PYTEST_ARGS)
+
 .PHONY: test-unit
 test-unit: setup ## only the fast unit tests
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -108,6 +108,8 @@ def test_numbers_with_decimal_commas_in_the_target_are_refused_with_the_cause(
     assert not root.exists(), "a refused run must write nothing"
 
 
+# Whole pipeline runs (20-45 s each): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_decimal_commas_are_named_before_any_step_and_read_with_csv_decimal(
     tmp_path: Path,
 ) -> None:
@@ -135,6 +137,8 @@ def test_decimal_commas_are_named_before_any_step_and_read_with_csv_decimal(
     assert not lines(ok.stderr, "WARNING [gpupipe run] W_DECIMAL")
 
 
+# Whole pipeline runs (20-45 s each): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_a_test_split_too_small_is_never_gated_or_registered(tmp_path: Path) -> None:
     data = tmp_path / "small.parquet"
     pq.write_table(make_demo_table(120, seed=2), data)

@@ -17,6 +17,8 @@ GPUPIPE = Path(sys.executable).with_name("gpupipe")
 RUN_TIMEOUT_S = 600
 
 
+# Whole pipeline runs (20-45 s each): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_concurrent_runs_on_one_root(tmp_path: Path) -> None:
     root = tmp_path / "root"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}

@@ -109,6 +109,8 @@ def _runs(db: Path) -> list[tuple[str, str]]:
         return list(con.execute("SELECT run_uuid, status FROM runs ORDER BY start_time"))
 
 
+# Whole pipeline runs (20-45 s each): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_full_disk_during_register_marks_the_run_failed_and_removes_its_artifacts(
     tmp_path: Path, table: Path
 ) -> None:
@@ -146,6 +148,8 @@ def test_full_disk_during_register_marks_the_run_failed_and_removes_its_artifact
 # --- item 7: nothing outside --root; item 10: --json on SIGTERM ----------------------------
 
 
+# Whole pipeline runs (20-45 s each): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_two_runs_leave_nothing_in_the_temporary_folder(tmp_path: Path, table: Path) -> None:
     """The second run meets a champion (evaluate downloads it): still nothing left outside."""
     tmp = tmp_path / "system-tmp"
@@ -195,6 +199,8 @@ def test_sigterm_with_json_prints_the_state_and_what_was_saved(tmp_path: Path, t
 # --- item 9: no abort at exit ---------------------------------------------------------------
 
 
+# Whole pipeline runs (20-45 s each): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_latin1_csv_is_one_line_and_never_an_abort(tmp_path: Path) -> None:
     """Before the fix about one run in four to twelve ended in ``terminate called without an
     active exception`` (exit 134) after the right error line: run it twelve times."""
