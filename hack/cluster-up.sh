@@ -186,6 +186,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 110
+# A pod's mounted Secrets are refreshed on its sync (default every minute): the operators' webhook
+# certificates, which they write into a Secret after start, are served within 10 s instead.
+syncFrequency: 10s
 YAML
   stop kubelet # a changed config takes effect: it starts again below
 fi
