@@ -65,6 +65,8 @@ def wine_csv(path: Path, rows: int, *, quality_step: float = 0.1) -> None:
 # --- item 1: changed data ------------------------------------------------------------------
 
 
+# Two whole pipeline runs (~60 s): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_replaced_data_is_read_again_not_served_from_cache(tmp_path: Path) -> None:
     data = tmp_path / "data.parquet"
     table = make_demo_table(3000, seed=1)
