@@ -66,6 +66,22 @@ def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
     ).to_dict()
 
 
+def _tune(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.steps.tune import TuneConfig, tune
+
+    cfg = _config(args, TuneConfig)
+    return tune(
+        cfg,
+        dataset_uri=args.dataset,
+        work_uri=args.work,
+        output_uri=args.output,
+        report_uri=args.report,
+        metrics_uri=args.metrics,
+        run_id=args.run_id,
+        task_name=args.task_name,
+    ).to_dict()
+
+
 def _register(args: argparse.Namespace) -> dict[str, Any]:
     from trainer.steps.register import RegisterConfig, register
 
@@ -92,6 +108,18 @@ STEPS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], list[tupl
         _evaluate,
         [("--model", True), ("--dataset", True), ("--report", True), ("--champion", False)],
     ),
+    "tune": (
+        _tune,
+        [
+            ("--dataset", True),
+            ("--work", True),
+            ("--output", True),
+            ("--report", True),
+            ("--metrics", False),
+            ("--run-id", False),
+            ("--task-name", False),
+        ],
+    ),
     "register": (_register, [("--model", True), ("--run-id", True), ("--data-hash", True)]),
 }
 
@@ -99,6 +127,12 @@ OUTPUT_FLAGS: dict[str, dict[str, str]] = {
     "preprocess": {"--output": _FOLDER_HELP},
     "train": {"--model": _FOLDER_HELP, "--work": _FOLDER_HELP},
     "evaluate": {"--report": _FILE_HELP},
+    "tune": {
+        "--work": _FOLDER_HELP,
+        "--output": _FILE_HELP,
+        "--report": _FILE_HELP,
+        "--metrics": _FILE_HELP,
+    },
 }
 """The flags of each step that name an output location, with their help."""
 
@@ -128,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "train":
             p.set_defaults(job_name="gpupipe-train")
+        if name == "tune":
+            # A Katib Experiment is named after the run and the task: the same pair re-attaches.
+            p.set_defaults(run_id="local", task_name="tune")
     return parser
 
 

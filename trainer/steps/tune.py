@@ -276,6 +276,7 @@ def _tune_katib(
     from trainer.launch.jobspec import JobSpec
     from trainer.launch.pytorchjob import build_pytorchjob
     from trainer.tune.katib import KatibLauncher, build_experiment, experiment_name
+    from trainer.tune.space import CLUSTER_ALGORITHMS
 
     if not step_cfg.cluster.image:
         raise InputError(
@@ -289,8 +290,20 @@ def _tune_katib(
             "engine 'katib' needs a work URI the trial pods can reach (s3://, gs://, minio://)",
             work_uri,
         )
+    algorithm = space.algorithm.algorithmName
+    if algorithm not in CLUSTER_ALGORITHMS:
+        raise InputError(
+            "E_CONFIG",
+            f"algorithm {algorithm!r} has no Katib suggestion service on a cluster: use one of "
+            f"{', '.join(CLUSTER_ALGORITHMS)} with engine 'katib' (or engine 'local')",
+            "tune.space.algorithm.algorithmName",
+        )
     if launcher is None:
-        launcher = KatibLauncher.from_environment(namespace=step_cfg.cluster.namespace)
+        # An Experiment cannot be suspended: on_exit=suspend keeps it, as keep does.
+        on_exit = "delete" if step_cfg.cluster.on_exit == "delete" else "keep"
+        launcher = KatibLauncher.from_environment(
+            namespace=step_cfg.cluster.namespace, on_exit=on_exit, poll_s=5.0
+        )
     name = experiment_name(run_id, task_name)
     outputs.claim_output_dir(work_uri, WORK_STEP, inputs={"dataset": dataset_uri})
     base = build_worker_config(

@@ -245,10 +245,12 @@ class _Outcome:
             )
             detail = self.failed_trials()
             done = self.watch.apply_on_exit()
+            # One line (the step's error line): Katib's reason, the failed trials' own
+            # messages, what happened to the Experiment.
             raise RuntimeError(
                 f"Katib Experiment {self.ref} failed: {why} ({_counts_text(self.counts)})"
-                + (f"\n{detail}" if detail else "")
-                + f"\n{done}"
+                + (f"; {detail}" if detail else "")
+                + f"; {done}"
             )
         best = best_trial(exp, self.space)
         if best is not None and not best[1]:
@@ -287,7 +289,7 @@ class _Outcome:
         return best[0], params, best[2]
 
     def failed_trials(self) -> str:
-        """The failed trials' names and messages (the first few)."""
+        """The failed trials' names and Katib's messages (the first three), on one line."""
         try:
             trials = self.api.list_trials(self.ns, self.name)
         except KubeApiError as e:
@@ -299,11 +301,12 @@ class _Outcome:
                 (c for c in conds if c.get("type") == "Failed" and c.get("status") == "True"), None
             )
             if failed is not None:
-                lines.append(
-                    f"  trial {t['metadata']['name']}: {failed.get('reason', '')}: "
-                    f"{failed.get('message', '')}"
-                )
-        return "\n".join(["failed trials:", *lines[:10]]) if lines else ""
+                message = " ".join(str(failed.get("message", "")).split())
+                lines.append(f"trial {t['metadata']['name']}: {failed.get('reason', '')}: {message}")
+        if not lines:
+            return ""
+        more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
+        return "failed trials: " + "; ".join(lines[:3]) + more
 
 
 def _counts_text(c: Mapping[str, int]) -> str:

@@ -27,6 +27,11 @@ Distribution = Literal["uniform", "logUniform", "normal", "logNormal"]
 AlgorithmName = Literal[
     "random", "grid", "tpe", "multivariate-tpe", "cmaes", "bayesianoptimization", "hyperband"
 ]
+CLUSTER_ALGORITHMS = ("random", "tpe", "cmaes", "grid", "multivariate-tpe")
+"""The algorithms a Katib Experiment of the tune step can use: those whose suggestion service the
+test cluster builds (hack/cluster/addons/katib.sh: goptuna serves random, tpe and cmaes;
+Katib's optuna service grid and multivariate-tpe). bayesianoptimization and hyperband run only on
+the local engine."""
 _Strings = list[str]  # an alias: inside FeasibleSpace the name ``list`` is the field
 
 ALGORITHM_SETTINGS: dict[str, dict[str, str]] = {
