@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -171,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one step; print its result as one JSON line on stdout."""
     args = build_parser().parse_args(argv)
+    # tune's progress (the Experiment's or the study's trials, as they end) on stderr, as KFP
+    # shows a component's log; an embedding program's own logging setup is kept. (The other
+    # steps print what they have to say themselves: bad input stays one line.)
+    if args.step == "tune" and not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     fn = STEPS[args.step][0]
     result = run_guarded(args.step, lambda: fn(args))
     print(json.dumps(result, sort_keys=True, default=str))

@@ -167,7 +167,7 @@ def tune(
 
     Raises:
         InputError: bad space, settings or dataset (before any trial runs).
-        RuntimeError: more than ``maxFailedTrialCount`` trials failed, or the Experiment failed.
+        RuntimeError: the failed trials reached ``maxFailedTrialCount``, or the Experiment failed.
     """
     # Before any work: the outputs must be new or this step's own (the work folder is claimed,
     # new, empty or ours, by each engine before its first trial).

@@ -34,6 +34,14 @@ Katib's optuna service grid and multivariate-tpe). bayesianoptimization and hype
 the local engine."""
 _Strings = list[str]  # an alias: inside FeasibleSpace the name ``list`` is the field
 
+
+def failure_budget_spent(failed: int, max_failed: int) -> bool:
+    """Katib's rule, which both engines follow: a search fails as soon as its failed trials
+    *reach* ``maxFailedTrialCount`` (``failed >= max``, once one has failed: 0 and 1 both fail
+    it at the first failure). Found on the real Katib v0.19; its docs say "max failed"."""
+    return failed > 0 and failed >= max_failed
+
+
 ALGORITHM_SETTINGS: dict[str, dict[str, str]] = {
     "random": {"random_state": "int"},
     "grid": {},
