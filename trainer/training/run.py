@@ -51,6 +51,7 @@ from trainer.training.state import (
     Stateful,
 )
 from trainer.training.stop import StopSignal
+from trainer.training.prom import TrainingMetrics
 from trainer.training.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -168,11 +169,20 @@ class Run:
             total_steps=self.total_steps,
             history_uri=cfg.output.history_uri,
             metrics_stdout=cfg.train.metrics_stdout,
+            sink=self._metrics_endpoint(cfg, ctx),
         )
         self.best = BestWeights(ctx)
         self.checkpointed = self._run_state(config_hash(cfg))
         self.last_checkpoint: str | None = None
         self.last_grad_norm: torch.Tensor | None = None
+
+    @staticmethod
+    def _metrics_endpoint(cfg: WorkerConfig, ctx: DistContext) -> TrainingMetrics | None:
+        """Each node's first process serves ``/metrics`` when ``metrics.port`` is set."""
+        if not cfg.metrics.port or ctx.local_rank != 0:
+            return None
+        seq = cfg.data.seq_len if cfg.data.kind == "tokens" else None
+        return TrainingMetrics(cfg.metrics, ctx, tokens_per_sample=seq).start()
 
     def _run_state(self, cfg_hash: str) -> RunState:
         """Every piece of this run's state that a checkpoint holds, by its key in ``state.pt``,
