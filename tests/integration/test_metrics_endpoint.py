@@ -51,6 +51,11 @@ def _scrape(url: str) -> dict[str, object] | None:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
+def _has_sample(families: dict[str, object], name: str) -> bool:
+    family = families.get(name)
+    return family is not None and any(s.name == name for s in family.samples)  # type: ignore[attr-defined]
+
+
 def _value(families: dict[str, object], name: str, sample_name: str | None = None) -> float:
     samples = families[name].samples  # type: ignore[attr-defined]
     (sample,) = [s for s in samples if s.name == (sample_name or name)]
@@ -79,9 +84,9 @@ def test_two_ranks_serve_metrics_that_move_while_training(tmp_path: Path) -> Non
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline:
             families = _scrape(url)
-            if families is not None and "training_loss" in families:
-                if any(s.name == "training_loss" for s in families["training_loss"].samples):  # type: ignore[attr-defined]
-                    scrapes.append(families)
+            # rank 0 sets the training values from its first log line on
+            if families is not None and _has_sample(families, "training_loss"):
+                scrapes.append(families)
             time.sleep(0.25)
         out, err = proc.communicate(timeout=180)
     finally:
@@ -108,7 +113,8 @@ def test_two_ranks_serve_metrics_that_move_while_training(tmp_path: Path) -> Non
     assert _value(last, "checkpoint_size_mb", "checkpoint_size_mb_count") >= 2
     assert _value(last, "cost_usd", "cost_usd_total") > 0
     # cost = GPU-hours x price, whatever the scrape's timing
-    assert _value(last, "cost_usd", "cost_usd_total") == pytest.approx(3.6 * _value(last, "gpu_hours", "gpu_hours_total"))
+    gpu_hours = _value(last, "gpu_hours", "gpu_hours_total")
+    assert _value(last, "cost_usd", "cost_usd_total") == pytest.approx(3.6 * gpu_hours)
 
     lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
     start = next(r for r in lines if r["event"] == "start")

@@ -9,6 +9,7 @@ GPUs is found by the UUID torch reports for it (NVML's own indices ignore
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -89,7 +90,5 @@ class GpuCollector(Collector):
 
     def close(self) -> None:
         """Shut NVML down (the process is ending)."""
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):  # already shut down
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass  # already shut down

@@ -39,6 +39,7 @@ from trainer.distributed.precision import Precision, configure_backends, resolve
 from trainer.models import ModelSpec, TabularMLP, build_model, forward_loss
 from trainer.models.linear_fit import fit_linear
 from trainer.training.optim import lr_multiplier, make_optimizer
+from trainer.training.prom import TrainingMetrics
 from trainer.training.rng import seed_everything
 from trainer.training.state import (
     META,
@@ -51,7 +52,6 @@ from trainer.training.state import (
     Stateful,
 )
 from trainer.training.stop import StopSignal
-from trainer.training.prom import TrainingMetrics
 from trainer.training.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
