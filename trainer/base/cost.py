@@ -145,8 +145,9 @@ def estimate(
     assumptions = [
         f"{samples} samples ({how}); early stopping can only shorten the run",
         f"{samples_per_s:.1f} samples/s for the whole job ({throughput_source})",
-        f"{gpus} GPUs held ({nnodes} nodes x {max(gpus_per_node, 1)} per node), billed for the "
-        "training time only (not scheduling, image pulls or evaluation)",
+        f"{gpus} GPUs held ({nnodes} nodes x {max(gpus_per_node, 1)} per node)",
+        "optimizer steps only: the actual also counts the job's setup, evaluation and "
+        "checkpoints (not scheduling or image pulls)",
     ]
     if gpu_hour_usd is None:
         assumptions.append("no GPU-hour price given (gpu_hour_usd, gpu_prices): no cost")
@@ -180,11 +181,12 @@ def summary_lines(est: dict[str, Any] | None, act: dict[str, Any] | None) -> lis
     """Lines for a run summary: the estimate beside the actual (either may be missing)."""
     lines = []
     if est is not None:
+        hourly = est["hourly_cost_usd"]
+        per_hour = "" if hourly is None else f"; {_money(hourly)}/h for {est['gpus']} GPUs"
         lines.append(
             f"estimate {est['estimated_duration_hours'] * 3600:.1f} s, "
             f"{_money(est['total_cost_usd'])} ({est['samples_per_s']:.1f} samples/s, "
-            f"{est['throughput_source']}; {_money(est['hourly_cost_usd'])}/h for "
-            f"{est['gpus']} GPUs)"
+            f"{est['throughput_source']}{per_hour})"
         )
     if act is not None:
         lines.append(
