@@ -116,3 +116,20 @@ def test_a_bad_watch_setting_names_its_field() -> None:
         WatchConfig(metrics_port=70000)
     with pytest.raises(InputError, match=r"watch\.samples_per_s"):
         WatchConfig(samples_per_s=0)
+
+
+def test_the_registered_model_is_tagged_with_its_cost(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from trainer.steps.register import _cost_tags
+
+    est = cost.estimate(
+        rows=3600, epochs=1, max_steps=None, global_batch_size=36, samples_per_s=1.0,
+        throughput_source="recorded", nnodes=1, gpus_per_node=2, gpu_hour_usd=1.5,
+    ).to_dict()  # fmt: skip
+    (tmp_path / "cost.json").write_text(json.dumps({"estimate": est, "actual": cost.actual(
+        7200.0, 2, 1.5)}))  # fmt: skip
+    tags = _cost_tags(str(tmp_path))
+    assert tags["gpupipe.cost_usd"] == "6" and tags["gpupipe.estimated_cost_usd"] == "3"
+    assert tags["gpupipe.gpu_hours"] == "4"
+    assert _cost_tags(str(tmp_path / "absent")) == {}
