@@ -104,8 +104,9 @@ class Tune:
         return kube.logs(self.namespace, self.pod)
 
     def result(self) -> dict[str, Any]:
-        """The step's result: the JSON line it prints last on stdout."""
-        return json.loads(self.log().strip().splitlines()[-1])
+        """The step's result: the JSON line it prints on stdout (its log lines are stderr's)."""
+        lines = [line for line in self.log().splitlines() if line.startswith("{")]
+        return json.loads(lines[-1])
 
     def experiment_name(self) -> str:
         return str(self.result()["study"]).split("/", 1)[1]
