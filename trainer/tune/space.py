@@ -28,6 +28,9 @@ AlgorithmName = Literal[
     "random", "grid", "tpe", "multivariate-tpe", "cmaes", "bayesianoptimization", "hyperband"
 ]
 CLUSTER_ALGORITHMS = ("random", "tpe", "cmaes", "grid", "multivariate-tpe")
+GOPTUNA_ALGORITHMS = ("random", "tpe", "cmaes")
+"""Those served by Katib's goptuna service, which samples every double uniformly (it ignores
+``distribution``: found on Katib v0.19, pkg/suggestion/v1beta1/goptuna/converter.go)."""
 """The algorithms a Katib Experiment of the tune step can use: those whose suggestion service the
 test cluster builds (hack/cluster/addons/katib.sh: goptuna serves random, tpe and cmaes;
 Katib's optuna service grid and multivariate-tpe). bayesianoptimization and hyperband run only on

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Katib (Experiment kubeflow.org/v1beta1) in the test cluster, built here:
 #   image    the Go services from Katib's Go module (controller with its webhooks, DB manager, the
-#            file metrics collector, the goptuna suggestion service), FROM scratch; the Python
+#            goptuna suggestion service) FROM scratch, the file metrics collector over the
+#            Debian base (it needs pgrep); the Python
 #            services the tune step needs (the medianstop early-stopping service and the optuna
 #            suggestion service) from upstream's Dockerfiles over the local Debian Python base,
 #            their requirements from PyPI; the database: Debian's MariaDB (see
@@ -30,9 +31,11 @@ DF_DIR="${ADDONS_HACK}/images/katib"
 GO_SERVICES=(
   "katib-controller /app katib-controller ./cmd/katib-controller/v1beta1"
   "katib-db-manager /app katib-db-manager ./cmd/db-manager/v1beta1"
-  "file-metrics-collector /app file-metricscollector ./cmd/metricscollector/v1beta1/file-metricscollector"
   "suggestion-goptuna /opt/katib goptuna-suggestion ./cmd/suggestion/goptuna/v1beta1"
 )
+# The metrics collector: the same, over the Debian base with procps (images/katib/
+# Dockerfile.collector says why).
+COLLECTOR="file-metrics-collector file-metricscollector ./cmd/metricscollector/v1beta1/file-metricscollector"
 # The Python services: image name, upstream's folder of main.py and requirements.txt.
 PY_SERVICES=(
   "earlystopping-medianstop cmd/earlystopping/medianstop/v1beta1"
@@ -63,7 +66,7 @@ check_user_path() {
 
 addon_images() {
   local s
-  for s in "${GO_SERVICES[@]}" "${PY_SERVICES[@]}"; do image_of "${s%% *}"; echo; done
+  for s in "${GO_SERVICES[@]}" "$COLLECTOR" "${PY_SERVICES[@]}"; do image_of "${s%% *}"; echo; done
   echo "$MARIADB_IMAGE"
   echo "$BUSYBOX_IMAGE"
 }
@@ -85,6 +88,24 @@ go_image() {
   mkdir -m 1777 "${ctx}/tmp"
   tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
   docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "DIR=${dir}" --build-arg "BIN=${bin}"
+  rm -rf "$ctx"
+}
+
+collector_image() {
+  local name bin pkg tag recipe ctx base
+  read -r name bin pkg <<<"$COLLECTOR"
+  tag="$(image_of "$name")"
+  base="$("${REPO_ROOT}/hack/base-image.sh")"
+  recipe="$(RECIPE_EXTRA="$V $name $bin $pkg $base" recipe_of "${DF_DIR}/Dockerfile.collector")"
+  if image_current "$tag" "$recipe"; then
+    say "${tag} is built"
+    return 0
+  fi
+  go_build_in_module "$PIECE" katib "$V" "${MODULE}@v${V}" "$pkg" "$bin"
+  ctx="$(mktemp -d)"
+  cp "${BIN_DIR}/katib-${V}/${bin}" "$ctx/"
+  cp "${DF_DIR}/Dockerfile.collector" "${ctx}/Dockerfile"
+  docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BASE=${base}"
   rm -rf "$ctx"
 }
 
@@ -131,6 +152,7 @@ addon_image() {
   need_busybox_image "$PIECE"
   local s
   for s in "${GO_SERVICES[@]}"; do go_image "$s"; done
+  collector_image
   for s in "${PY_SERVICES[@]}"; do py_image "$s"; done
   mariadb_image
 }
