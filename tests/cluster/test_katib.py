@@ -211,7 +211,7 @@ def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
     for t in stopped:
         # Stopped at its first report, which was worse than the rule's median.
         rule = t["spec"]["earlyStoppingRules"][0]
-        assert rule["name"] == "val_loss" and rule["comparison"] == "less"
+        assert rule["name"] == "val_loss" and rule["comparison"] == "greater"  # minimize
         seen = next(m for m in t["status"]["observation"]["metrics"] if m["name"] == "val_loss")
         assert float(seen["latest"]) > float(rule["value"]), (seen, rule)
     # The best trial is a finished one, never a stopped one.

@@ -339,6 +339,11 @@ def _tune_katib(
         trial_job=trial_job,
         base_overrides={},
         trial_uri=storage.join(work_uri, "trials"),
+        # With early stopping, Katib v0.19 copies a stopped trial's metrics into its status only
+        # while the trial's job exists; retain=false deletes the job at once, and a lost status
+        # update (a conflict, common here) then leaves the trial without an observation, and
+        # Katib asks for no further trial: the search stalls. Kept jobs go with the Experiment.
+        retain_trials=space.earlyStopping is not None,
     )
     found = launcher.run(experiment, space, timeout_s=cfg.timeout_s)
     counts = found.trials
