@@ -77,7 +77,7 @@ def test_identifiers_and_constant_columns_are_left_out_with_a_warning_naming_the
 
 def test_keep_overrules_the_identifier_and_constant_decisions(tmp_path: Path) -> None:
     roles = {"Country Code": "keep", "Indicator Name": "keep"}
-    schema, notices = run(tmp_path, fertility(tmp_path / "f.parquet"), "2011", column_roles=roles)
+    schema, _ = run(tmp_path, fertility(tmp_path / "f.parquet"), "2011", column_roles=roles)
     decided = by_column(schema)
     assert "Country Code" not in decided and "Indicator Name" not in decided
     assert any(f.startswith("Country Code=") for f in schema["features"])
@@ -106,7 +106,7 @@ def test_date_columns_become_year_month_day_weekday_and_elapsed_days(
     tmp_path: Path, text_dates: bool
 ) -> None:
     name = "w.csv" if text_dates else "w.parquet"
-    schema, notices = run(tmp_path, seattle_weather(tmp_path / name, text_dates=text_dates),
+    schema, _ = run(tmp_path, seattle_weather(tmp_path / name, text_dates=text_dates),
                           "weather")  # fmt: skip
     parts = ["date__year", "date__month", "date__day", "date__weekday", "date__elapsed_days"]
     assert [f for f in schema["features"] if f.startswith("date")] == parts

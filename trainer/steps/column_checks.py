@@ -186,6 +186,9 @@ def _as_datetimes(values: pa.ChunkedArray | pa.Array) -> pd.DatetimeIndex | None
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
     t = values.type
+    if pa.types.is_dictionary(t):  # how preprocess reads text columns
+        values = values.dictionary_decode()
+        t = values.type
     if pa.types.is_date(t) or pa.types.is_timestamp(t):
         if pa.types.is_date(t):
             values = values.cast(pa.timestamp("s"))
