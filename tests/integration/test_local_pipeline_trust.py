@@ -192,7 +192,8 @@ def test_date_columns_are_said_to_become_numbers_before_any_step_whatever_their_
     root = tmp_path / "root"
     result = run(root, data, "churned", closed_port_registry())
     (note,) = lines(result.stderr, "NOTE [gpupipe run] I_DATE")
-    assert note.startswith(f"NOTE [gpupipe run] I_DATE: column 'signup' holds dates ({shown}")
+    assert note.startswith("NOTE [gpupipe run] I_DATE: column 'signup' holds dates ("), note
+    assert shown in note
     assert "signup__year" in note and "signup__elapsed_days" in note
     # the run went on to the registry check (which nobody answers here)
     assert result.stderr.strip().splitlines()[-1].startswith("ERROR [gpupipe run] E_REGISTRY")
