@@ -144,11 +144,11 @@ def feature_columns(
             notes.append(Notice(f"W_{d.reason.upper()}", _drop_message(d), data.uri))
     if not out:
         left = [d.column for d in decisions if d.action == "dropped"]
-        inferred = [d.column for d in decisions if d.reason in _INFERRED]
-        if inferred:
+        auto_left = [d.column for d in decisions if d.reason in _INFERRED]
+        if auto_left:
             why = (
                 f"every other column is left out ({_shown(left)}); declare one numeric, "
-                f"categorical or keep, e.g. {role_param(inferred[0], 'keep')}"
+                f"categorical or keep, e.g. {role_param(auto_left[0], 'keep')}"
             )
         elif dropped:
             why = (
