@@ -6,7 +6,8 @@ test metric is within 1% of the best baseline (ratio >= 0.99) and never below th
 predictor.
 
 Each table (real public data shipped inside the scikit-learn, statsmodels and vega_datasets
-wheels, benchmark-only dev dependencies: no downloads) goes through the real steps: ``preprocess`` (default config: split 70/15/15, impute, standardise, one-hot), the train
+wheels, benchmark-only dev dependencies: no downloads) goes through the real steps:
+``preprocess`` (default config: split 70/15/15, impute, standardise, one-hot), the train
 step's settings (``step_settings`` at the pipeline's defaults, then ``plan_worker_config``: settings
 from the data and the target scale), the training loop (``trainer.training.loop.train``, in this
 process, one CPU process) and ``evaluate`` (which fits the baselines on the training split and
