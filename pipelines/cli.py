@@ -393,6 +393,8 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"  gate           {'passed' if s.get('gate_passed') else 'failed'}: "
         f"{s.get('gate_reason', '')}"
     )
+    for line in s.get("data_warnings", []):
+        print(f"  data           {line}")
     if s.get("tuned_hyperparams"):
         print(f"  tuned          {json.dumps(s['tuned_hyperparams'], sort_keys=True)}")
     run_cost = s.get("cost") or {}

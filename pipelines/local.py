@@ -553,6 +553,11 @@ def _executor_output(task_dir: Path) -> dict[str, Any]:
 def summarize(run_dir: Path) -> dict[str, Any]:
     """Read a kfp.local run folder: each task's ``executor_output.json`` and artifacts."""
     out: dict[str, Any] = {"run_dir": str(run_dir)}
+    pre = _executor_output(run_dir / "preprocess")
+    for artifact in pre.get("artifacts", {}).get("dataset", {}).get("artifacts", []):
+        warnings = artifact.get("metadata", {}).get("warnings")
+        if warnings:
+            out["data_warnings"] = list(warnings)
     ev = _executor_output(run_dir / "evaluate")
     params = ev.get("parameterValues", {})
     if "Output" in params:

@@ -185,8 +185,9 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             target: target column.
             task: ``classification``, ``regression`` or ``auto``.
             column_roles_json: roles of feature columns, overriding inference: a JSON object
-                ``{"zip": "categorical", "customer_id": "drop"}`` (``numeric``,
-                ``categorical`` or ``drop``); columns not named are inferred.
+                ``{"zip": "categorical", "customer_id": "keep", "signup": "date"}``
+                (``numeric``, ``categorical``, ``date``, ``keep`` or ``drop``; ``keep``: never
+                left out as an identifier or constant); columns not named are inferred.
             csv_delimiter: CSV field separator: one character, ``tab``, or ``auto`` (a tab for
                 ``.tsv`` files, else a comma).
             csv_header: whether CSV files start with a header line (without one, columns are

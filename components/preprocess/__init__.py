@@ -27,7 +27,7 @@ def preprocess(
 ) -> NamedTuple("PreprocessOutputs", [("data_hash", str), ("task", str)]):
     """Validate, impute, encode and split a table (see trainer.steps.preprocess).
 
-    ``column_roles_json`` declares column roles (``{"zip": "categorical", "id": "drop"}``);
+    ``column_roles_json`` declares column roles (``{"zip": "categorical", "id": "keep"}``);
     the ``csv_*`` inputs say how CSV files are read (``csv_null_values``: comma-separated;
     ``csv_decimal``: ``.`` or ``,``); ``config_json`` sets further ``PreprocessConfig`` fields
     (``{"val_fraction": 0.2}``). ``data_fingerprint`` (from the fingerprint step) puts the
@@ -61,7 +61,13 @@ def preprocess(
         stats.log_metric(f"{split}_rows", getattr(result, f"{split}_rows"))
     stats.log_metric("features", len(result.features))
     dataset.metadata.update(
-        {"task": result.task, "data_hash": result.data_hash, "features": len(result.features)}
+        {
+            "task": result.task,
+            "data_hash": result.data_hash,
+            "features": len(result.features),
+            # The run's summary shows them (identifiers, constants, leakage left out or named).
+            "warnings": [n for n in result.notices if n.startswith("WARNING ")],
+        }
     )
     write_metadata_file(stats.path, dict(stats.metadata))
     outputs = namedtuple("PreprocessOutputs", ["data_hash", "task"])

@@ -553,10 +553,10 @@ BAD_INPUTS = [
     ),
     (
         "unsupported-type",
-        _parquet(_big(when=[np.datetime64("2024-01-01", "s")])),
+        _parquet(_big(when=[np.timedelta64(5, "s")])),
         {},
         "E_SCHEMA",
-        ["'when'", "timestamp", """--param 'column_roles_json={"when": "drop"}'"""],
+        ["'when'", "duration", """--param 'column_roles_json={"when": "drop"}'"""],
     ),
     (
         "infinite-parquet",
@@ -718,18 +718,21 @@ def _advised(message: str) -> list[dict[str, Any]]:
 ADVICE_CASES = [
     (
         "wrong-delimiter",
-        _csv(_rows(*[f"{i};{'yes' if i % 2 else 'no'}" for i in range(40)], header="x;churned")),
+        # x repeats (i % 13): a column unique per row would be left out as an identifier
+        _csv(
+            _rows(*[f"{i % 13};{'yes' if i % 2 else 'no'}" for i in range(40)], header="x;churned")
+        ),
     ),
     (
         "not-utf8",
         _csv(
             b"x,city,churned\n"
-            + b"".join(b"%d,K\xf6ln,%s\n" % (i, b"yes" if i % 2 else b"no") for i in range(40))
+            + b"".join(b"%d,K\xf6ln,%s\n" % (i % 13, b"yes" if i % 2 else b"no") for i in range(40))
         ),
     ),
     ("mixed-types", _csv(_rows(*[f"{i},{'yes' if i % 2 else 'no'}" for i in range(39)], "?,no"))),
     ("all-missing", _parquet(_big(notes=pa.nulls(40, pa.string()).to_pylist()))),
-    ("unsupported-type", _parquet(_big(when=[np.datetime64("2024-01-01", "s")]))),
+    ("unsupported-type", _parquet(_big(when=[np.timedelta64(5, "s")]))),
     ("huge-value", _parquet(_big(big=[1.0, 2.0, 1e300, 4.0]))),
     ("overflow-after-scaling", _parquet(_big(tiny=list(_TINY_STD)))),
     ("declared-numeric-text", _parquet(_big(plan=["basic", "pro"]))),

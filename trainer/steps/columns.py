@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +26,7 @@ from trainer.steps.tabular import (
     param,
     role_param,
 )
-from trainer.steps.text_values import Notice, is_temporal, looks_like_dates, numbers_in_text
+from trainer.steps.text_values import Notice, numbers_in_text
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 """Largest value training (float32) can hold; larger inputs or standardised values overflow."""
@@ -135,16 +135,6 @@ class _Column:
     values: list[str] | None = None
 
 
-def _refuse_dates(data: RawInput, name: str, example: str) -> NoReturn:
-    raise InputError(
-        "E_SCHEMA",
-        f"column {name!r} holds dates ({example}); dates are not features yet (numbers and "
-        f"text are): drop it with {role_param(name, 'drop')}, or use it as labels with "
-        f"{role_param(name, 'categorical')}",
-        data.uri,
-    )
-
-
 def _comma_numbers_notice(
     data: RawInput, cfg: PreprocessConfig, name: str, values: list[str], notes: list[Notice]
 ) -> bool:
@@ -162,96 +152,6 @@ def _comma_numbers_notice(
         )
     )
     return True
-
-
-def feature_columns(
-    data: RawInput, cfg: PreprocessConfig, notes: list[Notice] | None = None
-) -> tuple[list[_Column], list[str]]:
-    """Type and validate every feature column; returns (columns, dropped column names).
-
-    ``notes`` receives warnings a person should read (numbers with the other decimal separator).
-    """
-    notes = notes if notes is not None else []
-    table = data.table
-    roles = cfg.column_roles
-    absent = [n for n in roles if n not in table.column_names]
-    if absent:
-        raise InputError(
-            "E_SCHEMA",
-            f"column_roles_json names column {absent[0]!r}, which is not in the data "
-            f"(columns: {_shown(table.column_names)}); fix the name or remove it",
-            data.uri,
-        )
-    others = [n for n in table.column_names if n != cfg.target]
-    names = [n for n in others if roles.get(n) != "drop"]
-    dropped = [n for n in others if roles.get(n) == "drop"]
-    out = []
-    for name in names:
-        col = table.column(name)
-        declared = roles.get(name)
-        if col.null_count == len(col):
-            raise InputError(
-                "E_ALL_MISSING",
-                f"column {name!r} has no values (all {len(col)} missing); fill it, or drop it "
-                f"with {role_param(name, 'drop')}",
-                data.uri,
-            )
-        dtype = dtype_name(col.type)
-        if is_number(col.type):
-            if declared == "categorical":
-                col = col.cast(pa.string())
-                codes, values = dictionary_codes(col)
-                out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
-                continue
-            x = _numbers(data, name, col, target=False)
-        elif is_text(col.type):
-            codes, values = dictionary_codes(col)
-            if declared == "categorical":
-                out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
-                continue
-            if declared is None and (example := looks_like_dates(values)):
-                _refuse_dates(data, name, repr(example))
-            if declared is None and _comma_numbers_notice(data, cfg, name, values, notes):
-                out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
-                continue
-            maybe = _text_as_numbers(data, name, codes, values, declared=declared == "numeric")
-            if maybe is None:
-                out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
-                continue
-            x = maybe
-            _check_range(data, name, x, target=False)
-        elif is_temporal(col.type) and declared != "categorical":
-            _refuse_dates(data, name, f"type {dtype}")
-        elif is_temporal(col.type):
-            codes, values = dictionary_codes(col.cast(pa.string()))
-            out.append(_Column(name, "categorical", dtype, codes=codes, values=values))
-            continue
-        else:
-            raise InputError(
-                "E_SCHEMA",
-                f"column {name!r} has unsupported type {dtype} (numbers and text are supported); "
-                f"drop it with {role_param(name, 'drop')}",
-                data.uri,
-            )
-        if np.isnan(x).all():
-            raise InputError(
-                "E_ALL_MISSING",
-                f"column {name!r} has no values (all {len(x)} missing or NaN); fill it, or drop "
-                f"it with {role_param(name, 'drop')}",
-                data.uri,
-            )
-        out.append(_Column(name, "numeric", dtype, numbers=x))
-    if not out:
-        why = (
-            f"column_roles_json drops every other column ({_shown(dropped)}); declare one "
-            f"numeric or categorical, e.g. {role_param(dropped[0], 'numeric')}"
-            if dropped
-            else "the data holds only the target; add feature columns"
-        )
-        raise InputError(
-            "E_SCHEMA", f"no feature columns besides target {cfg.target!r}: {why}", data.uri
-        )
-    return out, dropped
 
 
 def _shown(names: list[str]) -> str:

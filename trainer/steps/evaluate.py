@@ -239,6 +239,17 @@ def _read_cost(model_uri: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def _read_data_decisions(dataset_uri: str) -> dict[str, Any]:
+    """What preprocess decided about the columns (``schema.json``: decisions and warnings)."""
+    try:
+        doc = json.loads(storage.read_text(storage.join(dataset_uri, "schema.json")))
+    except (FileNotFoundError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {"decisions": doc.get("decisions") or [], "warnings": doc.get("warnings") or []}
+
+
 def _baselines(
     candidate: LoadedModel, dataset_uri: str, ds: TabularDataset
 ) -> dict[str, dict[str, float]]:
@@ -422,6 +433,7 @@ def evaluate(
         history=read_history(model_uri),
         y_true=scored.y_true if task == "regression" else None,
         y_pred=scored.y_pred if task == "regression" else None,
+        data=_read_data_decisions(dataset_uri),
     )
     # Everything is computed: only now touch the outputs, so a failure above leaves none.
     outputs.write_output_file(report_uri, html, step="evaluate")

@@ -1,9 +1,9 @@
 """What preprocess will decide about a dataset, found before any step runs.
 
 ``gpupipe run --local`` calls :func:`inspect_data` before it starts the pipeline, so the task
-(and why), a target that cannot work, date columns and numbers with the other decimal
-separator are said at once, not after minutes of steps. The target column is read whole (its
-every value decides the task and the split); the feature columns from the first
+(and why), a target that cannot work, date columns (which become numbers) and numbers with the
+other decimal separator are said at once, not after minutes of steps. The target column is read
+whole (its every value decides the task and the split); the feature columns from the first
 :data:`SAMPLE_ROWS` rows of the first file, for what a sample can show for certain.
 """
 
@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 from trainer.base import storage
 from trainer.base.errors import InputError
-from trainer.steps.columns import _comma_numbers_notice, _refuse_dates, target_column
+from trainer.steps.column_checks import DATE_PARTS
+from trainer.steps.columns import _comma_numbers_notice, target_column
 from trainer.steps.gate import MIN_GATE_ROWS
 from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.splits import check_splits
@@ -72,11 +73,11 @@ def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
 
     Returns:
         The task decision (``I_TASK``) and warnings (``W_TASK``, ``W_TARGET``, ``W_DECIMAL``,
-        ``W_TEST_SPLIT``), in that order.
+        ``W_TEST_SPLIT``) and date columns (``I_DATE``), in that order.
 
     Raises:
         InputError: What preprocess would refuse: a target that cannot work (missing values,
-            one class, numbers written as text), a split it cannot make, a date column.
+            one class, numbers written as text), a split it cannot make.
     """
     files = input_files(data_uri)
     try:
@@ -110,15 +111,23 @@ def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
     sample_raw = RawInput(data_uri, sample, files[:1], np.array([0, sample.num_rows]), is_csv, "")
     for name in sample.column_names:
         role = cfg.column_roles.get(name)
-        if name == cfg.target or role in ("drop", "categorical"):
+        if name == cfg.target or role in ("drop", "categorical", "numeric"):
             continue
         col = sample.column(name)
-        if is_temporal(col.type):
-            _refuse_dates(sample_raw, name, f"type {dtype_name(col.type)}")
-        if not is_text(col.type) or role is not None:
-            continue
-        _, values = dictionary_codes(col)
-        if example := looks_like_dates(values):
-            _refuse_dates(sample_raw, name, repr(example))
-        _comma_numbers_notice(sample_raw, cfg, name, values, notes)
+        example = f"type {dtype_name(col.type)}" if is_temporal(col.type) else None
+        if is_text(col.type):
+            _, values = dictionary_codes(col)
+            if (value := looks_like_dates(values)) is not None:
+                example = repr(value)
+            elif role is None:
+                _comma_numbers_notice(sample_raw, cfg, name, values, notes)
+        if example is not None:
+            notes.append(
+                Notice(
+                    "I_DATE",
+                    f"column {name!r} holds dates ({example}): it becomes the numbers "
+                    f"{', '.join(f'{name}__{p}' for p in DATE_PARTS)}",
+                    data_uri,
+                )
+            )
     return notes

@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 from trainer.base import storage
 from trainer.base.errors import InputError
 from trainer.base.outputs import atomic_dir, check_output_location
-from trainer.steps.columns import feature_columns, target_column
+from trainer.steps.columns import target_column
+from trainer.steps.feature_columns import feature_columns, leakage_warnings
 from trainer.steps.fingerprint import data_fingerprint
 from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.splits import check_scaled, check_splits
@@ -175,7 +176,8 @@ def preprocess(
         raise InputError("E_EMPTY", "dataset is empty: 0 rows", data_uri)
     notes: list[Notice] = []
     y, task, classes = target_column(data, cfg, notes)
-    columns, dropped = feature_columns(data, cfg, notes)
+    columns, dropped, decisions = feature_columns(data, cfg, notes)
+    decisions += leakage_warnings(data, columns, y, classes, cfg.target, notes)
     train_idx, val_idx, test_idx = split_indices(
         n,
         classes=y if classes is not None else None,
@@ -206,6 +208,8 @@ def preprocess(
         "features": features,
         "columns": [fit.to_dict() for fit in fits],
         "dropped": dropped,
+        "decisions": [d.to_dict() for d in decisions],
+        "warnings": [note.line("preprocess") for note in notes if note.code.startswith("W_")],
         "classes": classes,
         "data_hash": data.data_hash,
         "data_fingerprint": fingerprint,

@@ -11,7 +11,7 @@ from trainer.steps.tabular import (
     CsvOptions,
 )
 
-COLUMN_KINDS = ("numeric", "categorical", "drop")
+COLUMN_KINDS = ("numeric", "categorical", "date", "keep", "drop")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -24,9 +24,12 @@ class PreprocessConfig:
     """``auto``: text or bool targets, and integer-valued targets with at most 20 distinct values,
     are classification; any other numeric target is regression."""
     column_roles: dict[str, str] = field(default_factory=dict)
-    """Declared roles of feature columns: ``numeric``, ``categorical`` or ``drop``. Columns not
-    named here are inferred: numbers are numeric, text is categorical. (Pipeline parameter
-    ``column_roles_json``.)"""
+    """Declared roles of feature columns: ``numeric``, ``categorical``, ``date`` (turned into
+    year, month, day, weekday and elapsed days), ``keep`` (typed as inferred, but never left out
+    as an identifier or a constant) or ``drop``. Columns not named here are inferred: numbers
+    are numeric, text is categorical, dates (typed, or text such as ``2024-01-31``) are dates;
+    identifiers (unique per row) and constant columns are left out with a warning. (Pipeline
+    parameter ``column_roles_json``.)"""
     val_fraction: float = 0.15
     """Share of rows for the validation split (train validates on it; at least one row)."""
     test_fraction: float = 0.15
@@ -149,7 +152,8 @@ def config_from_parameters(
     once, in the pipeline's signature): the one mapping the component and the pipeline's
     parameter check share.
 
-    ``column_roles_json`` is a JSON object ``{"column": "numeric" | "categorical" | "drop"}``;
+    ``column_roles_json`` is a JSON object ``{"column": "numeric" | "categorical" | "date" |
+    "keep" | "drop"}``;
     ``csv_null_values`` comma-separated extra missing values (``?,-``);
     ``preprocess_config_json`` further :class:`PreprocessConfig` fields, dotted or nested,
     applied last.

@@ -222,6 +222,7 @@ def render_report(
     history: list[dict[str, Any]] | None,
     y_true: np.ndarray | None = None,
     y_pred: np.ndarray | None = None,
+    data: dict[str, Any] | None = None,
 ) -> str:
     """The report page: gate decision, metrics table, loss curves and the task's plots.
 
@@ -239,6 +240,8 @@ def render_report(
         history: The training log's records, or None.
         y_true: Regression: the targets (for the residual plots).
         y_pred: Regression: the predictions.
+        data: What preprocess decided about the columns (``decisions`` and ``warnings`` from
+            ``schema.json``), for the data section.
 
     Returns:
         The HTML document.
@@ -256,6 +259,7 @@ def render_report(
             y_true=y_true,
             y_pred=y_pred,
         )
+    body = _data_section(data or {}) + body
     verdict = "PASS" if result.gate_passed else "FAIL"
     created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     facts = [
@@ -279,6 +283,31 @@ def render_report(
         f"<dl>{facts_html}</dl>"
         f"{body}</body></html>\n"
     )
+
+
+_ACTIONS = {"dropped": "left out", "date": "date as numbers", "warning": "kept, with a warning"}
+
+
+def _data_section(data: dict[str, Any]) -> str:
+    """The data section: each column decision preprocess made, and its warnings."""
+    decisions = [d for d in data.get("decisions", []) if isinstance(d, dict)]
+    warnings = [w for w in data.get("warnings", []) if isinstance(w, str)]
+    if not decisions and not warnings:
+        return ""
+    parts = ['<h2 id="data">Data</h2>']
+    if decisions:
+        rows = "".join(
+            f"<tr><td>{escape(str(d.get('column')))}</td>"
+            f"<td>{escape(_ACTIONS.get(str(d.get('action')), str(d.get('action'))))}</td>"
+            f"<td>{escape(str(d.get('reason')))}</td><td>{escape(str(d.get('detail')))}</td></tr>"
+            for d in decisions
+        )
+        parts.append(
+            "<table><thead><tr><th>column</th><th>decision</th><th>why</th><th>evidence</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table>"
+        )
+    parts.extend(f'<p class="note">{escape(redact(w))}</p>' for w in warnings)
+    return "".join(parts)
 
 
 def _body(
