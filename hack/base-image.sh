@@ -15,6 +15,11 @@ local_base="${LOCAL_BASE:-local/python:3.11-bookworm}"
 
 say() { printf '==> %s\n' "$*" >&2; }
 
+# One maker at a time: CI builds the cluster's add-on images in the background while the trainer's
+# images build, and two debootstraps of the same base would race for its tag.
+exec 9>"${TMPDIR:-/tmp}/gpupipe-base-image.lock"
+flock 9
+
 if docker image inspect "$public" >/dev/null 2>&1; then
   echo "$public"
   exit 0

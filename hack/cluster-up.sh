@@ -6,6 +6,8 @@
 # (hack/cluster/build.sh) and cached by version, so a second run builds nothing.
 # Idempotent: pieces already running are kept. Prints each stage with its time; the last line is
 # `export KUBECONFIG=<file>`. A piece that cannot run here ends it with one line and exit 3.
+# --build-only: build the binaries and the add-on images, start nothing (.ci/run runs it in the
+# background while the other tests run, so that a machine with nothing cached builds in parallel).
 # Environment: GPUPIPE_CLUSTER_DIR, GPUPIPE_CLUSTER_CACHE (hack/cluster/lib.sh),
 #   GPUPIPE_CLUSTER_ADDONS (default "training-operator jobset trainer object-store mlflow katib": both
 #   operators, PyTorchJob and TrainJob, and Katib; "" for none; trainer needs jobset before it).
@@ -15,6 +17,12 @@ source "$(dirname "$0")/cluster/lib.sh"
 # shellcheck source=hack/cluster/procs.sh
 source "${CLUSTER_HACK}/procs.sh"
 
+build_only=0
+case "${1:-}" in
+"") ;;
+--build-only) build_only=1 ;;
+*) die "unknown argument '${1}' (usage: hack/cluster-up.sh [--build-only])" ;;
+esac
 addons="${GPUPIPE_CLUSTER_ADDONS-training-operator jobset trainer object-store mlflow katib}"
 total_start=$SECONDS
 K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
@@ -49,6 +57,11 @@ stage "build binaries"
 stage "build images"
 "${CLUSTER_HACK}/node-images.sh" build
 for a in $addons; do "${CLUSTER_HACK}/addons/${a}.sh" image; done
+if ((build_only)); then
+  stage ""
+  say "built the binaries and the add-on images in $((SECONDS - total_start)) s (--build-only: no cluster started)"
+  exit 0
+fi
 # The trainer's CPU image (seconds when nothing changed). The node has no GPU: the CUDA image's
 # name points at the CPU image inside the node, so the compiled pipeline (whose train step names
 # the CUDA image) runs unchanged, as on kind (hack/kind-up.sh).

@@ -10,6 +10,8 @@ cluster-up says why and the tests skip with that line).
 from __future__ import annotations
 
 import copy
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 reason, checked = kube.unavailable(), True
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+CI_TEST_ALLOWANCE_S = 300
+"""What one cluster test may take at most here (the longest, Katib's searches, take about 3 min)."""
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip, with the reason, a cluster test that could run past CI's time budget.
+
+    ``.ci/run`` sets ``GPUPIPE_CI_DEADLINE`` (Unix seconds) a little before its 90 minutes: on a
+    machine with nothing cached the builds take most of them, and a run cut off by the budget
+    would land nothing. Outside CI the variable is unset and every test runs.
+    """
+    deadline = os.environ.get("GPUPIPE_CI_DEADLINE")
+    if not deadline or HERE not in Path(str(item.fspath)).parents:
+        return
+    left = int(float(deadline) - time.time())
+    if left < CI_TEST_ALLOWANCE_S:
+        pytest.skip(
+            f"CI's time budget: {max(left, 0)} s left before GPUPIPE_CI_DEADLINE, under the "
+            f"{CI_TEST_ALLOWANCE_S} s a cluster test may take"
+        )
 
 
 @pytest.fixture(scope="session")
