@@ -3,7 +3,8 @@ pod under the ``pipeline-runner`` account and our Role, and Katib v0.19 (built f
 the cluster: hack/cluster/addons/katib.sh) runs the Experiment it creates, whose trials are
 2-replica PyTorchJobs (gloo on CPU) of the trainer's image reading the demo table from the object
 store. Katib's webhook injects its metrics collector into each trial's master pod, which reads
-the worker's ``name=value`` lines; goptuna suggests; medianstop stops bad trials early.
+the worker's ``name=value`` lines; Katib's optuna service suggests; medianstop stops bad trials
+early.
 
 The namespace enforces the ``baseline`` Pod Security profile (and warns of ``restricted``):
 Katib's suggestion pod gets the medianstop container with no securityContext (KatibConfig has no
@@ -45,7 +46,7 @@ PARAMETERS = [
 
 
 def space(**over: Any) -> dict[str, Any]:
-    """A search over two parameters, 4 trials, goptuna's random search (seeded)."""
+    """A search over two parameters, 4 trials, random search (seeded; Katib's optuna service)."""
     out: dict[str, Any] = {
         "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
         "algorithm": {
@@ -178,11 +179,11 @@ def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
 ) -> None:
     # The model starts from the linear fit, so after its first 4 steps (the first evaluation)
     # every sane learning rate scores alike; rates far past 0.1 throw the fit away at once, the
-    # more the larger. goptuna samples uniformly: most trials get such a rate, and their first
-    # reports spread over two orders of magnitude. The bar is the median of the finished
-    # trials' first reports (medianstop, from the first finished trial on); a stopped trial
-    # does not count towards it, so a trial is spared only while each new rate is below the
-    # median of those before it (about 1 in 2 per trial: seven in a row, under 1 %).
+    # more the larger. Rates are drawn uniformly (no distribution here): most trials get such a
+    # rate, and their first reports spread over two orders of magnitude. The bar is the median
+    # of the finished trials' first reports (medianstop, from the first finished trial on); a
+    # stopped trial does not count towards it, so a trial is spared only while each new rate is
+    # below the median of those before it (about 1 in 2 per trial: seven in a row, under 1 %).
     wild_lr = dict(PARAMETERS[0], feasibleSpace={"min": "0.005", "max": "1.5"})
     search = space(
         parameters=[wild_lr, PARAMETERS[1]],

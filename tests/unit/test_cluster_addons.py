@@ -140,3 +140,17 @@ def test_store_meets_restricted_pod_security() -> None:
         assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"]["drop"] == ["ALL"]
         assert "limits" in c["resources"]
+
+
+def test_katib_serves_every_cluster_algorithm_with_the_optuna_service() -> None:
+    """Each algorithm the tune step allows on a cluster has a suggestion image in katib-config,
+    and it is Katib's optuna service (goptuna ignores a parameter's distribution)."""
+    from trainer.tune.space import CLUSTER_ALGORITHMS
+
+    script = (CLUSTER / "addons" / "katib.sh").read_text()
+    block = re.search(r"^SUGGESTIONS=\(\n(.*?)^\)", script, re.M | re.S)
+    assert block, "katib.sh has no SUGGESTIONS=( ... ) block"
+    served = dict(re.findall(r'"(\S+) (\S+)"', block.group(1)))
+    assert {a: served.get(a) for a in CLUSTER_ALGORITHMS} == dict.fromkeys(
+        CLUSTER_ALGORITHMS, "suggestion-optuna"
+    )

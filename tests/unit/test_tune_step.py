@@ -1,5 +1,6 @@
 """The tune step and component: best parameters, metrics and a report with pictures."""
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -123,6 +124,34 @@ def test_katib_engine_refuses_an_algorithm_no_cluster_service_serves(
     assert err[0].startswith("ERROR [tune] E_CONFIG: algorithm ")
     assert f"{algorithm!r} has no Katib suggestion service on a cluster" in err[0]
     assert "random, tpe, cmaes, grid, multivariate-tpe" in err[0]
+    assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize("distribution", ["normal", "logNormal"])
+def test_katib_engine_refuses_a_distribution_its_service_cannot_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], distribution: str
+) -> None:
+    from trainer.__main__ import main
+
+    data = write_dataset(tmp_path / "data", rows=40)
+    space = copy.deepcopy(tune_config().space)
+    space["parameters"][-1]["feasibleSpace"]["distribution"] = distribution
+    cfg = {"engine": "katib", "space": space, "train": {"cluster": {"image": "img:1"}}}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    argv = ["tune", "--config", str(tmp_path / "cfg.json"), "--dataset", str(data)]
+    argv += ["--work", "s3://bucket/work", "--output", str(out / "b.json")]
+    argv += ["--report", str(out / "r.html")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    name = space["parameters"][-1]["name"]
+    assert err[0].startswith(f"ERROR [tune] E_CONFIG: parameter {name!r}: distribution ")
+    assert f"{distribution!r} has no sampler in Katib's suggestion service" in err[0]
+    assert "use uniform or logUniform with engine 'katib'" in err[0]
+    assert f"parameters[{len(space['parameters']) - 1}].feasibleSpace.distribution" in err[0]
     assert not out.exists()  # nothing written
 
 

@@ -276,7 +276,7 @@ def _tune_katib(
     from trainer.launch.jobspec import JobSpec
     from trainer.launch.pytorchjob import build_pytorchjob
     from trainer.tune.katib import KatibLauncher, build_experiment, experiment_name
-    from trainer.tune.space import CLUSTER_ALGORITHMS, GOPTUNA_ALGORITHMS
+    from trainer.tune.space import CLUSTER_ALGORITHMS, CLUSTER_DISTRIBUTIONS
 
     if not step_cfg.cluster.image:
         raise InputError(
@@ -298,19 +298,15 @@ def _tune_katib(
             f"{', '.join(CLUSTER_ALGORITHMS)} with engine 'katib' (or engine 'local')",
             "tune.space.algorithm.algorithmName",
         )
-    if algorithm in GOPTUNA_ALGORITHMS:
-        shaped = [
-            f"{p.name} ({p.feasibleSpace.distribution})"
-            for p in space.parameters
-            if p.feasibleSpace.distribution not in (None, "uniform")
-        ]
-        if shaped:
-            log.warning(
-                "W_KATIB_DISTRIBUTION: Katib's goptuna service (algorithm %s) samples %s "
-                "uniformly between min and max: it ignores distribution (Katib v0.19); "
-                "algorithm grid or multivariate-tpe, or engine 'local', honour it",
-                algorithm,
-                ", ".join(shaped),
+    for i, p in enumerate(space.parameters):
+        distribution = p.feasibleSpace.distribution
+        if distribution not in (None, *CLUSTER_DISTRIBUTIONS):
+            raise InputError(
+                "E_CONFIG",
+                f"parameter {p.name!r}: distribution {distribution!r} has no sampler in Katib's "
+                f"suggestion service (it would leave the trial without a value): use "
+                f"{' or '.join(CLUSTER_DISTRIBUTIONS)} with engine 'katib' (or engine 'local')",
+                f"tune.space.parameters[{i}].feasibleSpace.distribution",
             )
     if launcher is None:
         # An Experiment cannot be suspended: on_exit=suspend keeps it, as keep does.

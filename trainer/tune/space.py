@@ -28,13 +28,12 @@ AlgorithmName = Literal[
     "random", "grid", "tpe", "multivariate-tpe", "cmaes", "bayesianoptimization", "hyperband"
 ]
 CLUSTER_ALGORITHMS = ("random", "tpe", "cmaes", "grid", "multivariate-tpe")
-GOPTUNA_ALGORITHMS = ("random", "tpe", "cmaes")
-"""Those served by Katib's goptuna service, which samples every double uniformly (it ignores
-``distribution``: found on Katib v0.19, pkg/suggestion/v1beta1/goptuna/converter.go)."""
 """The algorithms a Katib Experiment of the tune step can use: those whose suggestion service the
-test cluster builds (hack/cluster/addons/katib.sh: goptuna serves random, tpe and cmaes;
-Katib's optuna service grid and multivariate-tpe). bayesianoptimization and hyperband run only on
-the local engine."""
+test cluster builds (hack/cluster/addons/katib.sh maps all five to Katib's optuna service).
+bayesianoptimization and hyperband run only on the local engine."""
+CLUSTER_DISTRIBUTIONS = ("uniform", "logUniform")
+"""The distributions Katib's optuna service samples (v0.19, base_service.py): it leaves a
+``normal`` or ``logNormal`` parameter out of its search space, so the trial gets no value."""
 _Strings = list[str]  # an alias: inside FeasibleSpace the name ``list`` is the field
 
 
