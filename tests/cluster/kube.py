@@ -26,6 +26,8 @@ KUBECONFIG = STATE / "kubeconfig"
 STORE_SECRET = "mlpipeline-minio-artifact"
 """KFP's artifact-store secret (``accesskey``/``secretkey``), made by the object-store add-on."""
 BUCKET = "mlpipeline"
+BUSYBOX_IMAGE = "gpupipe.local/busybox:1.35.0"
+"""The node's busybox image (hack/cluster/lib.sh's BUSYBOX_IMAGE)."""
 
 
 def _versions() -> dict[str, str]:

@@ -177,7 +177,7 @@ def test_restricted_pod_security_is_enforced_and_our_pods_pass(
     namespace: str, reference: Launch
 ) -> None:
     # The namespace really refuses what restricted forbids ...
-    bad = kube.launcher_pod("privileged-probe", namespace, "gpupipe.local/busybox:1.35.0", [])
+    bad = kube.launcher_pod("privileged-probe", namespace, kube.BUSYBOX_IMAGE, [])
     bad["spec"]["securityContext"] = {}
     bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     proc = kube.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)

@@ -233,7 +233,7 @@ def test_the_runtime_patch_reaches_the_pods_and_they_pass_restricted(
     namespace: str, reference: Launch
 ) -> None:
     # The namespace really refuses what restricted forbids ...
-    bad = kube.launcher_pod("privileged-probe", namespace, "gpupipe.local/busybox:1.35.0", [])
+    bad = kube.launcher_pod("privileged-probe", namespace, kube.BUSYBOX_IMAGE, [])
     bad["spec"]["securityContext"] = {}
     bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     proc = kube.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
