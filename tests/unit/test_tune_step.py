@@ -88,13 +88,33 @@ def test_katib_engine_needs_an_image(tmp_path: Path) -> None:
         )
 
 
+def refused_with_katib(
+    tmp_path: Path, space: dict, capsys: pytest.CaptureFixture[str]
+) -> list[str]:
+    """``python -m trainer tune`` with engine katib and ``space``: it must exit 2 with one line
+    on stderr and write nothing; returns that line (in a list)."""
+    from trainer.__main__ import main
+
+    data = write_dataset(tmp_path / "data", rows=40)
+    cfg = {"engine": "katib", "space": space, "train": {"cluster": {"image": "img:1"}}}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    argv = ["tune", "--config", str(tmp_path / "cfg.json"), "--dataset", str(data)]
+    argv += ["--work", "s3://bucket/work", "--output", str(out / "b.json")]
+    argv += ["--report", str(out / "r.html")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert not out.exists()  # nothing written
+    return err
+
+
 @pytest.mark.parametrize("algorithm", ["bayesianoptimization", "hyperband"])
 def test_katib_engine_refuses_an_algorithm_no_cluster_service_serves(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], algorithm: str
 ) -> None:
-    from trainer.__main__ import main
-
-    data = write_dataset(tmp_path / "data", rows=40)
     space = {**tune_config().space, "algorithm": {"algorithmName": algorithm}}
     if algorithm == "hyperband":
         space["parameters"] = [
@@ -110,49 +130,24 @@ def test_katib_engine_refuses_an_algorithm_no_cluster_service_serves(
             {"name": "eta", "value": "3"},
         ]
         space |= {"parallelTrialCount": 9, "maxTrialCount": 9}
-    cfg = {"engine": "katib", "space": space, "train": {"cluster": {"image": "img:1"}}}
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    out = tmp_path / "out"
-    argv = ["tune", "--config", str(tmp_path / "cfg.json"), "--dataset", str(data)]
-    argv += ["--work", "s3://bucket/work", "--output", str(out / "b.json")]
-    argv += ["--report", str(out / "r.html")]
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
+    err = refused_with_katib(tmp_path, space, capsys)
     assert err[0].startswith("ERROR [tune] E_CONFIG: algorithm ")
     assert f"{algorithm!r} has no Katib suggestion service on a cluster" in err[0]
     assert "random, tpe, cmaes, grid, multivariate-tpe" in err[0]
-    assert not out.exists()  # nothing written
 
 
 @pytest.mark.parametrize("distribution", ["normal", "logNormal"])
 def test_katib_engine_refuses_a_distribution_its_service_cannot_sample(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], distribution: str
 ) -> None:
-    from trainer.__main__ import main
-
-    data = write_dataset(tmp_path / "data", rows=40)
     space = copy.deepcopy(tune_config().space)
     space["parameters"][-1]["feasibleSpace"]["distribution"] = distribution
-    cfg = {"engine": "katib", "space": space, "train": {"cluster": {"image": "img:1"}}}
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    out = tmp_path / "out"
-    argv = ["tune", "--config", str(tmp_path / "cfg.json"), "--dataset", str(data)]
-    argv += ["--work", "s3://bucket/work", "--output", str(out / "b.json")]
-    argv += ["--report", str(out / "r.html")]
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
+    err = refused_with_katib(tmp_path, space, capsys)
     name = space["parameters"][-1]["name"]
     assert err[0].startswith(f"ERROR [tune] E_CONFIG: parameter {name!r}: distribution ")
     assert f"{distribution!r} has no sampler in Katib's suggestion service" in err[0]
     assert "use uniform or logUniform with engine 'katib'" in err[0]
     assert f"parameters[{len(space['parameters']) - 1}].feasibleSpace.distribution" in err[0]
-    assert not out.exists()  # nothing written
 
 
 def test_component_compiles_with_typed_outputs(tmp_path: Path) -> None:
