@@ -129,6 +129,12 @@ class ModelConfig:
     learns what it misses (with ``num_layers`` 0 the whole model starts from the fit). ``none``:
     a plain MLP from its random initialisation (models saved before this option load as
     ``none``)."""
+    embedding: Literal["periodic", "none"] = "periodic"
+    """MLP: ``periodic`` feeds the hidden layers each input column through learned periodic
+    features (RealMLP's PBLD embedding, after a soft clipping of the standardised value: see
+    :mod:`trainer.models.embeddings`), which lets the MLP follow cycles and thresholds in one
+    column; the linear path still reads the plain inputs. ``none``: the plain inputs (models
+    saved before this option load as ``none``)."""
     vocab_size: int = 50304
     """GPT: vocabulary size (a multiple of 64 keeps the output matmul efficient)."""
     n_layer: int = 12

@@ -322,6 +322,7 @@ def build_model(
             dropout=cfg.dropout,
             activation=cfg.activation,
             linear=cfg.linear != "none",
+            embedding=cfg.embedding,
         )
     if cfg.name == "gpt":
         _check(spec.task == "lm", cfg, f"needs task 'lm' (token data), got task {spec.task!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainer.models.embeddings import PeriodicEmbedding
 from trainer.models.linear_fit import LinearFit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -27,6 +28,9 @@ class TabularMLP(nn.Module):
         dropout: Dropout probability after each hidden activation.
         activation: ``relu``, ``gelu`` or ``silu``.
         linear: Add the linear path (ignored without hidden layers: the model is linear).
+        embedding: ``periodic``: the hidden layers read each input through a
+            :class:`~trainer.models.embeddings.PeriodicEmbedding` (the linear path reads the
+            inputs as they are); ``none``: the inputs as they are (ignored without hidden layers).
 
     Raises:
         ValueError: On a non-positive size or an unknown activation.
@@ -41,6 +45,7 @@ class TabularMLP(nn.Module):
         dropout: float = 0.0,
         activation: str = "gelu",
         linear: bool = False,
+        embedding: str = "none",
     ) -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0 or hidden_dim <= 0 or num_layers < 0:
@@ -52,8 +57,11 @@ class TabularMLP(nn.Module):
             raise ValueError(
                 f"model.activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
             )
+        if embedding not in ("none", "periodic"):
+            raise ValueError(f"model.embedding must be 'periodic' or 'none', got {embedding!r}")
+        self.embed = PeriodicEmbedding(in_features) if embedding == "periodic" and num_layers else None
         layers: list[nn.Module] = []
-        width = in_features
+        width = in_features if self.embed is None else self.embed.out_features
         for _ in range(num_layers):
             layers += [
                 nn.Linear(width, hidden_dim),
@@ -69,7 +77,7 @@ class TabularMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map float features ``[B, in_features]`` to outputs ``[B, out_features]``."""
-        out = self.head(self.body(x))
+        out = self.head(self.body(x if self.embed is None else self.embed(x)))
         return out if self.linear is None else out + self.linear(x)
 
     @torch.no_grad()
