@@ -59,7 +59,9 @@ class TabularMLP(nn.Module):
             )
         if embedding not in ("none", "periodic"):
             raise ValueError(f"model.embedding must be 'periodic' or 'none', got {embedding!r}")
-        self.embed = PeriodicEmbedding(in_features) if embedding == "periodic" and num_layers else None
+        self.embed = (
+            PeriodicEmbedding(in_features) if embedding == "periodic" and num_layers else None
+        )
         layers: list[nn.Module] = []
         width = in_features if self.embed is None else self.embed.out_features
         for _ in range(num_layers):
