@@ -60,7 +60,11 @@ from trainer.steps.preprocess_config import PreprocessConfig
 from trainer.steps.train import TrainStepConfig, plan_worker_config
 from trainer.training import loop
 
-OLD_DEFAULT: dict[str, Any] = {"model.embedding": "none"}
+OLD_DEFAULT: dict[str, Any] = {
+    "model.embedding": "none",
+    "optim.lr": 0.001,
+    "auto.min_steps": 1000,
+}
 """Settings that restore the model before issue 28 (the ``old`` column, trained in the same run
 on the same splits); ``--set`` values apply to both."""
 GOAL = 0.99
@@ -306,9 +310,10 @@ def print_table(r: dict[str, Any]) -> None:
     old = "" if math.isnan(r["old_ratio"]) else f" (old default {r['old_ratio']:.3f})"
     print(f"  ratio vs best baseline ({r['best']}): {r['ratio']:.3f}{flag}{old}")
     if r["task"] == "classification":
+        old_ll = r["old_log_loss_ratio"]
         print(
             f"  log loss ratio vs best baseline: {r['log_loss_ratio']:.3f}"
-            f" (old default {r['old_log_loss_ratio']:.3f})"
+            + ("" if math.isnan(old_ll) else f" (old default {old_ll:.3f})")
         )
 
 
