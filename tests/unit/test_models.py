@@ -505,3 +505,24 @@ def test_gpt_trains_compiled_in_bf16_with_flash_attention_on_cuda() -> None:
             opt.step()
             losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_periodic_embedding_keeps_each_column_beside_its_periodic_features() -> None:
+    from trainer.models.embeddings import DIM, PeriodicEmbedding, soft_clip
+
+    torch.manual_seed(0)
+    embed = PeriodicEmbedding(5)
+    x = torch.randn(7, 5) * 4
+    out = embed(x)
+    assert out.shape == (7, 5 * DIM)
+    assert torch.equal(out.view(7, 5, DIM)[..., 0], soft_clip(x))  # the "densenet" part
+    assert soft_clip(torch.tensor([1e6])).item() == pytest.approx(3.0)  # outliers bounded
+
+
+def test_an_unknown_embedding_is_refused_in_one_line() -> None:
+    from trainer.base.typedconfig import from_dict
+
+    with pytest.raises(InputError, match=r"embedding must be one of \['periodic', 'none'\]"):
+        from_dict(ModelConfig, {"name": "mlp", "embedding": "ple"})
+    with pytest.raises(ValueError, match=r"model\.embedding must be 'periodic' or 'none'"):
+        TabularMLP(5, 3, embedding="ple")
