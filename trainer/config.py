@@ -135,6 +135,12 @@ class ModelConfig:
     :mod:`trainer.models.embeddings`), which lets the MLP follow cycles and thresholds in one
     column; the linear path still reads the plain inputs. ``none``: the plain inputs (models
     saved before this option load as ``none``)."""
+    ensemble: int = 1
+    """MLP: ``k`` > 1 trains ``k`` MLPs in one (TabM-mini: each member scales the first layer's
+    input by its own random signs and has its own head, the layers between are shared), each
+    on its own loss, and predicts their average (probabilities for classification); about
+    ``k`` times the compute of one MLP. 1: one MLP (models saved before this option load as
+    1)."""
     vocab_size: int = 50304
     """GPT: vocabulary size (a multiple of 64 keeps the output matmul efficient)."""
     n_layer: int = 12
@@ -164,6 +170,7 @@ class ModelConfig:
         )
         require(self.hidden_dim > 0, "model.hidden_dim", "must be > 0", self.hidden_dim)
         require(self.num_layers >= 0, "model.num_layers", "must be >= 0", self.num_layers)
+        require(self.ensemble >= 1, "model.ensemble", "must be >= 1", self.ensemble)
         require(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)", self.dropout)
         require(self.vocab_size > 1, "model.vocab_size", "must be > 1", self.vocab_size)
         require(self.n_layer > 0, "model.n_layer", "must be > 0", self.n_layer)

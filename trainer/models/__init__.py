@@ -323,6 +323,7 @@ def build_model(
             activation=cfg.activation,
             linear=cfg.linear != "none",
             embedding=cfg.embedding,
+            ensemble=cfg.ensemble,
         )
     if cfg.name == "gpt":
         _check(spec.task == "lm", cfg, f"needs task 'lm' (token data), got task {spec.task!r}")
@@ -402,7 +403,7 @@ def forward_loss(
     Returns:
         A scalar float32 tensor.
     """
-    if task == "lm" and computes_loss(model):
+    if computes_loss(model):
         with autocast():
             loss: torch.Tensor = model(x, targets=y)
         return loss

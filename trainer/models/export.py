@@ -217,7 +217,9 @@ def load_model(
         raise ValueError(f"model {uri}: {META_FILE} has format {found!r}, expected {FORMAT!r}")
     try:
         # Models saved before model.linear / model.embedding existed are plain MLPs.
-        model_cfg = from_dict(ModelConfig, {"linear": "none", "embedding": "none", **meta["model"]})
+        model_cfg = from_dict(
+            ModelConfig, {"linear": "none", "embedding": "none", "ensemble": 1, **meta["model"]}
+        )
         spec = ModelSpec.from_dict(meta["spec"])
     except KeyError as e:
         raise ValueError(f"model {uri}: {META_FILE} lacks key {e.args[0]!r}") from e

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainer.models.embeddings import PeriodicEmbedding
@@ -31,6 +34,11 @@ class TabularMLP(nn.Module):
         embedding: ``periodic``: the hidden layers read each input through a
             :class:`~trainer.models.embeddings.PeriodicEmbedding` (the linear path reads the
             inputs as they are); ``none``: the inputs as they are (ignored without hidden layers).
+        ensemble: ``k`` > 1 makes the hidden layers an ensemble of ``k`` MLPs in one (TabM-mini,
+            Gorishniy et al. 2024): each member scales the first layer's input by its own
+            vector of random signs and has its own head; the layers between are shared. Each
+            member is trained on its own loss (``forward(x, targets=y)``); predictions average
+            the members (probabilities for classification).
 
     Raises:
         ValueError: On a non-positive size or an unknown activation.
@@ -46,6 +54,7 @@ class TabularMLP(nn.Module):
         activation: str = "gelu",
         linear: bool = False,
         embedding: str = "none",
+        ensemble: int = 1,
     ) -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0 or hidden_dim <= 0 or num_layers < 0:
@@ -57,6 +66,8 @@ class TabularMLP(nn.Module):
             raise ValueError(
                 f"model.activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
             )
+        if ensemble < 1:
+            raise ValueError(f"model.ensemble must be >= 1, got {ensemble}")
         if embedding not in ("none", "periodic"):
             raise ValueError(f"model.embedding must be 'periodic' or 'none', got {embedding!r}")
         self.embed = (
@@ -72,15 +83,53 @@ class TabularMLP(nn.Module):
             ]
             width = hidden_dim
         self.body = nn.Sequential(*layers)
-        self.head = nn.Linear(width, out_features)
+        self.k = ensemble if num_layers else 1
+        self.head = nn.Linear(width, out_features) if self.k == 1 else None
         self.linear = nn.Linear(in_features, out_features) if linear and num_layers else None
         self.in_features = in_features
         self.out_features = out_features
+        self.adapter: nn.Parameter | None = None
+        self.heads: nn.Parameter | None = None
+        self.head_biases: nn.Parameter | None = None
+        if self.k > 1:
+            first = in_features if self.embed is None else self.embed.out_features
+            signs = torch.randint(0, 2, (self.k, first)).float() * 2 - 1
+            self.adapter = nn.Parameter(signs)
+            bound = 1.0 / math.sqrt(width)
+            shape = (self.k, width, out_features)
+            self.heads = nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+            biases = torch.empty(self.k, out_features).uniform_(-bound, bound)
+            self.head_biases = nn.Parameter(biases)
+        self.computes_loss = self.k > 1
+        self.regression = out_features == 1
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Map float features ``[B, in_features]`` to outputs ``[B, out_features]``."""
-        out = self.head(self.body(x if self.embed is None else self.embed(x)))
-        return out if self.linear is None else out + self.linear(x)
+    def members(self, x: torch.Tensor) -> torch.Tensor:
+        """Each member's outputs ``[B, k, out_features]`` (``k`` = 1 without an ensemble)."""
+        h = x if self.embed is None else self.embed(x)
+        if self.head is not None:
+            out = self.head(self.body(h)).unsqueeze(1)
+        else:
+            assert self.adapter is not None and self.heads is not None
+            h = self.body(h.unsqueeze(1) * self.adapter)
+            out = torch.einsum("bkh,kho->bko", h, self.heads) + self.head_biases
+        return out if self.linear is None else out + self.linear(x).unsqueeze(1)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Map float features ``[B, in_features]`` to outputs ``[B, out_features]``; given
+        ``targets``, the mean over the members of each member's loss (cross entropy over
+        logits, or squared error) instead."""
+        out = self.members(x)
+        if targets is not None:
+            out = out.float()
+            if self.regression:
+                return F.mse_loss(out.squeeze(-1), targets.float().unsqueeze(1).expand(-1, self.k))
+            return F.cross_entropy(out.flatten(0, 1), targets.repeat_interleave(self.k))
+        if self.k == 1:
+            return out.squeeze(1)
+        if self.regression:
+            return out.mean(1)
+        # log of the mean probability: its softmax is the members' mean probabilities
+        return torch.logsumexp(F.log_softmax(out.float(), -1), 1) - math.log(self.k)
 
     @torch.no_grad()
     def start_from_linear(self, fit: LinearFit) -> None:
@@ -94,8 +143,10 @@ class TabularMLP(nn.Module):
             fit: The closed-form fit (see :mod:`trainer.models.linear_fit`).
         """
         target = self.linear if self.linear is not None else self.head
+        assert target is not None  # without hidden layers there is one head and no ensemble
         target.weight.copy_(fit.weight)
         target.bias.copy_(fit.bias)
         if self.linear is not None:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+            heads = (self.head.weight, self.head.bias) if self.head is not None else None
+            for p in heads or (self.heads, self.head_biases):
+                nn.init.zeros_(p)

@@ -307,10 +307,12 @@ def _mlp_params(cfg: TrainStepConfig, schema: dict[str, Any]) -> int | None:
         f, d = embeddings.FREQUENCIES, embeddings.DIM
         total = width * (2 * f + (d - 1) * (f + 1))
         width *= embeddings.DIM
+    k = m.ensemble if m.num_layers else 1
+    total += width * (k - 1)  # the members' sign vectors
     for _ in range(m.num_layers):
         total += (width + 1) * m.hidden_dim
         width = m.hidden_dim
-    return total + (width + 1) * out
+    return total + (width + 1) * out * k
 
 
 def _target_scale(schema: dict[str, Any], dataset_uri: str) -> list[float] | None:
