@@ -63,8 +63,13 @@ def save(uri: str, model: nn.Module, cfg: ModelConfig, spec: ModelSpec, **kw) ->
 
 @pytest.mark.parametrize(
     ("cfg", "spec"),
-    [(MLP_CFG, CLS_SPEC), (MLP_CFG, REG_SPEC), (GPT_CFG, GPT_SPEC)],
-    ids=["mlp-classification", "mlp-regression", "gpt"],
+    [
+        (MLP_CFG, CLS_SPEC),
+        (MLP_CFG, REG_SPEC),
+        (ModelConfig(name="mlp", hidden_dim=8, ensemble=4), CLS_SPEC),
+        (GPT_CFG, GPT_SPEC),
+    ],
+    ids=["mlp-classification", "mlp-regression", "mlp-ensemble", "gpt"],
 )
 def test_round_trip_gives_identical_predictions(tmp_path: Path, cfg, spec) -> None:
     model = trained(cfg, spec)

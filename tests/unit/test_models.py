@@ -526,3 +526,35 @@ def test_an_unknown_embedding_is_refused_in_one_line() -> None:
         from_dict(ModelConfig, {"name": "mlp", "embedding": "ple"})
     with pytest.raises(ValueError, match=r"model\.embedding must be 'periodic' or 'none'"):
         TabularMLP(5, 3, embedding="ple")
+
+
+@pytest.mark.parametrize("spec", [CLS_SPEC, REG_SPEC], ids=["classification", "regression"])
+def test_an_ensemble_trains_each_member_on_its_loss_and_predicts_their_mean(
+    spec: ModelSpec,
+) -> None:
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", hidden_dim=8, ensemble=4), spec)
+    x = torch.randn(6, 5)
+    members = model.members(x)
+    assert members.shape == (6, 4, spec.num_classes or 1)
+    assert not torch.allclose(members[:, 0], members[:, 1])  # the members differ
+    if spec.task == "classification":
+        y = torch.randint(0, 3, (6,))
+        expected = torch.stack([F.cross_entropy(members[:, i], y) for i in range(4)]).mean()
+        assert torch.allclose(model(x).softmax(-1), members.softmax(-1).mean(1), atol=1e-6)
+    else:
+        y = torch.randn(6)
+        expected = torch.stack([F.mse_loss(members[:, i, 0], y) for i in range(4)]).mean()
+        assert torch.allclose(model(x), members.mean(1))
+    assert computes_loss(model)
+    assert torch.allclose(forward_loss(model, spec.task, x, y), expected)
+
+
+def test_an_ensemble_with_a_linear_path_starts_as_the_linear_fit() -> None:
+    from trainer.models.linear_fit import LinearFit
+
+    model = build_model(ModelConfig(name="mlp", hidden_dim=8, ensemble=3), REG_SPEC)
+    fit = LinearFit(weight=torch.ones(1, 5, dtype=torch.float64), bias=torch.zeros(1), rows=10)
+    model.start_from_linear(fit)
+    x = torch.randn(4, 5)
+    assert torch.allclose(model.members(x), x.sum(-1).view(4, 1, 1).expand(4, 3, 1), atol=1e-6)
