@@ -15,16 +15,16 @@ scores them on the same test rows).
 
 Ratio per table, oriented so that 1.0 means "as good as the best baseline" and above is better:
 accuracy / best accuracy (classification; and best log loss / log loss), best RMSE / RMSE
-(regression), on the means over the splits of a table (each seed splits the rows and seeds
-the training differently). A small table gets as many splits as it takes to score :data:`MIN_TEST_ROWS` test rows in all (iris 21,
-wine 19, breast_cancer 6, diabetes 8, ...): a 150-row table's 24-row test split moves accuracy
-by 4% a row, so a single split would decide a 1% goal by luck. ``--seeds`` sets the fewest
-splits of every table. The headline is the worst ratio over the tables (accuracy or log loss,
-whichever is worse); the line above it counts runs whose model scored below the trivial
-predictor, the tables below the goal and the mean ratio. The ``old`` contender is the model
-before issue 28 (:data:`OLD_DEFAULT`: no periodic embedding, learning rate 0.001, 1000 steps),
-trained on the same splits in the same run (``--no-old`` skips it). The last block is the
-Markdown table of ``benchmarks/README.md``.
+(regression), on the means over the splits of a table (each seed splits the rows and seeds the
+training differently). A small table gets as many splits as it takes to score
+:data:`MIN_TEST_ROWS` test rows in all (iris 21, wine 19, breast_cancer 6, diabetes 8, ...): a
+150-row table's 24-row test split moves accuracy by 4% a row, so a single split would decide a
+1% goal by luck. ``--seeds`` sets the fewest splits of every table. The headline is the worst
+ratio over the tables (accuracy or log loss, whichever is worse); the line above it counts runs
+whose model scored below the trivial predictor, the tables below the goal and the mean ratio.
+The ``old`` contender is the model before issue 28 (:data:`OLD_DEFAULT`: no periodic embedding,
+learning rate 0.001, 1000 steps), trained on the same splits in the same run (``--no-old`` skips
+it). The last block is the Markdown table of ``benchmarks/README.md``.
 
 Run from the repo root: ``.venv/bin/python benchmarks/default_models.py [--seeds 3]
 [--min-test-rows 500] [--tables iris,wine] [--set model.linear=none]``.
