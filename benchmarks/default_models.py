@@ -66,6 +66,7 @@ from trainer.training import loop
 
 OLD_DEFAULT: dict[str, Any] = {
     "model.embedding": "none",
+    "model.ensemble": 1,
     "optim.lr": 0.001,
     "auto.min_steps": 1000,
 }
