@@ -79,6 +79,7 @@ PLAIN_MLP: dict[str, object] = {"embedding": "none", "ensemble": 1}
 """The MLP rows time the loop around a plain MLP (the model of the figures below): the raw loop
 computes ``F.cross_entropy(model(x), y)``, which an ensemble's per-member loss is not."""
 
+
 @dataclass(frozen=True)
 class Case:
     """One benchmark row: a model, its data and its batch."""
