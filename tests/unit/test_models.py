@@ -443,17 +443,26 @@ def test_count_params_counts_tied_weight_once_and_excludes_position_embedding() 
 
 
 @pytest.mark.parametrize(
-    ("linear", "embedding", "extra"),
+    ("linear", "embedding", "ensemble", "extra"),
     [
-        ("fit", "none", 5 * 3 + 3),
-        ("none", "none", 0),
+        ("fit", "none", 1, 5 * 3 + 3),
+        ("none", "none", 1, 0),
         # 5 columns x (16 frequencies + 16 phases + 16 x 3 + 3); the first layer reads 5 x 4
-        ("none", "periodic", 5 * (16 + 16 + 48 + 3) + 5 * 3 * 8),
+        ("none", "periodic", 1, 5 * (16 + 16 + 48 + 3) + 5 * 3 * 8),
+        # 4 sign vectors over the 5 inputs, 3 more heads
+        ("none", "none", 4, 4 * 5 + 3 * (8 * 3 + 3)),
     ],
-    ids=["linear-path", "plain", "periodic"],
+    ids=["linear-path", "plain", "periodic", "ensemble"],
 )
-def test_count_params_of_mlp(linear: str, embedding: str, extra: int) -> None:
-    cfg = ModelConfig(name="mlp", hidden_dim=8, num_layers=1, linear=linear, embedding=embedding)  # type: ignore[arg-type]
+def test_count_params_of_mlp(linear: str, embedding: str, ensemble: int, extra: int) -> None:
+    cfg = ModelConfig(
+        name="mlp",
+        hidden_dim=8,
+        num_layers=1,
+        linear=linear,  # type: ignore[arg-type]
+        embedding=embedding,  # type: ignore[arg-type]
+        ensemble=ensemble,
+    )
     model = build_model(cfg, CLS_SPEC)
     hidden_and_head = 5 * 8 + 8 + 8 * 3 + 3
     assert count_params(model) == count_params(model, exclude_embeddings=True)

@@ -308,7 +308,7 @@ def _mlp_params(cfg: TrainStepConfig, schema: dict[str, Any]) -> int | None:
         total = width * (2 * f + (d - 1) * (f + 1))
         width *= embeddings.DIM
     k = m.ensemble if m.num_layers else 1
-    total += width * (k - 1)  # the members' sign vectors
+    total += width * k if k > 1 else 0  # the members' sign vectors
     for _ in range(m.num_layers):
         total += (width + 1) * m.hidden_dim
         width = m.hidden_dim
