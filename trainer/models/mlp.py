@@ -110,6 +110,7 @@ class TabularMLP(nn.Module):
             out = self.head(self.body(h)).unsqueeze(1)
         else:
             assert self.adapter is not None and self.heads is not None
+            assert self.head_biases is not None
             h = self.body(h.unsqueeze(1) * self.adapter)
             out = torch.einsum("bkh,kho->bko", h, self.heads) + self.head_biases
         return out if self.linear is None else out + self.linear(x).unsqueeze(1)
@@ -147,6 +148,10 @@ class TabularMLP(nn.Module):
         target.weight.copy_(fit.weight)
         target.bias.copy_(fit.bias)
         if self.linear is not None:
-            heads = (self.head.weight, self.head.bias) if self.head is not None else None
-            for p in heads or (self.heads, self.head_biases):
+            if self.head is not None:
+                heads = [self.head.weight, self.head.bias]
+            else:
+                assert self.heads is not None and self.head_biases is not None
+                heads = [self.heads, self.head_biases]
+            for p in heads:
                 nn.init.zeros_(p)
