@@ -153,7 +153,7 @@ def test_a_tune_trials_searched_value_wins_even_at_the_default(tmp_path) -> None
     assert plain.train.early_stopping is not None  # trials stop early like the training does
 
 
-@pytest.mark.parametrize("min_steps", [1000, 4000], ids=["1000-steps", "4000-steps"])
+@pytest.mark.parametrize("min_steps", [1000, 6000], ids=["1000-steps", "6000-steps"])
 def test_min_steps_sets_how_long_a_small_table_trains(min_steps: int) -> None:
     s = choose(6_131, min_steps=min_steps)  # sf_temps: 256 rows a batch, 23 steps an epoch
     assert s.train.global_batch_size == 256

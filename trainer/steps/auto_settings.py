@@ -56,10 +56,11 @@ MIN_BATCH = 16
 """Smallest chosen batch (smaller tables get their row count, rounded down to a power of two)."""
 MAX_BATCH = 1024
 """Largest chosen batch: beyond it a tabular MLP gains little per step."""
-MIN_STEPS = 4000
+MIN_STEPS = 6000
 """Optimizer steps a run aims for (early stopping usually ends small tables sooner). 1000 before
-issue 28: an MLP with periodic embeddings needs about 4000 to follow an hour-of-day cycle
-(``benchmarks/default_models.py``, sf_temps); RealMLP trains 256 epochs."""
+issue 28: the ensemble of MLPs with periodic embeddings needs about 6000 to follow an
+hour-of-day cycle (``benchmarks/default_models.py``, sf_temps: 0.81 of HGB at 4000, 1.17 at
+6000); RealMLP trains 256 epochs."""
 MIN_EPOCHS = 3
 """Fewest chosen epochs: a large table still gets a few passes, with early stopping."""
 MAX_EPOCHS = 500
