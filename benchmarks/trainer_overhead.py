@@ -35,10 +35,13 @@ from __future__ import annotations
 
 import argparse
 import io
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +57,7 @@ if __package__ in (None, ""):  # run as a file: make the repo root importable
 
 from trainer.config import (
     DataConfig,
+    MetricsConfig,
     ModelConfig,
     OptimConfig,
     OutputConfig,
@@ -127,9 +131,15 @@ def write_data(case: Case, path: Path, rows: int) -> None:
     pq.write_table(pa.table(cols), path)
 
 
-def make_config(case: Case, data: Path, out: Path, total_steps: int) -> WorkerConfig:
-    """A config whose schedule spans the whole benchmark (warmup, then cosine decay)."""
+def make_config(
+    case: Case, data: Path, out: Path, total_steps: int, metrics_port: int = 0
+) -> WorkerConfig:
+    """A config whose schedule spans the whole benchmark (warmup, then cosine decay); with
+    ``metrics_port`` the run serves its Prometheus endpoint there, priced (``cost_usd`` too)."""
     return WorkerConfig(
+        metrics=MetricsConfig(
+            port=metrics_port, host="127.0.0.1", gpu_hour_usd=1.0 if metrics_port else None
+        ),
         data=DataConfig(
             train_uri=str(data),
             kind=case.kind,  # type: ignore[arg-type]
@@ -150,7 +160,11 @@ def ours(cfg: WorkerConfig, ctx: DistContext) -> tuple[Callable[[], torch.Tensor
     run = Run(cfg, ctx, StopSignal())
     # Same events as train() would emit, but into a sink so the table stays readable.
     run.telemetry = Telemetry(
-        enabled=ctx.is_main, job=ctx.run_id, total_steps=run.total_steps, stream=io.StringIO()
+        enabled=ctx.is_main,
+        job=ctx.run_id,
+        total_steps=run.total_steps,
+        stream=io.StringIO(),
+        sink=run.telemetry.sink,  # the metrics endpoint, when on: fed as train() feeds it
     )
     window = LossWindow(ctx)
     it = iter(run.stream)
@@ -224,17 +238,54 @@ def raw(cfg: WorkerConfig, ctx: DistContext, run: Run) -> Callable[[], torch.Ten
     return step
 
 
+class Scraper:
+    """Scrapes a metrics endpoint every ``every_s`` seconds on a thread, as Prometheus would."""
+
+    def __init__(self, url: str, every_s: float) -> None:
+        self.url, self.every_s, self.scrapes = url, every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with urllib.request.urlopen(self.url, timeout=5) as r:
+                r.read()
+            self.scrapes += 1
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.scrapes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def measure(
-    case: Case, ctx: DistContext, *, rows: int, steps: int, repeats: int, warmup: int
+    case: Case,
+    ctx: DistContext,
+    *,
+    rows: int,
+    steps: int,
+    repeats: int,
+    warmup: int,
+    scrape_every_s: float | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[torch.Tensor]], list[float]]:
-    """Interleaved blocks of both loops; returns per-step times and losses of each."""
+    """Interleaved blocks of both loops; returns per-step times and losses of each. With
+    ``scrape_every_s`` ours serves its metrics endpoint, scraped that often throughout."""
     blocks = warmup + repeats
+    port = _free_port() if scrape_every_s else 0
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "train.parquet"
         write_data(case, data, rows)
-        cfg = make_config(case, data, Path(tmp) / "model", total_steps=blocks * steps)
+        cfg = make_config(case, data, Path(tmp) / "model", blocks * steps, metrics_port=port)
         ours_step, run = ours(cfg, ctx)
         raw_step = raw(cfg, ctx, run)
+    scraper = Scraper(f"http://127.0.0.1:{port}/metrics", scrape_every_s) if port else None
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
     contenders = {"ours": ours_step, "raw": raw_step}
     times: dict[str, list[float]] = {k: [] for k in contenders}
@@ -258,6 +309,9 @@ def measure(
                 block_median[name] = statistics.median(ts)
         if b >= warmup:
             block_ratios.append(block_median["ours"] / block_median["raw"])
+    if scraper is not None:
+        print(f"  {case.name}: metrics endpoint on, scraped {scraper.stop()} times")
+    run.telemetry.close()  # stops the endpoint
     return times, losses, block_ratios
 
 
@@ -269,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="measured blocks per contender")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured blocks per contender")
     parser.add_argument("--rows", type=int, default=32768, help="training rows (sequences)")
+    parser.add_argument(
+        "--metrics",
+        type=float,
+        metavar="SECONDS",
+        help="ours serves its Prometheus endpoint (priced), scraped every SECONDS",
+    )
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
     unknown = [n for n in names if n not in CASES]
@@ -289,7 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         case = CASES[name]
         times, losses, block_ratios = measure(
-            case, ctx, rows=args.rows, steps=args.steps, repeats=args.repeats, warmup=args.warmup
+            case,
+            ctx,
+            rows=args.rows,
+            steps=args.steps,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            scrape_every_s=args.metrics,
         )
         ours_ms = statistics.median(times["ours"]) * 1e3
         raw_ms = statistics.median(times["raw"]) * 1e3

@@ -7,15 +7,15 @@
 # Idempotent: pieces already running are kept. Prints each stage with its time; the last line is
 # `export KUBECONFIG=<file>`. A piece that cannot run here ends it with one line and exit 3.
 # Environment: GPUPIPE_CLUSTER_DIR, GPUPIPE_CLUSTER_CACHE (hack/cluster/lib.sh),
-#   GPUPIPE_CLUSTER_ADDONS (default "training-operator jobset trainer object-store mlflow": both
-#   operators, PyTorchJob and TrainJob; "" for none; trainer needs jobset before it).
+#   GPUPIPE_CLUSTER_ADDONS (default "training-operator jobset trainer object-store mlflow katib": both
+#   operators, PyTorchJob and TrainJob, and Katib; "" for none; trainer needs jobset before it).
 set -euo pipefail
 # shellcheck source=hack/cluster/lib.sh
 source "$(dirname "$0")/cluster/lib.sh"
 # shellcheck source=hack/cluster/procs.sh
 source "${CLUSTER_HACK}/procs.sh"
 
-addons="${GPUPIPE_CLUSTER_ADDONS-training-operator jobset trainer object-store mlflow}"
+addons="${GPUPIPE_CLUSTER_ADDONS-training-operator jobset trainer object-store mlflow katib}"
 total_start=$SECONDS
 K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
 

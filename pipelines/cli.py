@@ -42,6 +42,7 @@ LOCAL_ONLY_FLAGS = (
     ("registry_timeout", "--registry-timeout"),
     ("runner", "--runner"),
     ("image_override", "--image-override"),
+    ("metrics_port", "--metrics-port"),
 )
 
 
@@ -102,6 +103,19 @@ def _refuse_flags_of_the_other_mode(args: argparse.Namespace) -> None:
         )
 
 
+def _with_metrics_port(params: dict[str, Any], port: int | None) -> dict[str, Any]:
+    """``params`` with the train step's ``watch.metrics_port`` set (``--metrics-port``)."""
+    if port is None:
+        return params
+    from trainer.base.typedconfig import json_object
+
+    if not 1 <= port <= 65535:
+        raise InputError("E_PARAM", f"must be 1 to 65535, got {port}", "--metrics-port")
+    extra = json_object(params.get("train_config_json", "{}"), "train_config_json")
+    extra["watch.metrics_port"] = port  # dotted: keeps the rest of watch (the price)
+    return {**params, "train_config_json": json.dumps(extra)}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.local and args.host:
         raise InputError("E_PARAM", "pick one of --local and --host", "gpupipe run")
@@ -122,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = run_local(
             data=args.data,
             target=args.target,
-            params=_params(args.param),
+            params=_with_metrics_port(_params(args.param), args.metrics_port),
             root=Path(args.root or DEFAULT_ROOT),
             quiet=args.json,
             registry_timeout_s=(
@@ -142,6 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             line = error_line("gpupipe run", e)
             print(json.dumps({"state": "REJECTED", "error": line, "exit_code": 2}))
         raise
+    if args.metrics_port:
+        summary["metrics_url"] = f"http://127.0.0.1:{args.metrics_port}/metrics"
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     else:
@@ -355,6 +371,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def _print_summary(s: dict[str, Any]) -> None:
+    from trainer.base.cost import summary_lines
+
     print()
     print(f"pipeline run {s['run_dir']}: {s['state']}")
     if s["state"] != "SUCCEEDED":
@@ -379,6 +397,11 @@ def _print_summary(s: dict[str, Any]) -> None:
         print(f"  data           {line}")
     if s.get("tuned_hyperparams"):
         print(f"  tuned          {json.dumps(s['tuned_hyperparams'], sort_keys=True)}")
+    run_cost = s.get("cost") or {}
+    for line in summary_lines(run_cost.get("estimate"), run_cost.get("actual")):
+        print(f"  cost {line}")
+    if s.get("metrics_url"):
+        print(f"  metrics        {s['metrics_url']} (Prometheus, while train ran)")
     print(f"  model          {s.get('model_uri')}")
     print(f"  report         {s.get('report')}")
     version = s.get("registered_version")
@@ -479,6 +502,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["subprocess", "docker"],
         help="--local: run the steps as host processes (default: subprocess), or each in its "
         "image (Docker engine, the pod's security settings; make images first)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="--local: the training job serves Prometheus metrics on this port while it runs "
+        "(http://127.0.0.1:PORT/metrics; the summary says where)",
     )
     p.add_argument(
         "--image-override",

@@ -576,6 +576,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     model = run_dir / "train" / "model"
     if (model / "model.json").exists():
         out["model_uri"] = str(model)
+    if (model / "cost.json").exists():  # the estimate before launch and the actual
+        out["cost"] = json.loads((model / "cost.json").read_text())
     tuned = _executor_output(run_dir / "tune").get("parameterValues", {})
     if tuned.get("best_hyperparams"):
         out["tuned_hyperparams"] = tuned["best_hyperparams"]

@@ -257,6 +257,8 @@ _TRAIN_FIELDS = {
     "gpus_per_node": ("gpus_per_node", "train.gpus_per_node"),
     "model_name": ("model.name",),
     "gpu_type": ("cluster.gpu_resource",),
+    "gpu_hour_usd": ("watch.gpu_hour_usd",),
+    "gpu_prices": ("watch.gpu_prices",),
     "gpu_node_selector": ("cluster.node_selector",),
     "trainer_runtime": ("cluster.runtime",),
     "image_pull_secrets": ("cluster.image_pull_secrets",),

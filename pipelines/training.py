@@ -152,6 +152,8 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         batch_size: int = 0,
         seed: int = 0,
         gpu_type: str = "nvidia.com/gpu",
+        gpu_hour_usd: float = 0.0,
+        gpu_prices: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
         gpus_per_node: int = 1,
         nodes: int = 1,
         launcher: str = "local",
@@ -204,6 +206,13 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 size).
             seed: split, initialisation and shuffling seed.
             gpu_type: accelerator resource of the train step (``nvidia.com/gpu``).
+            gpu_hour_usd: price of one GPU-hour in USD (0: no cost reported): the run's cost is
+                GPU-hours held x this, in the metrics, the summary, the report and the model's
+                tags. No prices are built in.
+            gpu_prices: price of one GPU-hour per ``gpu_type``, e.g.
+                ``{"nvidia.com/gpu": 3.5, "nvidia.com/mig-1g.18gb": 0.5}``; the run's
+                ``gpu_type`` is looked up here first (a table without it and no
+                ``gpu_hour_usd`` is an error).
             gpus_per_node: GPUs per node (= processes per node).
             nodes: nodes of the training job.
             launcher: ``local`` (torchrun in the train step's pod), ``pytorchjob`` (a Kubeflow
@@ -296,6 +305,8 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 "job_env": job_env,
                 "gang_queue": gang_queue,
                 "gang_priority_class": gang_priority_class,
+                "gpu_hour_usd": gpu_hour_usd,
+                "gpu_prices": gpu_prices,
             }
 
             # Always in the DAG: with tune_enabled false it passes no parameters on at once.

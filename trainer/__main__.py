@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -66,6 +67,22 @@ def _evaluate(args: argparse.Namespace) -> dict[str, Any]:
     ).to_dict()
 
 
+def _tune(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.steps.tune import TuneConfig, tune
+
+    cfg = _config(args, TuneConfig)
+    return tune(
+        cfg,
+        dataset_uri=args.dataset,
+        work_uri=args.work,
+        output_uri=args.output,
+        report_uri=args.report,
+        metrics_uri=args.metrics,
+        run_id=args.run_id,
+        task_name=args.task_name,
+    ).to_dict()
+
+
 def _register(args: argparse.Namespace) -> dict[str, Any]:
     from trainer.steps.register import RegisterConfig, register
 
@@ -92,6 +109,18 @@ STEPS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], list[tupl
         _evaluate,
         [("--model", True), ("--dataset", True), ("--report", True), ("--champion", False)],
     ),
+    "tune": (
+        _tune,
+        [
+            ("--dataset", True),
+            ("--work", True),
+            ("--output", True),
+            ("--report", True),
+            ("--metrics", False),
+            ("--run-id", False),
+            ("--task-name", False),
+        ],
+    ),
     "register": (_register, [("--model", True), ("--run-id", True), ("--data-hash", True)]),
 }
 
@@ -99,6 +128,12 @@ OUTPUT_FLAGS: dict[str, dict[str, str]] = {
     "preprocess": {"--output": _FOLDER_HELP},
     "train": {"--model": _FOLDER_HELP, "--work": _FOLDER_HELP},
     "evaluate": {"--report": _FILE_HELP},
+    "tune": {
+        "--work": _FOLDER_HELP,
+        "--output": _FILE_HELP,
+        "--report": _FILE_HELP,
+        "--metrics": _FILE_HELP,
+    },
 }
 """The flags of each step that name an output location, with their help."""
 
@@ -128,12 +163,24 @@ def build_parser() -> argparse.ArgumentParser:
             )
         if name == "train":
             p.set_defaults(job_name="gpupipe-train")
+        if name == "tune":
+            # A Katib Experiment is named after the run and the task: the same pair re-attaches.
+            p.set_defaults(run_id="local", task_name="tune")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one step; print its result as one JSON line on stdout."""
     args = build_parser().parse_args(argv)
+    # tune's progress (the Experiment's or the study's trials, as they end) on stderr, as KFP
+    # shows a component's log; an embedding program's own logging setup is kept. (The other
+    # steps print what they have to say themselves: bad input stays one line.)
+    if args.step == "tune" and not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     fn = STEPS[args.step][0]
     result = run_guarded(args.step, lambda: fn(args))
     print(json.dumps(result, sort_keys=True, default=str))

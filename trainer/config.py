@@ -1,6 +1,7 @@
 """The worker's config schema: what ``python -m trainer.worker --config <uri>`` reads.
 
-One keyword-only dataclass per section (data, model, optim, train, checkpoint, output, dist),
+One keyword-only dataclass per section (data, model, optim, train, checkpoint, output, dist,
+metrics),
 each field documented and checked in ``__post_init__`` with a message naming it. The steps
 build a :class:`WorkerConfig`, serialise it to the JSON the training job reads, and the worker
 loads it back with :func:`load_worker_config`: a bad config fails in the component, before any
@@ -26,6 +27,7 @@ __all__ = [
     "DataConfig",
     "DistConfig",
     "EarlyStoppingConfig",
+    "MetricsConfig",
     "ModelConfig",
     "OptimConfig",
     "OutputConfig",
@@ -412,6 +414,34 @@ class DistConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class MetricsConfig:
+    """The Prometheus endpoint and what a GPU-hour costs (``trainer/training/prom.py``)."""
+
+    port: int = 0
+    """Serve ``/metrics`` (Prometheus text format) on this port from each node's first process
+    (training values from rank 0, GPU values of every rank on the node); 0: no endpoint."""
+    host: str = "0.0.0.0"
+    """Address the endpoint listens on (``127.0.0.1``: this machine only)."""
+    gpu_hour_usd: float | None = None
+    """Price of one GPU-hour; with it the ``cost_usd`` counter and the run's cost are reported
+    (``None``: no cost)."""
+    gpus: int = 0
+    """GPUs the job holds and is billed for (nodes x GPUs per node); 0: one per process."""
+
+    def __post_init__(self) -> None:
+        require(0 <= self.port <= 65535, "metrics.port", "must be 0 to 65535", self.port)
+        require(bool(self.host), "metrics.host", "must be set", self.host)
+        require(
+            self.gpu_hour_usd is None
+            or (math.isfinite(self.gpu_hour_usd) and self.gpu_hour_usd >= 0),
+            "metrics.gpu_hour_usd",
+            "must be >= 0 or null",
+            self.gpu_hour_usd,
+        )
+        require(self.gpus >= 0, "metrics.gpus", "must be >= 0", self.gpus)
+
+
+@dataclass(kw_only=True, slots=True)
 class WorkerConfig:
     """Everything ``python -m trainer.worker`` needs; serialised as the job's config JSON."""
 
@@ -422,6 +452,7 @@ class WorkerConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def __post_init__(self) -> None:
         if self.train.early_stopping is not None:

@@ -37,19 +37,21 @@ def run_guarded(step: str, fn: Callable[[], T]) -> T:
     redact.install()
     try:
         return fn()
-    except OSError as e:
-        if isinstance(e, FileNotFoundError) or not is_disk_full(e):
-            raise
-        # A full disk is the machine's problem, not the input's: exit 1, never 2.
-        print(error_line(step, e, default_code=DISK_FULL_CODE), file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
     except (ValueError, FileNotFoundError) as e:
         print(error_line(step, e), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_BAD_INPUT) from None
     except (RuntimeError, TimeoutError, ConnectionError) as e:
+        # Before OSError: TimeoutError and ConnectionError are OSErrors too (a launcher's
+        # deadline printed a traceback until the real Katib's search ran past one).
         if type(e) is RuntimeError and not str(e):
             raise
         print(error_line(step, e, default_code=EXTERNAL_ERROR_CODE), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        # A full disk is the machine's problem, not the input's: exit 1, never 2.
+        print(error_line(step, e, default_code=DISK_FULL_CODE), file=sys.stderr, flush=True)
         raise SystemExit(1) from None
 
 

@@ -37,6 +37,8 @@ def train(
     job_env: dict = {},  # noqa: B006
     gang_queue: str = "",
     gang_priority_class: str = "",
+    gpu_hour_usd: float = 0.0,
+    gpu_prices: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
 ):
     """Train on the preprocessed dataset (see trainer.steps.train).
 
@@ -49,6 +51,8 @@ def train(
     step is retried.
     ``gpu_type`` is the accelerator the pipeline asked for; it is recorded in the model's
     metadata (and, being an input, it reaches the step's sub-DAG on every backend).
+    ``gpu_hour_usd`` or ``gpu_prices`` (per ``gpu_type``) price a GPU-hour: the estimate before
+    launch and the actual cost go into the metrics and the model's metadata.
 
     With ``launcher="pytorchjob"`` or ``"trainjob"`` this pod only launches and watches (a
     TrainJob runs on the training runtime ``trainer_runtime``): the job's pods (GPU
@@ -64,6 +68,7 @@ def train(
     from trainer.entry import run_guarded, write_metadata_file
     from trainer.launch.jobspec import job_name
     from trainer.steps.train import TrainStepConfig, step_settings, train_step
+    from trainer.steps.train_cost import cost_metrics
 
     def body():
         settings = step_settings(
@@ -87,6 +92,8 @@ def train(
             job_env=job_env,
             gang_queue=gang_queue,
             gang_priority_class=gang_priority_class,
+            gpu_hour_usd=gpu_hour_usd,
+            gpu_prices=gpu_prices,
             train_config_json=config_json,
             hyperparams_json=hyperparams_json,
             tuned_hyperparams_json=tuned_hyperparams_json,
@@ -110,6 +117,9 @@ def train(
     for key, value in sorted(result.metrics.items()):
         metrics.log_metric(key, value)
     metrics.log_metric("steps", result.steps)
+    for key, value in cost_metrics(result.cost).items():
+        metrics.log_metric(key, value)
+    model.metadata.update(cost_metrics(result.cost))
     model.metadata.update(
         {
             "accelerator": gpu_type,

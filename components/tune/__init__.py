@@ -40,6 +40,8 @@ def tune(
     job_env: dict = {},  # noqa: B006
     gang_queue: str = "",
     gang_priority_class: str = "",
+    gpu_hour_usd: float = 0.0,
+    gpu_prices: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
 ) -> NamedTuple("Outputs", [("best_hyperparams", dict), ("best_hyperparams_json", str)]):
     """Search hyperparameters over the preprocessed dataset (see trainer.steps.tune).
 
@@ -98,6 +100,8 @@ def tune(
             job_env=job_env,
             gang_queue=gang_queue,
             gang_priority_class=gang_priority_class,
+            gpu_hour_usd=gpu_hour_usd,
+            gpu_prices=gpu_prices,
             cuda_image=cuda_image,
             cpu_image=cpu_image,
             train_config_json=train_config_json,

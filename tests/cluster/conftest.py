@@ -73,10 +73,16 @@ def role(rules_without: tuple[str, str, str] | None = None) -> dict[str, Any]:
     return doc
 
 
-def make_namespace(name: str, role_doc: dict[str, Any]) -> None:
-    """A namespace that enforces restricted Pod Security, with the ``pipeline-runner`` account
-    bound by our Role (``manifests/rbac``'s binding, its subject moved here) and the store's
-    secret."""
+def make_namespace(
+    name: str,
+    role_doc: dict[str, Any],
+    *,
+    enforce: str = "restricted",
+    labels: dict[str, str] | None = None,
+) -> None:
+    """A namespace that enforces ``enforce`` Pod Security (and warns of restricted), with the
+    ``pipeline-runner`` account bound by our Role (``manifests/rbac``'s binding, its subject
+    moved here) and the store's secret; ``labels`` are added to the namespace's."""
     kube.apply(
         {
             "apiVersion": "v1",
@@ -84,9 +90,11 @@ def make_namespace(name: str, role_doc: dict[str, Any]) -> None:
             "metadata": {
                 "name": name,
                 "labels": {
-                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce": enforce,
                     "pod-security.kubernetes.io/enforce-version": "latest",
+                    "pod-security.kubernetes.io/warn": "restricted",
                     "gpupipe.dev/test": "cluster",
+                    **(labels or {}),
                 },
             },
         }

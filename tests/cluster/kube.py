@@ -147,8 +147,9 @@ def launcher_pod(
     args: list[str],
     *,
     service_account: str = "pipeline-runner",
+    step: str = "train",
 ) -> dict[str, Any]:
-    """The train step's pod as KFP runs it (``python -m trainer train ...``), restricted."""
+    """A launching step's pod as KFP runs it (``python -m trainer <step> ...``), restricted."""
     field = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     field["POD_UID"] = "metadata.uid"
     env: list[dict[str, Any]] = [
@@ -176,7 +177,7 @@ def launcher_pod(
                     "name": "main",
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["python", "-m", "trainer", "train", *args],
+                    "command": ["python", "-m", "trainer", step, *args],
                     "env": env,
                     "resources": {
                         "requests": {"cpu": "100m", "memory": "256Mi"},

@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
+from trainer.tune.space import failure_budget_spent
+
 _JOBS = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs$")
 _JOB = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/([^/]+)/pytorchjobs/([^/]+)$")
 _TRAINJOBS = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs$")
@@ -195,7 +197,7 @@ class ExperimentScenario:
     """``None``: ``maxTrialCount`` successful trials."""
     trial_s: float = 0.03
     outcome: Literal["auto", "Failed"] | None = "auto"
-    """``auto``: Katib's rules (failed > maxFailedTrialCount fails it, all trials done succeeds
+    """``auto``: Katib's rules (failed >= maxFailedTrialCount fails it, all trials done succeeds
     it); ``Failed``: fails once the trials are done; ``None``: runs forever."""
     reason: str = "ExperimentFailed"
     message: str = "Experiment has failed because max failed count has reached"
@@ -236,13 +238,14 @@ class _Experiment:
         if sc.outcome == "auto":
             max_failed = int(self.body["spec"].get("maxFailedTrialCount") or 0)
             failed = sorted(end for _, p, _, end in plans if p.outcome == "Failed")
-            if len(failed) > max_failed:
-                return failed[max_failed]
+            if failure_budget_spent(len(failed), max_failed):
+                return failed[max(max_failed, 1) - 1]
         return (ends[-1] if ends else 0.0) + 0.01
 
     def failed_early(self) -> bool:
         max_failed = int(self.body["spec"].get("maxFailedTrialCount") or 0)
-        return sum(p.outcome == "Failed" for _, p, *_ in self.plans()) > max_failed
+        failed = sum(p.outcome == "Failed" for _, p, *_ in self.plans())
+        return failure_budget_spent(failed, max_failed)
 
 
 def _assignments(spec: dict[str, Any], i: int, n: int) -> dict[str, str]:

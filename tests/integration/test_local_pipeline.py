@@ -81,6 +81,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> TwoRuns:
     return TwoRuns(root, first, second)
 
 
+@pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
 def test_first_run_trains_evaluates_and_registers(two_runs: TwoRuns) -> None:
     s = two_runs.first.summary
     assert s["state"] == "SUCCEEDED"
@@ -98,6 +99,7 @@ def test_first_run_trains_evaluates_and_registers(two_runs: TwoRuns) -> None:
     assert Path(s["registry_uri"].removeprefix("sqlite:///")).parent == two_runs.root
 
 
+@pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
 def test_second_run_meets_the_champion(two_runs: TwoRuns) -> None:
     assert two_runs.second.returncode == 0, two_runs.second.stderr[-4000:]
     s = two_runs.second.summary
@@ -108,6 +110,7 @@ def test_second_run_meets_the_champion(two_runs: TwoRuns) -> None:
     assert (Path(s["run_dir"]) / "register").exists() is s["gate_passed"]
 
 
+@pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
 def test_second_run_serves_preprocess_from_cache(two_runs: TwoRuns) -> None:
     first, second = two_runs.first, two_runs.second
     assert first.executed("preprocess") and first.executed("train")
@@ -118,6 +121,7 @@ def test_second_run_serves_preprocess_from_cache(two_runs: TwoRuns) -> None:
     assert not (Path(second.summary["run_dir"]) / "preprocess").exists()
 
 
+@pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
 def test_run_registers_in_mlflow_server(two_runs: TwoRuns, mlflow_server: str) -> None:
     import mlflow
 
@@ -165,6 +169,7 @@ def test_unknown_parameter_exits_2(tmp_path: Path) -> None:
     assert not (tmp_path / "root").exists()
 
 
+@pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
 def test_tune_enabled_runs_the_search_and_trains_with_its_best_parameters(tmp_path: Path) -> None:
     space = {
         "parameters": [

@@ -27,6 +27,16 @@ def _restore_root_logger() -> Iterator[None]:
 TINY_OVERHEAD = ["--steps", "2", "--repeats", "2", "--warmup", "1", "--rows", "2048"]
 
 
+def test_trainer_overhead_with_the_metrics_endpoint_scraped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = trainer_overhead.main([*TINY_OVERHEAD, "--cases", "mlp-small", "--metrics", "0.01"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, "\n".join(lines)
+    assert any("metrics endpoint on, scraped" in line for line in lines)
+    assert re.fullmatch(r"trainer_overhead ratio: \d+\.\d{3} \(goal <= 1\.03\)", lines[-1])
+
+
 @pytest.mark.parametrize("case", ["mlp-small", "gpt"], ids=["mlp", "gpt"])
 def test_trainer_overhead_prints_ratio_and_losses_match(
     case: str, capsys: pytest.CaptureFixture[str]

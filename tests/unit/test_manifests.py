@@ -128,11 +128,42 @@ def test_every_manifest_folder_is_found() -> None:
         "manifests/kfp/cluster-scoped-resources",
         "manifests/kfp/platform-agnostic",
         "manifests/mlflow",
+        "manifests/monitoring",
     } <= names
+
+
+def test_the_podmonitor_scrapes_the_job_pods() -> None:
+    """The PodMonitor selects the pods the launchers build, by the port they declare
+    (PyTorchJob) or the annotations they carry (TrainJob)."""
+    from tests.unit.specs import job_spec
+    from trainer.launch.jobspec import METRICS_PORT, SCRAPE_ANNOTATIONS
+    from trainer.launch.pytorchjob import build_pytorchjob
+
+    (monitor,) = RENDERED[MANIFESTS / "monitoring"].objects
+    assert monitor["kind"] == "PodMonitor" and monitor["spec"]["namespaceSelector"] == {"any": True}
+    pod = build_pytorchjob(job_spec(metrics_port=METRICS_PORT))["spec"]["pytorchReplicaSpecs"]
+    template = pod["Master"]["template"]
+    labels = template["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    by_port, by_annotation = monitor["spec"]["podMetricsEndpoints"]
+    ports = {p["name"] for p in template["spec"]["containers"][0]["ports"]}
+    assert by_port["port"] in ports and by_port["path"] == "/metrics"
+    annotation_labels = {
+        "__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9_]", "_", a)
+        for a in SCRAPE_ANNOTATIONS[:2]
+    }
+    sources = {s for r in by_annotation["relabelings"] for s in r["sourceLabels"]}
+    assert annotation_labels <= sources
+
+
+OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+"""The Prometheus operator's resources: no schema here (tested on their own below)."""
 
 
 @pytest.mark.parametrize("obj", LOCAL_OBJECTS)
 def test_resource_validates_against_kubernetes_schema(obj: dict[str, Any]) -> None:
+    if (obj["apiVersion"], obj["kind"]) in OPERATOR_KINDS:
+        pytest.skip("a Prometheus operator resource: test_the_podmonitor_scrapes_the_job_pods")
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:

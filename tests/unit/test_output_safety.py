@@ -477,6 +477,7 @@ def test_train_step_writes_new_empty_or_own_model_folders(tmp_path: Path, model:
     assert launcher.launched == 1 and result.steps == 3
     assert sorted(os.listdir(target)) == [
         OUTPUT_MARKER,
+        "cost.json",  # the estimate before launch and the actual
         "metrics.json",
         "model.json",
         "model.safetensors",

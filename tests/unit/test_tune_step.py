@@ -87,6 +87,45 @@ def test_katib_engine_needs_an_image(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.parametrize("algorithm", ["bayesianoptimization", "hyperband"])
+def test_katib_engine_refuses_an_algorithm_no_cluster_service_serves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], algorithm: str
+) -> None:
+    from trainer.__main__ import main
+
+    data = write_dataset(tmp_path / "data", rows=40)
+    space = {**tune_config().space, "algorithm": {"algorithmName": algorithm}}
+    if algorithm == "hyperband":
+        space["parameters"] = [
+            *space["parameters"],
+            {
+                "name": "train.epochs",
+                "parameterType": "int",
+                "feasibleSpace": {"min": "1", "max": "9"},
+            },
+        ]
+        space["algorithm"]["algorithmSettings"] = [
+            {"name": "resource_name", "value": "train.epochs"},
+            {"name": "eta", "value": "3"},
+        ]
+        space |= {"parallelTrialCount": 9, "maxTrialCount": 9}
+    cfg = {"engine": "katib", "space": space, "train": {"cluster": {"image": "img:1"}}}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    argv = ["tune", "--config", str(tmp_path / "cfg.json"), "--dataset", str(data)]
+    argv += ["--work", "s3://bucket/work", "--output", str(out / "b.json")]
+    argv += ["--report", str(out / "r.html")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("ERROR [tune] E_CONFIG: algorithm ")
+    assert f"{algorithm!r} has no Katib suggestion service on a cluster" in err[0]
+    assert "random, tpe, cmaes, grid, multivariate-tpe" in err[0]
+    assert not out.exists()  # nothing written
+
+
 def test_component_compiles_with_typed_outputs(tmp_path: Path) -> None:
     import yaml
     from kfp import compiler

@@ -106,6 +106,12 @@ def run_id(env: dict[str, str] | None = None) -> str:
     return rid if rid and rid != "none" else env.get("GPUPIPE_JOB", "local")
 
 
+def restart_count(env: dict[str, str] | None = None) -> int:
+    """How many times torchrun restarted this node's workers (``TORCHELASTIC_RESTART_COUNT``)."""
+    env = dict(os.environ if env is None else env)
+    return max(_env_int(env, "TORCHELASTIC_RESTART_COUNT", 0), 0)
+
+
 def init(backend: str = "auto", timeout_s: int = 1800) -> DistContext:
     """Pick the device, start the process group (if more than one process) and quiet non-main ranks.
 

@@ -55,6 +55,9 @@ class TrainingRun:
     """Nodes; the local launcher runs one."""
     timeout_s: int | None = None
     """The launcher stops the job after this many seconds; ``None``: no deadline."""
+    metrics_port: int | None = None
+    """Port of the job's Prometheus endpoint (the worker's ``metrics.port``); a cluster job's
+    pods declare it and carry the scrape annotations. ``None``: no endpoint."""
 
     @property
     def procs_per_node(self) -> int:

@@ -56,6 +56,13 @@ from trainer.launch.kubefields import (
 LABEL_APP = "app.kubernetes.io/name"
 LABEL_JOB = "gpupipe.dev/job"
 ISTIO_INJECT = "sidecar.istio.io/inject"
+METRICS_PORT = 9464
+"""Port of a cluster job's Prometheus endpoint (the train step sets the worker's
+``metrics.port`` to it; the exporter port OpenTelemetry's Prometheus exporter also uses)."""
+METRICS_PORT_NAME = "metrics"
+"""Name of that container port (a PodMonitor selects it by name)."""
+SCRAPE_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+"""The annotations that Prometheus' usual ``kubernetes-pods`` scrape config reads."""
 """An Istio sidecar keeps a finished pod running (the job never completes) and blocks NCCL ports."""
 MAX_JOB_NAME_LEN = 48
 """What :func:`job_name` produces at most: 63 minus ``-worker-`` minus up to 7 index digits."""

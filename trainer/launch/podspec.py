@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.launch.jobspec import ISTIO_INJECT, LABEL_APP, LABEL_JOB, OBJECT_STORE_ENV, JobSpec
+from trainer.launch.jobspec import (
+    ISTIO_INJECT,
+    LABEL_APP,
+    LABEL_JOB,
+    METRICS_PORT_NAME,
+    OBJECT_STORE_ENV,
+    SCRAPE_ANNOTATIONS,
+    JobSpec,
+)
 
 RUN_AS_USER = 1000
 """UID (and GID) of the training processes: the image's non-root user."""
@@ -27,8 +35,20 @@ def job_labels(spec: JobSpec) -> dict[str, str]:
 
 
 def pod_annotations(spec: JobSpec) -> dict[str, str]:
-    """Annotations of the job's pods: the user's, and no Istio sidecar."""
-    return {**spec.cluster.annotations, ISTIO_INJECT: "false"}
+    """Annotations of the job's pods: the user's, no Istio sidecar and, with a metrics
+    endpoint, the usual Prometheus scrape annotations (gpupipe's win over the user's)."""
+    out = {**spec.cluster.annotations, ISTIO_INJECT: "false"}
+    if (port := spec.run.metrics_port) is not None:
+        scrape, port_key, path = SCRAPE_ANNOTATIONS
+        out.update({scrape: "true", port_key: str(port), path: "/metrics"})
+    return out
+
+
+def metrics_ports(spec: JobSpec) -> list[dict[str, Any]]:
+    """The training container's declared metrics port (none without an endpoint)."""
+    if spec.run.metrics_port is None:
+        return []
+    return [{"name": METRICS_PORT_NAME, "containerPort": spec.run.metrics_port, "protocol": "TCP"}]
 
 
 def job_metadata(spec: JobSpec) -> dict[str, Any]:

@@ -47,7 +47,10 @@ def _pod_template(spec: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
         "image": spec.cluster.image,
         "command": [*WORKER_COMMAND, spec.run.config_uri],
         "env": podspec.container_env(spec),
-        "ports": [{"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"},
+            *podspec.metrics_ports(spec),
+        ],
         "resources": podspec.container_resources(spec),
         "volumeMounts": mounts,
         "securityContext": podspec.container_security_context(),

@@ -33,6 +33,7 @@ from trainer.steps.metrics import (
     roc,
     score,
 )
+from trainer.steps.train_cost import COST_FILE
 
 __all__ = [
     "AUTO_METRIC",
@@ -229,6 +230,15 @@ def _read_auto_settings(model_uri: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def _read_cost(model_uri: str) -> dict[str, Any] | None:
+    """The train step's cost estimate and actual (``cost.json``), if recorded."""
+    try:
+        record = json.loads(storage.read_text(storage.join(model_uri, COST_FILE)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def _read_data_decisions(dataset_uri: str) -> dict[str, Any]:
     """What preprocess decided about the columns (``schema.json``: decisions and warnings)."""
     try:
@@ -402,6 +412,7 @@ def evaluate(
         num_rows=len(ds),
         baselines=baselines,
         auto_settings=_read_auto_settings(model_uri),
+        cost=_read_cost(model_uri),
     )
     if scored.proba is not None:
         from sklearn.metrics import confusion_matrix

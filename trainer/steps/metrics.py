@@ -81,6 +81,8 @@ class EvaluateResult:
     """Reference models fitted on the training split and scored on the same rows, by name
     (``trivial``, ``linear``, ``hgb``): see :mod:`trainer.steps.baselines`."""
     auto_settings: dict[str, Any] | None = None
+    cost: dict[str, Any] | None = None
+    """The train step's cost estimate and actual (``cost.json``), if recorded."""
     """The training settings chosen from the data (``chosen``, ``user_set``, ``inputs``), as
     the train step recorded them; None if it recorded none."""
 

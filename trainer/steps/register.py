@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import tempfile
 import time
@@ -19,6 +20,7 @@ from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
 from trainer.models.export import META_FILE, WEIGHTS_FILE
 from trainer.steps.metrics import HIGHER_IS_BETTER
+from trainer.steps.train_cost import COST_FILE, cost_metrics
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -177,6 +179,18 @@ def _checked_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
             )
         out[_clean_key(str(key))] = float(value)
     return out
+
+
+def _cost_tags(local_dir: str) -> dict[str, str]:
+    """``gpupipe.cost_usd``, ``gpupipe.gpu_hours``, ``gpupipe.estimated_cost_usd`` ... from the
+    train step's ``cost.json`` (none when it is absent: a model trained before costs were
+    recorded)."""
+    path = os.path.join(local_dir, COST_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+    return {f"gpupipe.{k}": f"{v:.6g}" for k, v in cost_metrics(record).items()}
 
 
 @contextlib.contextmanager
@@ -380,6 +394,7 @@ def register(
             registry.TAG_DATA_HASH: data_hash,
             registry.TAG_TRAINER_VERSION: str(meta.get("trainer_version", "unknown")),
             registry.TAG_GATE_PASSED: "true" if gate_passed else "false",
+            **_cost_tags(local_dir),
         }
         version_tags = dict(tags)
         for key, values in (("gpupipe.metrics", checked_metrics), ("gpupipe.params", flat_params)):

@@ -180,6 +180,19 @@ def _settings_table(auto: dict[str, Any]) -> str:
     )
 
 
+def _cost_table(record: dict[str, Any]) -> str:
+    """The estimate made before launch beside what the run took, with the estimate's
+    assumptions."""
+    from trainer.base.cost import summary_lines
+
+    est = record.get("estimate") or {}
+    lines = summary_lines(record.get("estimate"), record.get("actual"))
+    rows = "".join(f"<tr><td>{escape(line)}</td></tr>" for line in lines)
+    notes = "; ".join(str(a) for a in est.get("assumptions") or [])
+    note = f'<p class="note">Assumed: {escape(notes)}.</p>' if notes else ""
+    return f"<table><tbody>{rows}</tbody></table>{note}"
+
+
 def _setting(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {v}" for k, v in value.items())
@@ -325,6 +338,9 @@ def _body(
     if result.auto_settings:
         parts.append("<h2>Training settings</h2>")
         parts.append(_settings_table(result.auto_settings))
+    if result.cost:
+        parts.append("<h2>Cost</h2>")
+        parts.append(_cost_table(result.cost))
 
     parts.append("<h2>Training loss</h2>")
     loss_png = loss_curve_png(history) if history else None

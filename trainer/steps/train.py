@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainer.base import outputs, storage
+from trainer.base.cost import resolve_price
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import (
     apply_overrides,
@@ -37,6 +38,7 @@ from trainer.launch.jobspec import TRAIN_POD_RESOURCES as TRAIN_POD_RESOURCES
 from trainer.launch.jobspec import ClusterConfig
 from trainer.launch.local import LocalLauncher
 from trainer.models import embeddings
+from trainer.steps import train_cost
 from trainer.steps.auto_settings import (
     AUTO_FIELDS,
     AUTO_SETTINGS_FILE,
@@ -44,6 +46,7 @@ from trainer.steps.auto_settings import (
     AutoSettingsConfig,
     choose_settings,
 )
+from trainer.steps.train_cost import WatchConfig
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,8 @@ class TrainStepConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     auto: AutoSettingsConfig = field(default_factory=AutoSettingsConfig)
     """Settings from the data: batch, epochs, warmup, early stopping and the target scale."""
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    """The job's Prometheus endpoint, the price of a GPU-hour, the estimate's throughput."""
 
     def __post_init__(self) -> None:
         require(
@@ -114,6 +119,7 @@ class TrainStepConfig:
             gpus_per_node=self.gpus_per_node,
             nnodes=self.nnodes,
             timeout_s=self.timeout_s,
+            metrics_port=self.watch.port_for(self.launcher in CLUSTER_LAUNCHERS),
         )
 
 
@@ -137,6 +143,8 @@ def step_settings(
     job_env: dict[str, Any],
     gang_queue: str,
     gang_priority_class: str,
+    gpu_hour_usd: float,
+    gpu_prices: dict[str, Any],
     train_config_json: str | dict[str, Any],
     hyperparams_json: str | dict[str, Any],
     tuned_hyperparams_json: str | dict[str, Any] = "{}",
@@ -155,7 +163,8 @@ def step_settings(
 
     The cluster parameters (``gpu_type`` to ``gang_priority_class``) fill the ``cluster``
     section of the ``pytorchjob`` and ``trainjob`` launchers; ``trainer_runtime`` only a
-    TrainJob's. ``gpus_per_node`` is the run's, whatever the launcher.
+    TrainJob's. ``gpus_per_node`` is the run's, whatever the launcher. ``gpu_hour_usd`` and
+    ``gpu_prices`` price a GPU-hour of ``gpu_type`` (:func:`trainer.base.cost.resolve_price`).
 
     Args:
         tuned_hyperparams_json: the tune step's best parameters (its output, not a pipeline
@@ -164,7 +173,8 @@ def step_settings(
         cpu_image: the cluster job's image without GPUs.
 
     Raises:
-        InputError: ``E_CONFIG`` when a JSON parameter is not a JSON object.
+        InputError: ``E_CONFIG`` when a JSON parameter is not a JSON object; ``E_PARAM`` for a
+            bad price (naming ``gpu_hour_usd`` or ``gpu_prices``).
     """
     settings: dict[str, Any] = {
         "launcher": launcher,
@@ -173,6 +183,7 @@ def step_settings(
         "model": {"name": model_name},
         "optim": {"lr": learning_rate},
         "train": {"seed": seed},
+        "watch": {"gpu_hour_usd": resolve_price(gpu_type, gpu_hour_usd, gpu_prices)},
     }
     if epochs > 0:
         settings["train"]["epochs"] = epochs
@@ -230,6 +241,8 @@ class TrainStepResult:
     metrics: dict[str, float]
     steps: int
     job_name: str
+    cost: dict[str, Any] = field(default_factory=dict)
+    """The estimate before launch and the actual (``cost.json``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -237,6 +250,7 @@ class TrainStepResult:
             "metrics": self.metrics,
             "steps": self.steps,
             "job_name": self.job_name,
+            "cost": self.cost,
         }
 
 
@@ -437,6 +451,14 @@ def train_step(
     worker_cfg, auto = plan_worker_config(
         cfg, dataset_uri=dataset_uri, model_uri=model_uri, work_uri=work_uri
     )
+    estimate = train_cost.estimate_before_launch(
+        cfg.watch,
+        worker_cfg,
+        port=cfg.watch.port_for(cfg.launcher in CLUSTER_LAUNCHERS),
+        rows=_split_rows(read_schema(dataset_uri), dataset_uri, "train"),
+        nnodes=cfg.nnodes,
+        gpus_per_node=cfg.gpus_per_node,
+    )
     outputs.claim_output_dir(work_uri, "train-work", inputs=work_inputs)
     config_uri = storage.join(work_uri, "worker-config.json")
     storage.write_text(config_uri, to_json(worker_cfg))
@@ -456,6 +478,7 @@ def train_step(
         metrics={k: float(v) for k, v in metrics.items()},
         steps=steps,
         job_name=job_name,
+        cost=train_cost.record(model_uri, estimate),
     )
 
 

@@ -167,7 +167,7 @@ def tune(
 
     Raises:
         InputError: bad space, settings or dataset (before any trial runs).
-        RuntimeError: more than ``maxFailedTrialCount`` trials failed, or the Experiment failed.
+        RuntimeError: the failed trials reached ``maxFailedTrialCount``, or the Experiment failed.
     """
     # Before any work: the outputs must be new or this step's own (the work folder is claimed,
     # new, empty or ours, by each engine before its first trial).
@@ -276,6 +276,7 @@ def _tune_katib(
     from trainer.launch.jobspec import JobSpec
     from trainer.launch.pytorchjob import build_pytorchjob
     from trainer.tune.katib import KatibLauncher, build_experiment, experiment_name
+    from trainer.tune.space import CLUSTER_ALGORITHMS, GOPTUNA_ALGORITHMS
 
     if not step_cfg.cluster.image:
         raise InputError(
@@ -289,8 +290,34 @@ def _tune_katib(
             "engine 'katib' needs a work URI the trial pods can reach (s3://, gs://, minio://)",
             work_uri,
         )
+    algorithm = space.algorithm.algorithmName
+    if algorithm not in CLUSTER_ALGORITHMS:
+        raise InputError(
+            "E_CONFIG",
+            f"algorithm {algorithm!r} has no Katib suggestion service on a cluster: use one of "
+            f"{', '.join(CLUSTER_ALGORITHMS)} with engine 'katib' (or engine 'local')",
+            "tune.space.algorithm.algorithmName",
+        )
+    if algorithm in GOPTUNA_ALGORITHMS:
+        shaped = [
+            f"{p.name} ({p.feasibleSpace.distribution})"
+            for p in space.parameters
+            if p.feasibleSpace.distribution not in (None, "uniform")
+        ]
+        if shaped:
+            log.warning(
+                "W_KATIB_DISTRIBUTION: Katib's goptuna service (algorithm %s) samples %s "
+                "uniformly between min and max: it ignores distribution (Katib v0.19); "
+                "algorithm grid or multivariate-tpe, or engine 'local', honour it",
+                algorithm,
+                ", ".join(shaped),
+            )
     if launcher is None:
-        launcher = KatibLauncher.from_environment(namespace=step_cfg.cluster.namespace)
+        # An Experiment cannot be suspended: on_exit=suspend keeps it, as keep does.
+        on_exit = "delete" if step_cfg.cluster.on_exit == "delete" else "keep"
+        launcher = KatibLauncher.from_environment(
+            namespace=step_cfg.cluster.namespace, on_exit=on_exit, poll_s=5.0
+        )
     name = experiment_name(run_id, task_name)
     outputs.claim_output_dir(work_uri, WORK_STEP, inputs={"dataset": dataset_uri})
     base = build_worker_config(
@@ -312,6 +339,11 @@ def _tune_katib(
         trial_job=trial_job,
         base_overrides={},
         trial_uri=storage.join(work_uri, "trials"),
+        # With early stopping, Katib v0.19 copies a stopped trial's metrics into its status only
+        # while the trial's job exists; retain=false deletes the job at once, and a lost status
+        # update (a conflict, common here) then leaves the trial without an observation, and
+        # Katib asks for no further trial: the search stalls. Kept jobs go with the Experiment.
+        retain_trials=space.earlyStopping is not None,
     )
     found = launcher.run(experiment, space, timeout_s=cfg.timeout_s)
     counts = found.trials

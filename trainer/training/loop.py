@@ -21,10 +21,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from trainer.base import storage
+from trainer.base import cost, storage
 from trainer.base.typedconfig import to_dict
 from trainer.config import WorkerConfig
 from trainer.data.datasets import DataPosition
@@ -129,6 +130,7 @@ def train(
         Preempted: SIGTERM arrived; a checkpoint was written.
     """
     stop = stop or StopSignal()
+    began = time.monotonic()
     run = Run(cfg, ctx, stop)
     t, s, tel = cfg.train, run.state, run.telemetry
     resumed = run.restore_latest(reason="resume") if cfg.checkpoint.resume else None
@@ -148,6 +150,7 @@ def train(
         resumed_from=resumed,
         # Parquet over data.max_memory_mb is read row group by row group: say so.
         streaming=isinstance(run.train_ds, StreamingParquetDataset),
+        metrics_url=tel.sink.url if tel.sink is not None else None,
     )
     metrics = s.metrics  # restored from the checkpoint on resume, so a re-export keeps them
     if resumed is None and t.early_stopping is not None and run.val_ds is not None:
@@ -216,6 +219,7 @@ def train(
         model_uri=cfg.output.model_uri,
     )
     if ctx.is_main:
+        run_record = _run_record(cfg, ctx, time.monotonic() - began, s.step - (resumed or 0))
         schema = storage.read_json(cfg.data.schema_uri) if cfg.data.schema_uri else None
         export.save_model(
             cfg.output.model_uri,
@@ -236,10 +240,11 @@ def train(
                     "stopped_early": s.stopped_early,
                     "world_size": ctx.world_size,
                     "config": to_dict(cfg),
-                }
+                },
+                "run": run_record,
             },
         )
-        tel.emit("done", step=s.step, model_uri=cfg.output.model_uri, **metrics)
+        tel.emit("done", step=s.step, model_uri=cfg.output.model_uri, **metrics, **run_record)
     tel.close()
     if why := dist.final_barrier(ctx):
         log.warning(
@@ -247,6 +252,22 @@ def train(
             why,
         )
     return result
+
+
+def _run_record(cfg: WorkerConfig, ctx: DistContext, seconds: float, steps: int) -> dict[str, Any]:
+    """What the run took and cost, for the model's metadata (``model.json``'s ``extra.run``):
+    the values a pod that lived too short to be scraped would have served."""
+    gpus = cfg.metrics.gpus or ctx.world_size
+    record = cost.actual(seconds, gpus, cfg.metrics.gpu_hour_usd)
+    return {
+        "training_duration_seconds": round(seconds, 3),
+        "gpus": gpus,
+        "gpu_hours": record["gpu_hours"],
+        "gpu_hour_usd": cfg.metrics.gpu_hour_usd,
+        "cost_usd": record["cost_usd"],
+        "samples_per_second": round(steps * cfg.train.global_batch_size / max(seconds, 1e-9), 1),
+        "restarts": dist.restart_count(),
+    }
 
 
 def loop_step(

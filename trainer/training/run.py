@@ -39,6 +39,7 @@ from trainer.distributed.precision import Precision, configure_backends, resolve
 from trainer.models import ModelSpec, TabularMLP, build_model, forward_loss
 from trainer.models.linear_fit import fit_linear
 from trainer.training.optim import lr_multiplier, make_optimizer
+from trainer.training.prom import TrainingMetrics
 from trainer.training.rng import seed_everything
 from trainer.training.state import (
     META,
@@ -168,11 +169,20 @@ class Run:
             total_steps=self.total_steps,
             history_uri=cfg.output.history_uri,
             metrics_stdout=cfg.train.metrics_stdout,
+            sink=self._metrics_endpoint(cfg, ctx),
         )
         self.best = BestWeights(ctx)
         self.checkpointed = self._run_state(config_hash(cfg))
         self.last_checkpoint: str | None = None
         self.last_grad_norm: torch.Tensor | None = None
+
+    @staticmethod
+    def _metrics_endpoint(cfg: WorkerConfig, ctx: DistContext) -> TrainingMetrics | None:
+        """Each node's first process serves ``/metrics`` when ``metrics.port`` is set."""
+        if not cfg.metrics.port or ctx.local_rank != 0:
+            return None
+        seq = cfg.data.seq_len if cfg.data.kind == "tokens" else None
+        return TrainingMetrics(cfg.metrics, ctx, tokens_per_sample=seq).start()
 
     def _run_state(self, cfg_hash: str) -> RunState:
         """Every piece of this run's state that a checkpoint holds, by its key in ``state.pt``,

@@ -7,7 +7,7 @@ import logging
 import math
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 
@@ -34,6 +34,17 @@ def _clean(value: Any) -> Any:
     return value
 
 
+class MetricsSink(Protocol):
+    """Where logged events also go: the Prometheus endpoint (:mod:`trainer.training.prom`)."""
+
+    @property
+    def url(self) -> str | None: ...
+
+    def observe(self, event: str, fields: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Telemetry:
     """Emits one JSON object per line on stdout (main rank only) and keeps the history.
 
@@ -51,6 +62,7 @@ class Telemetry:
         history_uri: str | None = None,
         stream: TextIO | None = None,
         metrics_stdout: bool = False,
+        sink: MetricsSink | None = None,
     ) -> None:
         """Args:
         enabled: print and record (the main rank only).
@@ -66,6 +78,7 @@ class Telemetry:
         self.job = job
         self.history: list[dict[str, Any]] = []
         self.history_uri = history_uri
+        self.sink = sink
         self._stream = stream or sys.stdout
         self._bar = None
         if enabled and sys.stderr.isatty() and self._stream.isatty():
@@ -77,6 +90,8 @@ class Telemetry:
         """Record and (on the main rank) print one event."""
         if not self.enabled:
             return
+        if self.sink is not None:
+            self.sink.observe(event, fields)
         record = {"event": event, "job": self.job, "time": round(time.time(), 3)}
         record.update({k: _clean(v) for k, v in fields.items() if v is not None})
         self.history.append(record)
@@ -136,3 +151,6 @@ class Telemetry:
             self._bar.close()
             self._bar = None
         self.flush()
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None

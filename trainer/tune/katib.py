@@ -4,8 +4,9 @@ The Experiment itself is built in :mod:`trainer.tune.experiment`. The launcher i
 launcher's own loop (:mod:`trainer.launch.watch`): a deterministic name
 (:func:`experiment_name`), re-attach on retry (also after a 409), an owner reference to the
 launcher's pod, a deadline and SIGTERM that delete the Experiment, and a failure when the
-Experiment fails or more trials failed than ``maxFailedTrialCount`` allows (Katib's own rule:
-failed > max). A succeeded Experiment is kept for Katib's UI.
+Experiment fails or its failed trials reach ``maxFailedTrialCount`` (Katib's own rule,
+failed >= max, counting trials whose metrics were unavailable: see
+:func:`trainer.tune.space.failure_budget_spent`). A succeeded Experiment is kept for Katib's UI.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from trainer.tune.experiment import (
     katib_name,
     trial_template_errors,
 )
-from trainer.tune.space import SearchSpace
+from trainer.tune.space import SearchSpace, failure_budget_spent
 from trainer.tune.values import sample_value
 
 __all__ = [
@@ -89,6 +90,7 @@ def trial_counts(experiment: Mapping[str, Any]) -> dict[str, int]:
         "pending": "trialsPending",
         "killed": "trialsKilled",
         "early_stopped": "trialsEarlyStopped",
+        "metrics_unavailable": "trialMetricsUnavailable",
     }
     return {k: int(st.get(v) or 0) for k, v in keys.items()}
 
@@ -129,7 +131,7 @@ def best_trial(
 
 class _Experiment(Resource):
     """A Katib Experiment on the watch loop: progress reported as it changes; done when Katib
-    ends it or more trials failed than ``maxFailedTrialCount`` allows."""
+    ends it or its failed trials reach ``maxFailedTrialCount``."""
 
     kind = "Katib Experiment"
     kubectl = "experiment"
@@ -152,8 +154,13 @@ class _Experiment(Resource):
         if now != self.reported:
             self.reported = now
             self.report(self.progress(state, best))
-        # Katib fails it too once failed > max; do not wait for that.
-        return state in TERMINAL or self.counts["failed"] > self.space.maxFailedTrialCount
+        # Katib fails it too at that count; do not wait for that.
+        return state in TERMINAL or self.budget_spent()
+
+    def budget_spent(self) -> bool:
+        """Katib's failure count (failed, and trials without metrics) reached the budget."""
+        failed = self.counts.get("failed", 0) + self.counts.get("metrics_unavailable", 0)
+        return failure_budget_spent(failed, self.space.maxFailedTrialCount)
 
     def describe(self, state: str) -> str:
         return f"it was {state}, {_counts_text(self.counts)}"
@@ -230,6 +237,7 @@ class _Outcome:
         self.ref = watch.ref
         self.counts = resource.counts
         self.space = space
+        self.resource = resource
 
     def finish(self, exp: dict[str, Any]) -> TuneResult:
         conds = (exp.get("status") or {}).get("conditions") or []
@@ -237,18 +245,22 @@ class _Outcome:
             (c for c in reversed(conds) if c.get("status") == "True"), {}
         )
         budget = self.space.maxFailedTrialCount
-        if self.watch.state != "Succeeded" or self.counts["failed"] > budget:
+        spent = self.resource.budget_spent()
+        if self.watch.state != "Succeeded" or spent:
+            failed = self.counts["failed"] + self.counts.get("metrics_unavailable", 0)
             why = (
-                f"{self.counts['failed']} trials failed, more than maxFailedTrialCount={budget}"
-                if self.counts["failed"] > budget
+                f"{failed} trials failed, reaching maxFailedTrialCount={budget}"
+                if spent
                 else f"{last.get('reason', 'Failed')}: {last.get('message', '(no message)')}"
             )
             detail = self.failed_trials()
             done = self.watch.apply_on_exit()
+            # One line (the step's error line): Katib's reason, the failed trials' own
+            # messages, what happened to the Experiment.
             raise RuntimeError(
                 f"Katib Experiment {self.ref} failed: {why} ({_counts_text(self.counts)})"
-                + (f"\n{detail}" if detail else "")
-                + f"\n{done}"
+                + (f"; {detail}" if detail else "")
+                + f"; {done}"
             )
         best = best_trial(exp, self.space)
         if best is not None and not best[1]:
@@ -287,7 +299,7 @@ class _Outcome:
         return best[0], params, best[2]
 
     def failed_trials(self) -> str:
-        """The failed trials' names and messages (the first few)."""
+        """The failed trials' names and Katib's messages (the first three), on one line."""
         try:
             trials = self.api.list_trials(self.ns, self.name)
         except KubeApiError as e:
@@ -299,11 +311,13 @@ class _Outcome:
                 (c for c in conds if c.get("type") == "Failed" and c.get("status") == "True"), None
             )
             if failed is not None:
-                lines.append(
-                    f"  trial {t['metadata']['name']}: {failed.get('reason', '')}: "
-                    f"{failed.get('message', '')}"
-                )
-        return "\n".join(["failed trials:", *lines[:10]]) if lines else ""
+                message = " ".join(str(failed.get("message", "")).split())
+                reason = failed.get("reason", "")
+                lines.append(f"trial {t['metadata']['name']}: {reason}: {message}")
+        if not lines:
+            return ""
+        more = f" (and {len(lines) - 3} more)" if len(lines) > 3 else ""
+        return "failed trials: " + "; ".join(lines[:3]) + more
 
 
 def _counts_text(c: Mapping[str, int]) -> str:

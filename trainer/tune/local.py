@@ -16,7 +16,7 @@ Semantics follow Katib's experiment controller:
   evaluation), which is what ``start_step`` and Hyperband's resource count;
 - the search ends when ``maxTrialCount`` trials have finished (completed, pruned or failed,
   counting those of earlier attempts), when the objective reaches ``goal``, or when a grid is
-  exhausted; it fails once *more than* ``maxFailedTrialCount`` trials have failed.
+  exhausted; it fails once its failed trials reach ``maxFailedTrialCount`` (Katib's rule).
 
 The study lives in a journal file in the step's working area (``<work>/study.journal``;
 mirrored to an object store when the work URI is remote), so a retried step resumes it: finished
@@ -49,7 +49,7 @@ from trainer.tune.runners import (
     is_number,
 )
 from trainer.tune.samplers import PRUNERS, SAMPLERS, make_pruner, make_sampler, suggest
-from trainer.tune.space import SearchSpace
+from trainer.tune.space import SearchSpace, failure_budget_spent
 from trainer.tune.values import grid_points
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ __all__ = [
 
 
 class TooManyFailedTrials(RuntimeError):
-    """More trials failed than ``maxFailedTrialCount`` allows: the search has failed."""
+    """The failed trials reached ``maxFailedTrialCount``: the search has failed."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def _too_many_failed(failed: list[optuna.trial.FrozenTrial], limit: int) -> TooM
     last = failed[-1]
     why = last.user_attrs.get("error", "no message")
     return TooManyFailedTrials(
-        f"{len(failed)} trials failed, more than tune.maxFailedTrialCount={limit}; "
+        f"{len(failed)} trials failed, reaching tune.maxFailedTrialCount={limit}; "
         f"last failure (trial {last.number}): {why}"
     )
 
@@ -243,7 +243,7 @@ def run_study(
         The best parameters and every trial.
 
     Raises:
-        TooManyFailedTrials: more than ``maxFailedTrialCount`` trials failed.
+        TooManyFailedTrials: the failed trials reached ``maxFailedTrialCount``.
         TrialInterrupted: the step got SIGTERM; running trials were stopped (resumable).
     """
     import optuna
@@ -296,7 +296,7 @@ def _log_resume(
 
 def _raise_if_too_many_failed(study: optuna.Study, space: SearchSpace) -> None:
     failed = journal.failed(study)
-    if len(failed) > space.maxFailedTrialCount:
+    if failure_budget_spent(len(failed), space.maxFailedTrialCount):
         raise _too_many_failed(failed, space.maxFailedTrialCount)
 
 
@@ -342,7 +342,7 @@ class _Progress:
                 len(fails),
                 f"{best[1]:.6g} (trial {best[0]})" if best else "none yet",
             )
-            if len(fails) > space.maxFailedTrialCount:
+            if failure_budget_spent(len(fails), space.maxFailedTrialCount):
                 self.reason = "failed"
                 st.stop()
             elif (why := _stop_reason(st, space)) is not None:

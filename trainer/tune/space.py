@@ -27,7 +27,23 @@ Distribution = Literal["uniform", "logUniform", "normal", "logNormal"]
 AlgorithmName = Literal[
     "random", "grid", "tpe", "multivariate-tpe", "cmaes", "bayesianoptimization", "hyperband"
 ]
+CLUSTER_ALGORITHMS = ("random", "tpe", "cmaes", "grid", "multivariate-tpe")
+GOPTUNA_ALGORITHMS = ("random", "tpe", "cmaes")
+"""Those served by Katib's goptuna service, which samples every double uniformly (it ignores
+``distribution``: found on Katib v0.19, pkg/suggestion/v1beta1/goptuna/converter.go)."""
+"""The algorithms a Katib Experiment of the tune step can use: those whose suggestion service the
+test cluster builds (hack/cluster/addons/katib.sh: goptuna serves random, tpe and cmaes;
+Katib's optuna service grid and multivariate-tpe). bayesianoptimization and hyperband run only on
+the local engine."""
 _Strings = list[str]  # an alias: inside FeasibleSpace the name ``list`` is the field
+
+
+def failure_budget_spent(failed: int, max_failed: int) -> bool:
+    """Katib's rule, which both engines follow: a search fails as soon as its failed trials
+    *reach* ``maxFailedTrialCount`` (``failed >= max``, once one has failed: 0 and 1 both fail
+    it at the first failure). Found on the real Katib v0.19; its docs say "max failed"."""
+    return failed > 0 and failed >= max_failed
+
 
 ALGORITHM_SETTINGS: dict[str, dict[str, str]] = {
     "random": {"random_state": "int"},

@@ -1,0 +1,383 @@
+#!/usr/bin/env bash
+# Katib (Experiment kubeflow.org/v1beta1) in the test cluster, built here:
+#   image    the Go services from Katib's Go module (controller with its webhooks, DB manager, the
+#            goptuna suggestion service) FROM scratch, the file metrics collector over the
+#            Debian base (it needs pgrep); the Python
+#            services the tune step needs (the medianstop early-stopping service and the optuna
+#            suggestion service) from upstream's Dockerfiles over the local Debian Python base,
+#            their requirements from PyPI; the database: Debian's MariaDB (see
+#            images/katib/Dockerfile.mariadb)
+#   install  upstream's standalone install from the same module download (CRDs, RBAC, the
+#            controller and its webhooks, DB manager, database, in `kubeflow`) without its UI (a
+#            web front end built with npm: nothing here needs it), under a kustomize overlay in
+#            the state folder that names the local images, with a `katib-config` whose
+#            suggestions and collectors are the images built here (SUGGESTIONS below)
+#   verify   an Experiment of two trials (busybox Jobs printing `loss=<x>`, goptuna's random
+#            search, the StdOut collector injected): it succeeds with a best trial; deleted after
+#   images   the tags it needs
+# The version is KATIB_VERSION (versions.env); the user path (manifests/katib) must pin the same
+# tag, or this refuses to run.
+set -euo pipefail
+# shellcheck source=hack/cluster/addons/common.sh
+source "$(dirname "$0")/common.sh"
+
+PIECE="katib"
+V="${KATIB_VERSION}"
+MODULE="github.com/kubeflow/katib"
+NS=kubeflow
+DF_DIR="${ADDONS_HACK}/images/katib"
+
+# The Go services: image name, folder and binary name as upstream's image has them, package.
+GO_SERVICES=(
+  "katib-controller /app katib-controller ./cmd/katib-controller/v1beta1"
+  "katib-db-manager /app katib-db-manager ./cmd/db-manager/v1beta1"
+  "suggestion-goptuna /opt/katib goptuna-suggestion ./cmd/suggestion/goptuna/v1beta1"
+)
+# The metrics collector: the same, over the Debian base with procps (images/katib/
+# Dockerfile.collector says why).
+COLLECTOR="file-metrics-collector file-metricscollector ./cmd/metricscollector/v1beta1/file-metricscollector"
+# The Python services: image name, upstream's folder of main.py and requirements.txt.
+PY_SERVICES=(
+  "earlystopping-medianstop cmd/earlystopping/medianstop/v1beta1"
+  "suggestion-optuna cmd/suggestion/optuna/v1beta1"
+)
+# Which image serves which algorithm on this cluster (katib-config). goptuna (Go) serves random,
+# tpe, cmaes and sobol (its ValidateAlgorithmSettings); optuna (Python) serves grid and
+# multivariate-tpe, as upstream maps them. bayesianoptimization (scikit-optimize, which upstream
+# pins to numpy 1.23 and scikit-learn <= 1.3) and hyperband (scikit-learn, scipy, forestci) are not
+# built: the tune step refuses them on a cluster, naming the algorithms it can use there
+# (trainer/tune/space.py CLUSTER_ALGORITHMS, which must list the algorithms below).
+SUGGESTIONS=(
+  "random suggestion-goptuna"
+  "tpe suggestion-goptuna"
+  "cmaes suggestion-goptuna"
+  "sobol suggestion-goptuna"
+  "grid suggestion-optuna"
+  "multivariate-tpe suggestion-optuna"
+)
+MARIADB_IMAGE="gpupipe.local/katib-mariadb:bookworm"
+
+image_of() { printf 'gpupipe.local/katib-%s:v%s' "${1#katib-}" "$V"; }
+
+check_user_path() {
+  local k="${REPO_ROOT}/manifests/katib/kustomization.yaml"
+  grep -q "?ref=v${V}\$" "$k" || die "${PIECE}: ${k} does not pin v${V} (KATIB_VERSION): make them agree"
+}
+
+addon_images() {
+  local s
+  for s in "${GO_SERVICES[@]}" "$COLLECTOR" "${PY_SERVICES[@]}"; do image_of "${s%% *}"; echo; done
+  echo "$MARIADB_IMAGE"
+  echo "$BUSYBOX_IMAGE"
+}
+
+go_image() {
+  local name dir bin pkg tag recipe ctx
+  read -r name dir bin pkg <<<"$1"
+  tag="$(image_of "$name")"
+  recipe="$(RECIPE_EXTRA="$V $name $dir $bin $pkg entrypoint" recipe_of "${DF_DIR}/Dockerfile.go")"
+  if image_current "$tag" "$recipe"; then
+    say "${tag} is built"
+    return 0
+  fi
+  go_build_in_module "$PIECE" katib "$V" "${MODULE}@v${V}" "$pkg" "$bin"
+  ctx="$(mktemp -d)"
+  cp "${BIN_DIR}/katib-${V}/${bin}" "$ctx/"
+  cp "${DF_DIR}/Dockerfile.go" "${ctx}/Dockerfile"
+  printf 'ENTRYPOINT ["./%s"]\n' "$bin" >>"${ctx}/Dockerfile"
+  mkdir -m 1777 "${ctx}/tmp"
+  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
+  docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "DIR=${dir}" --build-arg "BIN=${bin}"
+  rm -rf "$ctx"
+}
+
+collector_image() {
+  local name bin pkg tag recipe ctx base
+  read -r name bin pkg <<<"$COLLECTOR"
+  tag="$(image_of "$name")"
+  base="$("${REPO_ROOT}/hack/base-image.sh")"
+  recipe="$(RECIPE_EXTRA="$V $name $bin $pkg $base" recipe_of "${DF_DIR}/Dockerfile.collector")"
+  if image_current "$tag" "$recipe"; then
+    say "${tag} is built"
+    return 0
+  fi
+  go_build_in_module "$PIECE" katib "$V" "${MODULE}@v${V}" "$pkg" "$bin"
+  ctx="$(mktemp -d)"
+  cp "${BIN_DIR}/katib-${V}/${bin}" "$ctx/"
+  cp "${DF_DIR}/Dockerfile.collector" "${ctx}/Dockerfile"
+  docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BASE=${base}"
+  rm -rf "$ctx"
+}
+
+py_image() {
+  local name svc tag recipe ctx src base
+  read -r name svc <<<"$1"
+  tag="$(image_of "$name")"
+  src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
+  base="$("${REPO_ROOT}/hack/base-image.sh")"
+  recipe="$(RECIPE_EXTRA="$V $name $svc $base" recipe_of "${DF_DIR}/Dockerfile.python" "${src}/${svc}/requirements.txt")"
+  if image_current "$tag" "$recipe"; then
+    say "${tag} is built"
+    return 0
+  fi
+  ctx="$(mktemp -d)"
+  # Upstream's pkg/ tree, its Python files only (the Go code beside them is not needed).
+  (cd "$src" && find pkg -name '*.py' -print0 | xargs -0 cp --parents -t "$ctx")
+  mkdir "${ctx}/service"
+  cp "${src}/${svc}/main.py" "${src}/${svc}/requirements.txt" "${ctx}/service/"
+  cp "${DF_DIR}/Dockerfile.python" "${ctx}/Dockerfile"
+  chmod -R u+w "$ctx"
+  docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BASE=${base}" --build-arg "SERVICE_DIR=${svc}"
+  rm -rf "$ctx"
+}
+
+mariadb_image() {
+  local recipe ctx base
+  base="$("${REPO_ROOT}/hack/base-image.sh")"
+  recipe="$(RECIPE_EXTRA="$base" recipe_of "${DF_DIR}/Dockerfile.mariadb" "${DF_DIR}/mariadb-entrypoint.sh")"
+  if image_current "$MARIADB_IMAGE" "$recipe"; then
+    say "${MARIADB_IMAGE} is built"
+    return 0
+  fi
+  ctx="$(mktemp -d)"
+  cp "${DF_DIR}/Dockerfile.mariadb" "${ctx}/Dockerfile"
+  cp "${DF_DIR}/mariadb-entrypoint.sh" "$ctx/"
+  docker_build "$PIECE" "$MARIADB_IMAGE" "$recipe" "$ctx" --build-arg "BASE=${base}"
+  rm -rf "$ctx"
+}
+
+addon_image() {
+  check_user_path
+  need_docker "$PIECE"
+  need_busybox_image "$PIECE"
+  local s
+  for s in "${GO_SERVICES[@]}"; do go_image "$s"; done
+  collector_image
+  for s in "${PY_SERVICES[@]}"; do py_image "$s"; done
+  mariadb_image
+}
+
+# A container securityContext that restricted Pod Security admits (suggestion containers).
+RESTRICTED_YAML='{allowPrivilegeEscalation: false, runAsNonRoot: true, capabilities: {drop: [ALL]}, seccompProfile: {type: RuntimeDefault}}'
+
+# katib-config: upstream's standalone one with the images built here, the suggestions that run
+# here (SUGGESTIONS), and the primary container's securityContext copied into the injected
+# metrics collector (injectSecurityContext), so that trial pods pass restricted Pod Security.
+write_config() {
+  local out="$1" s algo name
+  {
+    cat <<YAML
+# Written by hack/cluster/addons/katib.sh: Katib v${V}'s KatibConfig for the test cluster.
+apiVersion: config.kubeflow.org/v1beta1
+kind: KatibConfig
+init:
+  certGenerator:
+    enable: true
+  controller:
+    webhookPort: 8443
+    injectSecurityContext: true
+    trialResources:
+      - Job.v1.batch
+      - PyTorchJob.v1.kubeflow.org
+      - TrainJob.v1alpha1.trainer.kubeflow.org
+runtime:
+  metricsCollectors:
+    - kind: StdOut
+      image: $(image_of file-metrics-collector)
+      imagePullPolicy: IfNotPresent
+    - kind: File
+      image: $(image_of file-metrics-collector)
+      imagePullPolicy: IfNotPresent
+  suggestions:
+YAML
+    for s in "${SUGGESTIONS[@]}"; do
+      read -r algo name <<<"$s"
+      cat <<YAML
+    - algorithmName: ${algo}
+      image: $(image_of "$name")
+      imagePullPolicy: IfNotPresent
+      securityContext: ${RESTRICTED_YAML}
+      resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 500m, memory: 512Mi}}
+YAML
+    done
+    cat <<YAML
+  earlyStoppings:
+    - algorithmName: medianstop
+      image: $(image_of earlystopping-medianstop)
+      imagePullPolicy: IfNotPresent
+      resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 500m, memory: 512Mi}}
+YAML
+  } >"$out"
+}
+
+# A short hash of the ids of the images the Deployments run.
+image_ids() {
+  local t
+  for t in "$(image_of katib-controller)" "$(image_of katib-db-manager)" "$MARIADB_IMAGE"; do
+    docker image inspect --format '{{.Id}}' "$t"
+  done | sha256sum | cut -c1-16
+}
+
+# The overlay in the state folder: upstream's v1beta1 manifests (a copy: the module cache is
+# read-only and kustomize wants the files under its root) as katib-standalone composes them,
+# without the UI, with the local images and our katib-config.
+write_overlay() {
+  local dir="$1" src
+  if [[ "$(cat "${dir}/upstream.version" 2>/dev/null)" != "$V" ]]; then
+    src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
+    rm -rf "${dir}/upstream"
+    mkdir -p "$dir"
+    cp -r "${src}/manifests/v1beta1" "${dir}/upstream"
+    chmod -R u+w "${dir}/upstream"
+    printf '%s' "$V" >"${dir}/upstream.version"
+  fi
+  write_config "${dir}/katib-config.yaml"
+  local c
+  cat >"${dir}/kustomization.yaml" <<YAML
+# Written by hack/cluster/addons/katib.sh: Katib v${V}, upstream's katib-standalone (from the Go
+# module download in ./upstream) without the UI, with the locally built images.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: ${NS}
+resources:
+$(for c in namespace controller crd db-manager mysql webhook; do echo "  - upstream/components/${c}"; done)
+images:
+  - name: ghcr.io/kubeflow/katib/katib-controller
+    newName: $(image_of katib-controller | cut -d: -f1)
+    newTag: "v${V}"
+  - name: ghcr.io/kubeflow/katib/katib-db-manager
+    newName: $(image_of katib-db-manager | cut -d: -f1)
+    newTag: "v${V}"
+  - name: mysql
+    newName: ${MARIADB_IMAGE%:*}
+    newTag: "${MARIADB_IMAGE##*:}"
+configMapGenerator:
+  - name: katib-config
+    behavior: create
+    files:
+      - katib-config.yaml
+    options:
+      disableNameSuffixHash: true
+secretGenerator:
+  - name: katib-webhook-cert
+    options:
+      disableNameSuffixHash: true
+patches:
+  # The images' ids on the pod templates: an image rebuilt under the same tag rolls its
+  # Deployment (the node holds images by tag; a running pod keeps the old one).
+  - target: {kind: Deployment}
+    patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata: {name: any}
+      spec: {template: {metadata: {annotations: {gpupipe.dev/images: "$(image_ids)"}}}}
+  # The pod mutator (the metrics collector's injection) fails closed for every pod created in a
+  # labelled namespace, Katib's own included: its controller's pod would wait for itself. Katib's
+  # own pods (they all carry katib.kubeflow.org/component) are left out.
+  - target: {kind: MutatingWebhookConfiguration, name: katib.kubeflow.org}
+    patch: |-
+      - op: add
+        path: /webhooks/1/objectSelector
+        value:
+          matchExpressions:
+            - {key: katib.kubeflow.org/component, operator: DoesNotExist}
+YAML
+  grep -q 'name: mutator.pod.katib.kubeflow.org' "${dir}/upstream/components/webhook/webhooks.yaml" ||
+    die "${PIECE}: upstream's webhooks.yaml has no pod mutator (its layout changed?)"
+}
+
+# An Experiment NAME in NS of busybox Job trials printing `loss=<x>` (x from one double
+# parameter), TRIALS trials, goptuna's random search.
+experiment() {
+  local name="$1" trials="${2:-2}"
+  cat <<YAML
+apiVersion: kubeflow.org/v1beta1
+kind: Experiment
+metadata:
+  name: ${name}
+  namespace: ${NS}
+  labels: {app.kubernetes.io/part-of: gpupipe}
+spec:
+  objective: {type: minimize, objectiveMetricName: loss}
+  algorithm: {algorithmName: random}
+  parallelTrialCount: ${trials}
+  maxTrialCount: ${trials}
+  maxFailedTrialCount: 1
+  parameters:
+    - name: x
+      parameterType: double
+      feasibleSpace: {min: "0.1", max: "0.9"}
+  trialTemplate:
+    primaryContainerName: main
+    trialParameters:
+      - {name: x, reference: x}
+    trialSpec:
+      apiVersion: batch/v1
+      kind: Job
+      spec:
+        backoffLimit: 0
+        template:
+          spec:
+            restartPolicy: Never
+            containers:
+              - name: main
+                image: ${BUSYBOX_IMAGE}
+                # Alive for a few seconds: the collector must find the main process (a trial
+                # that is done before it looks fails with "unable to find main pid").
+                command: [sh, -c, 'sleep 3; echo loss=\${trialParameters.x}']
+YAML
+}
+
+# The Experiment webhooks answer: the validator refuses a search with no parameters, and the
+# defaulter fills in the resume policy. Both fail closed: an answer means they were asked.
+webhook_judges() {
+  local out refusal
+  out="$(experiment gpupipe-webhook-probe | kubectl_ create --dry-run=server -o json -f - 2>/dev/null)" || return 1
+  grep -q '"resumePolicy": "Never"' <<<"$out" || return 1
+  refusal="$(experiment gpupipe-webhook-probe | sed 's/maxFailedTrialCount: 1/maxFailedTrialCount: -1/' |
+    kubectl_ create --dry-run=server -f - 2>&1)" && return 1
+  grep -q 'admission webhook "validator.experiment.katib.kubeflow.org" denied' <<<"$refusal"
+}
+
+addon_install() {
+  check_user_path
+  need_cluster "$PIECE"
+  local tag dir crd d
+  for tag in $(addon_images); do import_image "$tag"; done
+  dir="$(addon_state "$PIECE")"
+  write_overlay "$dir"
+  ensure_namespace "$NS"
+  hostpath_pv "$PIECE" "$NS" katib-mysql 10Gi
+  apply_k "$PIECE" "$dir"
+  for crd in experiments suggestions trials; do
+    kubectl_ wait --for condition=established --timeout 60s "crd/${crd}.kubeflow.org" >/dev/null ||
+      die "${PIECE}: the ${crd} CRD was not established within 60 s"
+  done
+  for d in katib-mysql katib-db-manager katib-controller; do rollout "$PIECE" "$NS" "$d" 300; done
+  wait_for 180 webhook_judges ||
+    die "${PIECE}: the Experiment webhooks did not judge a dry-run Experiment within 180 s (kubectl -n ${NS} logs deploy/katib-controller)"
+  say "the Experiment webhooks default a resume policy and refuse a negative failure budget"
+}
+
+addon_verify() {
+  need_cluster "$PIECE"
+  local exp=gpupipe-verify-katib out
+  kubectl_ -n "$NS" delete experiment "$exp" --ignore-not-found --wait >/dev/null
+  experiment "$exp" | kubectl_ create -f - >/dev/null || die "${PIECE}: the webhook refused Experiment ${NS}/${exp}"
+  if ! kubectl_ -n "$NS" wait --for condition=Succeeded --timeout 240s "experiment/${exp}" >/dev/null 2>&1; then
+    kubectl_ -n "$NS" get experiment,suggestion,trial,pods -o wide >&2 || true
+    kubectl_ -n "$NS" get trials -l "katib.kubeflow.org/experiment=${exp}" \
+      -o jsonpath='{range .items[*]}{.metadata.name}: {.status.conditions[-1:].message}{"\n"}{end}' >&2 || true
+    die "${PIECE}: Experiment ${NS}/${exp} did not succeed within 240 s"
+  fi
+  out="$(kubectl_ -n "$NS" get experiment "$exp" -o jsonpath='{.status.currentOptimalTrial.bestTrialName} {.status.currentOptimalTrial.observation.metrics[0].latest}')"
+  [[ "$out" =~ ^${exp}-[a-z0-9]+\ 0\.[0-9]+$ ]] ||
+    die "${PIECE}: Experiment ${NS}/${exp} succeeded without a best trial and its loss (got '${out}')"
+  say "Experiment ${NS}/${exp} succeeded; best trial and loss: ${out}"
+  kubectl_ -n "$NS" delete experiment "$exp" --wait >/dev/null
+}
+
+case "${1:-}" in
+verify) addon_verify ;;
+*) addon_main "$PIECE" "$@" ;;
+esac

@@ -1,0 +1,380 @@
+"""The tune step's Katib engine on a real cluster: the step (``python -m trainer tune``) runs in a
+pod under the ``pipeline-runner`` account and our Role, and Katib v0.19 (built from upstream, in
+the cluster: hack/cluster/addons/katib.sh) runs the Experiment it creates, whose trials are
+2-replica PyTorchJobs (gloo on CPU) of the trainer's image reading the demo table from the object
+store. Katib's webhook injects its metrics collector into each trial's master pod, which reads
+the worker's ``name=value`` lines; goptuna suggests; medianstop stops bad trials early.
+
+The namespace enforces the ``baseline`` Pod Security profile (and warns of ``restricted``):
+Katib's suggestion pod gets the medianstop container with no securityContext (KatibConfig has no
+field for one), which ``restricted`` refuses. The collector injected into trial pods copies the
+trial container's securityContext (``injectSecurityContext``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.cluster import kube
+from tests.cluster.conftest import delete_namespace, make_namespace, role
+from trainer.base import storage
+
+INJECTION = {"katib.kubeflow.org/metrics-collector-injection": "enabled"}
+"""The label of namespaces whose trial pods Katib's webhook gives a metrics collector."""
+TUNE_TIMEOUT_S = 900
+
+PARAMETERS = [
+    {
+        "name": "optim.lr",
+        "parameterType": "double",
+        "feasibleSpace": {"min": "0.0003", "max": "0.03", "distribution": "logUniform"},
+    },
+    {
+        "name": "model.hidden_dim",
+        "parameterType": "int",
+        "feasibleSpace": {"min": "16", "max": "64", "step": "16"},
+    },
+]
+
+
+def space(**over: Any) -> dict[str, Any]:
+    """A search over two parameters, 4 trials, goptuna's random search (seeded)."""
+    out: dict[str, Any] = {
+        "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
+        "algorithm": {
+            "algorithmName": "random",
+            "algorithmSettings": [{"name": "random_state", "value": "3"}],
+        },
+        "parameters": PARAMETERS,
+        "maxTrialCount": 4,
+        "parallelTrialCount": 2,
+        "maxFailedTrialCount": 1,
+    }
+    out.update(over)
+    return out
+
+
+def tune_config(image: str, search: dict[str, Any], **over: Any) -> dict[str, Any]:
+    """The tune step's config: Katib, trials the train step's 2-node PyTorchJob of 2 epochs."""
+    train = kube.train_config(image, "pytorchjob")
+    train["train"] |= {"log_every_steps": 10}
+    return {"engine": "katib", "space": search, "train": train, "trial_epochs": 2, **over}
+
+
+@pytest.fixture(scope="module")
+def namespace() -> Iterator[str]:
+    if kube.kubectl("get", "crd", "experiments.kubeflow.org", check=False).returncode != 0:
+        pytest.skip("Katib is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS lacks katib)")
+    name = kube.unique("gpupipe-katib")
+    make_namespace(name, role(), enforce="baseline", labels=INJECTION)
+    yield name
+    delete_namespace(name)
+
+
+class Tune:
+    """One tune step in a launcher pod, and where it writes."""
+
+    def __init__(self, namespace: str, image: str, dataset: str, cfg: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.pod = kube.unique("tune")
+        self.run_id = kube.unique("run")
+        self.base = f"minio://{kube.BUCKET}/{namespace}/{self.pod}"
+        storage.write_json(f"{self.base}/config.json", cfg)
+        args = ["--config", f"{self.base}/config.json", "--dataset", dataset]
+        args += ["--work", f"{self.base}/work", "--output", f"{self.base}/best.json"]
+        args += ["--report", f"{self.base}/report.html", "--metrics", f"{self.base}/metrics.json"]
+        args += ["--run-id", self.run_id, "--task-name", "tune"]
+        kube.apply(kube.launcher_pod(self.pod, namespace, image, args, step="tune"))
+        self.started = time.monotonic()
+        self.exit: dict[str, Any] | None = None
+
+    def done(self, timeout: float = TUNE_TIMEOUT_S) -> dict[str, Any]:
+        self.exit = kube.wait_pod_done(self.namespace, self.pod, timeout)
+        self.wall_s = time.monotonic() - self.started
+        return self.exit
+
+    def log(self) -> str:
+        return kube.logs(self.namespace, self.pod)
+
+    def result(self) -> dict[str, Any]:
+        """The step's result: the JSON line it prints on stdout (its log lines are stderr's)."""
+        lines = [line for line in self.log().splitlines() if line.startswith("{")]
+        return json.loads(lines[-1])
+
+    def experiment_name(self) -> str:
+        return str(self.result()["study"]).split("/", 1)[1]
+
+
+def experiments(namespace: str) -> list[dict[str, Any]]:
+    return kube.get_json("experiments", "-n", namespace)["items"]
+
+
+def trials(namespace: str, experiment: str) -> list[dict[str, Any]]:
+    selector = f"katib.kubeflow.org/experiment={experiment}"
+    return kube.get_json("trials", "-n", namespace, "-l", selector)["items"]
+
+
+def condition(obj: dict[str, Any]) -> str:
+    """The type of the object's last condition that is True."""
+    conds = [c for c in (obj.get("status") or {}).get("conditions") or [] if c["status"] == "True"]
+    return conds[-1]["type"] if conds else ""
+
+
+@pytest.fixture(scope="module")
+def search(namespace: str, image: str, dataset: str) -> Tune:
+    """Test 1's search, run to the end (its Experiment is kept: it succeeded)."""
+    run = Tune(namespace, image, dataset, tune_config(image, space()))
+    run.done()
+    return run
+
+
+def test_a_search_of_four_trials_finds_the_best_trial_katib_reports(search: Tune) -> None:
+    log = search.log()
+    assert search.exit is not None and search.exit["exitCode"] == 0, log[-4000:]
+    result = search.result()
+    name = search.experiment_name()
+    exp = kube.get_json("experiment", "-n", search.namespace, name)
+    status = exp["status"]
+    assert condition(exp) == "Succeeded", status
+    assert status["trialsSucceeded"] >= 4 and status.get("trialsFailed", 0) == 0, status
+    # Every trial ran as a 2-replica PyTorchJob whose master pod got Katib's collector: each
+    # trial has the objective from its own log.
+    done = [t for t in trials(search.namespace, name) if condition(t) == "Succeeded"]
+    assert len(done) >= 4
+    for t in done:
+        metrics = t["status"]["observation"]["metrics"]
+        assert any(m["name"] == "val_loss" and math.isfinite(float(m["min"])) for m in metrics), t
+    # The step's output is Katib's best trial: its parameters (typed back to config fields)
+    # and its metric.
+    best = status["currentOptimalTrial"]
+    assigned = {a["name"]: a["value"] for a in best["parameterAssignments"]}
+    katib_min = next(
+        float(m["min"]) for m in best["observation"]["metrics"] if m["name"] == "val_loss"
+    )
+    assert result["engine"] == "katib" and result["study"] == f"{search.namespace}/{name}"
+    assert result["best_value"] == pytest.approx(katib_min)
+    assert result["best_params"]["optim.lr"] == pytest.approx(float(assigned["optim-lr"]))
+    assert result["best_params"]["model.hidden_dim"] == int(assigned["model-hidden-dim"])
+    assert isinstance(result["best_params"]["model.hidden_dim"], int)
+    stored = storage.read_json(f"{search.base}/best.json")
+    assert stored == result["best_params"]
+    assert result["trials_completed"] == status["trialsSucceeded"]
+    metrics = storage.read_json(f"{search.base}/metrics.json")
+    assert metrics["best_val_loss"] == pytest.approx(katib_min)
+    assert name in storage.read_text(f"{search.base}/report.html")
+    # The step streamed Katib's progress into its own log.
+    assert f"Katib Experiment {search.namespace}/{name}: Running" in log, log[-3000:]
+
+
+def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
+    namespace: str, image: str, dataset: str
+) -> None:
+    # The model starts from the linear fit, so after its first 4 steps (the first evaluation)
+    # every sane learning rate scores alike; rates far past 0.1 throw the fit away at once, the
+    # more the larger. goptuna samples uniformly: most trials get such a rate, and their first
+    # reports spread over two orders of magnitude. The bar is the median of the finished
+    # trials' first reports (medianstop, from the first finished trial on); a stopped trial
+    # does not count towards it, so a trial is spared only while each new rate is below the
+    # median of those before it (about 1 in 2 per trial: seven in a row, under 1 %).
+    wild_lr = dict(PARAMETERS[0], feasibleSpace={"min": "0.005", "max": "1.5"})
+    search = space(
+        parameters=[wild_lr, PARAMETERS[1]],
+        maxTrialCount=8,
+        parallelTrialCount=1,
+        earlyStopping={
+            "algorithmName": "medianstop",
+            "algorithmSettings": [
+                {"name": "min_trials_required", "value": "1"},
+                {"name": "start_step", "value": "1"},
+            ],
+        },
+    )
+    run = Tune(namespace, image, dataset, tune_config(image, search, trial_epochs=3))
+    done = run.done()
+    log = run.log()
+    assert done["exitCode"] == 0, log[-4000:]
+    result = run.result()
+    name = run.experiment_name()
+    exp = kube.get_json("experiment", "-n", namespace, name)
+    assert condition(exp) == "Succeeded", exp["status"]
+    all_trials = trials(namespace, name)
+    stopped = [t for t in all_trials if condition(t) == "EarlyStopped"]
+    assert stopped, [(t["metadata"]["name"], condition(t)) for t in all_trials]
+    assert result["trials_pruned"] == len(stopped) == exp["status"]["trialsEarlyStopped"]
+    for t in stopped:
+        # Stopped at its first report, which was worse than the rule's median.
+        rule = t["spec"]["earlyStoppingRules"][0]
+        assert rule["name"] == "val_loss" and rule["comparison"] == "greater"  # minimize
+        seen = next(m for m in t["status"]["observation"]["metrics"] if m["name"] == "val_loss")
+        assert float(seen["latest"]) > float(rule["value"]), (seen, rule)
+    # The best trial is a finished one, never a stopped one.
+    assert result["best_value"] <= min(
+        float(m["min"])
+        for t in all_trials
+        if condition(t) == "Succeeded"
+        for m in t["status"]["observation"]["metrics"]
+        if m["name"] == "val_loss"
+    )
+
+
+def test_bad_trials_spend_the_failure_budget_and_the_step_says_what_katib_said(
+    namespace: str, image: str, dataset: str
+) -> None:
+    # Dropout above 1 passes the step's space check (a float field) but no worker accepts it.
+    bad = {
+        "name": "model.dropout",
+        "parameterType": "double",
+        "feasibleSpace": {"min": "1.1", "max": "1.5"},
+    }
+    search = space(
+        parameters=[PARAMETERS[0], bad],
+        maxTrialCount=4,
+        parallelTrialCount=1,
+        maxFailedTrialCount=2,
+    )
+    cfg = tune_config(image, search)
+    cfg["train"]["cluster"]["on_exit"] = "keep"
+    run = Tune(namespace, image, dataset, cfg)
+    done = run.done()
+    log = run.log()
+    assert done["exitCode"] == 1, log[-4000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("ERROR [tune] E_"), last
+    exp = next(e for e in experiments(namespace) if e["metadata"]["name"] in last)
+    status = exp["status"]
+    # Katib's own rule acted: 2 failed trials reach maxFailedTrialCount=2 and fail the
+    # Experiment, which starts no further trial.
+    assert condition(exp) == "Failed", status
+    assert status["trialsFailed"] == 2 and status["trials"] == 2, status
+    assert "2 trials failed, reaching maxFailedTrialCount=2" in last
+    # The line carries each failed trial's name and Katib's message about it.
+    for t in trials(namespace, exp["metadata"]["name"]):
+        assert t["metadata"]["name"] in last
+        failed = next(c for c in t["status"]["conditions"] if c["type"] == "Failed")
+        assert " ".join(failed["message"].split()) in last
+    assert "it was kept (on_exit=keep)" in last
+    kube.kubectl("delete", "experiment", "-n", namespace, exp["metadata"]["name"])
+
+
+def nothing_left(namespace: str, experiment: str) -> bool:
+    """No Experiment, Trial, trial PyTorchJob or pod of ``experiment`` is left."""
+    names = [e["metadata"]["name"] for e in experiments(namespace)]
+    jobs = [j for j in kube.jobs(namespace) if j["metadata"]["name"].startswith(experiment)]
+    pods = kube.get_json("pods", "-n", namespace)["items"]
+    pods = [p for p in pods if p["metadata"]["name"].startswith(experiment)]
+    return experiment not in names and not trials(namespace, experiment) and not jobs and not pods
+
+
+def running_trial(namespace: str) -> str | None:
+    """The Experiment of a trial whose PyTorchJob has a running master, if any."""
+    for t in kube.get_json("trials", "-n", namespace)["items"]:
+        if condition(t) == "Running":
+            return str(t["metadata"]["labels"]["katib.kubeflow.org/experiment"])
+    return None
+
+
+def test_the_deadline_deletes_the_experiment_and_its_trials(
+    namespace: str, image: str, dataset: str
+) -> None:
+    cfg = tune_config(image, space(maxTrialCount=8, parallelTrialCount=1), timeout_s=60)
+    run = Tune(namespace, image, dataset, cfg)
+    name = kube.wait_until("a trial to run", lambda: running_trial(namespace), TUNE_TIMEOUT_S, 2)
+    done = run.done()
+    log = run.log()
+    assert done["exitCode"] == 1, log[-4000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("ERROR [tune] E_"), last
+    assert f"Katib Experiment {namespace}/{name} did not finish within 60 s" in last, last
+    assert "it was deleted" in last, last
+    kube.wait_until(
+        "the Experiment and its trials to go", lambda: nothing_left(namespace, name), 120, 2
+    )
+
+
+def test_cancelling_the_step_deletes_the_experiment_and_its_trials(
+    namespace: str, image: str, dataset: str
+) -> None:
+    run = Tune(namespace, image, dataset, tune_config(image, space(maxTrialCount=8)))
+    name = kube.wait_until("a trial to run", lambda: running_trial(namespace), TUNE_TIMEOUT_S, 2)
+    # The step's log to its end (the pod and its log go with the deletion).
+    follow = subprocess.Popen(
+        [
+            str(kube.KUBECTL),
+            "--kubeconfig",
+            str(kube.KUBECONFIG),
+            "logs",
+            "-f",
+            "-n",
+            namespace,
+            run.pod,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    # As KFP terminates a run: the step's pod is deleted (SIGTERM, then its grace period).
+    kube.kubectl("delete", "pod", "-n", namespace, run.pod, "--wait=false")
+    out, _ = follow.communicate(timeout=120)
+    last = out.strip().splitlines()[-1]
+    # The step itself deleted the search (not only the garbage collector after its pod).
+    assert "the step was cancelled (SIGTERM)" in last and "it was deleted" in last, out[-3000:]
+    kube.wait_until(
+        "the Experiment and its trials to go", lambda: nothing_left(namespace, name), 120, 2
+    )
+
+
+def test_the_same_space_locally_gives_the_same_shape_in_the_same_ranges(
+    search: Tune, dataset: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from trainer.base.typedconfig import from_dict
+    from trainer.steps.tune import TuneConfig, tune
+
+    katib = search.result()
+    train = {"launcher": "local", "nnodes": 1, "gpus_per_node": 0}
+    train |= {
+        k: v for k, v in kube.train_config("").items() if k in ("train", "checkpoint_every_steps")
+    }
+    cfg = from_dict(
+        TuneConfig,
+        {"engine": "local", "space": space(), "train": train, "trial_epochs": 2, "seed": 3},
+    )
+    out = tmp_path_factory.mktemp("local-tune")
+    started = time.monotonic()
+    local = tune(
+        cfg,
+        dataset_uri=dataset,
+        work_uri=str(out / "work"),
+        output_uri=str(out / "best.json"),
+        report_uri=str(out / "report.html"),
+    ).to_dict()
+    local_wall = time.monotonic() - started
+    assert local.keys() == katib.keys()
+    assert (
+        local["best_params"].keys()
+        == katib["best_params"].keys()
+        == {
+            "optim.lr",
+            "model.hidden_dim",
+        }
+    )
+    for found in (local, katib):
+        params = found["best_params"]
+        assert 0.0003 <= params["optim.lr"] <= 0.03
+        assert isinstance(params["model.hidden_dim"], int)
+        assert params["model.hidden_dim"] in (16, 32, 48, 64)
+        assert math.isfinite(found["best_value"]) and found["best_value"] > 0
+        assert found["trials_completed"] == 4 and found["direction"] == "minimize"
+    assert json.loads((out / "best.json").read_text()) == local["best_params"]
+    # The comparison the note reports (same space, budget and trial length).
+    print(
+        f"\nsearch comparison: katib wall {search.wall_s:.0f} s best val_loss "
+        f"{katib['best_value']:.4f}; local wall {local_wall:.0f} s best val_loss "
+        f"{local['best_value']:.4f}"
+    )

@@ -1,0 +1,59 @@
+"""A whole local run with a price: the summary shows the estimate beside the actual, and the
+cost reaches the train step's KFP metrics, the model's metadata, the report and the registered
+model's tags."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+GPUPIPE = Path(sys.executable).with_name("gpupipe")
+
+
+def _gpupipe(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [str(GPUPIPE), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_priced_run_reports_its_estimate_and_its_actual_cost(tmp_path: Path) -> None:
+    data = tmp_path / "churn.parquet"
+    made = _gpupipe("demo-data", "--out", str(data), "--rows", "3000", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-2000:]
+    prices = json.dumps({"nvidia.com/gpu": 3.6, "nvidia.com/mig-1g.18gb": 0.5})
+    argv = ["run", "--local", "--root", str(tmp_path / "root"), "--data", str(data)]
+    argv += ["--target", "churned", "--param", "epochs=3", "--param", f"gpu_prices={prices}"]
+    text = _gpupipe(*argv, cwd=tmp_path)
+    assert text.returncode == 0, text.stderr[-4000:]
+    lines = text.stdout.splitlines()
+    estimate = next(ln for ln in lines if ln.startswith("  cost estimate "))
+    actual = next(ln for ln in lines if ln.startswith("  cost actual "))
+    assert "measured; $3.6000/h for 1 GPUs" in estimate
+    assert "GPU-hours" in actual
+    assert "cost estimate:" in text.stdout  # the train step's log, with its assumptions
+    assert "samples/s for the whole job (measured)" in text.stdout
+
+    summary = json.loads(
+        _gpupipe(*argv, "--json", "--param", "seed=1", cwd=tmp_path).stdout.splitlines()[-1]
+    )
+    assert summary["state"] == "SUCCEEDED"
+    est, act = summary["cost"]["estimate"], summary["cost"]["actual"]
+    assert est["gpu_hour_usd"] == 3.6 and est["throughput_source"] == "measured"
+    assert est["total_cost_usd"] == pytest.approx(3.6 * est["estimated_duration_hours"])
+    assert act["cost_usd"] == pytest.approx(3.6 * act["gpu_hours"])
+    assert act["gpu_hours"] == pytest.approx(act["duration_s"] / 3600, rel=1e-3)
+
+    run_dir = Path(summary["run_dir"])
+    train_out = json.loads((run_dir / "train" / "executor_output.json").read_text())
+    (model,) = train_out["artifacts"]["model"]["artifacts"]
+    assert model["metadata"]["cost_usd"] == pytest.approx(act["cost_usd"])
+    assert "Cost</h2>" in (run_dir / "evaluate" / "report").read_text()
