@@ -69,6 +69,7 @@ OLD_DEFAULT: dict[str, Any] = {
     "model.ensemble": 1,
     "optim.lr": 0.001,
     "auto.min_steps": 1000,
+    "train.calibrate": False,
 }
 """Settings that restore the model before issue 28 (the ``old`` column, trained in the same run
 on the same splits); ``--set`` values apply to both."""

@@ -299,6 +299,11 @@ class TrainConfig:
     """Emit a JSON log line every N optimizer steps (values are synced only then)."""
     early_stopping: EarlyStoppingConfig | None = None
     """Stop early on a validation metric; needs ``data.val_uri``."""
+    calibrate: bool = True
+    """Classification with validation rows: after training, fit one temperature that divides
+    the logits so that the validation log loss is lowest (temperature scaling; accuracy does
+    not change), stored in the model (:mod:`trainer.training.calibration`). False: the raw
+    logits (models saved before this option load with temperature 1)."""
     max_nan_rollbacks: int = 3
     """A NaN/Inf loss rolls back to the last checkpoint this many times before the run fails."""
     nan_lr_factor: float = 0.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +41,17 @@ class TabularMLP(nn.Module):
             member is trained on its own loss (``forward(x, targets=y)``); predictions average
             the members (probabilities for classification).
 
+    Classification models carry a ``temperature`` buffer (1 until
+    :mod:`trainer.training.calibration` fits it on the validation rows after training): the
+    predicted logits are divided by it, which changes the probabilities and never the argmax.
+    It travels in the state dict, so checkpoints, ``model.safetensors`` and every reader of the
+    model's outputs see it; a state dict saved before it existed loads with 1.
+
     Raises:
         ValueError: On a non-positive size or an unknown activation.
     """
+
+    temperature: torch.Tensor | None
 
     def __init__(
         self,
@@ -102,6 +111,28 @@ class TabularMLP(nn.Module):
             self.head_biases = nn.Parameter(biases)
         self.computes_loss = self.k > 1
         self.regression = out_features == 1
+        if self.regression:
+            self.temperature = None
+        else:
+            self.register_buffer("temperature", torch.ones(()))
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # Models and checkpoints saved before calibration existed have no temperature: 1.
+        key = prefix + "temperature"
+        if self.temperature is not None and key not in state_dict:
+            state_dict[key] = torch.ones_like(self.temperature)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     def members(self, x: torch.Tensor) -> torch.Tensor:
         """Each member's outputs ``[B, k, out_features]`` (``k`` = 1 without an ensemble)."""
@@ -126,11 +157,15 @@ class TabularMLP(nn.Module):
                 return F.mse_loss(out.squeeze(-1), targets.float().unsqueeze(1).expand(-1, self.k))
             return F.cross_entropy(out.flatten(0, 1), targets.repeat_interleave(self.k))
         if self.k == 1:
-            return out.squeeze(1)
-        if self.regression:
+            logits = out.squeeze(1)
+        elif self.regression:
             return out.mean(1)
-        # log of the mean probability: its softmax is the members' mean probabilities
-        return torch.logsumexp(F.log_softmax(out.float(), -1), 1) - math.log(self.k)
+        else:
+            # log of the mean probability: its softmax is the members' mean probabilities
+            logits = torch.logsumexp(F.log_softmax(out.float(), -1), 1) - math.log(self.k)
+        if self.temperature is None:
+            return logits
+        return logits / self.temperature.to(logits.dtype)
 
     @torch.no_grad()
     def start_from_linear(self, fit: LinearFit) -> None:
