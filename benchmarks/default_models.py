@@ -23,8 +23,9 @@ training differently). A small table gets as many splits as it takes to score
 ratio over the tables (accuracy or log loss, whichever is worse); the line above it counts runs
 whose model scored below the trivial predictor, the tables below the goal and the mean ratio.
 The ``old`` contender is the model before issue 28 (:data:`OLD_DEFAULT`: no periodic embedding,
-learning rate 0.001, 1000 steps), trained on the same splits in the same run (``--no-old`` skips
-it). The last block is the Markdown table of ``benchmarks/README.md``.
+no ensemble, learning rate 0.001, 1000 steps, no temperature), trained on the same splits in the
+same run (``--no-old`` skips it). The last block is the Markdown table of
+``benchmarks/README.md``.
 
 Run from the repo root: ``.venv/bin/python benchmarks/default_models.py [--seeds 3]
 [--min-test-rows 500] [--tables iris,wine] [--set model.linear=none]``.

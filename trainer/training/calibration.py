@@ -33,7 +33,7 @@ table) pulls the fit towards ``T -> 0`` (certainty), which the test rows would p
 MAX_TEMPERATURE = 20.0
 """Soften at most 20x."""
 _ITERATIONS = 60
-"""Golden-section steps: the bracket ``[log 0.5, log 20]`` shrinks to ~1e-12."""
+"""Golden-section steps: the bracket ``[log 1, log 20]`` shrinks to ~1e-12."""
 
 
 def nll(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> float:
