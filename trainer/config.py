@@ -131,11 +131,13 @@ class ModelConfig:
     learns what it misses (with ``num_layers`` 0 the whole model starts from the fit). ``none``:
     a plain MLP from its random initialisation (models saved before this option load as
     ``none``)."""
-    embedding: Literal["periodic", "none"] = "periodic"
+    embedding: Literal["periodic", "periodic+ple", "none"] = "periodic"
     """MLP: ``periodic`` feeds the hidden layers each input column through learned periodic
     features (RealMLP's PBLD embedding, after a soft clipping of the standardised value: see
     :mod:`trainer.models.embeddings`), which lets the MLP follow cycles and thresholds in one
-    column; the linear path still reads the plain inputs. ``none``: the plain inputs (models
+    column; the linear path still reads the plain inputs. ``periodic+ple``: those and a
+    piecewise-linear encoding of each column with bins cut at quantiles of the training rows
+    (steps at any cut, e.g. at the values of a year column). ``none``: the plain inputs (models
     saved before this option load as ``none``)."""
     ensemble: int = 8
     """MLP: ``k`` > 1 trains ``k`` MLPs in one (TabM-mini: each member scales the first layer's

@@ -531,10 +531,39 @@ def test_periodic_embedding_keeps_each_column_beside_its_periodic_features() -> 
 def test_an_unknown_embedding_is_refused_in_one_line() -> None:
     from trainer.base.typedconfig import from_dict
 
-    with pytest.raises(InputError, match=r"embedding must be one of \['periodic', 'none'\]"):
+    with pytest.raises(InputError, match=r"embedding must be one of \['periodic', 'periodic\+ple'"):
         from_dict(ModelConfig, {"name": "mlp", "embedding": "ple"})
-    with pytest.raises(ValueError, match=r"model\.embedding must be 'periodic' or 'none'"):
+    with pytest.raises(ValueError, match=r"model\.embedding must be one of \['none', 'periodic'"):
         TabularMLP(5, 3, embedding="ple")
+
+
+def test_piecewise_bins_are_cut_at_training_quantiles_and_make_steps() -> None:
+    from trainer.models.embeddings import BINS, PiecewiseLinearEncoding
+
+    encode = PiecewiseLinearEncoding(2)
+    x = torch.stack([torch.linspace(0.0, 16.0, 161), (torch.arange(161) % 4).float()], dim=1)
+    encode.fit_edges(x)
+    assert encode.edges[0].tolist() == pytest.approx(list(range(BINS + 1)), abs=1e-4)
+    out = encode(torch.tensor([[2.5, 1.0], [2.5, 2.0]])).view(2, 2, BINS + 1)
+    # column 0: bins 0 and 1 passed, half of bin 2, none of the rest
+    assert out[0, 0, 1:4].tolist() == pytest.approx([1.0, 1.0, 0.5])
+    assert out[0, 0, 4:].abs().sum() == 0
+    # column 1 takes four values: from 1 to 2 a bin flips from 0 to 1 (a step, not a ramp)
+    assert (out[1, 1, 1:] - out[0, 1, 1:]).max() == pytest.approx(1.0)
+
+
+def test_periodic_ple_embedding_fits_its_bins_and_round_trips_the_state() -> None:
+    torch.manual_seed(0)
+    model = TabularMLP(3, 2, hidden_dim=8, embedding="periodic+ple", ensemble=2)
+    x = torch.randn(50, 3) * 3 + 1
+    assert model.fit_embedding(x)
+    edges = model.state_dict()["embed.piecewise.edges"]
+    assert edges[:, 0].tolist() == pytest.approx(x.min(0).values.tolist())
+    copy = TabularMLP(3, 2, hidden_dim=8, embedding="periodic+ple", ensemble=2)
+    copy.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(copy.eval()(x), model.eval()(x))
+    assert not TabularMLP(3, 2, embedding="periodic").fit_embedding(x)
 
 
 @pytest.mark.parametrize("spec", [CLS_SPEC, REG_SPEC], ids=["classification", "regression"])

@@ -9,10 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.models.embeddings import PeriodicEmbedding
+from trainer.models.embeddings import PeriodicEmbedding, PeriodicPiecewiseEmbedding
 from trainer.models.linear_fit import LinearFit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+_EMBEDDINGS: dict[str, type[PeriodicEmbedding | PeriodicPiecewiseEmbedding] | None] = {
+    "none": None,
+    "periodic": PeriodicEmbedding,
+    "periodic+ple": PeriodicPiecewiseEmbedding,
+}
 
 
 class TabularMLP(nn.Module):
@@ -33,7 +38,9 @@ class TabularMLP(nn.Module):
         activation: ``relu``, ``gelu`` or ``silu``.
         linear: Add the linear path (ignored without hidden layers: the model is linear).
         embedding: ``periodic``: the hidden layers read each input through a
-            :class:`~trainer.models.embeddings.PeriodicEmbedding` (the linear path reads the
+            :class:`~trainer.models.embeddings.PeriodicEmbedding`; ``periodic+ple``: through
+            that and a piecewise-linear encoding whose bins :meth:`fit_embedding` cuts at
+            quantiles of the training rows (the linear path reads the
             inputs as they are); ``none``: the inputs as they are (ignored without hidden layers).
         ensemble: ``k`` > 1 makes the hidden layers an ensemble of ``k`` MLPs in one (TabM-mini,
             Gorishniy et al. 2024): each member scales the first layer's input by its own
@@ -77,11 +84,12 @@ class TabularMLP(nn.Module):
             )
         if ensemble < 1:
             raise ValueError(f"model.ensemble must be >= 1, got {ensemble}")
-        if embedding not in ("none", "periodic"):
-            raise ValueError(f"model.embedding must be 'periodic' or 'none', got {embedding!r}")
-        self.embed = (
-            PeriodicEmbedding(in_features) if embedding == "periodic" and num_layers else None
-        )
+        if embedding not in _EMBEDDINGS:
+            raise ValueError(
+                f"model.embedding must be one of {list(_EMBEDDINGS)}, got {embedding!r}"
+            )
+        kind = _EMBEDDINGS[embedding]
+        self.embed = kind(in_features) if kind is not None and num_layers else None
         layers: list[nn.Module] = []
         width = in_features if self.embed is None else self.embed.out_features
         for _ in range(num_layers):
@@ -166,6 +174,14 @@ class TabularMLP(nn.Module):
         if self.temperature is None:
             return logits
         return logits / self.temperature.to(logits.dtype)
+
+    def fit_embedding(self, x: torch.Tensor) -> bool:
+        """Cut the piecewise-linear bins at quantiles of the training features ``x`` ``[N, F]``;
+        False where the embedding has no bins."""
+        if not isinstance(self.embed, PeriodicPiecewiseEmbedding):
+            return False
+        self.embed.fit_edges(x)
+        return True
 
     @torch.no_grad()
     def start_from_linear(self, fit: LinearFit) -> None:
