@@ -148,7 +148,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         preprocess_config_json: str = "{}",
         model_name: str = "mlp",
         epochs: int = 0,
-        learning_rate: float = 0.001,
+        learning_rate: float = 0.003,
         batch_size: int = 0,
         seed: int = 0,
         gpu_type: str = "nvidia.com/gpu",

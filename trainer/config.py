@@ -131,6 +131,21 @@ class ModelConfig:
     learns what it misses (with ``num_layers`` 0 the whole model starts from the fit). ``none``:
     a plain MLP from its random initialisation (models saved before this option load as
     ``none``)."""
+    embedding: Literal["periodic", "periodic+ple", "none"] = "periodic"
+    """MLP: ``periodic`` feeds the hidden layers each input column through learned periodic
+    features (RealMLP's PBLD embedding, after a soft clipping of the standardised value: see
+    :mod:`trainer.models.embeddings`), which lets the MLP follow cycles and thresholds in one
+    column; the linear path still reads the plain inputs. ``periodic+ple``: those and a
+    piecewise-linear encoding of each column with bins cut at quantiles of the training rows
+    (steps at any cut, e.g. at the values of a year column). ``none``: the plain inputs (models
+    saved before this option load as ``none``)."""
+    ensemble: int = 8
+    """MLP: ``k`` > 1 trains ``k`` MLPs in one (TabM-mini: each member scales the first layer's
+    input by its own random signs and has its own head, the layers between are shared), each
+    on its own loss, and predicts their average (probabilities for classification); about
+    ``k`` times the compute of one MLP, for better scores and calibrated probabilities on most
+    tables (``benchmarks/README.md``, default_models). 1: one MLP (models saved before this
+    option load as 1)."""
     vocab_size: int = 50304
     """GPT: vocabulary size (a multiple of 64 keeps the output matmul efficient)."""
     n_layer: int = 12
@@ -160,6 +175,7 @@ class ModelConfig:
         )
         require(self.hidden_dim > 0, "model.hidden_dim", "must be > 0", self.hidden_dim)
         require(self.num_layers >= 0, "model.num_layers", "must be >= 0", self.num_layers)
+        require(self.ensemble >= 1, "model.ensemble", "must be >= 1", self.ensemble)
         require(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)", self.dropout)
         require(self.vocab_size > 1, "model.vocab_size", "must be > 1", self.vocab_size)
         require(self.n_layer > 0, "model.n_layer", "must be > 0", self.n_layer)
@@ -285,6 +301,11 @@ class TrainConfig:
     """Emit a JSON log line every N optimizer steps (values are synced only then)."""
     early_stopping: EarlyStoppingConfig | None = None
     """Stop early on a validation metric; needs ``data.val_uri``."""
+    calibrate: bool = True
+    """Classification with validation rows: after training, fit one temperature that divides
+    the logits so that the validation log loss is lowest (temperature scaling; accuracy does
+    not change), stored in the model (:mod:`trainer.training.calibration`). False: the raw
+    logits (models saved before this option load with temperature 1)."""
     max_nan_rollbacks: int = 3
     """A NaN/Inf loss rolls back to the last checkpoint this many times before the run fails."""
     nan_lr_factor: float = 0.5

@@ -151,3 +151,15 @@ def test_a_tune_trials_searched_value_wins_even_at_the_default(tmp_path) -> None
     assert searched.train.global_batch_size == default_batch
     assert plain.train.global_batch_size == auto.auto_batch(600, 1) == 32
     assert plain.train.early_stopping is not None  # trials stop early like the training does
+
+
+@pytest.mark.parametrize("min_steps", [1000, 6000], ids=["1000-steps", "6000-steps"])
+def test_min_steps_sets_how_long_a_small_table_trains(min_steps: int) -> None:
+    s = choose(6_131, min_steps=min_steps)  # sf_temps: 256 rows a batch, 23 steps an epoch
+    assert s.train.global_batch_size == 256
+    assert min_steps <= s.train.epochs * (6_131 // 256) < min_steps + 6_131 // 256
+
+
+def test_min_steps_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"auto\.min_steps must be > 0, got 0"):
+        AutoSettingsConfig(min_steps=0)

@@ -63,8 +63,13 @@ def save(uri: str, model: nn.Module, cfg: ModelConfig, spec: ModelSpec, **kw) ->
 
 @pytest.mark.parametrize(
     ("cfg", "spec"),
-    [(MLP_CFG, CLS_SPEC), (MLP_CFG, REG_SPEC), (GPT_CFG, GPT_SPEC)],
-    ids=["mlp-classification", "mlp-regression", "gpt"],
+    [
+        (MLP_CFG, CLS_SPEC),
+        (MLP_CFG, REG_SPEC),
+        (ModelConfig(name="mlp", hidden_dim=8, ensemble=4), CLS_SPEC),
+        (GPT_CFG, GPT_SPEC),
+    ],
+    ids=["mlp-classification", "mlp-regression", "mlp-ensemble", "gpt"],
 )
 def test_round_trip_gives_identical_predictions(tmp_path: Path, cfg, spec) -> None:
     model = trained(cfg, spec)
@@ -397,3 +402,19 @@ def test_allowed_package_never_reaches_into_the_working_dir_for_a_submodule(
     finally:
         sys.modules.pop(package, None)
         sys.modules.pop(f"{package}.{module}", None)
+
+
+def test_a_model_saved_before_the_embedding_option_loads_as_a_plain_mlp(tmp_path: Path) -> None:
+    cfg = ModelConfig(name="mlp", hidden_dim=8, num_layers=2, linear="none", embedding="none")
+    model = trained(cfg, CLS_SPEC)
+    uri = str(tmp_path / "model")
+    save(uri, model, cfg, CLS_SPEC)
+    meta_path = tmp_path / "model" / "model.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["model"]["embedding"], meta["model"]["linear"]  # as written before either existed
+    meta_path.write_text(json.dumps(meta))
+    loaded = load_model(uri)
+    assert loaded.model_cfg.embedding == "none"
+    x = inputs(CLS_SPEC)
+    with torch.no_grad():
+        assert torch.equal(predict(loaded, x), model(x))

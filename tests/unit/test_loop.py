@@ -247,6 +247,7 @@ def test_early_stopping_keeps_the_best_weights(
     ckpt = CheckpointManager(str(tmp_path / "ckpt"), keep_last=5)
     best = ckpt.load(0)["model"]
     last = ckpt.load(2 * steps_per_epoch)["model"]
+    exported.pop("temperature")  # fitted after training (test_calibration.py): 1 in checkpoints
     for k, v in exported.items():
         assert torch.equal(v, best[k]), k
     assert any(not torch.equal(v, last[k]) for k, v in exported.items())
@@ -360,3 +361,16 @@ def test_stop_without_checkpoints_still_stops_after_one_step(
     with pytest.raises(Preempted) as info:
         train(cfg, ctx, stop)
     assert info.value.step == 1 and info.value.checkpoint is None
+
+
+def test_piecewise_bins_are_cut_at_the_training_rows_and_exported(
+    tmp_path: Path, data: tuple[str, str], ctx: dist.DistContext
+) -> None:
+    cfg = run_cfg(tmp_path, data, **{"train.epochs": 1, "model.embedding": "periodic+ple"})
+    train(cfg, ctx)
+    edges = load_file(str(tmp_path / "model" / "model.safetensors"))["embed.piecewise.edges"]
+    table = pq.read_table(data[0]).drop(["label"])
+    lowest = [float(np.min(table[name].to_numpy())) for name in table.column_names]
+    highest = [float(np.max(table[name].to_numpy())) for name in table.column_names]
+    assert edges[:, 0].tolist() == pytest.approx(lowest)
+    assert edges[:, -1].tolist() == pytest.approx(highest)

@@ -443,10 +443,26 @@ def test_count_params_counts_tied_weight_once_and_excludes_position_embedding() 
 
 
 @pytest.mark.parametrize(
-    ("linear", "extra"), [("fit", 5 * 3 + 3), ("none", 0)], ids=["linear-path", "plain"]
+    ("linear", "embedding", "ensemble", "extra"),
+    [
+        ("fit", "none", 1, 5 * 3 + 3),
+        ("none", "none", 1, 0),
+        # 5 columns x (16 frequencies + 16 phases + 16 x 3 + 3); the first layer reads 5 x 4
+        ("none", "periodic", 1, 5 * (16 + 16 + 48 + 3) + 5 * 3 * 8),
+        # 4 sign vectors over the 5 inputs, 3 more heads
+        ("none", "none", 4, 4 * 5 + 3 * (8 * 3 + 3)),
+    ],
+    ids=["linear-path", "plain", "periodic", "ensemble"],
 )
-def test_count_params_of_mlp(linear: str, extra: int) -> None:
-    cfg = ModelConfig(name="mlp", hidden_dim=8, num_layers=1, linear=linear)  # type: ignore[arg-type]
+def test_count_params_of_mlp(linear: str, embedding: str, ensemble: int, extra: int) -> None:
+    cfg = ModelConfig(
+        name="mlp",
+        hidden_dim=8,
+        num_layers=1,
+        linear=linear,  # type: ignore[arg-type]
+        embedding=embedding,  # type: ignore[arg-type]
+        ensemble=ensemble,
+    )
     model = build_model(cfg, CLS_SPEC)
     hidden_and_head = 5 * 8 + 8 + 8 * 3 + 3
     assert count_params(model) == count_params(model, exclude_embeddings=True)
@@ -498,3 +514,85 @@ def test_gpt_trains_compiled_in_bf16_with_flash_attention_on_cuda() -> None:
             opt.step()
             losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_periodic_embedding_keeps_each_column_beside_its_periodic_features() -> None:
+    from trainer.models.embeddings import DIM, PeriodicEmbedding, soft_clip
+
+    torch.manual_seed(0)
+    embed = PeriodicEmbedding(5)
+    x = torch.randn(7, 5) * 4
+    out = embed(x)
+    assert out.shape == (7, 5 * DIM)
+    assert torch.equal(out.view(7, 5, DIM)[..., 0], soft_clip(x))  # the "densenet" part
+    assert soft_clip(torch.tensor([1e6])).item() == pytest.approx(3.0)  # outliers bounded
+
+
+def test_an_unknown_embedding_is_refused_in_one_line() -> None:
+    from trainer.base.typedconfig import from_dict
+
+    with pytest.raises(InputError, match=r"embedding must be one of \['periodic', 'periodic\+ple'"):
+        from_dict(ModelConfig, {"name": "mlp", "embedding": "ple"})
+    with pytest.raises(ValueError, match=r"model\.embedding must be one of \['none', 'periodic'"):
+        TabularMLP(5, 3, embedding="ple")
+
+
+def test_piecewise_bins_are_cut_at_training_quantiles_and_make_steps() -> None:
+    from trainer.models.embeddings import BINS, PiecewiseLinearEncoding
+
+    encode = PiecewiseLinearEncoding(2)
+    x = torch.stack([torch.linspace(0.0, 16.0, 161), (torch.arange(161) % 4).float()], dim=1)
+    encode.fit_edges(x)
+    assert encode.edges[0].tolist() == pytest.approx(list(range(BINS + 1)), abs=1e-4)
+    out = encode(torch.tensor([[2.5, 1.0], [2.5, 2.0]])).view(2, 2, BINS + 1)
+    # column 0: bins 0 and 1 passed, half of bin 2, none of the rest
+    assert out[0, 0, 1:4].tolist() == pytest.approx([1.0, 1.0, 0.5])
+    assert out[0, 0, 4:].abs().sum() == 0
+    # column 1 takes four values: from 1 to 2 a bin flips from 0 to 1 (a step, not a ramp)
+    assert (out[1, 1, 1:] - out[0, 1, 1:]).max() == pytest.approx(1.0)
+
+
+def test_periodic_ple_embedding_fits_its_bins_and_round_trips_the_state() -> None:
+    torch.manual_seed(0)
+    model = TabularMLP(3, 2, hidden_dim=8, embedding="periodic+ple", ensemble=2)
+    x = torch.randn(50, 3) * 3 + 1
+    assert model.fit_embedding(x)
+    edges = model.state_dict()["embed.piecewise.edges"]
+    assert edges[:, 0].tolist() == pytest.approx(x.min(0).values.tolist())
+    copy = TabularMLP(3, 2, hidden_dim=8, embedding="periodic+ple", ensemble=2)
+    copy.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(copy.eval()(x), model.eval()(x))
+    assert not TabularMLP(3, 2, embedding="periodic").fit_embedding(x)
+
+
+@pytest.mark.parametrize("spec", [CLS_SPEC, REG_SPEC], ids=["classification", "regression"])
+def test_an_ensemble_trains_each_member_on_its_loss_and_predicts_their_mean(
+    spec: ModelSpec,
+) -> None:
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", hidden_dim=8, ensemble=4), spec)
+    x = torch.randn(6, 5)
+    members = model.members(x)
+    assert members.shape == (6, 4, spec.num_classes or 1)
+    assert not torch.allclose(members[:, 0], members[:, 1])  # the members differ
+    if spec.task == "classification":
+        y = torch.randint(0, 3, (6,))
+        expected = torch.stack([F.cross_entropy(members[:, i], y) for i in range(4)]).mean()
+        assert torch.allclose(model(x).softmax(-1), members.softmax(-1).mean(1), atol=1e-6)
+    else:
+        y = torch.randn(6)
+        expected = torch.stack([F.mse_loss(members[:, i, 0], y) for i in range(4)]).mean()
+        assert torch.allclose(model(x), members.mean(1))
+    assert computes_loss(model)
+    assert torch.allclose(forward_loss(model, spec.task, x, y), expected)
+
+
+def test_an_ensemble_with_a_linear_path_starts_as_the_linear_fit() -> None:
+    from trainer.models.linear_fit import LinearFit
+
+    model = build_model(ModelConfig(name="mlp", hidden_dim=8, ensemble=3), REG_SPEC)
+    fit = LinearFit(weight=torch.ones(1, 5, dtype=torch.float64), bias=torch.zeros(1), rows=10)
+    model.start_from_linear(fit)
+    x = torch.randn(4, 5)
+    assert torch.allclose(model.members(x), x.sum(-1).view(4, 1, 1).expand(4, 3, 1), atol=1e-6)

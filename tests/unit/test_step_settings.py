@@ -114,7 +114,7 @@ def test_tune_trials_start_from_the_users_settings(dataset: Path, tmp_path: Path
 @pytest.mark.parametrize(
     ("layers", "lr"),
     [
-        ({}, 0.001),
+        ({}, 0.003),  # the pipeline's learning_rate default
         ({"train_config_json": '{"optim": {"lr": 0.2}}'}, 0.2),
         ({"train_config_json": '{"optim.lr": 0.2}', "hyperparams_json": '{"optim.lr": 0.3}'}, 0.3),
         (

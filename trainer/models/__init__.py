@@ -322,6 +322,8 @@ def build_model(
             dropout=cfg.dropout,
             activation=cfg.activation,
             linear=cfg.linear != "none",
+            embedding=cfg.embedding,
+            ensemble=cfg.ensemble,
         )
     if cfg.name == "gpt":
         _check(spec.task == "lm", cfg, f"needs task 'lm' (token data), got task {spec.task!r}")
@@ -371,9 +373,10 @@ def compute_loss(task: str, outputs: torch.Tensor, target: torch.Tensor) -> torc
 def computes_loss(model: nn.Module) -> bool:
     """Whether ``model`` (through its wrappers) returns its own loss given ``targets=``.
 
-    A model opts in with a true ``computes_loss`` attribute (the GPT with ``loss_chunk > 0``):
-    its ``forward(x, targets=y)`` returns the scalar mean loss, which it can compute more
-    cheaply than :func:`compute_loss` can from the logits.
+    A model opts in with a true ``computes_loss`` attribute (the GPT with ``loss_chunk > 0``,
+    the tabular MLP with ``ensemble > 1``): its ``forward(x, targets=y)`` returns the scalar
+    mean loss, which it can compute more cheaply than :func:`compute_loss` can from the logits
+    (the GPT), or which is not the loss of its prediction (each ensemble member's own loss).
     """
     return getattr(unwrap_model(model), "computes_loss", False) is True
 
@@ -388,8 +391,9 @@ def forward_loss(
     """The training loss of ``model`` on ``(x, y)``: the forward pass and the loss.
 
     Calls ``model(x, targets=y)`` under ``autocast`` when the model computes its own loss (the
-    chunked LM head, which never materialises the logits), else ``compute_loss(task, model(x),
-    y)`` with the forward under ``autocast`` and the loss outside it, as before.
+    chunked LM head, which never materialises the logits; the MLP ensemble), else
+    ``compute_loss(task, model(x), y)`` with the forward under ``autocast`` and the loss
+    outside it, as before.
 
     Args:
         model: The model or its DDP / torch.compile wrapper (called as given).
@@ -401,7 +405,7 @@ def forward_loss(
     Returns:
         A scalar float32 tensor.
     """
-    if task == "lm" and computes_loss(model):
+    if computes_loss(model):
         with autocast():
             loss: torch.Tensor = model(x, targets=y)
         return loss

@@ -216,8 +216,10 @@ def load_model(
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise ValueError(f"model {uri}: {META_FILE} has format {found!r}, expected {FORMAT!r}")
     try:
-        # Models saved before model.linear existed are plain MLPs (no linear path).
-        model_cfg = from_dict(ModelConfig, {"linear": "none", **meta["model"]})
+        # Models saved before model.linear / model.embedding existed are plain MLPs.
+        model_cfg = from_dict(
+            ModelConfig, {"linear": "none", "embedding": "none", "ensemble": 1, **meta["model"]}
+        )
         spec = ModelSpec.from_dict(meta["spec"])
     except KeyError as e:
         raise ValueError(f"model {uri}: {META_FILE} lacks key {e.args[0]!r}") from e

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from trainer.models.embeddings import PeriodicEmbedding, PeriodicPiecewiseEmbedding
 from trainer.models.linear_fit import LinearFit
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+_EMBEDDINGS: dict[str, type[PeriodicEmbedding | PeriodicPiecewiseEmbedding] | None] = {
+    "none": None,
+    "periodic": PeriodicEmbedding,
+    "periodic+ple": PeriodicPiecewiseEmbedding,
+}
 
 
 class TabularMLP(nn.Module):
@@ -27,10 +37,28 @@ class TabularMLP(nn.Module):
         dropout: Dropout probability after each hidden activation.
         activation: ``relu``, ``gelu`` or ``silu``.
         linear: Add the linear path (ignored without hidden layers: the model is linear).
+        embedding: ``periodic``: the hidden layers read each input through a
+            :class:`~trainer.models.embeddings.PeriodicEmbedding`; ``periodic+ple``: through
+            that and a piecewise-linear encoding whose bins :meth:`fit_embedding` cuts at
+            quantiles of the training rows (the linear path reads the
+            inputs as they are); ``none``: the inputs as they are (ignored without hidden layers).
+        ensemble: ``k`` > 1 makes the hidden layers an ensemble of ``k`` MLPs in one (TabM-mini,
+            Gorishniy et al. 2024): each member scales the first layer's input by its own
+            vector of random signs and has its own head; the layers between are shared. Each
+            member is trained on its own loss (``forward(x, targets=y)``); predictions average
+            the members (probabilities for classification).
+
+    Classification models carry a ``temperature`` buffer (1 until
+    :mod:`trainer.training.calibration` fits it on the validation rows after training): the
+    predicted logits are divided by it, which changes the probabilities and never the argmax.
+    It travels in the state dict, so checkpoints, ``model.safetensors`` and every reader of the
+    model's outputs see it; a state dict saved before it existed loads with 1.
 
     Raises:
         ValueError: On a non-positive size or an unknown activation.
     """
+
+    temperature: torch.Tensor | None
 
     def __init__(
         self,
@@ -41,6 +69,8 @@ class TabularMLP(nn.Module):
         dropout: float = 0.0,
         activation: str = "gelu",
         linear: bool = False,
+        embedding: str = "none",
+        ensemble: int = 1,
     ) -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0 or hidden_dim <= 0 or num_layers < 0:
@@ -52,8 +82,16 @@ class TabularMLP(nn.Module):
             raise ValueError(
                 f"model.activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
             )
+        if ensemble < 1:
+            raise ValueError(f"model.ensemble must be >= 1, got {ensemble}")
+        if embedding not in _EMBEDDINGS:
+            raise ValueError(
+                f"model.embedding must be one of {list(_EMBEDDINGS)}, got {embedding!r}"
+            )
+        kind = _EMBEDDINGS[embedding]
+        self.embed = kind(in_features) if kind is not None and num_layers else None
         layers: list[nn.Module] = []
-        width = in_features
+        width = in_features if self.embed is None else self.embed.out_features
         for _ in range(num_layers):
             layers += [
                 nn.Linear(width, hidden_dim),
@@ -62,15 +100,88 @@ class TabularMLP(nn.Module):
             ]
             width = hidden_dim
         self.body = nn.Sequential(*layers)
-        self.head = nn.Linear(width, out_features)
+        self.k = ensemble if num_layers else 1
+        self.head = nn.Linear(width, out_features) if self.k == 1 else None
         self.linear = nn.Linear(in_features, out_features) if linear and num_layers else None
         self.in_features = in_features
         self.out_features = out_features
+        self.adapter: nn.Parameter | None = None
+        self.heads: nn.Parameter | None = None
+        self.head_biases: nn.Parameter | None = None
+        if self.k > 1:
+            first = in_features if self.embed is None else self.embed.out_features
+            signs = torch.randint(0, 2, (self.k, first)).float() * 2 - 1
+            self.adapter = nn.Parameter(signs)
+            bound = 1.0 / math.sqrt(width)
+            shape = (self.k, width, out_features)
+            self.heads = nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+            biases = torch.empty(self.k, out_features).uniform_(-bound, bound)
+            self.head_biases = nn.Parameter(biases)
+        self.computes_loss = self.k > 1
+        self.regression = out_features == 1
+        if self.regression:
+            self.temperature = None
+        else:
+            self.register_buffer("temperature", torch.ones(()))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Map float features ``[B, in_features]`` to outputs ``[B, out_features]``."""
-        out = self.head(self.body(x))
-        return out if self.linear is None else out + self.linear(x)
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # Models and checkpoints saved before calibration existed have no temperature: 1.
+        key = prefix + "temperature"
+        if self.temperature is not None and key not in state_dict:
+            state_dict[key] = torch.ones_like(self.temperature)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def members(self, x: torch.Tensor) -> torch.Tensor:
+        """Each member's outputs ``[B, k, out_features]`` (``k`` = 1 without an ensemble)."""
+        h = x if self.embed is None else self.embed(x)
+        if self.head is not None:
+            out = self.head(self.body(h)).unsqueeze(1)
+        else:
+            assert self.adapter is not None and self.heads is not None
+            assert self.head_biases is not None
+            h = self.body(h.unsqueeze(1) * self.adapter)
+            out = torch.einsum("bkh,kho->bko", h, self.heads) + self.head_biases
+        return out if self.linear is None else out + self.linear(x).unsqueeze(1)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Map float features ``[B, in_features]`` to outputs ``[B, out_features]``; given
+        ``targets``, the mean over the members of each member's loss (cross entropy over
+        logits, or squared error) instead."""
+        out = self.members(x)
+        if targets is not None:
+            out = out.float()
+            if self.regression:
+                return F.mse_loss(out.squeeze(-1), targets.float().unsqueeze(1).expand(-1, self.k))
+            return F.cross_entropy(out.flatten(0, 1), targets.repeat_interleave(self.k))
+        if self.k == 1:
+            logits = out.squeeze(1)
+        elif self.regression:
+            return out.mean(1)
+        else:
+            # log of the mean probability: its softmax is the members' mean probabilities
+            logits = torch.logsumexp(F.log_softmax(out.float(), -1), 1) - math.log(self.k)
+        if self.temperature is None:
+            return logits
+        return logits / self.temperature.to(logits.dtype)
+
+    def fit_embedding(self, x: torch.Tensor) -> bool:
+        """Cut the piecewise-linear bins at quantiles of the training features ``x`` ``[N, F]``;
+        False where the embedding has no bins."""
+        if not isinstance(self.embed, PeriodicPiecewiseEmbedding):
+            return False
+        self.embed.fit_edges(x)
+        return True
 
     @torch.no_grad()
     def start_from_linear(self, fit: LinearFit) -> None:
@@ -84,8 +195,14 @@ class TabularMLP(nn.Module):
             fit: The closed-form fit (see :mod:`trainer.models.linear_fit`).
         """
         target = self.linear if self.linear is not None else self.head
+        assert target is not None  # without hidden layers there is one head and no ensemble
         target.weight.copy_(fit.weight)
         target.bias.copy_(fit.bias)
         if self.linear is not None:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+            if self.head is not None:
+                heads = [self.head.weight, self.head.bias]
+            else:
+                assert self.heads is not None and self.head_biases is not None
+                heads = [self.heads, self.head_biases]
+            for p in heads:
+                nn.init.zeros_(p)

@@ -56,8 +56,11 @@ MIN_BATCH = 16
 """Smallest chosen batch (smaller tables get their row count, rounded down to a power of two)."""
 MAX_BATCH = 1024
 """Largest chosen batch: beyond it a tabular MLP gains little per step."""
-MIN_STEPS = 1000
-"""Optimizer steps a run aims for (early stopping usually ends small tables sooner)."""
+MIN_STEPS = 6000
+"""Optimizer steps a run aims for (early stopping usually ends small tables sooner). 1000 before
+issue 28: the ensemble of MLPs with periodic embeddings needs about 6000 to follow an
+hour-of-day cycle (``benchmarks/default_models.py``, sf_temps: 0.81 of HGB at 4000, 1.17 at
+6000); RealMLP trains 256 epochs."""
 MIN_EPOCHS = 3
 """Fewest chosen epochs: a large table still gets a few passes, with early stopping."""
 MAX_EPOCHS = 500
@@ -87,11 +90,15 @@ class AutoSettingsConfig:
     """Dotted fields that the user set (``train.epochs`` ...), which are never changed; the
     pipeline fills it from the parameters given. A field whose value differs from its default
     counts as set too."""
+    min_steps: int = MIN_STEPS
+    """Optimizer steps a chosen run aims for (more epochs for a small table, within
+    :data:`MAX_EPOCHS` and the parameter budget)."""
     target_scaling: bool = True
     """Regression: train on the target standardised with the training split's mean and standard
     deviation (recorded in the model; predictions and metrics are in the target's units)."""
 
     def __post_init__(self) -> None:
+        require(self.min_steps > 0, "auto.min_steps", "must be > 0", self.min_steps)
         unknown = sorted(set(self.fixed) - set(AUTO_FIELDS))
         require(
             not unknown,
@@ -165,9 +172,11 @@ def auto_batch(n_train: int, world_size: int) -> int:
     return batch
 
 
-def auto_epochs(steps_per_epoch: int, n_train: int, n_params: int | None) -> int:
-    """Enough epochs for :data:`MIN_STEPS` steps, capped by the sample x parameter budget."""
-    epochs = min(max(math.ceil(MIN_STEPS / max(steps_per_epoch, 1)), MIN_EPOCHS), MAX_EPOCHS)
+def auto_epochs(
+    steps_per_epoch: int, n_train: int, n_params: int | None, min_steps: int = MIN_STEPS
+) -> int:
+    """Enough epochs for ``min_steps`` steps, capped by the sample x parameter budget."""
+    epochs = min(max(math.ceil(min_steps / max(steps_per_epoch, 1)), MIN_EPOCHS), MAX_EPOCHS)
     if n_params:
         affordable = int(SAMPLE_PARAM_BUDGET / (n_params * max(n_train, 1)))
         epochs = min(epochs, max(affordable, 1))
@@ -183,6 +192,7 @@ def choose_settings(
     n_params: int | None,
     world_size: int,
     fixed: list[str] | None = None,
+    min_steps: int = MIN_STEPS,
 ) -> AutoSettings:
     """Fill the settings the user left alone with values that fit the data.
 
@@ -194,6 +204,7 @@ def choose_settings(
         n_params: Parameters of the model, if known (caps the epochs of a big model).
         world_size: Training processes (the batch must divide by it).
         fixed: Dotted fields the user set, besides those that differ from their defaults.
+        min_steps: Optimizer steps to aim for (see :attr:`AutoSettingsConfig.min_steps`).
 
     Returns:
         The sections with the chosen values, and a record of what was chosen and kept.
@@ -206,7 +217,7 @@ def choose_settings(
     steps_per_epoch = max(n_train // max(batch, 1), 1)
     epochs = train.epochs
     if "train.epochs" not in user:
-        epochs = chosen["train.epochs"] = auto_epochs(steps_per_epoch, n_train, n_params)
+        epochs = chosen["train.epochs"] = auto_epochs(steps_per_epoch, n_train, n_params, min_steps)
     total = epochs * steps_per_epoch
     if train.max_steps:
         total = min(total, train.max_steps)

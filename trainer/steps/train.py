@@ -37,6 +37,7 @@ from trainer.launch.jobspec import SHM_SIZE as SHM_SIZE
 from trainer.launch.jobspec import TRAIN_POD_RESOURCES as TRAIN_POD_RESOURCES
 from trainer.launch.jobspec import ClusterConfig
 from trainer.launch.local import LocalLauncher
+from trainer.models import embeddings
 from trainer.steps import train_cost
 from trainer.steps.auto_settings import (
     AUTO_FIELDS,
@@ -316,10 +317,16 @@ def _mlp_params(cfg: TrainStepConfig, schema: dict[str, Any]) -> int | None:
     classes = schema.get("classes")
     out = len(classes) if schema["task"] == "classification" and isinstance(classes, list) else 1
     width, total = len(schema["features"]), 0
+    if m.embedding == "periodic" and m.num_layers:
+        f, d = embeddings.FREQUENCIES, embeddings.DIM
+        total = width * (2 * f + (d - 1) * (f + 1))
+        width *= embeddings.DIM
+    k = m.ensemble if m.num_layers else 1
+    total += width * k if k > 1 else 0  # the members' sign vectors
     for _ in range(m.num_layers):
         total += (width + 1) * m.hidden_dim
         width = m.hidden_dim
-    return total + (width + 1) * out
+    return total + (width + 1) * out * k
 
 
 def _target_scale(schema: dict[str, Any], dataset_uri: str) -> list[float] | None:
@@ -373,6 +380,7 @@ def plan_worker_config(
             n_params=_mlp_params(cfg, schema),
             world_size=processes_per_node(cfg.gpus_per_node) * cfg.nnodes,
             fixed=cfg.auto.fixed,
+            min_steps=cfg.auto.min_steps,
         )
         train_section, optim_section = auto.train, auto.optim
         log.info(auto.summary())

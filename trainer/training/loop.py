@@ -33,7 +33,7 @@ from trainer.data.streaming import StreamingParquetDataset
 from trainer.distributed import dist
 from trainer.distributed.dist import DistContext
 from trainer.models import export
-from trainer.training import evaluation
+from trainer.training import calibration, evaluation
 from trainer.training.run import Run, training_batches
 from trainer.training.stop import Preempted, StopSignal
 from trainer.training.telemetry import gpu_memory_gb
@@ -208,6 +208,8 @@ def train(
             weights = run.full_state()  # a collective: rank 0 gathers the shards
     elif weights is not None:
         run.raw_model.load_state_dict(weights)
+    # Classification: a temperature fitted on the validation rows (main rank; the export's).
+    metrics.update(calibration.calibrate(run, weights if run.sharded else None))
     result = TrainResult(
         steps=s.step,
         epochs=round(s.step / run.steps_per_epoch, 4),

@@ -124,6 +124,7 @@ class Run:
 
         seed_everything(t.seed)
         self.raw_model = build_model(cfg.model, self.spec).to(ctx.device)
+        self._fit_embedding()
         self._start_linear()
         choice = sharding.choose_strategy(
             t.strategy,
@@ -211,6 +212,19 @@ class Run:
     def stream(self) -> BatchStream:
         """The training batches from the position of the last step taken (or restored)."""
         return self.data.stream
+
+    def _fit_embedding(self) -> None:
+        """``model.embedding: periodic+ple``: cut the piecewise-linear bins at quantiles of the
+        training rows (every rank the same rows, like :meth:`_start_linear`; streamed data keeps
+        the evenly spaced bins)."""
+        model = self.raw_model
+        if not isinstance(model, TabularMLP) or self.cfg.model.embedding != "periodic+ple":
+            return
+        if not isinstance(self.train_ds, TabularDataset):
+            log.info("piecewise-linear bins not fitted: the training data is streamed")
+            return
+        if model.fit_embedding(self.train_ds.features):
+            log.info("piecewise-linear bins cut at quantiles of %d rows", len(self.train_ds))
 
     def _start_linear(self) -> None:
         """``model.linear: fit``: start the MLP from the linear model fitted to the training rows.
