@@ -79,11 +79,13 @@ def small_filesystem(path: Path, size: str) -> Iterator[Path]:
 def test_full_disk_during_training_is_named_exit_1_and_leaves_no_partial_checkpoint(
     tmp_path: Path, table: Path
 ) -> None:
+    # A wide model for a big checkpoint; one MLP, not the default ensemble of 8, whose 8 members'
+    # compute the test does not need.
     with small_filesystem(tmp_path / "small", "6m") as root:
         out = gpupipe(
             "run", "--local", "--root", str(root / "root"), "--json", "--data", str(table),
             "--target", "y", "--param", "epochs=1",
-            "--param", 'hyperparams_json={"model.hidden_dim": 1024}',
+            "--param", 'hyperparams_json={"model.hidden_dim": 1024, "model.ensemble": 1}',
             cwd=tmp_path,
         )  # fmt: skip
         assert out.returncode == 1, out.stderr[-3000:]
@@ -125,7 +127,7 @@ def test_full_disk_during_register_marks_the_run_failed_and_removes_its_artifact
         argv = [
             "run", "--local", "--root", str(tmp_path / "root"), "--json", "--data", str(table),
             "--target", "y", "--param", "epochs=1", "--param", f"registry_uri=sqlite:///{db}",
-            "--param", 'hyperparams_json={"model.hidden_dim": 1024}',
+            "--param", 'hyperparams_json={"model.hidden_dim": 1024, "model.ensemble": 1}',
         ]  # fmt: skip
         out = gpupipe(*argv, cwd=tmp_path)
         assert out.returncode == 1, out.stderr[-3000:]
