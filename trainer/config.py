@@ -110,6 +110,12 @@ class DataConfig:
             )
 
 
+EMBEDDING_FREQUENCIES = 16
+"""Frequencies per column of the periodic numerical embedding (trainer/models/embeddings.py)."""
+EMBEDDING_DIM = 4
+"""Numbers per column out of the periodic embedding, the column itself included."""
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     """Which model to build: a built-in by name, a user model by ``package.module:build``."""

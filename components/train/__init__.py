@@ -14,7 +14,7 @@ def train(
     metrics: Output[Metrics],
     model_name: str = "mlp",
     epochs: int = 0,
-    learning_rate: float = 0.001,
+    learning_rate: float = 0.003,
     batch_size: int = 0,
     seed: int = 0,
     gpus_per_node: int = 1,

@@ -19,7 +19,7 @@ def tune(
     engine: str = "local",
     model_name: str = "mlp",
     trial_epochs: int = 0,
-    learning_rate: float = 0.001,
+    learning_rate: float = 0.003,
     batch_size: int = 0,
     gpus_per_node: int = 1,
     seed: int = 0,

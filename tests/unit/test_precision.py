@@ -122,10 +122,23 @@ def test_cpu_bf16_autocast_runs_the_mlp_in_bf16() -> None:
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="mlp"), ModelSpec(task="regression", in_features=4))
     x = torch.randn(8, 4)
+    seen: list[torch.dtype] = []
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, o: seen.append(o.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     with resolve_precision("bf16", CPU).autocast():
         out = model(x)
-    assert out.dtype == torch.bfloat16
+    # Every Linear layer (the members' shared body) ran in bf16; the ensemble's heads add their
+    # fp32 biases, so the averaged output itself may be fp32.
+    assert seen and set(seen) == {torch.bfloat16}, seen
+    assert torch.isfinite(out.float()).all()
+    seen.clear()
     assert model(x).dtype == torch.float32  # outside autocast again
+    assert set(seen) == {torch.float32}, seen
+    for h in hooks:
+        h.remove()
     assert next(model.parameters()).dtype == torch.float32  # weights stay fp32
 
 

@@ -27,6 +27,8 @@ import math
 import torch
 from torch import nn
 
+from trainer.config import EMBEDDING_DIM, EMBEDDING_FREQUENCIES
+
 __all__ = [
     "BINS",
     "DIM",
@@ -39,9 +41,10 @@ __all__ = [
     "soft_clip",
 ]
 
-FREQUENCIES = 16
-"""Frequencies per column (RealMLP's PBLD: 16)."""
-DIM = 4
+FREQUENCIES = EMBEDDING_FREQUENCIES
+"""Frequencies per column (RealMLP's PBLD: 16; defined in trainer.config, which the train step
+reads without torch)."""
+DIM = EMBEDDING_DIM
 """Numbers per column out of the embedding, the column itself included (RealMLP's PBLD: 4)."""
 SIGMA = 0.1
 """Standard deviation of the initial frequencies, in cycles per standard deviation of the

@@ -27,7 +27,15 @@ from trainer.base.typedconfig import (
     to_dict,
     to_json,
 )
-from trainer.config import DistConfig, ModelConfig, OptimConfig, TrainConfig, WorkerConfig
+from trainer.config import (
+    EMBEDDING_DIM,
+    EMBEDDING_FREQUENCIES,
+    DistConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+    WorkerConfig,
+)
 from trainer.launch import Launcher, TrainingRun, processes_per_node
 
 # Re-exported: the pipeline's pod settings use them (the in-step train pod is a training pod).
@@ -37,7 +45,6 @@ from trainer.launch.jobspec import SHM_SIZE as SHM_SIZE
 from trainer.launch.jobspec import TRAIN_POD_RESOURCES as TRAIN_POD_RESOURCES
 from trainer.launch.jobspec import ClusterConfig
 from trainer.launch.local import LocalLauncher
-from trainer.models import embeddings
 from trainer.steps import train_cost
 from trainer.steps.auto_settings import (
     AUTO_FIELDS,
@@ -318,9 +325,9 @@ def _mlp_params(cfg: TrainStepConfig, schema: dict[str, Any]) -> int | None:
     out = len(classes) if schema["task"] == "classification" and isinstance(classes, list) else 1
     width, total = len(schema["features"]), 0
     if m.embedding == "periodic" and m.num_layers:
-        f, d = embeddings.FREQUENCIES, embeddings.DIM
+        f, d = EMBEDDING_FREQUENCIES, EMBEDDING_DIM
         total = width * (2 * f + (d - 1) * (f + 1))
-        width *= embeddings.DIM
+        width *= EMBEDDING_DIM
     k = m.ensemble if m.num_layers else 1
     total += width * k if k > 1 else 0  # the members' sign vectors
     for _ in range(m.num_layers):
