@@ -308,10 +308,12 @@ class TrainConfig:
     early_stopping: EarlyStoppingConfig | None = None
     """Stop early on a validation metric; needs ``data.val_uri``."""
     calibrate: bool = True
-    """Classification with validation rows: after training, fit one temperature that divides
-    the logits so that the validation log loss is lowest (temperature scaling; accuracy does
-    not change), stored in the model (:mod:`trainer.training.calibration`). False: the raw
-    logits (models saved before this option load with temperature 1)."""
+    """With validation rows, after training (:mod:`trainer.training.calibration`): a classifier
+    fits one temperature that divides its logits (temperature scaling: the validation log loss
+    falls, the predicted classes stay), then a tabular MLP that started from the linear fit
+    mixes that linear model's predictions into its own, with a share fitted on the validation
+    rows. Both are stored in the model. False: the network's raw outputs (models saved before
+    this option load with temperature 1 and share 0)."""
     max_nan_rollbacks: int = 3
     """A NaN/Inf loss rolls back to the last checkpoint this many times before the run fails."""
     nan_lr_factor: float = 0.5

@@ -1,4 +1,5 @@
-"""Temperature scaling: the fit, the model's temperature, its artifact and the training loop."""
+"""Calibration (temperature scaling, and the share of the linear fit mixed in): the fits, the
+model's buffers, its artifact and the training loop."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from trainer.config import ModelConfig, WorkerConfig
 from trainer.distributed import dist
 from trainer.models import ModelSpec, build_model
 from trainer.models.export import load_model, predict, save_model
-from trainer.training.calibration import MIN_TEMPERATURE, fit_temperature, nll
+from trainer.training.calibration import (
+    MIN_TEMPERATURE,
+    fit_share,
+    fit_temperature,
+    mixed_loss,
+    nll,
+)
 from trainer.training.loop import train
 
 SPEC = ModelSpec(task="classification", in_features=4, num_classes=3)
@@ -110,6 +117,111 @@ def test_a_model_saved_before_calibration_loads_with_temperature_1(tmp_path: Pat
         assert torch.equal(predict(loaded, x), model(x))
 
 
+def test_the_share_goes_to_the_model_that_knows_the_labels() -> None:
+    truth, labels = overconfident(scale=1.0)  # labels drawn from softmax(truth)
+    noise = torch.randn(truth.shape, generator=torch.Generator().manual_seed(5)) * 2
+    assert fit_share(noise, truth, labels, regression=False) > 0.9  # the linear model knows
+    assert fit_share(truth, noise, labels, regression=False) < 0.1  # the network knows
+    half = fit_share(truth + noise, truth - noise, labels, regression=False)
+    assert 0.3 < half < 0.7  # each knows half: a mix beats both
+    mixed = mixed_loss(truth + noise, truth - noise, labels, half, regression=False)
+    assert mixed < min(nll(truth + noise, labels, 1.0), nll(truth - noise, labels, 1.0))
+
+
+def test_a_validation_split_both_models_get_right_gives_an_even_mix() -> None:
+    """A small table's 30 validation rows, all right with confidence for both: the log loss
+    cannot tell the models apart, and the network, trained on, is the more certain one."""
+    labels = torch.arange(30) % 3
+    certain = torch.nn.functional.one_hot(labels, 3).float() * 20
+    assert fit_share(certain, certain * 0.5, labels, regression=False) == pytest.approx(
+        0.5, abs=0.05
+    )
+
+
+def test_the_regression_share_is_the_least_squares_mix() -> None:
+    gen = torch.Generator().manual_seed(6)
+    target = torch.randn(500, generator=gen)
+    net = (target + torch.randn(500, generator=gen)).unsqueeze(1)
+    linear = (target + 0.5 * torch.randn(500, generator=gen)).unsqueeze(1)
+    share = fit_share(net, linear, target, regression=True)
+    grid = torch.linspace(0, 1, 1001).tolist()
+    best = min(grid, key=lambda v: mixed_loss(net, linear, target, v, regression=True))
+    assert share == pytest.approx(best, abs=1e-3)
+    assert 0.6 < share < 0.9  # the less noisy one gets the larger share
+    assert fit_share(linear, linear, target, regression=True) == 0.0  # a tie keeps the network
+
+
+@pytest.mark.parametrize(
+    ("out", "anchor", "target", "regression", "expected"),
+    [
+        (torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), False, 0.0),
+        (torch.zeros(0, 1), torch.zeros(0, 1), torch.zeros(0), True, 0.0),
+        (torch.ones(4, 1), torch.full((4, 1), 5.0), torch.zeros(4), True, 0.0),  # worse: 0
+        (torch.ones(4, 1), torch.zeros((4, 1)), torch.full((4,), -3.0), True, 1.0),  # past it
+    ],
+    ids=["no-rows", "no-rows-regression", "anchor-worse", "anchor-beyond-clipped"],
+)
+def test_fit_share_edge_cases(
+    out: torch.Tensor, anchor: torch.Tensor, target: torch.Tensor, regression: bool, expected: float
+) -> None:
+    assert fit_share(out, anchor, target, regression) == expected
+
+
+@pytest.mark.parametrize(
+    ("task", "classes", "ensemble"),
+    [("classification", 3, 1), ("classification", 3, 4), ("regression", None, 4)],
+    ids=["classifier", "classifier-ensemble", "regressor-ensemble"],
+)
+def test_the_model_mixes_in_its_anchor_by_its_share(
+    task: str, classes: int | None, ensemble: int
+) -> None:
+    spec = ModelSpec(task=task, in_features=4, num_classes=classes)
+    torch.manual_seed(7)
+    model = build_model(ModelConfig(name="mlp", hidden_dim=8, ensemble=ensemble), spec).eval()
+    model.anchor_weight.normal_()
+    model.anchor_bias.normal_()
+    x = torch.randn(16, 4)
+    with torch.no_grad():
+        alone, linear = model(x), model.anchor(x)
+        model.anchor_share.fill_(0.25)
+        mixed = model(x)
+    if task == "regression":
+        assert torch.allclose(mixed, 0.75 * alone + 0.25 * linear, atol=1e-6)
+    else:
+        expected = 0.75 * torch.softmax(alone, -1) + 0.25 * torch.softmax(linear, -1)
+        assert torch.allclose(torch.softmax(mixed, -1), expected, atol=1e-6)
+        assert torch.allclose(mixed.exp().sum(-1), torch.ones(16), atol=1e-6)  # log probabilities
+
+
+def test_the_anchor_starts_as_the_linear_fit_and_a_model_without_the_path_has_none() -> None:
+    assert not hasattr(build_model(ModelConfig(name="mlp", linear="none"), SPEC), "anchor_weight")
+    assert build_model(ModelConfig(name="mlp", linear="none"), SPEC).anchor_share is None
+    assert "anchor_share" in build_model(ModelConfig(name="mlp"), SPEC).state_dict()
+
+
+def test_the_anchor_survives_the_export_and_old_models_load_without_it(tmp_path: Path) -> None:
+    cfg = ModelConfig(name="mlp", hidden_dim=8)
+    torch.manual_seed(8)
+    model = build_model(cfg, SPEC).eval()
+    model.anchor_weight.normal_()
+    model.anchor_share.fill_(0.4)
+    _save(str(tmp_path / "model"), model, cfg)
+    x = torch.randn(8, 4)
+    loaded = load_model(str(tmp_path / "model"))
+    assert float(loaded.module.anchor_share) == pytest.approx(0.4)
+    with torch.no_grad():
+        assert torch.equal(predict(loaded, x), model(x))
+    weights = safetensors.torch.load_file(str(tmp_path / "model" / "model.safetensors"))
+    for name in ("anchor_weight", "anchor_bias", "anchor_share"):  # as written before the anchor
+        del weights[name]
+    safetensors.torch.save_file(weights, str(tmp_path / "model" / "model.safetensors"))
+    old = load_model(str(tmp_path / "model"))
+    assert float(old.module.anchor_share) == 0.0
+    model.anchor_share.fill_(0.0)
+    with torch.no_grad():
+        assert torch.equal(predict(old, x), model(x))
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """Noise with random labels (384 training rows, 128 validation rows): a model that learns
@@ -144,6 +256,7 @@ def test_training_exports_the_fitted_temperature_and_a_rerun_fits_the_same(
     weights = safetensors.torch.load_file(str(tmp_path / "model" / "model.safetensors"))
     assert float(weights["temperature"]) == pytest.approx(metrics["temperature"])
     assert metrics["temperature"] > 1.5  # noise: the overfitted model is far too sure
+    assert float(weights["anchor_share"]) == pytest.approx(metrics["linear_share"])
     assert metrics["val_loss_calibrated"] <= metrics["val_loss"] + 1e-9
     assert result.metrics == pytest.approx(metrics)
     again = train(cfg, ctx)  # resumes at the last checkpoint and exports again
@@ -160,3 +273,45 @@ def test_calibrate_false_keeps_temperature_1(
     metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
     weights = safetensors.torch.load_file(str(tmp_path / "model" / "model.safetensors"))
     assert "temperature" not in metrics and float(weights["temperature"]) == 1.0
+    assert "linear_share" not in metrics and float(weights["anchor_share"]) == 0.0
+
+
+@pytest.fixture(scope="module")
+def linear_table(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A small regression table whose target is linear in its features plus noise (96 training
+    rows): the network fits some of the training rows' noise, the linear fit cannot."""
+    tmp = tmp_path_factory.mktemp("linear")
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal(6)
+    for name, rows in (("train", 96), ("val", 96)):
+        x = rng.standard_normal((rows, 6)).astype(np.float32)
+        cols = {f"f{i}": x[:, i] for i in range(6)}
+        cols["y"] = (x @ w + rng.standard_normal(rows)).astype(np.float32)
+        pq.write_table(pa.table(cols), tmp / f"{name}.parquet")
+    return str(tmp / "train.parquet"), str(tmp / "val.parquet")
+
+
+@pytest.mark.parametrize("calibrate", [True, False], ids=["calibrated", "off"])
+def test_a_regressor_exports_its_share_of_the_linear_fit(
+    tmp_path: Path, linear_table: tuple[str, str], ctx: dist.DistContext, calibrate: bool
+) -> None:
+    cfg = _cfg(tmp_path, linear_table, **{
+        "data.target": "y", "data.task": "regression", "model.hidden_dim": 128,
+        "train.epochs": 40, "train.global_batch_size": 16, "train.calibrate": calibrate,
+    })  # fmt: skip
+    train(cfg, ctx)
+    metrics = json.loads((tmp_path / "model" / "metrics.json").read_text())
+    weights = safetensors.torch.load_file(str(tmp_path / "model" / "model.safetensors"))
+    if not calibrate:
+        assert "linear_share" not in metrics and float(weights["anchor_share"]) == 0.0
+        return
+    assert float(weights["anchor_share"]) == pytest.approx(metrics["linear_share"])
+    assert metrics["linear_share"] > 0.2  # the overfitted network leans on the linear fit
+    assert metrics["val_loss_calibrated"] < metrics["val_loss"]
+    # The exported model scores the validation rows as the fit said.
+    val = pq.read_table(linear_table[1]).to_pandas()
+    loaded = load_model(str(tmp_path / "model"))
+    pred = predict(loaded, torch.tensor(val[[f"f{i}" for i in range(6)]].to_numpy()))
+    mse = float(((pred.numpy() - val["y"].to_numpy()) ** 2).mean())
+    scale = loaded.meta["target_scale"]["std"] if loaded.meta.get("target_scale") else 1.0
+    assert mse == pytest.approx(metrics["val_loss_calibrated"] * scale**2, rel=1e-3)

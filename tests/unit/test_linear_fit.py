@@ -86,6 +86,9 @@ def test_the_model_starts_as_the_linear_fit(layers: int) -> None:
     expected = (xt.double() @ fit.weight.T + fit.bias).float()
     torch.testing.assert_close(model(xt), expected, rtol=1e-5, atol=1e-5)
     assert all(p.requires_grad for p in model.parameters())  # training may move every weight
+    if layers:  # the MLP keeps the fit apart (buffers, never trained) for calibration's mix
+        torch.testing.assert_close(model.anchor(xt), expected, rtol=1e-5, atol=1e-5)
+        assert "anchor_weight" not in dict(model.named_parameters())
 
 
 def test_a_plain_mlp_has_no_linear_path() -> None:
@@ -93,7 +96,10 @@ def test_a_plain_mlp_has_no_linear_path() -> None:
     plain = build_model(ModelConfig(linear="none"), spec)
     wide = build_model(ModelConfig(), spec)
     assert "linear.weight" not in plain.state_dict()
-    assert set(wide.state_dict()) - set(plain.state_dict()) == {"linear.weight", "linear.bias"}
+    assert set(wide.state_dict()) - set(plain.state_dict()) == {
+        "linear.weight", "linear.bias",
+        "anchor_weight", "anchor_bias", "anchor_share",  # the fit kept apart, and its share
+    }  # fmt: skip
 
 
 def _config(tmp: Path, linear: str, **train: Any) -> WorkerConfig:

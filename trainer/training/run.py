@@ -125,6 +125,8 @@ class Run:
         seed_everything(t.seed)
         self.raw_model = build_model(cfg.model, self.spec).to(ctx.device)
         self._fit_embedding()
+        self.linear_fitted = False
+        """The model started from the closed-form linear fit (and keeps it as its anchor)."""
         self._start_linear()
         choice = sharding.choose_strategy(
             t.strategy,
@@ -247,6 +249,7 @@ class Run:
         )
         if fit is not None:
             model.start_from_linear(fit)
+            self.linear_fitted = True
             log.info("model starts from the linear fit to %d training rows", fit.rows)
 
     def _wrap_model(self) -> None:
