@@ -85,6 +85,40 @@ def test_fsdp_loss_falls_matches_ddp_and_exports_what_it_trained(
         torch.testing.assert_close(loaded.module(x), checkpoint_model(fsdp, last)(x))
 
 
+def test_calibration_under_fsdp_fits_what_ddp_fits_and_exports_it(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    """The temperature and the linear share are fitted on the main rank from FSDP's gathered
+    state (a plain copy of the model scores the validation rows) and written into it."""
+    model = {"linear": "fit", "ensemble": 2}
+    ddp = make_config(
+        tmp_path, "ddp", data=data, model=model, train={"epochs": 2, "strategy": "ddp"}
+    )
+    fsdp = make_config(tmp_path, "fsdp", data=data, model=model, train={"epochs": 2, **FSDP})
+    torchrun(ddp, 2)
+    torchrun(fsdp, 2)
+    m_ddp, m_fsdp = (
+        json.loads((c.parent / "model" / "metrics.json").read_text()) for c in (ddp, fsdp)
+    )
+    assert {"temperature", "linear_share", "val_loss_calibrated"} <= m_fsdp.keys()
+    for key in ("temperature", "linear_share", "val_loss_calibrated"):
+        assert m_fsdp[key] == pytest.approx(m_ddp[key], rel=1e-3, abs=1e-4), key
+    assert 0.0 < m_fsdp["linear_share"] < 1.0
+    w_ddp, w_fsdp = weights(ddp), weights(fsdp)
+    assert float(w_fsdp["anchor_share"]) == pytest.approx(m_fsdp["linear_share"])
+    assert float(w_fsdp["temperature"]) == pytest.approx(m_fsdp["temperature"])
+    for k in w_ddp:
+        torch.testing.assert_close(w_fsdp[k], w_ddp[k], rtol=1e-3, atol=1e-4, msg=k)
+    x = val_features(data)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            export.load_model(str(fsdp.parent / "model")).module(x),
+            export.load_model(str(ddp.parent / "model")).module(x),
+            rtol=1e-3,
+            atol=1e-4,
+        )
+
+
 def test_gpt_shards_per_block_and_early_stopping_exports_the_best_weights(
     tmp_path: Path,
 ) -> None:
