@@ -204,12 +204,10 @@ class TabularMLP(nn.Module):
         assert self.anchor_share is not None, "a model without a linear path has no anchor"
         return F.linear(x.float(), self.anchor_weight.float(), self.anchor_bias.float())
 
-    def blend(
-        self, out: torch.Tensor, anchor: torch.Tensor, share: torch.Tensor | float
-    ) -> torch.Tensor:
+    def blend(self, out: torch.Tensor, anchor: torch.Tensor, share: torch.Tensor) -> torch.Tensor:
         """Mix the network's outputs with the anchor's: ``(1 - share) p + share p_linear`` in
         probabilities (returned as log probabilities, which are logits), or in values."""
-        share = torch.as_tensor(share, dtype=torch.float32, device=anchor.device)
+        share = share.float()
         if self.regression:
             return (1 - share) * out.float() + share * anchor
         parts = torch.stack(
