@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.steps.preprocess_config import PreprocessConfig
     from trainer.steps.train import TrainStepConfig, plan_worker_config, record_fixed
 
-    os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "minio-service", 9000)
+    os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "seaweedfs", 9000)
     os.environ["MINIO_ACCESS_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey")
     os.environ["MINIO_SECRET_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey")
     config.load_kube_config(str(kube.KUBECONFIG))

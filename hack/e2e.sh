@@ -63,7 +63,7 @@ step "writing a demo table"
 "$python" -m pipelines.cli demo-data --out "${work}/churn.parquet" --rows 4000
 
 port_forward ml-pipeline "$kfp_port" 8888
-port_forward minio-service "$s3_port" 9000
+port_forward seaweedfs "$s3_port" 9000
 port_forward mlflow "$mlflow_port" 5000
 
 GPUPIPE_E2E_S3_ACCESS="$(kubectl -n kubeflow get secret mlpipeline-minio-artifact \

@@ -182,9 +182,9 @@ def _default_pipeline() -> str:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    from pipelines.cluster import compile_training_pipeline
+    from pipelines.cluster import compile_training_pipeline, read_package
 
-    compiled = compile_training_pipeline()
+    compiled = read_package(Path(args.package)) if args.package else compile_training_pipeline()
     cluster = _cluster(args)
     pipeline = args.pipeline or compiled.name
     up = cluster.upload(compiled, pipeline=pipeline, version=args.version)
@@ -246,6 +246,13 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
     run = cluster.wait(
         run_id, timeout_s=timeout_s, on_state=lambda s: print(f"  run {run_id}: {s}", flush=True)
     )
+    from pipelines.cluster_summary import run_summary
+
+    summary = run_summary(run, pipeline_name=_default_pipeline(), link=cluster.run_link(run_id))
+    _print_summary(summary)
+    if summary.get("artifacts_error"):
+        print(f"  artifacts      {summary['artifacts_error']}")
+    sys.stdout.flush()
     if run.state == "SUCCEEDED":
         print(f"run {run_id} SUCCEEDED")
         return 0
@@ -536,6 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("upload", help="upload the training pipeline to KFP (idempotent)")
     _cluster_args(p, required=True)
     p.add_argument("--version", help="version name (default: v-<sha256 of the YAML>[:12])")
+    p.add_argument(
+        "--package",
+        metavar="FILE",
+        help="upload this compiled pipeline YAML (e.g. from `gpupipe compile`) instead of "
+        "compiling the training pipeline now",
+    )
     p.set_defaults(func=cmd_upload)
 
     p = sub.add_parser("schedule", help="create, update, list, enable, disable or delete schedules")

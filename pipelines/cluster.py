@@ -142,6 +142,33 @@ def compile_training_pipeline() -> Compiled:
     )
 
 
+def read_package(path: Path) -> Compiled:
+    """A compiled pipeline YAML file, as ``gpupipe upload --package`` sends it.
+
+    Only what must hold for the request to make sense is checked here (a readable YAML
+    mapping); whether it is a valid pipeline is the API server's call, and its reason is what
+    the user sees.
+
+    Raises:
+        InputError: ``E_PACKAGE`` naming the file when it cannot be read or is not YAML.
+    """
+    try:
+        text = path.read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise InputError("E_PACKAGE", f"cannot read {path} as YAML: {reason}", "--package") from e
+    if not docs or not isinstance(docs[0], dict):
+        raise InputError("E_PACKAGE", f"{path} holds no YAML mapping", "--package")
+    info = docs[0].get("pipelineInfo") or {}
+    return Compiled(
+        name=str(info.get("name") or path.stem) if isinstance(info, dict) else path.stem,
+        yaml_text=text,
+        digest=content_digest(text),
+        description=str(info.get("description", "")) if isinstance(info, dict) else "",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Uploaded:
     """What :meth:`KfpCluster.upload` did."""

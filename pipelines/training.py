@@ -18,13 +18,17 @@ registry; idempotent per pipeline run). Preprocess and evaluate read only the pi
 inputs and artifacts: their failures are bad input or a bug, which a retry repeats.
 """
 
-from dataclasses import dataclass
+import json
+import os
+import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kfp import dsl, kubernetes
 
 from components import evaluate, fingerprint, notify, preprocess, register, train, tune
 from components.images import CPU_IMAGE, CUDA_IMAGE
+from trainer.base.errors import InputError
 from trainer.steps.train import GPU_TOLERATION, OBJECT_STORE_ENV, SHM_SIZE, TRAIN_POD_RESOURCES
 
 PIPELINE_NAME = "gpupipe-training"
@@ -51,6 +55,57 @@ RESOURCES = {
     "notify": StepResources("100m", "500m", "256Mi", "512Mi"),
 }
 
+RESOURCES_ENV = "GPUPIPE_STEP_RESOURCES"
+"""Compile-time override of :data:`RESOURCES`: JSON ``{"<step>": {"<field>": "<quantity>"}}``,
+e.g. ``{"preprocess": {"cpu_request": "250m"}}`` for a small cluster (the test cluster's single
+2-core node sets every request low). Read when the pipeline is compiled, like
+``GPUPIPE_IMAGE_REGISTRY``: ``gpupipe compile``, ``upload`` and ``run --host --compiled``."""
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+
+
+def step_resources(env: dict[str, str] | None = None) -> dict[str, StepResources]:
+    """:data:`RESOURCES` with :data:`RESOURCES_ENV`'s overrides applied.
+
+    Raises:
+        InputError: ``E_PARAM`` naming the variable and what in it is wrong.
+    """
+    raw = (os.environ if env is None else env).get(RESOURCES_ENV, "").strip()
+    if not raw:
+        return dict(RESOURCES)
+    try:
+        overrides = json.loads(raw)
+    except ValueError as e:
+        raise InputError("E_PARAM", f"{RESOURCES_ENV} is not JSON: {e}", RESOURCES_ENV) from e
+    if not isinstance(overrides, dict):
+        raise InputError("E_PARAM", f"{RESOURCES_ENV} must be a JSON object", RESOURCES_ENV)
+    fields = set(StepResources.__slots__)
+    out = dict(RESOURCES)
+    for step, values in overrides.items():
+        if step not in RESOURCES:
+            raise InputError(
+                "E_PARAM",
+                f"{RESOURCES_ENV} names no step {step!r} (steps: {', '.join(sorted(RESOURCES))})",
+                RESOURCES_ENV,
+            )
+        if not isinstance(values, dict) or not set(values) <= fields:
+            raise InputError(
+                "E_PARAM",
+                f"{RESOURCES_ENV}[{step!r}] must map some of {sorted(fields)} to quantities, "
+                f"got {values!r}",
+                RESOURCES_ENV,
+            )
+        for field, value in values.items():
+            if not isinstance(value, str) or not _QUANTITY.match(value):
+                raise InputError(
+                    "E_PARAM",
+                    f"{RESOURCES_ENV}[{step!r}][{field!r}] must be a quantity like 250m or "
+                    f"2Gi, got {value!r}",
+                    RESOURCES_ENV,
+                )
+        out[step] = replace(out[step], **values)
+    return out
+
+
 RETRIES = 2
 """Retries of each step in :data:`RETRIED`; the train step's retry resumes from the job's newest
 checkpoint."""
@@ -73,7 +128,7 @@ then takes the job with it)."""
 def _configure(
     task: dsl.PipelineTask, step: str, object_store_secret: str, *, retries: int
 ) -> dsl.PipelineTask:
-    r = RESOURCES[step]
+    r = step_resources()[step]
     task.set_cpu_request(r.cpu_request).set_cpu_limit(r.cpu_limit)
     task.set_memory_request(r.memory_request).set_memory_limit(r.memory_limit)
     if retries > 0 and step in RETRIED:

@@ -77,6 +77,8 @@ def evaluate(
             "gate_metric": result.gate_metric,
         }
     )
-    write_metadata_file(metrics.path, dict(metrics.metadata))
+    # The file also carries the gate's reason: on a cluster it is what `gpupipe run --host
+    # --wait` reads back from the store for its summary (the metadata lives in ML Metadata).
+    write_metadata_file(metrics.path, {**metrics.metadata, "gate_reason": result.gate_reason})
     write_metadata_file(classification.path, dict(classification.metadata))
     return result.gate_passed

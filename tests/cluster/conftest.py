@@ -69,10 +69,10 @@ def image() -> str:
 
 @pytest.fixture(scope="session")
 def store() -> Iterator[dict[str, str]]:
-    """The in-cluster object store (KFP's ``minio-service``), reached from this host through
-    its Service address; ``minio://`` URIs read and write it."""
+    """The in-cluster object store (KFP's SeaweedFS, Service ``seaweedfs`` port 9000), reached from
+    this host through its Service address; ``minio://`` URIs read and write it."""
     env = {
-        "MINIO_ENDPOINT": kube.service_address("kubeflow", "minio-service", 9000),
+        "MINIO_ENDPOINT": kube.service_address("kubeflow", "seaweedfs", 9000),
         "MINIO_ACCESS_KEY": kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey"),
         "MINIO_SECRET_KEY": kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey"),
     }

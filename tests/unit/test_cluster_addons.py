@@ -1,24 +1,23 @@
 """The test cluster's add-ons (hack/cluster/addons/) agree with the user path and with KFP 2.17.
 
 The scripts build each piece locally and install the same manifests users apply (manifests/), with
-only the image swapped; these checks keep the two from drifting apart, and hold the object store's
-manifests (KFP 2.17's SeaweedFS base, written out in hack/cluster/addons/object-store/) to the
-names KFP's backend looks for and to restricted Pod Security.
+only the images swapped; these checks keep the two from drifting apart, and hold the trainer's
+object-store defaults to the names KFP 2.17's backend uses (read from its source tarball in
+../shared/src). The renderings themselves are compared on the cluster
+(tests/cluster/test_kfp_manifests.py), where kustomize and the extracted sources are.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import tarfile
 from pathlib import Path
-from typing import Any
 
-import kubernetes_validate
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "hack" / "cluster"
-STORE = CLUSTER / "addons" / "object-store"
 
 
 def _versions() -> dict[str, str]:
@@ -29,19 +28,43 @@ def _versions() -> dict[str, str]:
 VERSIONS = _versions()
 
 
-def _store_objects() -> list[dict[str, Any]]:
-    spec = yaml.safe_load((STORE / "kustomization.yaml").read_text())
-    assert set(spec) <= {"apiVersion", "kind", "namespace", "resources"}, sorted(spec)
-    objects = []
-    for name in spec["resources"]:
-        for obj in yaml.safe_load_all((STORE / name).read_text()):
-            if obj:
-                obj["metadata"]["namespace"] = spec["namespace"]
-                objects.append(obj)
-    return objects
+KFP_TARBALL = (
+    ROOT.parent / "shared" / "src" / f"kubeflow-pipelines-{VERSIONS['KFP_VERSION']}-backend.tar.gz"
+)
 
 
-STORE_OBJECTS = {(o["kind"], o["metadata"]["name"]): o for o in _store_objects()}
+def _kfp_file(path: str) -> str:
+    """One file of KFP's backend source tarball (skips, naming it, where the tarball is absent)."""
+    if not KFP_TARBALL.exists():
+        pytest.skip(f"KFP's source tarball is not here ({KFP_TARBALL})")
+    with tarfile.open(KFP_TARBALL) as tar:
+        member = tar.extractfile(f"kubeflow-pipelines-{VERSIONS['KFP_VERSION']}/{path}")
+        assert member is not None, path
+        return member.read().decode()
+
+
+def test_kfp_tarball_is_the_one_versions_env_names() -> None:
+    if not KFP_TARBALL.exists():
+        pytest.skip(f"KFP's source tarball is not here ({KFP_TARBALL})")
+    digest = hashlib.sha256(KFP_TARBALL.read_bytes()).hexdigest()
+    assert digest == VERSIONS["KFP_SRC_SHA256"]
+
+
+def test_minio_uris_default_to_the_store_kfp_drivers_use() -> None:
+    """KFP 2.17 has no `minio-service` Service: its driver and launcher reach minio:// at
+    `seaweedfs.kubeflow:9000` (v2/objectstore), and so must the trainer's steps by default."""
+    source = _kfp_file("backend/src/v2/objectstore/config.go")
+    (endpoint,) = re.findall(r'DefaultEndpointInMultiUserMode = "([^"]+)"', source)
+    from trainer.base import storage
+
+    assert endpoint == storage._DEFAULT_MINIO_ENDPOINT
+    deployment = _kfp_file(
+        "manifests/kustomize/base/pipeline/ml-pipeline-apiserver-deployment.yaml"
+    )
+    host = re.search(r"name: OBJECTSTORECONFIG_HOST\n\s+value: \"([^\"]+)\"", deployment)
+    port = re.search(r"name: OBJECTSTORECONFIG_PORT\n\s+value: \"([^\"]+)\"", deployment)
+    assert host and port
+    assert f"{host.group(1)}:{port.group(1)}" == endpoint
 
 
 def test_training_operator_version_is_the_user_paths() -> None:
@@ -98,48 +121,17 @@ def test_mlflow_version_is_the_user_paths() -> None:
     assert f"image: ghcr.io/mlflow/mlflow:v{VERSIONS['MLFLOW_VERSION']}\n" in text
 
 
-def test_seaweedfs_version_is_the_wrapper_modules_and_the_manifests() -> None:
+def test_seaweedfs_version_is_the_wrapper_modules() -> None:
     gomod = (CLUSTER / "gomod" / "seaweedfs" / "go.mod").read_text()
     module = f"github.com/seaweedfs/seaweedfs {VERSIONS['SEAWEEDFS_MODULE_VERSION']}"
     assert f"require {module}\n" in gomod
-    pod = STORE_OBJECTS[("Deployment", "seaweedfs")]["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    assert container["image"] == f"ghcr.io/chrislusf/seaweedfs:{VERSIONS['SEAWEEDFS_VERSION']}"
 
 
-@pytest.mark.parametrize("key", sorted(STORE_OBJECTS), ids=lambda k: f"{k[0]}/{k[1]}")
-def test_store_resource_validates_against_kubernetes_schema(key: tuple[str, str]) -> None:
-    obj = STORE_OBJECTS[key]
-    try:
-        kubernetes_validate.validate(obj, "1.30", strict=True)
-    except kubernetes_validate.ValidationError as e:
-        pytest.fail(f"{key}: {e.message} at {list(e.path)}")
-
-
-def test_store_has_the_names_kfp_looks_for() -> None:
-    service = STORE_OBJECTS[("Service", "minio-service")]
-    assert service["metadata"]["namespace"] == "kubeflow"
-    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(9000, 8333)]
-    secret = STORE_OBJECTS[("Secret", "mlpipeline-minio-artifact")]
-    assert set(secret["stringData"]) == {"accesskey", "secretkey"}
-    template = STORE_OBJECTS[("Deployment", "seaweedfs")]["spec"]["template"]
-    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
-    pod = template["spec"]
-    hook = pod["containers"][0]["lifecycle"]["postStart"]["exec"]["command"][-1]
-    assert "s3.bucket.create --name mlpipeline" in hook
-    assert "-access_key $accesskey -secret_key $secretkey -actions Admin" in hook
-    claim = pod["volumes"][0]["persistentVolumeClaim"]["claimName"]
-    assert ("PersistentVolumeClaim", claim) in STORE_OBJECTS
-
-
-def test_store_meets_restricted_pod_security() -> None:
-    pod = STORE_OBJECTS[("Deployment", "seaweedfs")]["spec"]["template"]["spec"]
-    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    for c in pod["containers"]:
-        sc = c["securityContext"]
-        assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
-        assert sc["capabilities"]["drop"] == ["ALL"]
-        assert "limits" in c["resources"]
+def test_object_store_applies_kfps_own_seaweedfs_base() -> None:
+    """No hand-written copy: the store is KFP's third-party/seaweedfs base from the tarball."""
+    script = (CLUSTER / "addons" / "object-store.sh").read_text()
+    assert "third-party/seaweedfs/base" in script and 'kfp_source "$PIECE"' in script
+    assert not (CLUSTER / "addons" / "object-store").exists()
 
 
 def test_katib_serves_every_cluster_algorithm_with_the_optuna_service() -> None:

@@ -460,3 +460,78 @@ def test_fake_rejects_bodies_the_models_do_not_allow(
 
     with pytest.raises(ApiError, match=error):
         check_model(body, type_name)
+
+
+def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The layout KFP 2.17's driver gives output URIs: <root>/<pipeline>/<run>/<task>/<salt>/<out>."""
+    import json
+
+    import kfp_server_api as kapi
+
+    from pipelines.cli import _print_summary
+    from pipelines.cluster_summary import run_summary
+
+    run_dir = tmp_path / "gpupipe-training" / "r-1"
+    metrics = run_dir / "evaluate" / "123" / "metrics"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(
+        json.dumps(
+            {
+                "accuracy": 0.91,
+                "baseline_trivial_accuracy": 0.6,
+                "gate_passed": 1.0,
+                "gate_reason": "accuracy 0.910 >= trivial 0.600",
+            }
+        )
+    )
+    (run_dir / "evaluate" / "123" / "report").write_text("<html></html>")
+    model = run_dir / "train-2" / "456" / "model"
+    model.mkdir(parents=True)
+    (model / "model.json").write_text("{}")
+    tasks = [
+        kapi.V2beta1PipelineTaskDetail(display_name=n, state="SUCCEEDED")
+        for n in ("preprocess", "evaluate", "register")
+    ]
+    run = kapi.V2beta1Run(
+        run_id="r-1",
+        state="SUCCEEDED",
+        runtime_config=kapi.V2beta1RuntimeConfig(
+            parameters={"registry_uri": "http://mlflow:5000", "registered_model_name": "m"},
+            pipeline_root=str(tmp_path),
+        ),
+        run_details=kapi.V2beta1RunDetails(task_details=tasks),
+    )
+    s = run_summary(run, pipeline_name="gpupipe-training", link="http://kfp/#/runs/details/r-1")
+    assert s["metrics"] == {"accuracy": 0.91, "baseline_trivial_accuracy": 0.6}
+    assert s["gate_passed"] is True and s["gate_reason"].startswith("accuracy 0.910")
+    assert s["model_uri"] == str(model) and s["report"].endswith("/123/report")
+    _print_summary(s)
+    out = capsys.readouterr().out
+    assert "pipeline run http://kfp/#/runs/details/r-1: SUCCEEDED" in out
+    assert "accuracy       0.9100" in out and "vs trivial" in out
+    assert "gate           passed: accuracy 0.910 >= trivial 0.600" in out
+    assert "registry       http://mlflow:5000 (model m version tagged with KFP run r-1)" in out
+
+
+def test_cluster_summary_names_what_to_set_when_the_store_is_unreadable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kfp_server_api as kapi
+
+    from pipelines.cluster_summary import run_summary
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MINIO_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("MINIO_ACCESS_KEY", "k")
+    monkeypatch.setenv("MINIO_SECRET_KEY", "s")
+    run = kapi.V2beta1Run(run_id="r-2", state="FAILED")
+    summary = run_summary(run, pipeline_name="p", link="l")
+    assert "metrics" not in summary and summary["failed_step"] == "(none reported)"
+    assert summary["artifacts_error"].startswith(
+        "cannot read minio://mlpipeline/v2/artifacts/p/r-2"
+    )
+    assert "MINIO_ENDPOINT" in summary["artifacts_error"]

@@ -1,8 +1,9 @@
 """The kustomize manifests: every local resource renders and validates, RBAC matches the launcher.
 
 kubectl/kustomize are not available where the tests run, so `render` below is a deliberately tiny
-kustomize: it understands `resources` (files, folders, remote URLs) and `namespace`, and fails on
-any other kustomization field. The manifests use nothing else, so what it renders is what
+kustomize: it understands `resources` (files, folders, remote URLs), `namespace`, and `patches`
+that delete an object by kind and name (`$patch: delete`), and fails on any other kustomization
+field or patch. The manifests use nothing else, so what it renders is what
 `kubectl kustomize` renders; a manifest that starts using more kustomize features fails here
 first, on purpose. Remote bases (training operator, Katib, KFP) cannot be fetched: for them the
 tests check the pin and the shape only.
@@ -28,7 +29,7 @@ MANIFESTS = ROOT / "manifests"
 K8S_VERSION = "1.30"
 """Schema version the resources are validated against (the kind node image's minor version)."""
 
-SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "namespace"}
+SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "namespace", "patches"}
 CLUSTER_SCOPED_KINDS = {
     "Namespace",
     "ClusterRole",
@@ -53,6 +54,8 @@ class Rendered:
 
     objects: list[dict[str, Any]] = field(default_factory=list)
     remote: list[str] = field(default_factory=list)
+    deleted: list[tuple[str, str]] = field(default_factory=list)
+    """(kind, name) of what `$patch: delete` patches remove (from remote bases too)."""
 
 
 def render(directory: Path) -> Rendered:
@@ -81,6 +84,16 @@ def render(directory: Path) -> Rendered:
             out.remote += sub.remote
         else:
             out.objects += [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
+    for entry in spec.get("patches", []):
+        doc = yaml.safe_load(entry.get("patch", "")) if set(entry) == {"patch"} else None
+        if not isinstance(doc, dict) or doc.get("$patch") != "delete":
+            raise ValueError(
+                f"{directory}: only `$patch: delete` patches are implemented by the test "
+                f"renderer, got {entry!r}"
+            )
+        key = (doc["kind"], doc["metadata"]["name"])
+        out.deleted.append(key)
+        out.objects = [o for o in out.objects if (o["kind"], o["metadata"]["name"]) != key]
     namespace = spec.get("namespace")
     if namespace:
         for obj in out.objects:
@@ -203,6 +216,20 @@ def test_install_overlays_pin_the_expected_release(folder: str, repo: str, tag: 
     assert rendered.remote[0].endswith(f"?ref={tag}")
 
 
+def test_kfp_install_leaves_out_only_the_v1_parts() -> None:
+    """gpupipe compiles v2 pipelines: the install drops what only v1 pipelines use, nothing else
+    (the API server, ML Metadata, the UI and its proxy, Argo, the database and the store stay)."""
+    deleted = RENDERED[MANIFESTS / "kfp" / "platform-agnostic"].deleted
+    names = {name for _, name in deleted}
+    assert names == {
+        "cache-server",
+        "cache-deployer-deployment",
+        "metadata-writer",
+        "ml-pipeline-visualizationserver",
+        "ml-pipeline-viewer-crd",
+    }, deleted
+
+
 def test_kfp_backend_matches_the_sdk() -> None:
     sdk = importlib.metadata.version("kfp")
     for folder in ("kfp/cluster-scoped-resources", "kfp/platform-agnostic"):
@@ -266,6 +293,23 @@ def test_rbac_is_least_privilege_for_the_launcher(
 def test_renderer_refuses_fields_it_does_not_implement(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\ncommonLabels: {a: b}\n")
     with pytest.raises(ValueError, match=r"\['commonLabels'\] are not implemented"):
+        render(tmp_path)
+
+
+def test_renderer_deletes_by_kind_and_name_and_refuses_other_patches(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n"
+    )
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [a.yaml]\npatches:\n  - patch: |-\n      $patch: delete\n"
+        "      apiVersion: v1\n      kind: Service\n      metadata: {name: a}\n"
+    )
+    assert [o["kind"] for o in render(tmp_path).objects] == ["ConfigMap"]
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [a.yaml]\npatches:\n  - target: {kind: Service}\n    patch: '[]'\n"
+    )
+    with pytest.raises(ValueError, match="only `\\$patch: delete` patches"):
         render(tmp_path)
 
 

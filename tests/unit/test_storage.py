@@ -110,7 +110,7 @@ def test_s3_endpoint_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("minio_endpoint", "expected"),
-    [(None, "minio-service.kubeflow:9000"), ("http://minio.local:9000", "minio.local:9000")],
+    [(None, "seaweedfs.kubeflow:9000"), ("http://minio.local:9000", "minio.local:9000")],
     ids=["default", "env"],
 )
 def test_minio_endpoint(

@@ -22,7 +22,8 @@ from trainer.base.redact import has_userinfo, redact
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _REMOTE_SCHEMES = ("s3", "gs", "minio")
-_DEFAULT_MINIO_ENDPOINT = "minio-service.kubeflow:9000"
+# KFP 2.17 serves minio:// at SeaweedFS's Service (its driver's default; no `minio-service`).
+_DEFAULT_MINIO_ENDPOINT = "seaweedfs.kubeflow:9000"
 # Spool remote writes in memory up to this size, then on local disk, until the upload on success.
 _SPOOL_MAX_BYTES = 64 * 1024 * 1024
 # Where each object store takes its credentials from, for the refusal of credentials in a URI.

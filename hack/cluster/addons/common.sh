@@ -21,6 +21,54 @@ ADDONS_HACK="${CLUSTER_HACK}/addons"
 # (nslookup), and as the base of the SeaweedFS image (its postStart hook needs sh, wget, seq).
 BUSYBOX_IMAGE="${BUSYBOX_IMAGE:-gpupipe.local/busybox:1.35.0}"
 
+# The MySQL-compatible database of Katib and KFP (images/mariadb/Dockerfile).
+MARIADB_IMAGE="gpupipe.local/mariadb:10.11-bookworm"
+
+# The object store's image (hack/cluster/addons/object-store.sh; KFP's manifests name it too).
+SEAWEEDFS_IMAGE="gpupipe.local/seaweedfs:${SEAWEEDFS_VERSION}"
+
+# KFP's backend source (../shared/src), extracted into the build cache by kfp_source: its Go code
+# (hack/cluster/addons/kfp.sh) and its manifests (kfp.sh, object-store.sh).
+KFP_TARBALL="${GPUPIPE_KFP_SRC:-${REPO_ROOT}/../shared/src}/kubeflow-pipelines-${KFP_VERSION}-backend.tar.gz"
+KFP_SRC="${CACHE}/src/kubeflow-pipelines-${KFP_VERSION}"
+ARGO_MODULE="github.com/argoproj/argo-workflows/v4"
+
+# kfp_source PIECE: the tarball extracted into KFP_SRC (its sha256 checked against versions.env),
+# with the one edit its README names (go.mod: third_party/ml-metadata from its own folder), and its
+# manifests' remote Argo bases pointed at Argo's module download of the same release (a copy in
+# KFP_SRC/argo-manifests): where the upstream base comes from is all that changes. Done once.
+kfp_source() {
+  local piece="$1" have argo f rel
+  [[ "$(cat "${KFP_SRC}/.gpupipe-prepared" 2>/dev/null)" == "$KFP_SRC_SHA256" ]] && return 0
+  [[ -f "$KFP_TARBALL" ]] ||
+    cannot "${piece}: ${KFP_TARBALL} is missing (KFP ${KFP_VERSION}'s backend source; GPUPIPE_KFP_SRC names its folder)"
+  have="$(sha256sum "$KFP_TARBALL" | cut -d' ' -f1)"
+  [[ "$have" == "$KFP_SRC_SHA256" ]] ||
+    die "${piece}: ${KFP_TARBALL} has sha256 ${have}, not KFP ${KFP_VERSION}'s ${KFP_SRC_SHA256} (versions.env)"
+  command -v go >/dev/null 2>&1 || cannot "${piece}: Go is not installed (KFP's source is prepared with it)"
+  say "extracting ${KFP_TARBALL##*/} into ${KFP_SRC}"
+  rm -rf "$KFP_SRC" "${KFP_SRC}.tmp"
+  mkdir -p "${KFP_SRC}.tmp"
+  tar -xzf "$KFP_TARBALL" -C "${KFP_SRC}.tmp"
+  (cd "${KFP_SRC}.tmp/kubeflow-pipelines-${KFP_VERSION}" && go mod edit -replace \
+    github.com/kubeflow/pipelines/third_party/ml-metadata=./third_party/ml-metadata)
+  argo="$(go_module_dir "$piece" "${ARGO_MODULE}@v${ARGO_VERSION}")"
+  cp -r "${argo}/manifests" "${KFP_SRC}.tmp/kubeflow-pipelines-${KFP_VERSION}/argo-manifests"
+  chmod -R u+w "${KFP_SRC}.tmp"
+  mv "${KFP_SRC}.tmp/kubeflow-pipelines-${KFP_VERSION}" "$KFP_SRC"
+  rmdir "${KFP_SRC}.tmp"
+  for f in $(grep -rl "https://github.com/argoproj/argo-workflows/manifests/" \
+    --include=kustomization.yaml "${KFP_SRC}/manifests/kustomize"); do
+    rel="$(realpath --relative-to "$(dirname "$f")" "${KFP_SRC}/argo-manifests")"
+    sed -i -E "s#https://github.com/argoproj/argo-workflows/manifests/([^?]*)\?ref=v${ARGO_VERSION}(&timeout=[0-9]+s)?#${rel}/\1#" "$f"
+  done
+  if grep -rq "https://github.com/" --include=kustomization.yaml "${KFP_SRC}/manifests/kustomize/env/platform-agnostic" \
+    "${KFP_SRC}/manifests/kustomize/third-party/argo" "${KFP_SRC}/manifests/kustomize/cluster-scoped-resources"; then
+    die "${piece}: a remote base is left in ${KFP_SRC}/manifests/kustomize (Argo ${ARGO_VERSION}'s layout changed?)"
+  fi
+  printf '%s' "$KFP_SRC_SHA256" >"${KFP_SRC}/.gpupipe-prepared"
+}
+
 # The label that records what an image was built from (its recipe: versions, Dockerfile, inputs).
 RECIPE_LABEL=org.gpupipe.recipe
 
@@ -74,6 +122,21 @@ need_busybox_image() {
   "${CLUSTER_HACK}/node-images.sh" build
   docker image inspect "$BUSYBOX_IMAGE" >/dev/null 2>&1 ||
     die "$1: hack/cluster/node-images.sh did not build ${BUSYBOX_IMAGE}"
+}
+
+# mariadb_image PIECE: build MARIADB_IMAGE when its recipe changed.
+mariadb_image() {
+  local dir="${ADDONS_HACK}/images/mariadb" recipe ctx base
+  base="$("${REPO_ROOT}/hack/base-image.sh")"
+  recipe="$(RECIPE_EXTRA="$base" recipe_of "${dir}/Dockerfile" "${dir}/entrypoint.sh")"
+  if image_current "$MARIADB_IMAGE" "$recipe"; then
+    say "${MARIADB_IMAGE} is built"
+    return 0
+  fi
+  ctx="$(mktemp -d)"
+  cp "${dir}/Dockerfile" "${dir}/entrypoint.sh" "$ctx/"
+  docker_build "$1" "$MARIADB_IMAGE" "$recipe" "$ctx" --build-arg "BASE=${base}"
+  rm -rf "$ctx"
 }
 
 # go_install PIECE NAME VERSION PACKAGE@VERSION OUT [LDFLAGS]: a static binary from the Go module

@@ -6,7 +6,7 @@
 #            services the tune step needs (the medianstop early-stopping service and the optuna
 #            suggestion service) from upstream's Dockerfiles over the local Debian Python base,
 #            their requirements from PyPI; the database: Debian's MariaDB (see
-#            images/katib/Dockerfile.mariadb)
+#            images/mariadb/Dockerfile, shared with the KFP add-on)
 #   install  upstream's standalone install from the same module download (CRDs, RBAC, the
 #            controller and its webhooks, DB manager, database, in `kubeflow`) without its UI (a
 #            web front end built with npm: nothing here needs it), under a kustomize overlay in
@@ -59,7 +59,6 @@ SUGGESTIONS=(
   "multivariate-tpe suggestion-optuna"
   "sobol suggestion-goptuna"
 )
-MARIADB_IMAGE="gpupipe.local/katib-mariadb:bookworm"
 
 image_of() { printf 'gpupipe.local/katib-%s:v%s' "${1#katib-}" "$V"; }
 
@@ -135,21 +134,6 @@ py_image() {
   rm -rf "$ctx"
 }
 
-mariadb_image() {
-  local recipe ctx base
-  base="$("${REPO_ROOT}/hack/base-image.sh")"
-  recipe="$(RECIPE_EXTRA="$base" recipe_of "${DF_DIR}/Dockerfile.mariadb" "${DF_DIR}/mariadb-entrypoint.sh")"
-  if image_current "$MARIADB_IMAGE" "$recipe"; then
-    say "${MARIADB_IMAGE} is built"
-    return 0
-  fi
-  ctx="$(mktemp -d)"
-  cp "${DF_DIR}/Dockerfile.mariadb" "${ctx}/Dockerfile"
-  cp "${DF_DIR}/mariadb-entrypoint.sh" "$ctx/"
-  docker_build "$PIECE" "$MARIADB_IMAGE" "$recipe" "$ctx" --build-arg "BASE=${base}"
-  rm -rf "$ctx"
-}
-
 addon_image() {
   check_user_path
   need_docker "$PIECE"
@@ -158,7 +142,7 @@ addon_image() {
   for s in "${GO_SERVICES[@]}"; do go_image "$s"; done
   collector_image
   for s in "${PY_SERVICES[@]}"; do py_image "$s"; done
-  mariadb_image
+  mariadb_image "$PIECE"
 }
 
 # A container securityContext that restricted Pod Security admits (suggestion containers).

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The S3-compatible artifact store Kubeflow Pipelines 2.17 standalone installs (SeaweedFS behind
-# `minio-service.kubeflow:9000`, credentials in the `mlpipeline-minio-artifact` Secret, bucket
-# `mlpipeline`), in the test cluster, so that KFP later finds its store where it expects it:
+# `seaweedfs.kubeflow:9000`, credentials in the `mlpipeline-minio-artifact` Secret, bucket
+# `mlpipeline`), in the test cluster before the add-ons that use it (MLflow, Katib, KFP):
 #   image    `weed` from the SeaweedFS Go module through hack/cluster/gomod/seaweedfs (its go.mod
 #            has a replace line), with upstream's entrypoint and filer.toml from the same module
 #            download, over the local busybox image
-#   install  hack/cluster/addons/object-store/ (KFP 2.17's third-party/seaweedfs base, written
-#            out: the Go module proxy here refuses github.com/kubeflow/pipelines at any version)
-#            under an overlay in the state folder that swaps in the local image; its PVC gets a
+#   install  KFP's own third-party/seaweedfs base from its source tarball (kfp_source in
+#            common.sh), labelled as KFP's platform-agnostic install labels it, under an overlay in
+#            the state folder that swaps in the local image: the same objects the KFP add-on
+#            applies later (tests/cluster/test_kfp_manifests.py checks it); its PVC gets a
 #            hostPath PersistentVolume; waits for the pod, the bucket and the admin identity
 #   verify   from a pod (the MLflow image: Python with boto3), with the Secret's keys: an unsigned
 #            request is refused, a signed put and get of an object in `mlpipeline` round-trips
@@ -20,20 +21,17 @@ PIECE="object-store"
 V="${SEAWEEDFS_VERSION}"
 MODULE="github.com/seaweedfs/seaweedfs"
 MODVER="${SEAWEEDFS_MODULE_VERSION}"
-IMAGE="gpupipe.local/seaweedfs:${V}"
+IMAGE="$SEAWEEDFS_IMAGE"
 UPSTREAM_IMAGE="ghcr.io/chrislusf/seaweedfs"
-BASE_DIR="${ADDONS_HACK}/object-store"
 NS=kubeflow
 BUCKET=mlpipeline
 
 addon_images() { echo "$IMAGE"; }
 
-# The wrapper module and the manifests must name the version in versions.env.
+# The wrapper module must name the version in versions.env.
 check_versions() {
   grep -q "^require ${MODULE} ${MODVER}\$" "${CLUSTER_HACK}/gomod/seaweedfs/go.mod" ||
     die "${PIECE}: hack/cluster/gomod/seaweedfs/go.mod does not require ${MODULE} ${MODVER} (versions.env)"
-  grep -q "image: ${UPSTREAM_IMAGE}:${V}\$" "${BASE_DIR}/deployment.yaml" ||
-    die "${PIECE}: ${BASE_DIR}/deployment.yaml does not name ${UPSTREAM_IMAGE}:${V} (SEAWEEDFS_VERSION)"
 }
 
 addon_image() {
@@ -61,16 +59,24 @@ addon_image() {
   rm -rf "$ctx"
 }
 
+# KFP's SeaweedFS base from the extracted tarball, with the namespace and the labels KFP's
+# platform-agnostic install gives it (selectors too: a Deployment's selector cannot change later,
+# when the KFP add-on applies the same objects), and the local image.
 write_overlay() {
   local dir="$1" base
   mkdir -p "$dir"
-  base="$(realpath --relative-to "$dir" "$BASE_DIR")"
+  base="$(realpath --relative-to "$dir" "${KFP_SRC}/manifests/kustomize/third-party/seaweedfs/base")"
   cat >"${dir}/kustomization.yaml" <<YAML
-# Written by hack/cluster/addons/object-store.sh: KFP 2.17's SeaweedFS store with the local image.
+# Written by hack/cluster/addons/object-store.sh: KFP ${KFP_VERSION}'s SeaweedFS store with the local image.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
+namespace: ${NS}
 resources:
   - ${base}
+labels:
+  - includeSelectors: true
+    pairs:
+      application-crd-id: kubeflow-pipelines
 images:
   - name: ${UPSTREAM_IMAGE}
     newName: ${IMAGE%:*}
@@ -94,6 +100,7 @@ addon_install() {
   check_versions
   need_cluster "$PIECE"
   import_image "$IMAGE"
+  kfp_source "$PIECE"
   ensure_namespace "$NS"
   hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 10Gi
   local dir
@@ -103,17 +110,17 @@ addon_install() {
   rollout "$PIECE" "$NS" seaweedfs 300
   wait_for 120 store_configured ||
     die "${PIECE}: bucket ${BUCKET} or the admin identity missing 120 s after start (kubectl -n ${NS} describe pod -l app=seaweedfs)"
-  say "bucket ${BUCKET} and the admin identity are there; S3 at minio-service.${NS}:9000"
+  say "bucket ${BUCKET} and the admin identity are there; S3 at seaweedfs.${NS}:9000"
 }
 
-# What a pipeline step does: boto3 with the Secret's keys against minio-service.kubeflow:9000.
+# What a pipeline step does: boto3 with the Secret's keys against seaweedfs.kubeflow:9000.
 verify_script() {
   cat <<'PY'
 import os, uuid
 import boto3, botocore
 from botocore.config import Config
 
-endpoint = "http://minio-service.kubeflow:9000"
+endpoint = "http://seaweedfs.kubeflow:9000"
 key = f"gpupipe-verify/{uuid.uuid4().hex}.txt"
 body = b"hello from a pod\n"
 anon = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
@@ -145,7 +152,7 @@ addon_verify() {
   out="$(kubectl_ -n "$NS" run "$pod" --image "$client" --restart Never --rm -i --quiet \
     --overrides "$overrides" 2>&1)" || die "${PIECE}: the S3 round trip from a pod failed: ${out}"
   printf '%s\n' "$out" | sed 's/^/      /'
-  say "a pod put and got an object in s3://${BUCKET} at minio-service.${NS}:9000 with the Secret's keys"
+  say "a pod put and got an object in s3://${BUCKET} at seaweedfs.${NS}:9000 with the Secret's keys"
 }
 
 case "${1:-}" in

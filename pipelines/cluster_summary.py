@@ -1,0 +1,99 @@
+"""The summary of a finished KFP run, as ``gpupipe run --local`` prints one, from the cluster.
+
+KFP's REST API says how each task ended but not what it produced (artifact contents and output
+parameters live in ML Metadata and the artifact store). What the steps wrote is in the store under
+the run's own folder, ``<pipeline root>/<pipeline name>/<run id>/<task>/<salt>/<output>``, as
+KFP 2.17's driver names output URIs: the evaluate step's metrics file (its metrics, the gate and
+the gate's reason), the trained model (``model.json``, ``cost.json``) and the report. They are
+read with the trainer's own storage layer, so ``minio://`` needs ``MINIO_ENDPOINT`` and the
+store's keys (``MINIO_ACCESS_KEY``/``MINIO_SECRET_KEY``) where the run's pipeline root is KFP's
+default store; without them the summary says so and names what to set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kfp_server_api as kapi
+
+DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"
+"""KFP's default pipeline root when neither the run nor the ``kfp-launcher`` config sets one."""
+
+
+def _task_state(run: kapi.V2beta1Run, name: str) -> str | None:
+    tasks = (run.run_details.task_details if run.run_details else None) or []
+    states = [str(t.state) for t in tasks if t.display_name == name]
+    return states[0] if states else None
+
+
+def outputs_of(run_root: str) -> dict[str, dict[str, str]]:
+    """task name -> output name -> URI, for every output the run's tasks wrote."""
+    from trainer.base import storage
+
+    found: dict[str, dict[str, str]] = {}
+    for task in storage.list_dir(run_root):
+        task_dir = storage.join(run_root, task)
+        if not storage.is_dir(task_dir):
+            continue
+        for salt in storage.list_dir(task_dir):
+            salt_dir = storage.join(task_dir, salt)
+            if storage.is_dir(salt_dir):
+                for out in storage.list_dir(salt_dir):
+                    found.setdefault(task, {})[out] = storage.join(salt_dir, out)
+    return found
+
+
+def run_summary(
+    run: kapi.V2beta1Run, *, pipeline_name: str, link: str, pipeline_root: str | None = None
+) -> dict[str, Any]:
+    """The summary of a finished run: its state, and what its steps wrote where readable."""
+    from trainer.base import storage
+
+    params = dict((run.runtime_config.parameters if run.runtime_config else None) or {})
+    root = (run.runtime_config.pipeline_root if run.runtime_config else None) or pipeline_root
+    run_root = storage.join(root or DEFAULT_PIPELINE_ROOT, pipeline_name, str(run.run_id))
+    summary: dict[str, Any] = {
+        "run_dir": link,
+        "run_id": run.run_id,
+        "state": str(run.state),
+        "registry_uri": params.get("registry_uri") or "(the embedded local registry)",
+        "registered_model_name": params.get("registered_model_name", "gpupipe-model"),
+        "artifacts": run_root,
+    }
+    if str(run.state) != "SUCCEEDED":
+        from pipelines.cluster import failed_tasks
+
+        failed = failed_tasks(run)
+        summary["failed_step"] = failed[0].split(":", 1)[0] if failed else "(none reported)"
+    try:
+        outputs = outputs_of(run_root)
+    except (OSError, ValueError, RuntimeError) as e:  # storage names the URI in all three
+        summary["artifacts_error"] = (
+            f"cannot read {run_root}: {' '.join(str(e).split())[:200]} (set MINIO_ENDPOINT, "
+            "MINIO_ACCESS_KEY and MINIO_SECRET_KEY for KFP's store, e.g. through a "
+            "port-forward of svc/seaweedfs 9000)"
+        )
+        return summary
+    evaluate = outputs.get("evaluate", {})
+    if "metrics" in evaluate:
+        values = storage.read_json(evaluate["metrics"])
+        summary["gate_passed"] = bool(values.get("gate_passed"))
+        summary["gate_reason"] = str(values.get("gate_reason", ""))
+        summary["metrics"] = {
+            k: v
+            for k, v in values.items()
+            if k != "gate_passed" and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+    if "report" in evaluate:
+        summary["report"] = evaluate["report"]
+    for task, outs in sorted(outputs.items()):
+        model = outs.get("model")
+        if task.startswith("train") and model and storage.exists(storage.join(model, "model.json")):
+            summary["model_uri"] = model
+            cost = storage.join(model, "cost.json")
+            if storage.exists(cost):
+                summary["cost"] = storage.read_json(cost)
+    register = _task_state(run, "register")
+    if register == "SUCCEEDED":
+        summary["registered_version"] = f"tagged with KFP run {run.run_id}"
+    return summary

@@ -1,0 +1,162 @@
+"""Helpers of the KFP tests: the API server through a port-forward, `gpupipe` as a user types it,
+and the run's Argo Workflow and pods as the cluster holds them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.cluster import kube
+
+NS = "kubeflow"
+GPUPIPE = [sys.executable, "-m", "pipelines.cli"]
+SMALL_STEPS = {
+    step: {"cpu_request": "50m", "memory_request": "128Mi"}
+    for step in (
+        "fingerprint",
+        "preprocess",
+        "train",
+        "train-launcher",
+        "tune",
+        "evaluate",
+        "register",
+        "notify",
+    )
+}
+"""Requests that fit this one 2-core node beside the cluster's services (the compiled defaults
+ask for a node's worth: preprocess 1 CPU, tune 2); limits stay as compiled."""
+RUN_TIMEOUT_S = 1200
+"""Longest a test waits for one pipeline run on this node."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def port_forward(service: str, port: int, namespace: str = NS) -> Iterator[str]:
+    """``kubectl port-forward svc/SERVICE`` as a user runs it; yields ``http://127.0.0.1:<p>``."""
+    local = free_port()
+    proc = subprocess.Popen(
+        [
+            str(kube.KUBECTL),
+            "--kubeconfig",
+            str(kube.KUBECONFIG),
+            "-n",
+            namespace,
+            "port-forward",
+            f"svc/{service}",
+            f"{local}:{port}",
+            "--address",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{local}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", local), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err = proc.stderr.read() if proc.stderr else ""
+                    raise RuntimeError(f"port-forward to svc/{service} failed: {err}") from None
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def gpupipe(
+    *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """`gpupipe ARGS` from the checkout, as a user runs it, with the small-node requests."""
+    full_env = {**os.environ, "GPUPIPE_STEP_RESOURCES": json.dumps(SMALL_STEPS), **(env or {})}
+    return subprocess.run(
+        [*GPUPIPE, *args],
+        cwd=kube.ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def api(host: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One REST call to the API server, as the UI's pages make them."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        f"{host}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read().decode()
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{method} {path}: {e.code} {e.read().decode()[:500]}") from e
+    return json.loads(text) if text else {}
+
+
+def wait_run(host: str, run_id: str, timeout: float = RUN_TIMEOUT_S) -> dict[str, Any]:
+    """The run, once it reached a final state."""
+
+    def final() -> dict[str, Any] | None:
+        run = api(host, "GET", f"/apis/v2beta1/runs/{run_id}")
+        return run if run.get("state") in {"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"} else None
+
+    return kube.wait_until(f"run {run_id} to finish", final, timeout, 5)
+
+
+def workflows() -> list[dict[str, Any]]:
+    return kube.get_json("workflows.argoproj.io", "-n", NS)["items"]
+
+
+def workflow_of(run_id: str) -> dict[str, Any]:
+    """The Argo Workflow the API server made for a run (labelled with the run's id)."""
+    for wf in workflows():
+        if wf["metadata"].get("labels", {}).get("pipeline/runid") == run_id:
+            return wf
+    raise AssertionError(f"no Workflow labelled pipeline/runid={run_id}")
+
+
+def run_pods(run_id: str) -> list[dict[str, Any]]:
+    wf = workflow_of(run_id)["metadata"]["name"]
+    return kube.get_json("pods", "-n", NS, "-l", f"workflows.argoproj.io/workflow={wf}")["items"]
+
+
+def templates_of(wf: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    return [t for t in wf["spec"]["templates"] if t["name"].startswith(prefix)]
+
+
+def task_states(run: dict[str, Any]) -> dict[str, str]:
+    """Display name -> state of each task of a run."""
+    return {
+        t.get("display_name", ""): t.get("state", "")
+        for t in (run.get("run_details") or {}).get("task_details") or []
+    }
+
+
+def upload_table(path: Path, key: str) -> str:
+    """A local table put into the cluster's store; its minio:// URI."""
+    from trainer.base import storage
+
+    uri = f"minio://{kube.BUCKET}/{key}"
+    storage.write_bytes(uri, path.read_bytes())
+    return uri

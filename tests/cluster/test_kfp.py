@@ -1,0 +1,336 @@
+"""The training pipeline on KFP 2.17's real backend (hack/cluster/addons/kfp.sh), through the
+commands a user types against a port-forward of the API server's Service (`ml-pipeline:8888`):
+upload, runs to the end, what the Argo Workflow carries, caching, a failing step, recurring runs,
+terminate, and a retried train step that re-attaches to its PyTorchJob.
+
+Every step runs in the trainer's CPU image under KFP's own driver and launcher; the train step
+launches a 2-node PyTorchJob through the Training Operator; register writes to the in-cluster
+MLflow. The node has 2 cores: runs are compiled with small CPU requests (GPUPIPE_STEP_RESOURCES,
+see tests/cluster/kfp.py), their limits as compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import kfp, kube
+from tests.cluster.kfp import NS, api, gpupipe
+
+pytestmark = pytest.mark.skipif(
+    not (kube.STATE / "addons" / "kfp").is_dir(),
+    reason="the KFP add-on is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS)",
+)
+MLFLOW = "http://mlflow.kubeflow:5000"
+JOB_SETTINGS = {k: v for k, v in kube.JOB_POD_SETTINGS.items() if k != "object_store_secret"}
+TUNE_SPACE = {
+    "objective": {"type": "minimize", "objectiveMetricName": "val_loss"},
+    "algorithm": {"algorithmName": "random"},
+    "parameters": [
+        {
+            "name": "learning_rate",
+            "parameterType": "double",
+            "feasibleSpace": {"min": "0.001", "max": "0.01"},
+        }
+    ],
+    "maxTrialCount": 2,
+    "parallelTrialCount": 1,
+}
+
+
+def run_params(table: str, model: str, **over: Any) -> list[str]:
+    """`--param` flags of a whole training run on this node: tune (local engine, 2 trials),
+    train as a 2-node CPU PyTorchJob, evaluate, register into the in-cluster MLflow."""
+    params: dict[str, Any] = {
+        "data_uri": table,
+        "target": "churned",
+        "epochs": 2,
+        "launcher": "pytorchjob",
+        "nodes": 2,
+        "gpus_per_node": 0,
+        "tune_enabled": True,
+        "tune_engine": "local",
+        "tune_space_json": json.dumps(TUNE_SPACE),
+        "tune_trial_epochs": 1,
+        "train_config_json": json.dumps({"cluster": JOB_SETTINGS}),
+        "registry_uri": MLFLOW,
+        "registered_model_name": model,
+        **over,
+    }
+    out: list[str] = []
+    for key, value in params.items():
+        text = json.dumps(value) if isinstance(value, bool) else str(value)
+        out += ["--param", f"{key}={text}"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[str]:
+    with kfp.port_forward("ml-pipeline", 8888) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def table(store: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The raw demo table (the pipeline preprocesses it) in the cluster's store."""
+    from trainer.steps.demo_data import write_demo_data
+
+    path = tmp_path_factory.mktemp("kfp") / "churn.parquet"
+    write_demo_data(str(path), rows=2000, task="classification", seed=0)
+    return kfp.upload_table(path, f"{kube.unique('gpupipe-kfp')}/churn.parquet")
+
+
+@pytest.fixture(scope="module")
+def pipeline(host: str) -> str:
+    """The training pipeline uploaded under a name of this module's own."""
+    name = kube.unique("gpupipe-kfp")
+    out = gpupipe("upload", "--host", host, "--pipeline", name)
+    assert out.returncode == 0, out.stderr
+    return name
+
+
+@pytest.fixture(scope="module")
+def finished(host: str, pipeline: str, table: str) -> dict[str, Any]:
+    """One whole run, started and followed with `gpupipe run --host --wait`."""
+    model = kube.unique("gpupipe-kfp-model")
+    out = gpupipe(
+        "run",
+        "--host",
+        host,
+        "--pipeline",
+        pipeline,
+        "--wait",
+        "--run-name",
+        model,
+        *run_params(table, model),
+    )
+    found = re.search(r"started run (\S+)", out.stdout)
+    assert found, out.stdout + out.stderr
+    return {"out": out, "run_id": found.group(1), "model": model}
+
+
+# -- 1. upload ---------------------------------------------------------------------------------
+
+
+def test_upload_creates_the_pipeline_then_adds_versions_never_a_second_pipeline(
+    host: str, tmp_path: Path
+) -> None:
+    name = kube.unique("gpupipe-up")
+    first = gpupipe("upload", "--host", host, "--pipeline", name)
+    assert first.returncode == 0, first.stderr
+    assert "created pipeline and version" in first.stdout
+    again = gpupipe("upload", "--host", host, "--pipeline", name)
+    assert again.returncode == 0, again.stderr
+    assert "unchanged" in again.stdout
+    other = gpupipe("upload", "--host", host, "--pipeline", name, "--version", "second")
+    assert other.returncode == 0, other.stderr
+    assert "added version 'second'" in other.stdout
+    flt = json.dumps(
+        {"predicates": [{"operation": "EQUALS", "key": "display_name", "string_value": name}]}
+    )
+    found = api(host, "GET", f"/apis/v2beta1/pipelines?filter={_q(flt)}")["pipelines"]
+    assert len(found) == 1, found
+    versions = api(host, "GET", f"/apis/v2beta1/pipelines/{found[0]['pipeline_id']}/versions")
+    assert len(versions["pipeline_versions"]) == 2, versions
+
+
+def test_a_broken_yaml_is_refused_with_the_api_servers_own_reason(
+    host: str, tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("pipelineInfo: {name: broken}\nroot: {dag: {tasks: {a: {}}}}\n")
+    out = gpupipe(
+        "upload", "--host", host, "--pipeline", kube.unique("gpupipe-bad"), "--package", str(broken)
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("ERROR [gpupipe upload] E_REJECTED: KFP refused to upload"), lines
+    assert "400" in lines[0] and len(lines[0]) > 80, lines[0]
+
+
+# -- 2. a whole run ----------------------------------------------------------------------------
+
+
+def test_the_training_pipeline_runs_to_the_end_and_registers_the_model(
+    host: str, finished: dict[str, Any]
+) -> None:
+    out, run_id = finished["out"], finished["run_id"]
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"run {run_id} SUCCEEDED" in out.stdout
+    run = api(host, "GET", f"/apis/v2beta1/runs/{run_id}")
+    states = kfp.task_states(run)
+    for task in ("preprocess", "tune", "train (cluster job)", "evaluate", "register"):
+        assert states.get(task) == "SUCCEEDED", states
+    # The model's files are in KFP's artifact store, where the train task's output says.
+    from trainer.base import storage
+    from trainer.registry import find_version_by_pipeline_run
+
+    models = [u for u in _artifact_uris(run_id) if u.rstrip("/").endswith("/model")]
+    assert models, _artifact_uris(run_id)
+    assert storage.exists(storage.join(models[0], "model.safetensors")), models[0]
+    with kfp.port_forward("mlflow", 5000) as mlflow:
+        version = find_version_by_pipeline_run(mlflow, finished["model"], run_id)
+    assert version is not None, f"no version of {finished['model']} tagged with run {run_id}"
+
+
+def test_a_run_started_as_the_ui_starts_it_succeeds(host: str, pipeline: str, table: str) -> None:
+    """The UI's Create run: POST /apis/v2beta1/runs with a pipeline version reference."""
+    pid = _pipeline_id(host, pipeline)
+    vid = api(host, "GET", f"/apis/v2beta1/pipelines/{pid}/versions")["pipeline_versions"][0][
+        "pipeline_version_id"
+    ]
+    exp = api(host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui")})
+    params = _as_ui_parameters(
+        run_params(table, kube.unique("gpupipe-ui-model"), tune_enabled=False)
+    )
+    run = api(
+        host,
+        "POST",
+        "/apis/v2beta1/runs",
+        {
+            "display_name": kube.unique("ui-run"),
+            "experiment_id": exp["experiment_id"],
+            "pipeline_version_reference": {"pipeline_id": pid, "pipeline_version_id": vid},
+            "runtime_config": {"parameters": params},
+        },
+    )
+    done = kfp.wait_run(host, run["run_id"])
+    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+
+
+# -- 3. what the Workflow carries, and caching -------------------------------------------------
+
+
+def test_the_workflow_carries_retries_shm_the_store_secret_and_gpu_placement(
+    host: str, pipeline: str, table: str
+) -> None:
+    """A GPU run (launcher=local: the train step trains in its own pod) is only read: this node
+    has no GPU, so its train pod would wait; the run is deleted after."""
+    model = kube.unique("gpupipe-gpu")
+    out = gpupipe(
+        "run",
+        "--host",
+        host,
+        "--pipeline",
+        pipeline,
+        "--run-name",
+        model,
+        *run_params(
+            table,
+            model,
+            launcher="local",
+            gpus_per_node=1,
+            tune_enabled=False,
+            gpu_node_selector=json.dumps({"gpu": "h100"}),
+        ),
+    )
+    assert out.returncode == 0, out.stderr
+    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    try:
+        wf = kube.wait_until("its Workflow", lambda: _maybe_workflow(run_id), 120, 2)
+        text = json.dumps(wf["spec"])
+        # Retries with backoff (train, register), never on preprocess.
+        retried = [t for t in wf["spec"]["templates"] if t.get("retryStrategy")]
+        assert retried, "no template has a retryStrategy"
+        strategy = retried[0]["retryStrategy"]
+        assert strategy.get("limit") in (2, "2") and strategy.get("backoff"), strategy
+        # The object store's secret as env, the memory-backed /dev/shm, GPU placement: the
+        # train step's pod spec is built by the driver at run time, so read the driver's
+        # input (the Kubernetes platform spec it is given).
+        assert "mlpipeline-minio-artifact" in text
+        assert '"/dev/shm"' in text or "dshm" in text
+        assert "nvidia.com/gpu" in text
+        assert '"h100"' in text or "h100" in text
+    finally:
+        api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")
+
+
+# -- 4. a failing step -------------------------------------------------------------------------
+
+
+def test_a_bad_target_fails_the_run_with_the_steps_one_line(
+    host: str, pipeline: str, table: str
+) -> None:
+    model = kube.unique("gpupipe-bad")
+    out = gpupipe(
+        "run",
+        "--host",
+        host,
+        "--pipeline",
+        pipeline,
+        "--wait",
+        "--run-name",
+        model,
+        *run_params(table, model, target="no_such_column", tune_enabled=False),
+    )
+    assert out.returncode != 0, out.stdout
+    last = out.stderr.strip().splitlines()[-1]
+    assert "E_RUN_FAILED" in last and "preprocess" in last, last
+    assert "no_such_column" in last, last
+    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    run = api(host, "GET", f"/apis/v2beta1/runs/{run_id}")
+    assert run["state"] == "FAILED"
+    errors = [
+        (t.get("error") or {}).get("message", "")
+        for t in run["run_details"]["task_details"]
+        if t.get("display_name") == "preprocess"
+    ]
+    assert any("E_TARGET" in e or "no_such_column" in e for e in errors), errors
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _q(text: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(text)
+
+
+def _pipeline_id(host: str, name: str) -> str:
+    flt = json.dumps(
+        {"predicates": [{"operation": "EQUALS", "key": "display_name", "string_value": name}]}
+    )
+    (found,) = api(host, "GET", f"/apis/v2beta1/pipelines?filter={_q(flt)}")["pipelines"]
+    return str(found["pipeline_id"])
+
+
+def _as_ui_parameters(flags: list[str]) -> dict[str, Any]:
+    """`--param k=v` flags as the UI's form sends them (typed JSON values)."""
+    from pipelines.params import typed_parameters
+
+    return typed_parameters([f for f in flags if f != "--param"])
+
+
+def _maybe_workflow(run_id: str) -> dict[str, Any] | None:
+    try:
+        return kfp.workflow_of(run_id)
+    except AssertionError:
+        return None
+
+
+def _artifact_uris(run_id: str) -> list[str]:
+    """Every output the run's steps wrote: KFP 2.17's driver names them
+    ``<pipeline root>/<pipeline>/<run id>/<task>/<salt>/<output>``."""
+    from pipelines.cluster_summary import DEFAULT_PIPELINE_ROOT, outputs_of
+    from pipelines.training import PIPELINE_NAME
+    from trainer.base import storage
+
+    outputs = outputs_of(storage.join(DEFAULT_PIPELINE_ROOT, PIPELINE_NAME, run_id))
+    return [uri for outs in outputs.values() for uri in outs.values()]
+
+
+def _utc_cron_in(minutes: int) -> str:
+    at = datetime.now(UTC) + timedelta(minutes=minutes)
+    return f"0 {at.minute} {at.hour} * * *"
+
+
+_ = (time, NS)
