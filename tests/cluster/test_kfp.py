@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -286,6 +285,106 @@ def test_a_bad_target_fails_the_run_with_the_steps_one_line(
     assert any("E_TARGET" in e or "no_such_column" in e for e in errors), errors
 
 
+# -- 5. recurring runs ------------------------------------------------------------------------
+
+
+def test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_deleted(
+    host: str, pipeline: str, table: str
+) -> None:
+    name = kube.unique("gpupipe-sched")
+    model = kube.unique("gpupipe-sched-model")
+    params = run_params(table, model, tune_enabled=False)
+    base = ["schedule", "--host", host, "--pipeline", pipeline, "--name", name, "--no-catchup"]
+    first = gpupipe(*base, "--cron", _utc_cron_in(3), *params)
+    assert first.returncode == 0, first.stderr
+    assert f"created recurring run {name!r}" in first.stdout
+    assert "unchanged" in gpupipe(*base, "--cron", _utc_cron_in(3), *params).stdout
+    # The same name with another cron replaces it: never two of that name.
+    cron = _utc_cron_in(2)
+    replaced = gpupipe(*base, "--cron", cron, *params)
+    assert replaced.returncode == 0 and "replaced recurring run" in replaced.stdout, replaced
+    mine = [r for r in _recurring(host) if r["display_name"] == name]
+    assert len(mine) == 1, mine
+    rid = mine[0]["recurring_run_id"]
+    # Its next tick starts a run, which succeeds.
+    started = kube.wait_until(
+        "the schedule's first run", lambda: _runs_of_schedule(host, rid), 300, 10
+    )
+    done = kfp.wait_run(host, started[0]["run_id"])
+    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+    for action, mode in (("--disable", "DISABLE"), ("--enable", "ENABLE")):
+        out = gpupipe("schedule", "--host", host, action, name)
+        assert out.returncode == 0, out.stderr
+        assert api(host, "GET", f"/apis/v2beta1/recurringruns/{rid}")["mode"] == mode
+    listed = gpupipe("schedule", "--host", host, "--list")
+    assert name in listed.stdout, listed.stdout
+    gone = gpupipe("schedule", "--host", host, "--delete", name)
+    assert gone.returncode == 0, gone.stderr
+    assert all(r["display_name"] != name for r in _recurring(host))
+
+
+# -- 6. terminate ------------------------------------------------------------------------------
+
+
+def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
+    host: str, pipeline: str, table: str
+) -> None:
+    model = kube.unique("gpupipe-stop")
+    # Long enough to be stopped mid-training.
+    out = gpupipe(
+        "run",
+        "--host",
+        host,
+        "--pipeline",
+        pipeline,
+        "--run-name",
+        model,
+        *run_params(table, model, tune_enabled=False, epochs=40),
+    )
+    assert out.returncode == 0, out.stderr
+    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
+    kube.wait_until("its pods to run", lambda: _running(kube.job_pods(NS, job)), 300, 2)
+    api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")  # the UI's Terminate button
+    kube.wait_until("the PyTorchJob to go", lambda: kube.job_gone(NS, job), 180, 2)
+    kube.wait_until("its pods to go", lambda: not kube.job_pods(NS, job), 180, 2)
+    done = kfp.wait_run(host, run_id, timeout=300)
+    assert done["state"] in {"CANCELED", "FAILED"}, done["state"]
+    assert not [j for j in kube.jobs(NS) if run_id[:8] in j["metadata"]["name"]]
+
+
+# -- 7. a retried train step -------------------------------------------------------------------
+
+
+def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
+    host: str, pipeline: str, table: str
+) -> None:
+    model = kube.unique("gpupipe-retry")
+    out = gpupipe(
+        "run",
+        "--host",
+        host,
+        "--pipeline",
+        pipeline,
+        "--run-name",
+        model,
+        *run_params(table, model, tune_enabled=False, epochs=12),
+    )
+    assert out.returncode == 0, out.stderr
+    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
+    uid = kube.get_json("pytorchjob", "-n", NS, job)["metadata"]["uid"]
+    launcher = _launcher_pod(run_id)
+    kube.kubectl("-n", NS, "delete", "pod", launcher, "--wait=false")
+    done = kfp.wait_run(host, run_id)
+    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+    # A second attempt of the step ran, and found the same job (one job, never two).
+    attempts = [p for p in kfp.run_pods(run_id) if _is_launcher(p)]
+    assert len(attempts) >= 1 and launcher not in [p["metadata"]["name"] for p in attempts]
+    jobs = [j for j in kube.jobs(NS) if run_id[:8] in j["metadata"]["name"]]
+    assert [j["metadata"]["uid"] for j in jobs] == [uid], jobs
+
+
 # -- helpers -----------------------------------------------------------------------------------
 
 
@@ -333,4 +432,41 @@ def _utc_cron_in(minutes: int) -> str:
     return f"0 {at.minute} {at.hour} * * *"
 
 
-_ = (time, NS)
+def _recurring(host: str) -> list[dict[str, Any]]:
+    return api(host, "GET", "/apis/v2beta1/recurringruns?page_size=100").get("recurringRuns") or (
+        api(host, "GET", "/apis/v2beta1/recurringruns?page_size=100").get("recurring_runs") or []
+    )
+
+
+def _runs_of_schedule(host: str, recurring_run_id: str) -> list[dict[str, Any]] | None:
+    runs = api(host, "GET", "/apis/v2beta1/runs?page_size=100").get("runs") or []
+    mine = [r for r in runs if r.get("recurring_run_id") == recurring_run_id]
+    return mine or None
+
+
+def _job_of(run_id: str) -> str | None:
+    for job in kube.jobs(NS):
+        if run_id[:8] in job["metadata"]["name"]:
+            return str(job["metadata"]["name"])
+    return None
+
+
+def _running(pods: list[dict[str, Any]]) -> bool:
+    return len(pods) >= 2 and all(p["status"].get("phase") == "Running" for p in pods)
+
+
+def _is_launcher(pod: dict[str, Any]) -> bool:
+    """The train step's own pod (KFP's executor of the cluster-job train task)."""
+    return "train" in json.dumps(pod["metadata"].get("annotations", {})) and any(
+        c["name"] == "main" for c in pod["spec"]["containers"]
+    )
+
+
+def _launcher_pod(run_id: str) -> str:
+    def running() -> str | None:
+        for pod in kfp.run_pods(run_id):
+            if _is_launcher(pod) and pod["status"].get("phase") == "Running":
+                return str(pod["metadata"]["name"])
+        return None
+
+    return kube.wait_until("the train step's pod", running, 300, 2)

@@ -227,7 +227,8 @@ images_yaml() {
 }
 
 # A short hash of the ids of the images the Deployments run: an image rebuilt under the same tag
-# rolls its Deployment (the node holds images by tag; a running pod keeps the old one).
+# rolls its Deployment (the node holds images by tag; a running pod keeps the old one). Not on
+# SeaweedFS's, which the object-store add-on applies first and this must not change.
 image_ids() {
   local t
   for t in $(addon_images); do docker image inspect --format '{{.Id}}' "$t"; done | sha256sum | cut -c1-16
@@ -237,8 +238,8 @@ image_ids() {
 # base pointing at the extracted tarball: the only change to it.
 localize_user_path() {
   local part="$1" dir="$2" up
-  up="$(realpath --relative-to "${dir}/${part}" "${SRC}/manifests/kustomize")"
   mkdir -p "${dir}/${part}"
+  up="$(realpath --relative-to "${dir}/${part}" "${SRC}/manifests/kustomize")"
   sed -E "s#github.com/kubeflow/pipelines/manifests/kustomize/([^?]*)\?ref=${V}#${up}/\1#" \
     "${REPO_ROOT}/manifests/kfp/${part}/kustomization.yaml" >"${dir}/${part}/kustomization.yaml"
   ! grep -q "github.com/" "${dir}/${part}/kustomization.yaml" ||
@@ -280,7 +281,7 @@ patches:
     patch: |-
       - {op: test, path: /spec/template/spec/containers/0/args/2, value: --executor-image}
       - {op: replace, path: /spec/template/spec/containers/0/args/3, value: "$(image_of argo-argoexec)"}
-  - target: {kind: Deployment}
+  - target: {kind: Deployment, labelSelector: "app!=seaweedfs"}
     patch: |-
       apiVersion: apps/v1
       kind: Deployment
@@ -309,7 +310,7 @@ addon_install() {
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"
   hostpath_pv "$PIECE" "$NS" mysql-pv-claim 20Gi
-  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 10Gi
+  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
   apply_k "$PIECE" "${dir}/cluster-scoped-resources"
   for crd in workflows workflowtaskresults workflowartifactgctasks; do
     kubectl_ wait --for condition=established --timeout 60s "crd/${crd}.argoproj.io" >/dev/null ||

@@ -102,7 +102,7 @@ addon_install() {
   import_image "$IMAGE"
   kfp_source "$PIECE"
   ensure_namespace "$NS"
-  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 10Gi
+  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
   local dir
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"
