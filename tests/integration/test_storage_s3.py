@@ -182,6 +182,24 @@ def test_copy_tree_local_to_s3_and_back(root: str, tmp_path: Path) -> None:
     assert storage.read_text(storage.join(root, "single.txt")) == "a"
 
 
+def test_copy_tree_to_a_new_local_folder_from_a_store_without_folder_markers(
+    root: str, tmp_path: Path, s3_client: Any, s3_bucket: str
+) -> None:
+    """A store that lists no folder markers (SeaweedFS, behind KFP 2.17) shows files only: the
+    copy must make the local folders itself (a real KFP run failed here: the train step copies
+    the job's model into the output path KFP then uploads)."""
+    model = storage.join(root, "run", "train", "salt", "model")
+    storage.write_bytes(storage.join(model, "model.safetensors"), b"w" * 1000)
+    storage.write_text(storage.join(model, "history.jsonl"), "{}\n")
+    listed = s3_client.list_objects_v2(Bucket=s3_bucket).get("Contents", [])
+    for marker in [o["Key"] for o in listed if o["Key"].endswith("/")]:
+        s3_client.delete_object(Bucket=s3_bucket, Key=marker)
+    dst = tmp_path / "minio" / "bucket" / "run" / "train" / "salt" / "model"
+    storage.copy_tree(model, str(dst))
+    assert (dst / "model.safetensors").read_bytes() == b"w" * 1000
+    assert (dst / "history.jsonl").read_text() == "{}\n"
+
+
 def test_rename_and_delete(root: str) -> None:
     storage.write_text(storage.join(root, "d", "x.txt"), "x")
     storage.write_text(storage.join(root, "d", "s", "y.txt"), "y")

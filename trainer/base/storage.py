@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -460,6 +461,19 @@ def copy_tree(src: str, dst: str) -> None:
         raise FileNotFoundError(f"copying {src} to {dst}: {_missing_reason(src)}")
     if not is_dir(src):
         makedirs(_parent(dst))
+    else:
+        # An object store lists files only, no folders, and pyarrow creates at the destination
+        # only the folders it is shown: make every file's folder first (seen on a real KFP: the
+        # train step's copy of the job's model into a local output path failed without this).
+        with _translate(f"listing {src}", src):
+            infos = src_fs.get_file_info(pafs.FileSelector(src_path, recursive=True))
+        folders = {""} | {
+            posixpath.dirname(posixpath.relpath(i.path, src_path))
+            for i in infos
+            if i.type == pafs.FileType.File
+        }
+        for rel in sorted(folders):
+            makedirs(join(dst, rel) if rel and rel != "." else dst)
     with _translate(f"copying {src} to {dst}", src, dst):
         pafs.copy_files(src_path, dst_path, source_filesystem=src_fs, destination_filesystem=dst_fs)
 
