@@ -258,6 +258,8 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
         return 0
     tasks = failed_tasks(run)
     detail = f"failed task: {'; '.join(tasks)}" if tasks else "no failed task reported"
+    if summary.get("error"):  # the step's own line, from its archived log
+        detail = f"failed step: {summary['error']}"
     print(
         f"ERROR [gpupipe run] E_RUN_{run.state}: run {run_id} {run.state}, {detail} "
         f"({cluster.run_link(run_id)})",

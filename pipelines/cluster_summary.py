@@ -43,6 +43,22 @@ def outputs_of(run_root: str) -> dict[str, dict[str, str]]:
     return found
 
 
+def failed_step_line(outputs: dict[str, dict[str, str]]) -> str | None:
+    """The failed step's own ``ERROR [<step>] E_...`` line, from the step logs KFP archives
+    (``executor-logs-<n>`` beside a task's outputs): KFP's API carries no task error."""
+    from trainer.base import storage
+
+    found: str | None = None
+    for outs in outputs.values():
+        for name, uri in sorted(outs.items()):
+            if not name.startswith("executor-logs"):
+                continue
+            for line in storage.read_text(uri).splitlines():
+                if line.startswith("ERROR [") and " E_" in line:
+                    found = line.strip()
+    return found
+
+
 def run_summary(
     run: kapi.V2beta1Run, *, pipeline_name: str, link: str, pipeline_root: str | None = None
 ) -> dict[str, Any]:
@@ -93,6 +109,8 @@ def run_summary(
             cost = storage.join(model, "cost.json")
             if storage.exists(cost):
                 summary["cost"] = storage.read_json(cost)
+    if str(run.state) != "SUCCEEDED" and (line := failed_step_line(outputs)):
+        summary["error"] = line
     register = _task_state(run, "register")
     if register == "SUCCEEDED":
         summary["registered_version"] = f"tagged with KFP run {run.run_id}"

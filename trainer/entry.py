@@ -9,11 +9,12 @@ Nothing here imports kfp.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from trainer.base import redact
 from trainer.base.errors import DISK_FULL_CODE, EXIT_BAD_INPUT, error_line, is_disk_full
@@ -23,6 +24,24 @@ T = TypeVar("T")
 
 EXTERNAL_ERROR_CODE = "E_EXTERNAL"
 """Code of the one line for a failed external system (registry, object store, API server)."""
+
+
+TERMINATION_LOG = "/dev/termination-log"
+"""Kubernetes' termination message file of the container (``terminationMessagePath``)."""
+
+
+def _fail(line: str, code: int) -> NoReturn:
+    """Print the one error line, leave it as the pod's termination message, and exit ``code``.
+
+    In a pod the line also becomes the container's termination message, which Kubernetes shows
+    in the pod's status and Argo in the failed node's message (KFP's v2beta1 task details carry
+    none: ``gpupipe run --host --wait`` reads the step's archived log instead).
+    """
+    print(line, file=sys.stderr, flush=True)
+    if os.path.isfile(TERMINATION_LOG):
+        with contextlib.suppress(OSError), open(TERMINATION_LOG, "w") as f:
+            f.write(line[:4000])  # Kubernetes keeps at most 4096 bytes
+    raise SystemExit(code)
 
 
 def run_guarded(step: str, fn: Callable[[], T]) -> T:
@@ -38,21 +57,18 @@ def run_guarded(step: str, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except (ValueError, FileNotFoundError) as e:
-        print(error_line(step, e), file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        _fail(error_line(step, e), EXIT_BAD_INPUT)
     except (RuntimeError, TimeoutError, ConnectionError) as e:
         # Before OSError: TimeoutError and ConnectionError are OSErrors too (a launcher's
         # deadline printed a traceback until the real Katib's search ran past one).
         if type(e) is RuntimeError and not str(e):
             raise
-        print(error_line(step, e, default_code=EXTERNAL_ERROR_CODE), file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        _fail(error_line(step, e, default_code=EXTERNAL_ERROR_CODE), 1)
     except OSError as e:
         if not is_disk_full(e):
             raise
         # A full disk is the machine's problem, not the input's: exit 1, never 2.
-        print(error_line(step, e, default_code=DISK_FULL_CODE), file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+        _fail(error_line(step, e, default_code=DISK_FULL_CODE), 1)
 
 
 def write_metadata_file(path: str, metadata: dict[str, Any]) -> None:

@@ -166,8 +166,11 @@ def test_the_training_pipeline_runs_to_the_end_and_registers_the_model(
     assert f"run {run_id} SUCCEEDED" in out.stdout
     run = api(host, "GET", f"/apis/v2beta1/runs/{run_id}")
     states = kfp.task_states(run)
-    for task in ("preprocess", "tune", "train (cluster job)", "evaluate", "register"):
+    for task in ("fingerprint", "preprocess", "tune", "train", "evaluate", "register"):
         assert states.get(task) == "SUCCEEDED", states
+    # The summary `gpupipe run --local` prints, read back from the run's own artifacts.
+    for line in ("gate           passed: ", "model          minio://", "vs trivial", "accuracy"):
+        assert line in out.stdout, out.stdout
     # The model's files are in KFP's artifact store, where the train task's output says.
     from trainer.base import storage
     from trainer.registry import find_version_by_pipeline_run
@@ -202,18 +205,46 @@ def test_a_run_started_as_the_ui_starts_it_succeeds(host: str, pipeline: str, ta
         },
     )
     done = kfp.wait_run(host, run["run_id"])
-    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+    states = kfp.task_states(done)
+    assert done["state"] == "SUCCEEDED", states
+    assert states.get("preprocess") == "CACHED", states
+    assert states.get("fingerprint") == "SUCCEEDED", states  # never cached: it reads the data
 
 
 # -- 3. what the Workflow carries, and caching -------------------------------------------------
 
 
-def test_the_workflow_carries_retries_shm_the_store_secret_and_gpu_placement(
-    host: str, pipeline: str, table: str
+def test_the_workflow_retries_only_the_steps_a_retry_helps(finished: dict[str, Any]) -> None:
+    wf = kfp.workflow_of(finished["run_id"])
+    retried: dict[str, dict[str, str]] = {}
+    plain: set[str] = set()
+    for template in wf["spec"]["templates"]:
+        for task in (template.get("dag") or {}).get("tasks", []):
+            args = {p["name"]: p.get("value", "") for p in task["arguments"].get("parameters", [])}
+            if task.get("template") == "retry-system-container-executor":
+                retried[task["name"]] = args
+            elif task.get("template") == "system-container-executor":
+                plain.add(task["name"])
+    assert {"train", "train-2", "tune", "register"} <= set(retried), retried
+    assert {"fingerprint", "preprocess", "evaluate"} <= plain, plain
+    for args in retried.values():
+        assert args["retry-max-count"] == "2" and args["retry-backoff-duration"] == "30", args
+        assert args["retry-backoff-factor"] == "2", args
+
+
+def test_a_gpu_train_pod_gets_its_gpus_placement_shm_and_store_secret(
+    host: str, pipeline: str, store: dict[str, str], tmp_path: Path
 ) -> None:
-    """A GPU run (launcher=local: the train step trains in its own pod) is only read: this node
-    has no GPU, so its train pod would wait; the run is deleted after."""
+    """A GPU run (launcher=local: the train step trains in its own pod) on new data: preprocess
+    is not served from the cache, and the train pod KFP's driver makes asks for a GPU; this node
+    has none, so it waits, is read, and the run is terminated."""
+    from trainer.steps.demo_data import write_demo_data
+
+    path = tmp_path / "other.parquet"
+    write_demo_data(str(path), rows=1500, task="classification", seed=7)
+    other = kfp.upload_table(path, f"{kube.unique('gpupipe-kfp')}/other.parquet")
     model = kube.unique("gpupipe-gpu")
+    selector = json.dumps({"gpupipe.dev/gpu": "h100"})
     out = gpupipe(
         "run",
         "--host",
@@ -223,31 +254,39 @@ def test_the_workflow_carries_retries_shm_the_store_secret_and_gpu_placement(
         "--run-name",
         model,
         *run_params(
-            table,
+            other,
             model,
             launcher="local",
             gpus_per_node=1,
             tune_enabled=False,
-            gpu_node_selector=json.dumps({"gpu": "h100"}),
+            gpu_node_selector=selector,
         ),
     )
     assert out.returncode == 0, out.stderr
     run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
     try:
-        wf = kube.wait_until("its Workflow", lambda: _maybe_workflow(run_id), 120, 2)
-        text = json.dumps(wf["spec"])
-        # Retries with backoff (train, register), never on preprocess.
-        retried = [t for t in wf["spec"]["templates"] if t.get("retryStrategy")]
-        assert retried, "no template has a retryStrategy"
-        strategy = retried[0]["retryStrategy"]
-        assert strategy.get("limit") in (2, "2") and strategy.get("backoff"), strategy
-        # The object store's secret as env, the memory-backed /dev/shm, GPU placement: the
-        # train step's pod spec is built by the driver at run time, so read the driver's
-        # input (the Kubernetes platform spec it is given).
-        assert "mlpipeline-minio-artifact" in text
-        assert '"/dev/shm"' in text or "dshm" in text
-        assert "nvidia.com/gpu" in text
-        assert '"h100"' in text or "h100" in text
+        pod = kube.wait_until("the GPU train pod", lambda: _executor_pod(run_id, "train-2"), 600, 3)
+        spec = pod["spec"]
+        main = next(c for c in spec["containers"] if c["name"] == "main")
+        assert main["resources"]["limits"]["nvidia.com/gpu"] in ("1", 1), main["resources"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in [
+            {k: t.get(k) for k in ("key", "operator", "effect")} for t in spec["tolerations"]
+        ], spec["tolerations"]
+        assert spec["nodeSelector"].get("gpupipe.dev/gpu") == "h100", spec.get("nodeSelector")
+        shm = [v for v in spec["volumes"] if v["name"] == "dshm"]
+        assert shm and shm[0]["emptyDir"]["medium"] == "Memory", spec["volumes"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"}.items() <= next(
+            m for m in main["volumeMounts"] if m["name"] == "dshm"
+        ).items()
+        secret_env = {
+            e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
+            for e in main.get("env", [])
+            if "secretKeyRef" in (e.get("valueFrom") or {})
+        }
+        assert secret_env.get("AWS_ACCESS_KEY_ID") == "mlpipeline-minio-artifact", secret_env
+        assert pod["status"]["phase"] == "Pending"  # no GPU on this node
+        states = kfp.task_states(api(host, "GET", f"/apis/v2beta1/runs/{run_id}"))
+        assert states.get("preprocess") == "SUCCEEDED", states  # new data: not from the cache
     finally:
         api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")
 
@@ -455,11 +494,29 @@ def _running(pods: list[dict[str, Any]]) -> bool:
     return len(pods) >= 2 and all(p["status"].get("phase") == "Running" for p in pods)
 
 
+def _task_of(pod: dict[str, Any]) -> tuple[str, str]:
+    """(task, role) of a run's pod from Argo's node name: ``...train(0).executor(0)`` is the
+    train task's executor (the step's own pod), ``...train-driver(0)`` its driver."""
+    node = (pod["metadata"].get("annotations") or {}).get("workflows.argoproj.io/node-name", "")
+    parts = [re.sub(r"\(\d+\)$", "", p) for p in node.split(".")]
+    if len(parts) >= 2 and parts[-1] == "executor":
+        return parts[-2], "executor"
+    if parts and parts[-1].endswith("-driver"):
+        return parts[-1].removesuffix("-driver"), "driver"
+    return (parts[-1] if parts else ""), "other"
+
+
 def _is_launcher(pod: dict[str, Any]) -> bool:
-    """The train step's own pod (KFP's executor of the cluster-job train task)."""
-    return "train" in json.dumps(pod["metadata"].get("annotations", {})) and any(
-        c["name"] == "main" for c in pod["spec"]["containers"]
-    )
+    """The cluster-job train task's own pod (its executor: the launcher of the PyTorchJob)."""
+    return _task_of(pod) == ("train", "executor")
+
+
+def _executor_pod(run_id: str, task: str) -> dict[str, Any] | None:
+    try:
+        pods = kfp.run_pods(run_id)
+    except AssertionError:
+        return None
+    return next((p for p in pods if _task_of(p) == (task, "executor")), None)
 
 
 def _launcher_pod(run_id: str) -> str:

@@ -465,7 +465,7 @@ def test_fake_rejects_bodies_the_models_do_not_allow(
 def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The layout KFP 2.17's driver gives output URIs: <root>/<pipeline>/<run>/<task>/<salt>/<out>."""
+    """KFP 2.17's driver names outputs <root>/<pipeline>/<run>/<task>/<salt>/<output>."""
     import json
 
     import kfp_server_api as kapi
