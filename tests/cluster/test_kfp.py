@@ -23,10 +23,14 @@ import pytest
 from tests.cluster import kfp, kube
 from tests.cluster.kfp import NS, api, gpupipe
 
-pytestmark = pytest.mark.skipif(
-    not (kube.STATE / "addons" / "kfp").is_dir(),
-    reason="the KFP add-on is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (kube.STATE / "addons" / "kfp").is_dir(),
+        reason="the KFP add-on is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS)",
+    ),
+    pytest.mark.timeout(1800),  # a whole pipeline run on this 2-core node
+    pytest.mark.ci_allowance(900),
+]
 MLFLOW = "http://mlflow.kubeflow:5000"
 JOB_SETTINGS = {k: v for k, v in kube.JOB_POD_SETTINGS.items() if k != "object_store_secret"}
 TUNE_SPACE = {
@@ -34,13 +38,14 @@ TUNE_SPACE = {
     "algorithm": {"algorithmName": "random"},
     "parameters": [
         {
-            "name": "learning_rate",
+            "name": "optim.lr",
             "parameterType": "double",
             "feasibleSpace": {"min": "0.001", "max": "0.01"},
         }
     ],
     "maxTrialCount": 2,
     "parallelTrialCount": 1,
+    "maxFailedTrialCount": 1,
 }
 
 
@@ -58,7 +63,7 @@ def run_params(table: str, model: str, **over: Any) -> list[str]:
         "tune_engine": "local",
         "tune_space_json": json.dumps(TUNE_SPACE),
         "tune_trial_epochs": 1,
-        "train_config_json": json.dumps({"cluster": JOB_SETTINGS}),
+        "train_config_json": json.dumps({f"cluster.{k}": v for k, v in JOB_SETTINGS.items()}),
         "registry_uri": MLFLOW,
         "registered_model_name": model,
         **over,

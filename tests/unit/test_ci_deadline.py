@@ -28,6 +28,17 @@ def test_a_cluster_test_runs_with_time_left(monkeypatch: pytest.MonkeyPatch) -> 
     cluster_conftest.pytest_runtest_setup(CLUSTER_TEST)  # type: ignore[arg-type]
 
 
+def test_a_longer_cluster_test_asks_for_its_own_allowance(monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = pytest.mark.ci_allowance(900).mark
+    item = SimpleNamespace(
+        fspath=CLUSTER_TEST.fspath,
+        get_closest_marker=lambda name: marker if name == "ci_allowance" else None,
+    )
+    monkeypatch.setenv("GPUPIPE_CI_DEADLINE", str(time.time() + 600))
+    with pytest.raises(pytest.skip.Exception, match="under the 900 s this cluster test may take"):
+        cluster_conftest.pytest_runtest_setup(item)  # type: ignore[arg-type]
+
+
 def test_outside_ci_or_the_cluster_folder_nothing_skips(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUPIPE_CI_DEADLINE", raising=False)
     cluster_conftest.pytest_runtest_setup(CLUSTER_TEST)  # type: ignore[arg-type]
