@@ -57,8 +57,8 @@ kfp_source() {
   chmod -R u+w "${KFP_SRC}.tmp"
   mv "${KFP_SRC}.tmp/kubeflow-pipelines-${KFP_VERSION}" "$KFP_SRC"
   rmdir "${KFP_SRC}.tmp"
-  for f in $(grep -rl "https://github.com/argoproj/argo-workflows/manifests/" \
-    --include=kustomization.yaml "${KFP_SRC}/manifests/kustomize"); do
+  grep -rl "https://github.com/argoproj/argo-workflows/manifests/" --include=kustomization.yaml \
+    "${KFP_SRC}/manifests/kustomize" | while read -r f; do
     rel="$(realpath --relative-to "$(dirname "$f")" "${KFP_SRC}/argo-manifests")"
     sed -i -E "s#https://github.com/argoproj/argo-workflows/manifests/([^?]*)\?ref=v${ARGO_VERSION}(&timeout=[0-9]+s)?#${rel}/\1#" "$f"
   done

@@ -40,7 +40,9 @@ KFP_SERVICES=(
   "kfp-driver driver ./backend/src/v2/cmd/driver ghcr.io/kubeflow/kfp-driver"
   "kfp-launcher launcher-v2 ./backend/src/v2/cmd/launcher-v2 ghcr.io/kubeflow/kfp-launcher"
 )
-# Upstream's start commands (backend/Dockerfile*), by binary.
+# Upstream's start commands (backend/Dockerfile*), by binary: the variables expand in the
+# container's shell, not here.
+# shellcheck disable=SC2016
 start_command() {
   case "$1" in
   apiserver) echo 'CMD ["/bin/sh", "-c", "/bin/apiserver --config=/config -logtostderr=true --logLevel=${LOG_LEVEL}"]' ;;
@@ -290,6 +292,7 @@ patches:
 YAML
     for s in "${NOT_RUN[@]}"; do
       read -r kind name <<<"$s"
+      # shellcheck disable=SC2016  # `$patch` is kustomize's word, not a variable
       printf '  - patch: |-\n      $patch: delete\n      apiVersion: apps/v1\n      kind: %s\n      metadata: {name: %s}\n' "$kind" "$name"
     done
   } >"${dir}/install/kustomization.yaml"
