@@ -304,6 +304,25 @@ api_answers() {
     grep -q '"multi_user":false'
 }
 
+# The persistence agent and the ScheduledWorkflow controller dial the API server's gRPC port once,
+# at start. One that started before the API server's current pod was Ready (its pod restarted,
+# or was replaced by a changed image) reported to nothing: every run stayed PENDING (seen here).
+# Such a one is restarted.
+reconnect_reporters() {
+  local ready d started
+  ready="$(kubectl_ -n "$NS" get pods -l app=ml-pipeline \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].lastTransitionTime}{"\n"}{end}' |
+    sort | tail -n 1)"
+  for d in ml-pipeline-persistenceagent ml-pipeline-scheduledworkflow; do
+    started="$(kubectl_ -n "$NS" get pods -l "app=${d}" -o jsonpath='{.items[0].status.startTime}')"
+    if [[ -n "$ready" && "$started" < "$ready" ]]; then
+      say "${d} started before the API server was Ready: restarting it"
+      kubectl_ -n "$NS" rollout restart "deployment/${d}" >/dev/null
+      rollout "$PIECE" "$NS" "$d" 180
+    fi
+  done
+}
+
 addon_install() {
   check_user_path
   need_cluster "$PIECE"
@@ -328,6 +347,7 @@ addon_install() {
   done
   wait_for 120 api_answers ||
     die "${PIECE}: the API server does not answer through Service ${NS}/ml-pipeline within 120 s (kubectl -n ${NS} logs deploy/ml-pipeline)"
+  reconnect_reporters
   say "KFP ${V}'s API server answers at ml-pipeline.${NS}:8888 (HTTP) and :8887 (gRPC)"
 }
 
