@@ -88,13 +88,13 @@ BASELINES = {
 @pytest.mark.parametrize(
     ("value", "rule", "passed", "clause"),
     [
-        (120.0, "trivial", False, "is worse than the trivial predictor (training mean: 100)"),
-        (100.0, "trivial", True, "is no worse than the trivial predictor (training mean: 100)"),
-        (50.0, "trivial", True, "is no worse than the trivial predictor (training mean: 100)"),
+        (120.0, "trivial", False, "is worse than the trivial predictor (training mean, rmse 100)"),
+        (100.0, "trivial", True, "no worse than the trivial predictor (training mean, rmse 100)"),
+        (50.0, "trivial", True, "is no worse than the trivial predictor (training mean, rmse 100)"),
         (50.0, "best", False, "does not beat the best baseline, hgb (histogram gradient "
                               "boosting: 30)"),
         (30.0, "best", False, "does not beat the best baseline, hgb"),
-        (29.0, "best", True, "beats the best baseline, hgb (histogram gradient boosting: 30)"),
+        (29.0, "best", True, "beats the best baseline, hgb (histogram gradient boosting, rmse 30)"),
     ],
     ids=["worse-than-trivial", "ties-trivial", "beats-trivial", "worse-than-best", "ties-best",
          "beats-best"],
@@ -119,7 +119,7 @@ def test_a_threshold_does_not_rescue_a_model_worse_than_trivial() -> None:
     assert not ok
     assert reason == (
         "accuracy 0.5 >= threshold 0.4 and is worse than the trivial predictor "
-        "(majority class: 0.6) and no champion to beat"
+        "(majority class, accuracy 0.6) and no champion to beat"
     )
 
 
