@@ -92,7 +92,7 @@ BASELINES = {
         (100.0, "trivial", True, "no worse than the trivial predictor (training mean, rmse 100)"),
         (50.0, "trivial", True, "is no worse than the trivial predictor (training mean, rmse 100)"),
         (50.0, "best", False, "does not beat the best baseline, hgb (histogram gradient "
-                              "boosting: 30)"),
+                              "boosting, rmse 30)"),
         (30.0, "best", False, "does not beat the best baseline, hgb"),
         (29.0, "best", True, "beats the best baseline, hgb (histogram gradient boosting, rmse 30)"),
     ],
@@ -176,7 +176,7 @@ def test_gate_baseline_best_refuses_a_fair_model_that_a_baseline_beats(tmp_path:
     assert run_evaluate(tmp_path, model, data).gate_passed
     result = run_evaluate(tmp_path, model, data, baseline="best")
     assert not result.gate_passed
-    assert "does not beat the best baseline, linear (ridge regression: " in result.gate_reason
+    assert "does not beat the best baseline, linear (ridge regression, rmse " in result.gate_reason
 
 
 # --- the target scale ---------------------------------------------------------------------------
