@@ -346,39 +346,51 @@ def _champion_lease(
     lease = _lease_name(cfg)
     deadline = time.monotonic() + LEASE_WAIT_S
     while True:
-        tags = {_LEASE_OWNER_TAG: owner, _LEASE_EXPIRES_TAG: f"{time.time() + LEASE_S:.3f}"}
+        expires = f"{time.time() + LEASE_S:.3f}"
         try:
             client.create_registered_model(
-                lease, tags=tags, description="gpupipe: a register step is deciding the champion"
+                lease,
+                tags={_LEASE_OWNER_TAG: owner, _LEASE_EXPIRES_TAG: expires},
+                description="gpupipe: a register step is deciding the champion",
             )
             break
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         try:
-            held = client.get_registered_model(lease).tags or {}
+            held = client.get_registered_model(lease)
+            tags = held.tags or {}
+            if tags.get(_LEASE_OWNER_TAG) == owner:
+                # Our own earlier attempt (a retried step): only we use this owner, take it.
+                client.set_registered_model_tag(lease, _LEASE_EXPIRES_TAG, expires)
+                break
+            # A lease read before its tags landed counts from its creation, never as expired.
+            created = (held.creation_timestamp or 0) / 1000
+            until = float(tags.get(_LEASE_EXPIRES_TAG) or created + LEASE_S)
+            if until < time.time():
+                # Its holder died: remove it (if it is still that lease) and race for a new one
+                # through the atomic create above.
+                again = client.get_registered_model(lease)
+                if again.creation_timestamp == held.creation_timestamp:
+                    client.delete_registered_model(lease)
+                continue
         except MlflowException as e:
             if e.error_code == "RESOURCE_DOES_NOT_EXIST":
-                continue  # released between our create and our look: try again
+                continue  # released while we looked: try to create it again
             raise
-        expired = float(held.get(_LEASE_EXPIRES_TAG) or 0) < time.time()
-        if held.get(_LEASE_OWNER_TAG) == owner or expired:
-            # Our own earlier attempt (a retried step) or a dead holder: take it over.
-            client.set_registered_model_tag(lease, _LEASE_EXPIRES_TAG, tags[_LEASE_EXPIRES_TAG])
-            client.set_registered_model_tag(lease, _LEASE_OWNER_TAG, owner)
-            if (client.get_registered_model(lease).tags or {}).get(_LEASE_OWNER_TAG) == owner:
-                break
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"registered model {lease!r} (the champion lease) was held by "
-                f"{held.get(_LEASE_OWNER_TAG)!r} for more than {LEASE_WAIT_S:.0f} s"
+                f"{tags.get(_LEASE_OWNER_TAG)!r} for more than {LEASE_WAIT_S:.0f} s"
             )
         time.sleep(0.05 + random.random() * 0.1)
     try:
         yield
     finally:
-        with contextlib.suppress(MlflowException):  # not deleted: it expires after LEASE_S
+        try:
             client.delete_registered_model(lease)
+        except MlflowException as e:  # the step's own outcome matters more; the lease expires
+            log.warning("could not release %r (it expires in %.0f s): %s", lease, LEASE_S, e)
 
 
 def _move_alias(
