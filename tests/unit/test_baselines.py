@@ -166,6 +166,10 @@ def test_a_model_worse_than_the_trivial_predictor_never_passes(tmp_path: Path, t
     result = run_evaluate(tmp_path, model, data)  # no threshold, no champion
     assert not result.gate_passed
     assert "is worse than the trivial predictor" in result.gate_reason
+    if task == "regression":  # what it predicts, with its value, then its score (issue 39)
+        mean = float(pq.read_table(f"{data}/train.parquet").column("label").to_numpy().mean())
+        metric = result.gate_reason.split(" ", 1)[0]
+        assert f"(training mean {mean:.4g}, {metric} " in result.gate_reason, result.gate_reason
 
 
 def test_gate_baseline_best_refuses_a_fair_model_that_a_baseline_beats(tmp_path: Path) -> None:
