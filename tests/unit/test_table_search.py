@@ -100,18 +100,11 @@ def _column(kind: str, rows: int, data: st.DataObject) -> pa.Array:
     return pa.array(values(st.lists(st.integers(0, 9), max_size=2)), pa.list_(pa.int64()))
 
 
+# Types preprocess reads, more often than the ones it refuses (binary, null, list): a table
+# with one refused column says no more than that, whatever else it holds.
 KINDS = [
-    "int",
-    "float",
-    "bool",
-    "text",
-    "dict",
-    "binary",
-    "date",
-    "timestamp",
-    "decimal",
-    "null",
-    "list",
+    *("int", "float", "bool", "text", "dict", "date", "timestamp", "decimal"),
+    *("int", "float", "text", "float", "binary", "null", "list"),
 ]
 
 
@@ -119,7 +112,7 @@ KINDS = [
 def tables(draw: st.DrawFn) -> pa.Table:
     data = draw(st.data())
     # 0 to 5 rows; now and then enough for the splits, so that success is searched too
-    rows = draw(st.one_of(st.integers(0, 5), st.integers(0, 5), st.just(40)))
+    rows = draw(st.one_of(st.integers(0, 5), st.just(40)))
     if draw(st.integers(0, 19)) == 0:  # a wide table, now and then
         width = draw(st.sampled_from([300, 3000]))
         rng = np.random.default_rng(rows)
@@ -131,7 +124,9 @@ def tables(draw: st.DrawFn) -> pa.Table:
     arrays = [_column(draw(st.sampled_from(KINDS)), rows, data) for _ in range(n_cols)]
     if draw(st.integers(0, 3)):  # mostly: a plausible target, one class or two
         names.append("y")
-        labels = draw(st.sampled_from([[0] * rows, [i % 2 for i in range(rows)], [1.5] * rows]))
+        two = [i % 2 for i in range(rows)]
+        spread = [float(i) * 1.5 for i in range(rows)]  # a regression target
+        labels = draw(st.sampled_from([two, two, spread, [0] * rows, [1.5] * rows]))
         arrays.append(pa.array(labels))
     return pa.Table.from_arrays(arrays, names=names)
 
@@ -209,7 +204,7 @@ def test_generated_tables_succeed_or_say_one_line(capsys: pytest.CaptureFixture[
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(files(), st.sampled_from(["y", "y", "y", "x", "", "é", "missing"]))
+    @given(files(), st.sampled_from(["y"] * 12 + ["x", "", "é", "missing"]))
     def search(file: tuple[str, bytes, dict[str, Any]], target: str) -> None:
         name, blob, params = file
         with tempfile.TemporaryDirectory(prefix="gpupipe-search-") as tmp:
