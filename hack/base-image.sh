@@ -7,7 +7,9 @@
 #      containers may pass a proxy that presents them). Needs root and debootstrap.
 # Progress goes to stderr; the only line on stdout is the image reference.
 # Environment: PYTHON_IMAGE, LOCAL_BASE, DEBIAN_MIRROR (default: the first http(s) mirror named
-#   in apt's sources), GPUPIPE_PULL_TIMEOUT (seconds, default 60).
+#   in apt's sources), DEBIAN_KEYRING (default /usr/share/keyrings/debian-archive-keyring.gpg:
+#   the archive's signatures are verified against it; a missing keyring or a bad signature fails),
+#   GPUPIPE_PULL_TIMEOUT (seconds, default 60).
 set -euo pipefail
 
 public="${PYTHON_IMAGE:-python:3.11.14-slim-bookworm}"
@@ -47,17 +49,32 @@ if [[ -z "$mirror" ]]; then
 fi
 mirror="${mirror:-http://deb.debian.org/debian}"
 
+# The archive's Release file must carry a valid signature by Debian's archive keys: debootstrap
+# checks it against this keyring and refuses a bad one. Without a keyring it would only warn and
+# go on, trusting whatever the (plain http) mirror sent; so the keyring must be there, and the
+# log must show the check passed.
+keyring="${DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}"
+if [[ ! -s "$keyring" ]]; then
+  echo "error: Debian's archive keyring ${keyring} is missing: apt-get install debian-archive-keyring (or set DEBIAN_KEYRING)" >&2
+  exit 1
+fi
+
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 rootfs="${work}/rootfs"
 start=$SECONDS
-say "debootstrap bookworm from ${mirror}"
-debootstrap --variant=minbase \
+say "debootstrap bookworm from ${mirror}, signatures checked against ${keyring}"
+debootstrap --variant=minbase --force-check-gpg --keyring="$keyring" \
   --include=python3.11,python3-venv,python-is-python3,ca-certificates,netbase \
   bookworm "$rootfs" "$mirror" >"${work}/debootstrap.log" 2>&1 || {
   tail -n 20 "${work}/debootstrap.log" >&2
   exit 1
 }
+if ! grep -q "Valid Release signature" "${work}/debootstrap.log"; then
+  echo "error: debootstrap did not verify the Release signature of ${mirror}; refusing the base" >&2
+  tail -n 20 "${work}/debootstrap.log" >&2
+  exit 1
+fi
 # Trust what the host trusts beyond Debian's bundle (a proxy's CA, a company CA).
 shopt -s nullglob
 extra=(/usr/local/share/ca-certificates/*.crt)

@@ -81,24 +81,55 @@ local_torch_wheel() {
   return 1
 }
 
+# The sha256 the wheel must have (images/wheels.sha256, "<sha256>  <file name>" lines): a wheel
+# found in a local folder is installed into the image only if it is the very file pinned there.
+check_wheel() {
+  local wheel="$1" name want got
+  name="$(basename "$wheel")"
+  want="$(awk -v n="$name" '$2 == n {print $1}' images/wheels.sha256)"
+  if [[ -z "$want" ]]; then
+    echo "error: ${name} has no pinned sha256 in images/wheels.sha256: add '<sha256>  ${name}' after checking the file" >&2
+    exit 1
+  fi
+  got="$(sha256sum "$wheel" | cut -d' ' -f1)"
+  if [[ "$got" != "$want" ]]; then
+    echo "error: ${wheel} has sha256 ${got}, not the ${want} pinned in images/wheels.sha256" >&2
+    exit 1
+  fi
+  wheel_sha256="$got"
+}
+
 # Serve one wheel as a PEP 503 "simple" index on 127.0.0.1; sets served_index to its URL.
+# The index names the wheel with its sha256 (pip refuses a download that does not match), and
+# the server is checked to be ours: still running, and answering with a token only it knows
+# (another process already on the port would otherwise serve the image its own torch).
 served_index=""
+wheel_sha256=""
 serve_wheel() {
-  local wheel="$1" dir port
+  local wheel="$1" dir port name token answer
+  check_wheel "$wheel"
+  name="$(basename "$wheel")"
   dir="$(mktemp -d)"
   served_dir="$dir"
   mkdir -p "${dir}/simple/torch"
-  ln -s "$wheel" "${dir}/simple/torch/$(basename "$wheel")"
+  cp "$wheel" "${dir}/simple/torch/${name}"
+  printf '<!DOCTYPE html>\n<html><body><a href="%s#sha256=%s">%s</a></body></html>\n' \
+    "$name" "$wheel_sha256" "$name" >"${dir}/simple/torch/index.html"
+  token="$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  printf '%s' "$token" >"${dir}/server-token"
   # A fixed port: the index URL is a build argument, and a new one would void the layer cache.
   port="${GPUPIPE_WHEEL_PORT:-38741}"
   python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$port" >/dev/null 2>&1 &
   server_pid=$!
+  answer=""
   for _ in $(seq 50); do
-    curl -sf "http://127.0.0.1:${port}/simple/torch/" >/dev/null && break
+    answer="$(curl -sf "http://127.0.0.1:${port}/server-token" 2>/dev/null || true)"
+    [[ "$answer" == "$token" ]] && break
+    kill -0 "$server_pid" 2>/dev/null || break
     sleep 0.1
   done
-  if ! curl -sf "http://127.0.0.1:${port}/simple/torch/" >/dev/null; then
-    echo "error: cannot serve ${wheel} on 127.0.0.1:${port} (busy? set GPUPIPE_WHEEL_PORT)" >&2
+  if [[ "$answer" != "$token" ]] || ! kill -0 "$server_pid" 2>/dev/null; then
+    echo "error: the wheel server on 127.0.0.1:${port} is not ours (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
     exit 1
   fi
   served_index="http://127.0.0.1:${port}/simple"

@@ -27,6 +27,7 @@ DEFAULT_REGISTRY_TIMEOUT_S = 5.0
 # parser's default for each is None (or an empty list / False), so "given" means "not that".
 CLUSTER_ONLY_FLAGS = (
     ("token", "--token"),
+    ("insecure", "--insecure"),
     ("namespace", "--namespace"),
     ("pipeline", "--pipeline"),
     ("version", "--version"),
@@ -172,7 +173,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _cluster(args: argparse.Namespace) -> KfpCluster:
     from pipelines.cluster import KfpCluster, resolve_auth
 
-    return KfpCluster(args.host, auth=resolve_auth(args.token), namespace=args.namespace)
+    return KfpCluster(
+        args.host,
+        auth=resolve_auth(args.token),
+        namespace=args.namespace,
+        insecure=bool(args.insecure),
+    )
 
 
 def _default_pipeline() -> str:
@@ -615,6 +621,13 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool) -> None:
     p.add_argument(
         "--token",
         help="bearer token (default: $KF_PIPELINES_SA_TOKEN_PATH, then the in-cluster token)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow sending the token over plain http:// to a host other than localhost "
+        "(refused otherwise)",
     )
     p.add_argument("--namespace", help="profile namespace (multi-user KFP)")
     p.add_argument("--pipeline", help="pipeline name (default: gpupipe-training)")

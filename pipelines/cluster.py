@@ -11,6 +11,7 @@ bounded number of times.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import tempfile
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import kfp_server_api as kapi
 import urllib3
@@ -196,6 +198,28 @@ def _error_text(e: kapi.ApiException) -> str:
     return " ".join(str(text).split())[:300]
 
 
+def _token_safe_over(host: str) -> bool:
+    """Whether a bearer token may go to ``host``: over https, or plain http to this machine."""
+    parts = urlsplit(host)
+    if parts.scheme == "https":
+        return True
+    name = (parts.hostname or "").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a ``user:password@`` part."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
+
+
 class KfpCluster:
     """One KFP API server: pipelines, versions, experiments, runs and recurring runs.
 
@@ -207,6 +231,8 @@ class KfpCluster:
         backoff_s: first wait between retries and between run polls (default ``BACKOFF_S``).
         max_poll_s: the longest wait between two polls (default ``MAX_POLL_S``).
         sleep: how to wait (default ``time.sleep``).
+        insecure: allow sending the bearer token over plain ``http://`` to a host other than
+            this machine (``--insecure``); without it such a host is refused before any request.
     """
 
     def __init__(
@@ -219,10 +245,19 @@ class KfpCluster:
         backoff_s: float | None = None,
         max_poll_s: float | None = None,
         sleep: Callable[[float], None] | None = None,
+        insecure: bool = False,
     ) -> None:
         if not host.startswith(("http://", "https://")):
             raise InputError(
                 "E_HOST", f"host must start with http:// or https://, got {host!r}", "--host"
+            )
+        if auth.source != "none" and not insecure and not _token_safe_over(host):
+            raise InputError(
+                "E_INSECURE",
+                f"refusing to send the bearer token (from {auth.source}) in clear text over "
+                "plain http:// to a host other than this machine: use https://, a port-forward "
+                "to localhost, or pass --insecure if the network between is yours",
+                redact_url(host),
             )
         self.host = host.rstrip("/")
         self.auth = auth

@@ -9,12 +9,14 @@ registry, the root folder) is checked before the first step starts.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import json
 import logging
 import os
 import re
 import secrets
+import shlex
 import signal
 import sys
 import time
@@ -128,8 +130,13 @@ def check_data(data: str, target: str, params: dict[str, Any]) -> None:
         raise InputError("E_DATA", f"cannot read the data: {reason}", data) from None
     if target not in columns:
         shown = ", ".join(columns[:20]) + (", ..." if len(columns) > 20 else "")
+        same_case = [c for c in columns if c.casefold() == target.casefold()]
+        close = same_case or difflib.get_close_matches(target, columns, n=1)
+        hint = f"; did you mean {close[0]!r}? set --target {shlex.quote(close[0])}" if close else ""
         raise InputError(
-            "E_TARGET", f"target column {target!r} is not in the data (columns: {shown})", data
+            "E_TARGET",
+            f"target column {target!r} is not in the data (columns: {shown}){hint}",
+            data,
         )
     from trainer.steps.inspect_data import inspect_data
 
@@ -371,6 +378,13 @@ def run_local(
     for name, flag, value in (("data_uri", "--data", data), ("target", "--target", target)):
         if value is not None and name in params:
             raise InputError("E_PARAM", f"give {name} once: {flag} or --param {name}=...", name)
+    if target is not None and not target.strip():
+        raise InputError(
+            "E_PARAM",
+            f"--target must name a column, got {target!r}; a column whose name is empty or "
+            "blank cannot be the target: give it a name in the data",
+            "--target",
+        )
     arguments: dict[str, Any] = {"data_uri": data or "", "target": target or DEMO_TARGET}
     arguments.update(params)
     if arguments["data_uri"] and not (target or params.get("target")):

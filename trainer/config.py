@@ -435,8 +435,11 @@ class MetricsConfig:
     port: int = 0
     """Serve ``/metrics`` (Prometheus text format) on this port from each node's first process
     (training values from rank 0, GPU values of every rank on the node); 0: no endpoint."""
-    host: str = "0.0.0.0"
-    """Address the endpoint listens on (``127.0.0.1``: this machine only)."""
+    host: str = "auto"
+    """Address the endpoint listens on. ``auto``: ``127.0.0.1`` (this machine only) unless the
+    process runs in a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` is set), then every interface
+    of the pod (``0.0.0.0``), where a scrape of the pod's IP reaches it. The address it really
+    listens on is what the run prints."""
     gpu_hour_usd: float | None = None
     """Price of one GPU-hour; with it the ``cost_usd`` counter and the run's cost are reported
     (``None``: no cost)."""

@@ -270,3 +270,80 @@ def test_unreachable_endpoint(s3_server: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1")
     with pytest.raises(RuntimeError, match=r"s3://b/k: .*(connect|NETWORK)"):
         storage.exists("s3://b/k")
+
+
+# --- issue 39, item 4: a publish on an object store is never half-done ---------------------
+
+
+def _earlier_output(model: str) -> None:
+    """An earlier output of the train step under ``model``: a.bin, b.bin and stale.txt."""
+    with outputs.atomic_dir(model, step="train") as tmp:
+        for name in ("a.bin", "b.bin", "stale.txt"):
+            storage.write_bytes(storage.join(tmp, name), b"old " + name.encode())
+
+
+def _under(s3_client: Any, bucket: str, prefix: str) -> dict[str, bytes]:
+    return {
+        k[len(prefix) :]: v for k, v in _objects(s3_client, bucket).items() if k.startswith(prefix)
+    }
+
+
+def test_a_reader_sees_every_file_old_or_new_while_a_publish_replaces_them(
+    root: str, s3_client: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = storage.join(root, "model")
+    _earlier_output(model)
+    prefix = model.split(f"{s3_bucket}/", 1)[1] + "/"
+    seen: list[dict[str, bytes]] = []
+
+    def watched(real: Any) -> Any:
+        def call(*args: Any) -> Any:
+            out = real(*args)
+            seen.append(_under(s3_client, s3_bucket, prefix))  # what a reader sees now
+            return out
+
+        return call
+
+    monkeypatch.setattr(storage, "copy_tree", watched(storage.copy_tree))
+    monkeypatch.setattr(storage, "delete", watched(storage.delete))
+    with outputs.atomic_dir(model, step="train") as tmp:
+        for name in ("a.bin", "b.bin", "c.bin"):
+            storage.write_bytes(storage.join(tmp, name), b"new " + name.encode())
+    assert seen
+    for view in seen:  # at every moment both files are there, each whole: old or new
+        for name in ("a.bin", "b.bin"):
+            assert view.get(name) in (b"old " + name.encode(), b"new " + name.encode()), view
+    after = _under(s3_client, s3_bucket, prefix)
+    assert {k: v for k, v in after.items() if k != OUTPUT_MARKER} == {
+        n: b"new " + n.encode() for n in ("a.bin", "b.bin", "c.bin")
+    }
+    assert storage.list_dir(root) == ["model"]
+
+
+def test_a_publish_that_fails_midway_leaves_the_earlier_output_as_it_was(
+    root: str, s3_client: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = storage.join(root, "model")
+    _earlier_output(model)
+    before = _objects(s3_client, s3_bucket)
+    real, copies = storage.copy_tree, []
+
+    def failing(src: str, dst: str) -> None:
+        if ".tmp-" in src:  # a file of the new output
+            copies.append(src)
+            if len(copies) == 2:
+                raise RuntimeError("object store went away")
+        real(src, dst)
+
+    monkeypatch.setattr(storage, "copy_tree", failing)
+    with (
+        pytest.raises(RuntimeError, match="went away"),
+        outputs.atomic_dir(model, step="train") as tmp,
+    ):
+        for name in ("a.bin", "b.bin", "c.bin"):
+            storage.write_bytes(storage.join(tmp, name), b"new " + name.encode())
+    after = _objects(s3_client, s3_bucket)
+    assert {k: v for k, v in after.items() if not k.endswith(OUTPUT_MARKER)} == {
+        k: v for k, v in before.items() if not k.endswith(OUTPUT_MARKER)
+    }
+    assert storage.list_dir(root) == ["model"]

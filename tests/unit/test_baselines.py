@@ -88,13 +88,13 @@ BASELINES = {
 @pytest.mark.parametrize(
     ("value", "rule", "passed", "clause"),
     [
-        (120.0, "trivial", False, "is worse than the trivial predictor (training mean: 100)"),
-        (100.0, "trivial", True, "is no worse than the trivial predictor (training mean: 100)"),
-        (50.0, "trivial", True, "is no worse than the trivial predictor (training mean: 100)"),
+        (120.0, "trivial", False, "is worse than the trivial predictor (training mean, rmse 100)"),
+        (100.0, "trivial", True, "no worse than the trivial predictor (training mean, rmse 100)"),
+        (50.0, "trivial", True, "is no worse than the trivial predictor (training mean, rmse 100)"),
         (50.0, "best", False, "does not beat the best baseline, hgb (histogram gradient "
-                              "boosting: 30)"),
+                              "boosting, rmse 30)"),
         (30.0, "best", False, "does not beat the best baseline, hgb"),
-        (29.0, "best", True, "beats the best baseline, hgb (histogram gradient boosting: 30)"),
+        (29.0, "best", True, "beats the best baseline, hgb (histogram gradient boosting, rmse 30)"),
     ],
     ids=["worse-than-trivial", "ties-trivial", "beats-trivial", "worse-than-best", "ties-best",
          "beats-best"],
@@ -119,7 +119,7 @@ def test_a_threshold_does_not_rescue_a_model_worse_than_trivial() -> None:
     assert not ok
     assert reason == (
         "accuracy 0.5 >= threshold 0.4 and is worse than the trivial predictor "
-        "(majority class: 0.6) and no champion to beat"
+        "(majority class, accuracy 0.6) and no champion to beat"
     )
 
 
@@ -166,6 +166,10 @@ def test_a_model_worse_than_the_trivial_predictor_never_passes(tmp_path: Path, t
     result = run_evaluate(tmp_path, model, data)  # no threshold, no champion
     assert not result.gate_passed
     assert "is worse than the trivial predictor" in result.gate_reason
+    if task == "regression":  # what it predicts, with its value, then its score (issue 39)
+        mean = float(pq.read_table(f"{data}/train.parquet").column("label").to_numpy().mean())
+        metric = result.gate_reason.split(" ", 1)[0]
+        assert f"(training mean {mean:.4g}, {metric} " in result.gate_reason, result.gate_reason
 
 
 def test_gate_baseline_best_refuses_a_fair_model_that_a_baseline_beats(tmp_path: Path) -> None:
@@ -176,7 +180,7 @@ def test_gate_baseline_best_refuses_a_fair_model_that_a_baseline_beats(tmp_path:
     assert run_evaluate(tmp_path, model, data).gate_passed
     result = run_evaluate(tmp_path, model, data, baseline="best")
     assert not result.gate_passed
-    assert "does not beat the best baseline, linear (ridge regression: " in result.gate_reason
+    assert "does not beat the best baseline, linear (ridge regression, rmse " in result.gate_reason
 
 
 # --- the target scale ---------------------------------------------------------------------------

@@ -535,3 +535,40 @@ def test_cluster_summary_names_what_to_set_when_the_store_is_unreadable(
         "cannot read minio://mlpipeline/v2/artifacts/p/r-2"
     )
     assert "MINIO_ENDPOINT" in summary["artifacts_error"]
+
+
+# --- issue 39, item 8: a token never goes over plain http to another machine unasked ---------
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["http://kfp.example.com:8080", "http://10.0.0.7:8888", "http://ml-pipeline.kubeflow:8888"],
+    ids=["name", "address", "in-cluster-service"],
+)
+def test_a_token_over_plain_http_to_another_host_is_refused_before_any_request(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    code, out, err = _gp(capsys, "upload", "--host", host, "--token", TOKEN)
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("ERROR [gpupipe upload] E_INSECURE: refusing to send the bearer token")
+    assert "--insecure" in line and line.endswith(f"({host})")
+    assert TOKEN not in out + err
+    assert kfp.calls() == []
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["https://kfp.example.com", "http://localhost:8888", "http://127.0.0.1:8888", "http://[::1]:1"],
+    ids=["https", "localhost", "loopback", "loopback-v6"],
+)
+def test_a_token_goes_over_https_or_to_this_machine(host: str) -> None:
+    auth = cluster.Auth(source="--token", token=TOKEN)
+    assert cluster.KfpCluster(host, auth=auth).host == host
+
+
+def test_insecure_allows_plain_http_and_no_token_needs_nothing() -> None:
+    host = "http://kfp.example.com:8080"
+    token = cluster.Auth(source="--token", token=TOKEN)
+    assert cluster.KfpCluster(host, auth=token, insecure=True).host == host
+    assert cluster.KfpCluster(host, auth=cluster.Auth(source="none")).host == host

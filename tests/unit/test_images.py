@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -232,3 +235,116 @@ def test_image_overrides_replace_step_images_and_refuse_unknown_ones() -> None:
         set_step_images(pipeline, {"other/image:1": CPU_IMAGE})
     with pytest.raises(InputError, match="ORIGINAL=REPLACEMENT"):
         parse_image_overrides(["no-equals-sign"])
+
+
+# --- issue 39, item 11: what goes into an image is pinned and checked -----------------------
+
+
+def test_every_package_an_image_installs_is_pinned_by_the_constraints() -> None:
+    pins = {
+        re.split(r"[=<>!~ ]", line, maxsplit=1)[0].lower().replace("_", "-"): line.strip()
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert all("==" in pin for pin in pins.values()), "constraints pin exact versions"
+    for dockerfile in sorted((ROOT / "images").glob("*/Dockerfile")):
+        for line in dockerfile.read_text().splitlines():
+            if "pip install" not in line:
+                continue
+            # Named packages (not options, files or variables) carry no range of their own: the
+            # constraints decide the version (a ">=" would let a constraint-free name float).
+            command = re.split(r"&&|;", line.split("pip install", 1)[1])[0]
+            words = command.replace("\\", " ").split()
+            named = [w for w in words if not w.startswith(("-", "$", '"$')) and w != "."]
+            named = [
+                w.strip('"') for w in named if w not in ("requirements.txt", "constraints.txt")
+            ]
+            for name in named:
+                assert re.fullmatch(r"[A-Za-z0-9_.-]+", name), f"{dockerfile.name}: {name!r}"
+                assert name.lower() in pins, f"{dockerfile.name} installs {name}, not pinned"
+    assert pins["setuptools"].startswith("setuptools==")
+
+
+def test_the_local_base_image_verifies_the_archive_signatures() -> None:
+    script = (ROOT / "hack" / "base-image.sh").read_text()
+    call = script[script.index("debootstrap --variant") :].split("\n\n", 1)[0]
+    assert "--force-check-gpg" in call and '--keyring="$keyring"' in call
+    assert "--no-check-gpg" not in script
+    assert 'grep -q "Valid Release signature"' in script
+
+
+def _serve_wheel(tmp_path: Path, wheel: Path, port: int) -> subprocess.CompletedProcess[str]:
+    """``serve_wheel`` of hack/build-images.sh, run alone in ``tmp_path`` (its own pin file)."""
+    script = (ROOT / "hack" / "build-images.sh").read_text()
+    functions = "\n".join(
+        script[script.index(f"{name}() {{") :].split("\n}\n", 1)[0] + "\n}"
+        for name in ("check_wheel", "serve_wheel")
+    )
+    body = f"""set -euo pipefail
+server_pid=""; served_dir=""
+trap '[[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null' EXIT
+{functions}
+GPUPIPE_WHEEL_PORT={port} serve_wheel {wheel}
+curl -sf "$served_index/torch/"
+"""
+    return subprocess.run(
+        ["bash", "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def wheel(tmp_path: Path) -> Path:
+    path = tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+    path.write_bytes(b"not really a wheel")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "wheels.sha256").write_text(f"{digest}  {path.name}\n")
+    return path
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_wheel_server_serves_the_pinned_wheel_with_its_hash(
+    tmp_path: Path, wheel: Path
+) -> None:
+    out = _serve_wheel(tmp_path, wheel, _port())
+    assert out.returncode == 0, out.stderr
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert f'href="{wheel.name}#sha256={digest}"' in out.stdout
+
+
+def test_a_wheel_that_is_not_the_pinned_file_is_refused(tmp_path: Path, wheel: Path) -> None:
+    wheel.write_bytes(b"tampered")
+    out = _serve_wheel(tmp_path, wheel, _port())
+    assert out.returncode == 1
+    assert "not the" in out.stderr and "pinned in images/wheels.sha256" in out.stderr
+
+
+def test_a_wheel_server_that_is_not_ours_is_refused(tmp_path: Path, wheel: Path) -> None:
+    port = _port()
+    foreign = tmp_path / "foreign"
+    (foreign / "simple" / "torch").mkdir(parents=True)
+    (foreign / "simple" / "torch" / "index.html").write_text("someone else's torch")
+    (foreign / "server-token").write_text("guess")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(foreign),
+         str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        out = _serve_wheel(tmp_path, wheel, port)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert out.returncode == 1
+    assert "is not ours" in out.stderr

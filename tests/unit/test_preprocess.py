@@ -442,9 +442,9 @@ _RARE = pa.concat_tables([_RARE, pa.table({"x": [1.0], "churned": ["rare"], "x2"
 BAD_INPUTS = [
     ("missing-file", lambda tmp: tmp / "nope.parquet", {}, "E_DATA", ["nope.parquet", "not found"]),
     ("no-data-files", _empty_folder, {}, "E_DATA", ["no data files"]),
-    ("empty-csv", _csv("x,churned\n"), {}, "E_EMPTY", ["0 rows", "data.csv"]),
+    ("empty-csv", _csv("x,churned\n"), {}, "E_EMPTY", ["no rows", "data.csv"]),
     ("empty-file", _csv(""), {}, "E_EMPTY", ["data.csv"]),
-    ("empty-parquet-table", _parquet(_table().slice(0, 0)), {}, "E_EMPTY", ["0 rows"]),
+    ("empty-parquet-table", _parquet(_table().slice(0, 0)), {}, "E_EMPTY", ["no rows"]),
     ("zero-byte-parquet", _csv(b"", "data.parquet"), {}, "E_EMPTY", ["data.parquet", "0 bytes"]),
     (
         "not-parquet",

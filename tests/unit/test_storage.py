@@ -9,6 +9,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from trainer.base import storage
+from trainer.base.errors import InputError
 
 
 def _uri(kind: str, path: Path) -> str:
@@ -346,3 +347,16 @@ def test_copy_tree(what: str, tmp_path: Path) -> None:
     else:
         assert dst.read_text() == "x"
     assert src.exists()
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3://bucket/runs/../other/model", "minio://bucket/a/./b", "gs://bucket/x/..", "s3://b/a/../"],
+    ids=["s3-dotdot", "minio-dot", "gs-trailing-dotdot", "s3-dotdot-slash"],
+)
+def test_object_keys_with_dot_segments_are_refused_naming_the_key(uri: str) -> None:
+    # An object store takes "a/../b" literally; a person and every local tool read it as "b".
+    with pytest.raises(InputError) as info:
+        storage.resolve(uri)
+    assert info.value.code == "E_URI" and info.value.where == uri
+    assert "'..'" in info.value.message and "\n" not in str(info.value)

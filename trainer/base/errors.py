@@ -99,7 +99,15 @@ def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -
     """Format ``exc`` as the single stderr line DESIGN.md promises, credentials redacted."""
     code = exc.code if isinstance(exc, InputError | StepFailure) else default_code
     text = redact(" ".join(str(exc).split())) or type(exc).__name__
-    return f"ERROR [{step}] {code}: {text}"
+    return f"ERROR [{step}] {code}: {printable(text)}"
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (NUL, escape ...) written as ``\\xNN``: a message that
+    quotes a binary file never sends them to a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 _ERROR_LINE = re.compile(r"ERROR \[(?P<step>[\w -]+)\] (?P<code>E_[A-Z_]+): (?P<text>.*)$")

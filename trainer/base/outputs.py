@@ -211,10 +211,10 @@ def atomic_dir(
     ``uri`` is checked first (:func:`check_output_location`) and again before publishing. The
     published folder holds the marker, so a retried step may replace it. Locally the old folder
     is renamed aside, the new one renamed in, then the old one deleted: readers see the old
-    output or the new one, never a mix. On object stores (no rename) the old output is deleted
-    and the marker written before the files are copied, so an interrupted copy can be replaced
-    by the retry. On an exception the temporary folder is deleted and the exception re-raised:
-    a failed step leaves no output and never touches an existing one.
+    output or the new one, never a mix. On object stores (no rename) the new files are copied
+    over the old ones, each replaced whole, and a failed copy puts the old output back
+    (:func:`_publish_remote`). On an exception the temporary folder is deleted and the exception
+    re-raised: a failed step leaves no output and never touches an existing one.
 
     Args:
         uri: Where the finished folder should appear.
@@ -268,12 +268,39 @@ def _publish_local(tmp: str, uri: str, step: str) -> None:
 
 
 def _publish_remote(tmp: str, uri: str, step: str) -> None:
-    """Replace ``uri`` with the objects under ``tmp``; the marker lands before the files."""
-    if storage.exists(uri):  # checked: an empty prefix or our own earlier output
-        storage.delete(uri)
-    storage.write_json(marker_uri(uri), marker(step))
-    if storage.list_dir(tmp):
-        storage.copy_tree(tmp, uri)
+    """Replace ``uri`` with the objects under ``tmp``; never half-done.
+
+    An object store has no rename of a prefix, so the new files are copied over the old ones
+    (each object is replaced whole: a reader of a file gets the old or the new one, never a
+    part or nothing) and only then are old files that the new output lacks deleted. An earlier
+    output is first copied aside; if the publish fails midway, it is put back as it was, so a
+    failed step leaves the old output, or nothing where there was none.
+    """
+    new = [f for f in storage.list_files(tmp) if f != OUTPUT_MARKER]
+    old = [f for f in storage.list_files(uri) if f != OUTPUT_MARKER]
+    had_marker = storage.exists(marker_uri(uri))
+    aside = _sibling(uri, "replaced") if old else None
+    if aside is not None:
+        storage.copy_tree(uri, aside)
+    try:
+        # The marker first: a publish cut off below leaves a location the retry may replace.
+        storage.write_json(marker_uri(uri), marker(step))
+        for name in new:
+            storage.copy_tree(storage.join(tmp, name), storage.join(uri, name))
+        for name in sorted(set(old) - set(new)):
+            storage.delete(storage.join(uri, name))
+    except BaseException:
+        for name in sorted(set(new) - set(old)):
+            storage.delete(storage.join(uri, name))
+        if aside is not None:
+            for name in old:
+                storage.copy_tree(storage.join(aside, name), storage.join(uri, name))
+        if not had_marker:
+            storage.delete(marker_uri(uri))
+        raise
+    finally:
+        if aside is not None:
+            storage.delete(aside)
     storage.delete(tmp)
 
 

@@ -162,6 +162,14 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     path = rest.strip("/")
     if not path or rest.startswith("/") or path.split("/", 1)[0] in (".", ".."):
         raise ValueError(f"URI must name a bucket ({scheme}://bucket/key), got {uri!r}")
+    if any(part in (".", "..") for part in path.split("/")[1:]):
+        # An object store takes ".." literally (a key named "a/../b") while every local tool
+        # and a person reading it resolve it: the same URI would name two different things.
+        raise InputError(
+            "E_URI",
+            "an object key must not hold '.' or '..' segments; write the key without them",
+            redact(uri),
+        )
     if scheme == "gs":
         return _gcs_filesystem(os.environ.get("GPUPIPE_GCS_ANONYMOUS") == "1"), path
     return _s3_from_env(minio=scheme == "minio"), path
@@ -282,6 +290,21 @@ def list_dir(uri: str) -> list[str]:
     with _translate(f"listing {uri}", uri):
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
     return sorted(info.base_name for info in infos)
+
+
+def list_files(uri: str) -> list[str]:
+    """Every file under directory ``uri``, as sorted paths relative to it; ``[]`` if missing.
+
+    Raises:
+        RuntimeError: If the object store cannot be reached or refuses the request.
+    """
+    fs, path = resolve(uri)
+    if _info(uri).type != pafs.FileType.Directory:
+        return []
+    with _translate(f"listing {uri}", uri):
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    base = path.rstrip("/") + "/"
+    return sorted(i.path[len(base) :] for i in infos if i.type == pafs.FileType.File)
 
 
 def fsync_dir(uri: str) -> None:

@@ -30,6 +30,9 @@ from trainer.steps.text_values import Notice, numbers_in_text
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 """Largest value training (float32) can hold; larger inputs or standardised values overflow."""
+MAX_REGRESSION_TARGET = float(np.sqrt(FLOAT32_MAX)) / 2
+"""Largest magnitude of a regression target (about 9.2e18): a squared error of values up to
+twice this still fits float32, so the loss and evaluate's squared-error metrics stay finite."""
 
 
 # An integer (or integral float) target with at most this many distinct values is a class label.
@@ -173,7 +176,8 @@ def _target_hint(data: RawInput, cfg: PreprocessConfig) -> str:
         sep = guess_delimiter(names[0], used)
         if (sep if sep != "tab" else "\t") in names[0]:
             return f"; the file looks {sep!r}-separated: set {param('csv_delimiter', sep)}"
-    close = difflib.get_close_matches(target, names, n=1)
+    same_case = [n for n in names if n.casefold() == target.casefold()]
+    close = same_case or difflib.get_close_matches(target, names, n=1)
     if close:
         return f"; did you mean {close[0]!r}? set {param('target', close[0])}"
     return "; set --param target=<one of the columns>"
@@ -264,6 +268,32 @@ def _numeric_task(data: RawInput, cfg: PreprocessConfig, x: np.ndarray, notes: l
     return "regression"
 
 
+def _check_regression_target(data: RawInput, name: str, x: np.ndarray) -> None:
+    """Refuse a regression target that cannot be learned or scored: one value in every row
+    (like a classification target of one class), or values whose squared errors overflow."""
+    if x.size == 0:
+        raise InputError("E_EMPTY", "dataset has no rows", data.uri)
+    lo, hi = float(x.min()), float(x.max())
+    if lo == hi:
+        raise InputError(
+            "E_TARGET",
+            f"target column {name!r} has one value ({_label(lo)}) in every row; regression "
+            "needs values that vary: pick another --param target",
+            data.uri,
+        )
+    big = np.abs(x) > MAX_REGRESSION_TARGET
+    if big.any():
+        row = int(np.argmax(big))
+        raise InputError(
+            "E_OVERFLOW",
+            f"regression target {name!r} holds {x[row]:g}, beyond +-{MAX_REGRESSION_TARGET:.1e}: "
+            "its squared errors overflow the float32 that training and scoring compute in; "
+            "rescale the column (e.g. store it in units of 1e12, or its log) or pick another "
+            "--param target",
+            data.locate(row),
+        )
+
+
 def target_column(
     data: RawInput, cfg: PreprocessConfig, notes: list[Notice] | None = None
 ) -> tuple[np.ndarray, str, list[str] | None]:
@@ -282,7 +312,8 @@ def target_column(
             data.uri,
         )
     col = table.column(name)
-    if pa.types.is_boolean(col.type):
+    boolean = pa.types.is_boolean(col.type)
+    if boolean:
         col = col.cast(pa.string())  # "false"/"true": labels, not numbers
     if col.null_count:
         row = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
@@ -307,7 +338,11 @@ def target_column(
         rank = np.empty(len(values), dtype=np.int64)
         rank[order] = np.arange(len(values))
         y, task = rank[codes], "classification"
-        how = "set by the task parameter" if cfg.task != "auto" else "text labels"
+        how = (
+            "set by the task parameter"
+            if cfg.task != "auto"
+            else ("true/false labels" if boolean else "text labels")
+        )
         notes.append(Notice("I_TASK", f"task classification: {how}, {len(classes)} classes", name))
     elif is_number(col.type):
         x = _numbers(data, name, col, target=True)
@@ -321,6 +356,7 @@ def target_column(
             )
         task = _numeric_task(data, cfg, x, notes)
         if task == "regression":
+            _check_regression_target(data, name, x)
             return x.astype(np.float32), task, None
         uniq, y = np.unique(x, return_inverse=True)
         classes = [_label(v) for v in uniq.tolist()]
@@ -331,6 +367,8 @@ def target_column(
             "text are supported); pick another --param target",
             data.uri,
         )
+    if not classes:
+        raise InputError("E_EMPTY", "dataset has no rows", data.uri)
     if len(classes) < 2:
         raise InputError(
             "E_TARGET",

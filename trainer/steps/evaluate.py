@@ -22,7 +22,7 @@ from trainer.models import validate_plugin_entries
 from trainer.models.export import LoadedModel, load_model
 from trainer.steps import report
 from trainer.steps.auto_settings import AUTO_SETTINGS_FILE
-from trainer.steps.baselines import baseline_label, fit_and_score
+from trainer.steps.baselines import BASELINES, baseline_label, fit_and_score
 from trainer.steps.gate import MIN_GATE_ROWS, GateConfig, decide_gate, stored_metric
 from trainer.steps.metrics import (
     AUTO_METRIC,
@@ -252,12 +252,18 @@ def _read_data_decisions(dataset_uri: str) -> dict[str, Any]:
 
 def _baselines(
     candidate: LoadedModel, dataset_uri: str, ds: TabularDataset
-) -> dict[str, dict[str, float]]:
-    """Every baseline fitted on the training split and scored on the rows ``ds`` holds."""
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Every baseline fitted on the training split and scored on the rows ``ds`` holds, and
+    each one's label in words (the trivial regressor's with the training mean it predicts)."""
     train_uri = storage.join(dataset_uri, "train.parquet")
     if not storage.exists(train_uri):
-        return {}
+        return {}, {}
     train = _load_split(candidate, train_uri, _split_columns(train_uri))
+    task = candidate.spec.task
+    labels = {name: baseline_label(name, task) for name in BASELINES}
+    if task == "regression" and len(train.target):
+        mean = float(train.target.double().mean())
+        labels["trivial"] = f"{labels['trivial']} {mean:.4g}"
     scored = fit_and_score(
         candidate.spec.task,
         train.features.numpy(),
@@ -266,7 +272,7 @@ def _baselines(
         ds.target.numpy(),
         num_classes=candidate.spec.num_classes,
     )
-    return {name: s.metrics for name, s in scored.items()}
+    return {name: s.metrics for name, s in scored.items()}, labels
 
 
 def _incompatibility(candidate: LoadedModel, champion: LoadedModel) -> str | None:
@@ -380,7 +386,9 @@ def evaluate(
     # it anyway), except with many classes, where gradient boosting alone takes minutes.
     many_classes = (candidate.spec.num_classes or 0) > MANY_CLASSES
     skip = len(ds) < MIN_GATE_ROWS and many_classes
-    baselines = _baselines(candidate, dataset_uri, ds) if cfg.baselines and not skip else {}
+    baselines, labels = (
+        _baselines(candidate, dataset_uri, ds) if cfg.baselines and not skip else ({}, {})
+    )
     passed, reason = decide_gate(
         metric=metric,
         value=scored.metrics.get(metric),
@@ -391,7 +399,7 @@ def evaluate(
         champion_name=champion_name or (champion_model_uri or ""),
         champion_note=champion_note,
         baselines={
-            name: (baseline_label(name, task), m[metric])
+            name: (labels.get(name) or baseline_label(name, task), m[metric])
             for name, m in baselines.items()
             if metric in m
         },

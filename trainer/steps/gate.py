@@ -177,14 +177,16 @@ def _baseline_part(
 
     if rule == "best":
         name, (label, best) = max(baselines.items(), key=lambda kv: -gain(kv[1][1]))
-        shown = f"the best baseline, {name} ({label}: {_fmt(best)})"
+        shown = f"the best baseline, {name} ({label}, {metric} {_fmt(best)})"
         if gain(best) > 0:
             return True, f"beats {shown}"
         return False, f"does not beat {shown}"
     if "trivial" not in baselines:
         return True, "no trivial predictor to compare with"
     label, trivial = baselines["trivial"]
-    shown = f"the trivial predictor ({label}: {_fmt(trivial)})"
+    # The label says what it predicts (the training mean, with its value), then its score:
+    # "(training mean: 0)" read as a mean of 0 when it was an rmse of 0.
+    shown = f"the trivial predictor ({label}, {metric} {_fmt(trivial)})"
     if gain(trivial) < -_TIE_TOLERANCE:
         return False, f"is worse than {shown}"
     return True, f"is no worse than {shown}"

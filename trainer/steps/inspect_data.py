@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from trainer.base import storage
 from trainer.base.errors import InputError
-from trainer.steps.column_checks import DATE_PARTS
+from trainer.steps.column_checks import DATE_PARTS, date_features
 from trainer.steps.columns import _comma_numbers_notice, target_column
 from trainer.steps.gate import MIN_GATE_ROWS
 from trainer.steps.preprocess_config import PreprocessConfig
@@ -23,13 +23,17 @@ from trainer.steps.splits import check_splits
 from trainer.steps.tabular import (
     HEAD_BYTES,
     RawInput,
+    _check_unique_names,
     _parse_csv,
     _read_file,
+    _reader,
     dictionary_codes,
     dtype_name,
     input_files,
     is_text,
+    readable_types,
     split_indices,
+    text_head,
 )
 from trainer.steps.text_values import Notice, is_temporal, looks_like_dates
 
@@ -44,12 +48,24 @@ def _target_table(files: list[str], cfg: PreprocessConfig) -> tuple[pa.Table, li
     for uri in files:
         blob = storage.read_bytes(uri)
         if blob[:4] == b"PAR1":
-            table = pq.read_table(pa.BufferReader(blob), columns=[cfg.target])
+            # Arrow-owned memory (_reader): a reader over Python bytes may be let go by a pool
+            # thread after interpreter shutdown began, which aborts the process (exit 134).
+            schema = pq.read_schema(_reader(blob))
+            _check_unique_names(schema.names, uri)
+            if cfg.target not in schema.names:
+                table = schema.empty_table()  # its names, for the refusal that lists them
+            else:
+                table = pq.read_table(_reader(blob), columns=[cfg.target])
+            table = readable_types(table)
             is_csv.append(False)
         else:
-            table = _read_file(uri, blob, csv)[0].select([cfg.target])
+            table = _read_file(uri, blob, csv)[0]
+            if cfg.target in table.column_names:
+                table = table.select([cfg.target])
             is_csv.append(True)
         chunks.append(table)
+    if any(cfg.target not in t.column_names for t in chunks):
+        return chunks[0], is_csv  # target_column names the missing target and the columns
     types = {t.schema.types[0] for t in chunks}
     if len(types) > 1:
         chunks = [t.cast(pa.schema([(cfg.target, pa.string())])) for t in chunks]
@@ -61,10 +77,19 @@ def _sample(uri: str, cfg: PreprocessConfig) -> pa.Table:
     with storage.open_input(uri) as f:
         head = f.read(HEAD_BYTES)
         if head[:4] == b"PAR1":
-            pf = pq.ParquetFile(storage.local_path(uri) or f)
-            return pa.Table.from_batches([next(pf.iter_batches(batch_size=SAMPLE_ROWS))])
-    if len(head) == HEAD_BYTES and b"\n" in head:
-        head = head[: head.rindex(b"\n") + 1]
+            with pq.ParquetFile(storage.local_path(uri) or f) as pf:
+                batches = pf.iter_batches(batch_size=SAMPLE_ROWS)
+                try:  # closed here, not left to the garbage collector at exit
+                    first = next(batches, None)
+                finally:
+                    batches.close()
+                table = (
+                    pf.schema_arrow.empty_table()
+                    if first is None
+                    else pa.Table.from_batches([first])
+                )
+            return readable_types(table)
+    head = text_head(uri, head)
     return _parse_csv(head, cfg.csv_options(), cfg.csv_options().delimiter_for(uri))
 
 
@@ -87,6 +112,13 @@ def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
     # One file's bookkeeping for all rows: the messages name the dataset, not a row's file.
     raw = RawInput(data_uri, target, files[:1], np.array([0, target.num_rows]), is_csv, "")
     notes: list[Notice] = []
+    if target.num_rows == 0:
+        shown = ", ".join(map(repr, _sample(files[0], cfg).column_names[:20]))
+        raise InputError(
+            "E_EMPTY",
+            f"dataset has no rows, only the columns ({shown})",
+            data_uri,
+        )
     y, _, classes = target_column(raw, cfg, notes)
     n = len(y)
     train, val, test = split_indices(
@@ -122,11 +154,16 @@ def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
             elif role is None:
                 _comma_numbers_notice(sample_raw, cfg, name, values, notes)
         if example is not None:
+            # The parts preprocess makes: DATE_PARTS, and hour when a value has a time of day
+            # (time-zone-aware timestamps included).
+            parts = list(DATE_PARTS)
+            if "hour" in (date_features(col) or {}):
+                parts.append("hour")
             notes.append(
                 Notice(
                     "I_DATE",
                     f"column {name!r} holds dates ({example}): it becomes the numbers "
-                    f"{', '.join(f'{name}__{p}' for p in DATE_PARTS)}",
+                    f"{', '.join(f'{name}__{p}' for p in parts)}",
                     data_uri,
                 )
             )

@@ -173,7 +173,8 @@ def preprocess(
     data = read_input(data_uri, cfg.csv_options())
     n = data.table.num_rows
     if n == 0:
-        raise InputError("E_EMPTY", "dataset is empty: 0 rows", data_uri)
+        shown = ", ".join(map(repr, data.table.column_names[:20]))
+        raise InputError("E_EMPTY", f"dataset has no rows, only the columns ({shown})", data_uri)
     notes: list[Notice] = []
     y, task, classes = target_column(data, cfg, notes)
     columns, dropped, decisions = feature_columns(data, cfg, notes)

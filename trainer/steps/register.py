@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import tempfile
 import time
@@ -38,6 +39,14 @@ _MAX_PARAMS_PER_BATCH = 100
 # the JSON copy of the params on the version is skipped when larger (the run keeps them all).
 _MAX_VERSION_TAG_LENGTH = 5000
 _BAD_KEY_CHARS = re.compile(r"[^/\w.\- :]")
+
+LEASE_S = 60.0
+"""How long a champion lease on a tracking server lasts: a holder that died (its pod killed)
+keeps other runs waiting at most this long."""
+LEASE_WAIT_S = 120.0
+"""How long a register step waits for another run's champion lease before it fails."""
+_LEASE_OWNER_TAG = "gpupipe.lease_owner"
+_LEASE_EXPIRES_TAG = "gpupipe.lease_expires"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -300,16 +309,107 @@ def _json_or_none(values: Mapping[str, Any]) -> str | None:
     return text if len(text) <= _MAX_VERSION_TAG_LENGTH else None
 
 
+def _model_files_present(client: MlflowClient, run_id: str) -> bool:
+    """Whether run ``run_id`` holds a loadable model directory (weights and ``model.json``)."""
+    if not run_id:
+        return False
+    listed = client.list_artifacts(run_id, registry.MODEL_ARTIFACT_PATH)
+    return {META_FILE, WEIGHTS_FILE} <= {f.path.rsplit("/", 1)[-1] for f in listed}
+
+
+def _lease_name(cfg: RegisterConfig) -> str:
+    return f"{cfg.model_name}.{cfg.champion_alias}.gpupipe-lease"[:256]
+
+
+@contextlib.contextmanager
+def _champion_lease(
+    client: MlflowClient, cfg: RegisterConfig, uri: str, owner: str
+) -> Iterator[None]:
+    """Hold the right to decide ``cfg.champion_alias`` of ``cfg.model_name`` exclusively.
+
+    A SQLite store: a file lock. A tracking server has no lock and no compare-and-set on an
+    alias, but registered model names are unique in its database: creating the registered model
+    ``<model>.<alias>.gpupipe-lease`` succeeds for exactly one caller, which holds the lease
+    until it deletes it. A lease whose holder died expires after :data:`LEASE_S`; a retry of
+    the same pipeline run (``owner``) takes over its own earlier lease at once.
+
+    Raises:
+        RuntimeError: Another run held the lease for more than :data:`LEASE_WAIT_S`.
+        MlflowException: The registry failed (callers wrap it with ``mlflow_errors``).
+    """
+    if registry.sqlite_path(uri) is not None:
+        with registry.store_lock(uri):
+            yield
+        return
+    from mlflow.exceptions import MlflowException
+
+    lease = _lease_name(cfg)
+    deadline = time.monotonic() + LEASE_WAIT_S
+    while True:
+        expires = f"{time.time() + LEASE_S:.3f}"
+        try:
+            client.create_registered_model(
+                lease,
+                tags={_LEASE_OWNER_TAG: owner, _LEASE_EXPIRES_TAG: expires},
+                description="gpupipe: a register step is deciding the champion",
+            )
+            break
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        try:
+            held = client.get_registered_model(lease)
+            tags = held.tags or {}
+            if tags.get(_LEASE_OWNER_TAG) == owner:
+                # Our own earlier attempt (a retried step): only we use this owner, take it.
+                client.set_registered_model_tag(lease, _LEASE_EXPIRES_TAG, expires)
+                break
+            # A lease read before its tags landed counts from its creation, never as expired.
+            created = (held.creation_timestamp or 0) / 1000
+            until = float(tags.get(_LEASE_EXPIRES_TAG) or created + LEASE_S)
+            if until < time.time():
+                # Its holder died: remove it (if it is still that lease) and race for a new one
+                # through the atomic create above.
+                again = client.get_registered_model(lease)
+                if again.creation_timestamp == held.creation_timestamp:
+                    client.delete_registered_model(lease)
+                continue
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                continue  # released while we looked: try to create it again
+            raise
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"registered model {lease!r} (the champion lease) was held by "
+                f"{tags.get(_LEASE_OWNER_TAG)!r} for more than {LEASE_WAIT_S:.0f} s"
+            )
+        time.sleep(0.05 + random.random() * 0.1)
+    try:
+        yield
+    finally:
+        try:
+            client.delete_registered_model(lease)
+        except MlflowException as e:  # the step's own outcome matters more; the lease expires
+            log.warning("could not release %r (it expires in %.0f s): %s", lease, LEASE_S, e)
+
+
 def _move_alias(
-    client: MlflowClient, cfg: RegisterConfig, version: str, metrics: Mapping[str, float], uri: str
+    client: MlflowClient,
+    cfg: RegisterConfig,
+    version: str,
+    metrics: Mapping[str, float],
+    uri: str,
+    *,
+    owner: str,
 ) -> tuple[bool, str]:
     """Point the champion alias at ``version`` if it still deserves it; return (moved, why).
 
-    The read of the current champion, the comparison and the move happen under the store's
-    lock, so of two runs registering at once the better model ends up champion: a version that
-    became champion after evaluate made its decision must be beaten on ``cfg.gate_metric``.
+    The read of the current champion, the comparison and the move happen under the champion
+    lease (:func:`_champion_lease`), so of two runs registering at once the better model ends
+    up champion: a version that became champion after evaluate made its decision must be
+    beaten on ``cfg.gate_metric``. The alias never moves to a version whose files are missing.
     """
-    with registry.store_lock(uri):
+    with _champion_lease(client, cfg, uri, owner):
         current = registry.alias_version(client, cfg.model_name, cfg.champion_alias)
         if current == version:
             return True, f"version {version} already holds {cfg.champion_alias!r}"
@@ -325,6 +425,12 @@ def _move_alias(
                     f"version {current} became champion during this run with {metric} "
                     f"{theirs}, which {mine} does not beat: the alias stays"
                 )
+        mv = client.get_model_version(cfg.model_name, version)
+        if not _model_files_present(client, mv.run_id or ""):
+            raise RuntimeError(
+                f"model {cfg.model_name!r} version {version} has no model files under its run "
+                f"{mv.run_id}: the alias {cfg.champion_alias!r} stays where it is"
+            )
         client.set_registered_model_alias(cfg.model_name, cfg.champion_alias, version)
         return True, f"{cfg.champion_alias!r} moved to version {version}"
 
@@ -387,7 +493,14 @@ def register(
             existing = registry.find_version(client, name, pipeline_run_id)
         if existing is not None:
             return _confirm_existing(
-                client, cfg, existing, gate_passed=gate_passed, metrics=checked_metrics, uri=uri
+                client,
+                cfg,
+                existing,
+                gate_passed=gate_passed,
+                metrics=checked_metrics,
+                uri=uri,
+                local_dir=local_dir,
+                pipeline_run_id=pipeline_run_id,
             )
         tags = {
             registry.TAG_PIPELINE_RUN_ID: pipeline_run_id,
@@ -408,6 +521,7 @@ def register(
                 experiment_id, tags=tags, run_name=f"register-{pipeline_run_id}"[:250]
             )
         run_id = run.info.run_id
+        version_requested = False
         try:
             with registry.mlflow_errors(f"logging MLflow run {run_id}", uri):
                 _log_run(
@@ -415,6 +529,7 @@ def register(
                 )
             with registry.mlflow_errors(f"creating a version of model {name!r}", uri):
                 _ensure_registered_model(client, name)
+                version_requested = True
                 mv = client.create_model_version(
                     name,
                     source=f"{run.info.artifact_uri.rstrip('/')}/{registry.MODEL_ARTIFACT_PATH}",
@@ -428,11 +543,24 @@ def register(
                 with registry.mlflow_errors(
                     f"setting alias of model {name!r} version {version}", uri
                 ):
-                    champion, why = _move_alias(client, cfg, version, checked_metrics, uri)
+                    champion, why = _move_alias(
+                        client, cfg, version, checked_metrics, uri, owner=pipeline_run_id
+                    )
         except BaseException:
-            # Nothing half-written stays: the run's partial artifacts (a truncated
-            # model.safetensors after a full disk) go first, which also frees the space the
-            # store needs to record the run as FAILED, so nobody mistakes it for a
+            if version_requested and _version_may_exist(client, name, pipeline_run_id):
+                # The version exists (or may: the registry did not say): its files stay, so a
+                # registered version always has them, and the run stays open for the retry of
+                # this step, which finds the version and finishes the job.
+                log.warning(
+                    "model %r has a version for run %s: its files are kept; a retry of this "
+                    "step finishes the registration",
+                    name,
+                    pipeline_run_id,
+                )
+                raise
+            # No version was made: nothing half-written stays. The run's partial artifacts (a
+            # truncated model.safetensors after a full disk) go first, which also frees the
+            # space the store needs to record the run as FAILED, so nobody mistakes it for a
             # registration. The original error is what matters: failures here are logged only.
             _discard_artifacts(run.info.artifact_uri)
             try:
@@ -453,6 +581,16 @@ def register(
     )
 
 
+def _version_may_exist(client: MlflowClient, name: str, pipeline_run_id: str) -> bool:
+    """Whether a version of ``name`` for ``pipeline_run_id`` exists; True when the registry
+    cannot say (a lost answer to create_model_version may have made one)."""
+    try:
+        return registry.find_version(client, name, pipeline_run_id) is not None
+    except Exception as e:  # on the way out of a failure: the original error is re-raised
+        log.warning("could not tell whether model %r has a version now: %s", name, e)
+        return True
+
+
 def _confirm_existing(
     client: MlflowClient,
     cfg: RegisterConfig,
@@ -461,14 +599,28 @@ def _confirm_existing(
     gate_passed: bool,
     metrics: dict[str, float],
     uri: str,
+    local_dir: str,
+    pipeline_run_id: str,
 ) -> RegisterResult:
-    """A retried task: the version its run registered, with the alias made right."""
+    """A retried task: the version its run registered, finished and with the alias made right.
+
+    The version's files are checked first: an attempt cut off between the version and its
+    files (or an older gpupipe that deleted them after a failure) gets them uploaded again to
+    the place the version points at, and its run is marked FINISHED.
+    """
     name = cfg.model_name
     version = str(existing.version)
+    run_id = existing.run_id or ""
+    with registry.mlflow_errors(f"checking the files of model {name!r} version {version}", uri):
+        if run_id and not _model_files_present(client, run_id):
+            log.warning("model %r version %s lacks its files: uploading them again", name, version)
+            client.log_artifacts(run_id, local_dir, artifact_path=registry.MODEL_ARTIFACT_PATH)
+        if run_id and client.get_run(run_id).info.status != "FINISHED":
+            client.set_terminated(run_id, status="FINISHED")
     champion, why = False, "the gate did not pass"
     with registry.mlflow_errors(f"setting alias of model {name!r} version {version}", uri):
         if gate_passed:
-            champion, why = _move_alias(client, cfg, version, metrics, uri)
+            champion, why = _move_alias(client, cfg, version, metrics, uri, owner=pipeline_run_id)
         else:
             champion = registry.alias_version(client, name, cfg.champion_alias) == version
     return RegisterResult(
@@ -478,5 +630,5 @@ def _confirm_existing(
         champion=champion,
         champion_reason=why,
         model_uri=f"models:/{name}/{version}",
-        run_id=existing.run_id or "",
+        run_id=run_id,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import gzip
 import hashlib
 import json
 import shlex
@@ -36,8 +37,16 @@ from trainer.steps.encode import (  # noqa: F401 - re-exported
 )
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
-DATA_SUFFIXES = (*PARQUET_SUFFIXES, ".csv", ".tsv", ".txt")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
+"""Compression of text files, told by the name (pyarrow's streams decompress these)."""
+_TEXT_SUFFIXES = (".csv", ".tsv", ".txt")
+DATA_SUFFIXES = (
+    *PARQUET_SUFFIXES,
+    *_TEXT_SUFFIXES,
+    *(t + c for t in _TEXT_SUFFIXES for c in COMPRESSED_SUFFIXES),
+)
 """Files of a dataset folder that are read (others, and names starting with . or _, are not)."""
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,7 +72,7 @@ class CsvOptions:
     def delimiter_for(self, uri: str) -> str:
         """The field separator of file ``uri`` (``auto`` with decimal commas: ``;``)."""
         if self.delimiter == "auto":
-            if uri.lower().endswith(".tsv"):
+            if strip_compression(uri).lower().endswith(".tsv"):
                 return "\t"
             return ";" if self.decimal == "," else ","
         return "\t" if self.delimiter == "tab" else self.delimiter
@@ -94,6 +103,54 @@ class RawInput:
     def any_csv(self) -> bool:
         """Whether any input file is CSV (CSV-only advice applies)."""
         return any(self.is_csv)
+
+
+def strip_compression(uri: str) -> str:
+    """``uri`` without a compression suffix (``t.tsv.gz`` -> ``t.tsv``)."""
+    for suffix in COMPRESSED_SUFFIXES:
+        if uri.lower().endswith(suffix):
+            return uri[: -len(suffix)]
+    return uri
+
+
+def decompressed(uri: str, blob: bytes) -> bytes:
+    """``blob`` itself, or its gzip-decompressed content when it starts with gzip's magic bytes.
+
+    Storage streams decompress a ``.gz`` name already; this catches a gzip file named like
+    plain text (``data.csv``), which would otherwise be parsed as bytes and blamed on the
+    encoding.
+
+    Raises:
+        InputError: ``E_DATA`` if the gzip stream is damaged.
+    """
+    if blob[:2] != _GZIP_MAGIC:
+        return blob
+    try:
+        return gzip.decompress(blob)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise InputError(
+            "E_DATA", f"the file is gzip-compressed but cannot be decompressed ({e})", uri
+        ) from None
+
+
+def readable_types(table: pa.Table) -> pa.Table:
+    """``table`` with decimal columns (SQL and Spark exports) cast to float64, read as numbers.
+
+    Decimals up to 38 digits fit float64's range; the cast rounds to about 16 digits, which is
+    what training (float32) can use anyway.
+    """
+    cast = {
+        i: pa.float64()
+        for i, t in enumerate(table.schema.types)
+        if pa.types.is_decimal(t)
+        or (pa.types.is_dictionary(t) and pa.types.is_decimal(t.value_type))
+    }
+    for i, t in cast.items():
+        col = table.column(i)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        table = table.set_column(i, table.field(i).name, col.cast(t))
+    return table
 
 
 def param(name: str, value: Any) -> str:
@@ -158,7 +215,7 @@ def _read_parquet(uri: str, blob: bytes) -> pa.Table:
             if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
         ]
         # Text read as dictionaries: categories are encoded once per distinct value, not row.
-        return pq.read_table(_reader(blob), read_dictionary=text)
+        return readable_types(pq.read_table(_reader(blob), read_dictionary=text))
     except (pa.ArrowException, OSError) as e:
         raise InputError("E_DATA", f"cannot read Parquet: {' '.join(str(e).split())}", uri) from e
 
@@ -269,6 +326,7 @@ def _read_csv(uri: str, blob: bytes, csv: CsvOptions) -> pa.Table:
         raise InputError("E_EMPTY", "dataset is empty: the file has no header and no rows", uri)
     try:
         table = _parse_csv(blob, csv, csv.delimiter_for(uri))
+        names = table.column_names  # a header that is not valid UTF-8 fails here
     except UnicodeDecodeError:
         raise _bad_encoding(uri, blob, csv.encoding) or InputError(
             "E_ENCODING", f"the file is not valid {csv.encoding} text", uri
@@ -280,8 +338,9 @@ def _read_csv(uri: str, blob: bytes, csv: CsvOptions) -> pa.Table:
     if binary and (error := _bad_encoding(uri, blob, "utf-8")):
         raise error
     if not csv.header:
-        table = table.rename_columns([f"column_{i + 1}" for i in range(table.num_columns)])
-    _check_unique_names(table.column_names, uri)
+        names = [f"column_{i + 1}" for i in range(table.num_columns)]
+        table = table.rename_columns(names)
+    _check_unique_names(names, uri)
     return table
 
 
@@ -293,7 +352,7 @@ def _read_file(uri: str, blob: bytes, csv: CsvOptions) -> tuple[pa.Table, bool]:
         what = "empty (0 bytes)" if not blob else "not Parquet: it lacks Parquet's PAR1 header"
         code = "E_EMPTY" if not blob else "E_DATA"
         raise InputError(code, f"the file is named like Parquet but is {what}", uri)
-    return _read_csv(uri, blob, csv), True
+    return _read_csv(uri, decompressed(uri, blob), csv), True
 
 
 HEAD_BYTES = 1 << 20
@@ -317,12 +376,21 @@ def read_columns(data_uri: str, csv: CsvOptions) -> list[str]:
             head = f.read(HEAD_BYTES)
             if head[:4] == b"PAR1":
                 return list(pq.read_schema(storage.local_path(uri) or f).names)
+        head = text_head(uri, head)
     except (OSError, RuntimeError, pa.ArrowException) as e:
         raise InputError("E_DATA", f"cannot read the dataset: {e}", uri) from None
-    if len(head) == HEAD_BYTES and b"\n" in head:
-        head = head[: head.rindex(b"\n") + 1]
     table, _ = _read_file(uri, head, csv)
     return list(table.column_names)
+
+
+def text_head(uri: str, raw_head: bytes) -> bytes:
+    """The first :data:`HEAD_BYTES` of a text file as preprocess reads it (decompressed), cut
+    at a line end; ``raw_head`` is its first bytes as stored."""
+    if raw_head[:2] == _GZIP_MAGIC or uri.lower().endswith(COMPRESSED_SUFFIXES):
+        raw_head = decompressed(uri, storage.read_bytes(uri))[:HEAD_BYTES]
+    if len(raw_head) == HEAD_BYTES and b"\n" in raw_head:
+        raw_head = raw_head[: raw_head.rindex(b"\n") + 1]
+    return raw_head
 
 
 def is_text(t: pa.DataType) -> bool:

@@ -25,6 +25,8 @@ Metrics (the suite's design card, and what a dashboard also wants):
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from typing import Any
 
@@ -51,6 +53,24 @@ def tree_size_bytes(uri: str) -> int:
     fs, path = storage.resolve(uri)
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+
+
+def bind_address(host: str) -> str:
+    """The address to listen on for ``metrics.host``: ``auto`` is ``127.0.0.1`` outside
+    Kubernetes and ``0.0.0.0`` in a pod (``KUBERNETES_SERVICE_HOST``, which the kubelet sets in
+    every container), where Prometheus scrapes the pod's IP."""
+    if host != "auto":
+        return host
+    return "0.0.0.0" if os.environ.get("KUBERNETES_SERVICE_HOST") else "127.0.0.1"
+
+
+def _own_address() -> str | None:
+    """This machine's (a pod's) address as others reach it, if it has one besides loopback."""
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
 
 
 class TrainingMetrics:
@@ -129,11 +149,15 @@ class TrainingMetrics:
 
     @property
     def url(self) -> str | None:
-        """Where the endpoint answers, once started."""
+        """Where the endpoint answers, once started: the address it is bound to; bound to
+        every interface (in a pod), the pod's own address, which a scrape uses."""
         if self._server is None:
             return None
-        host = "127.0.0.1" if self.cfg.host in ("0.0.0.0", "::") else self.cfg.host
-        return f"http://{host}:{self.cfg.port}/metrics"
+        host, port = self._server.server_address[:2]
+        if host in ("0.0.0.0", "::"):
+            host = _own_address() or host
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/metrics"
 
     def start(self) -> TrainingMetrics:
         """Serve the endpoint (a daemon thread).
@@ -143,7 +167,7 @@ class TrainingMetrics:
         """
         try:
             self._server, _ = start_http_server(
-                self.cfg.port, addr=self.cfg.host, registry=self.registry
+                self.cfg.port, addr=bind_address(self.cfg.host), registry=self.registry
             )
         except OSError as e:
             raise InputError(
