@@ -32,7 +32,9 @@ from trainer.steps.register import RegisterConfig, register
 
 pytest_plugins = ["tests.fixtures.mlflow_server"]
 
-pytestmark = pytest.mark.integration
+# Slow (about a minute with its MLflow server): `make test-slow` runs it, beside the other
+# whole-run tests, so that `make test` keeps its margin under 15 minutes.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
 
