@@ -75,8 +75,8 @@ def canonical(obj: Any, local_to_upstream: dict[str, str]) -> Any:
         return {k: canonical(v, local_to_upstream) for k, v in obj.items()}
     if isinstance(obj, list):
         return [canonical(v, local_to_upstream) for v in obj]
-    if isinstance(obj, str):
-        name = obj.rsplit(":", 1)[0] if re.match(r"^[\w./-]+:[\w.-]+$", obj) else obj
+    if isinstance(obj, str) and re.match(r"^[\w./-]+:[\w.-]+$", obj):  # NAME:TAG only
+        name = obj.rsplit(":", 1)[0]
         if name in local_to_upstream:
             return f"IMAGE<{local_to_upstream[name]}>"
         if name in upstream:
@@ -88,10 +88,16 @@ def by_key(objects: list[dict[str, Any]], images: dict[str, str]) -> dict[tuple[
     out = {}
     for obj in objects:
         obj = canonical(obj, images)
-        annotations = (
-            obj.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {}
-        )
-        annotations.pop(ROLL_ANNOTATION, None)
+        template = obj.get("spec", {}).get("template", {})
+        meta = template.get("metadata", {})
+        (meta.get("annotations") or {}).pop(ROLL_ANNOTATION, None)
+        if meta.get("annotations") == {}:
+            del meta["annotations"]
+        # A strategic-merge patch of two variables moves them to the front of the list: env is
+        # compared by name (nothing here refers to another variable with $(NAME)).
+        for container in template.get("spec", {}).get("containers", []):
+            if "env" in container:
+                container["env"] = sorted(container["env"], key=lambda e: e["name"])
         out[(obj["kind"], obj["metadata"]["name"])] = obj
     return out
 
