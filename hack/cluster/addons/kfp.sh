@@ -358,6 +358,7 @@ addon_verify() {
     "$pod" "$MLMD_IMAGE" "$NS")"
   kubectl_ -n "$NS" delete pod "$pod" --ignore-not-found --wait >/dev/null
   out="$(kubectl_ -n "$NS" run "$pod" --image "$MLMD_IMAGE" --restart Never --rm -i --quiet \
+    --pod-running-timeout 5m \
     --overrides "$overrides" 2>&1)" || die "${PIECE}: ML Metadata's check from a pod failed: ${out}"
   printf '%s\n' "$out" | sed 's/^/      /'
   grep -q "^mlmd-check: all [0-9]* checks passed" <<<"$out" || die "${PIECE}: ML Metadata's check did not finish"
