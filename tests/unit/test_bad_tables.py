@@ -210,3 +210,15 @@ def _reader_line() -> int:
     return next(
         i for i, line in enumerate(source.splitlines(), 1) if "pa.BufferReader(buf)" in line
     )
+
+
+def test_integers_beyond_float64s_exact_range_are_read_as_numbers(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """An integer column past 2**53 (found by the table search in CI: a traceback from a safe
+    cast to float64) is read as the nearest float64, like any numeric library reads it."""
+    big = pa.array([2**53 + 1 + i for i in range(ROWS)], pa.int64())
+    path = _parquet(tmp_path, pa.table({"id_like": big, "y": _labels()}))
+    _, result = _both(path, "y", tmp_path, capsys)
+    assert (tmp_path / "out" / "schema.json").exists()
+    assert result is not None

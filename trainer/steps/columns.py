@@ -95,7 +95,10 @@ def _numbers(data: RawInput, name: str, col: pa.ChunkedArray, *, target: bool) -
     """
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     if not pa.types.is_float64(arr.type):
-        arr = arr.cast(pa.float64())
+        # Unsafe: an integer beyond 2**53 (an id-like count) becomes the nearest float64, as
+        # every numeric library rounds it; a safe cast refused it with a traceback (found by
+        # tests/unit/test_table_search.py). Its range is checked below like any number's.
+        arr = arr.cast(pa.float64(), safe=False)
     x = arr.to_numpy(zero_copy_only=False)  # may be read-only: encoders get a gathered copy
     _check_range(data, name, x, target=target)
     return x
