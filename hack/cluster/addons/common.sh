@@ -208,9 +208,12 @@ need_cluster() {
 
 # apply_k PIECE DIR: server-side apply of a kustomization (field managers keep what controllers
 # add, such as webhook CA bundles and generated certificates; an unchanged apply changes nothing).
+# One field manager per add-on: two add-ons that apply the same object (Katib and KFP both apply
+# Namespace `kubeflow`, Katib with its metrics-collector label) each keep their own fields; under
+# one shared manager the later apply removed the label the earlier one set.
 apply_k() {
   local piece="$1" dir="$2" out
-  out="$(kubectl_ apply --server-side --force-conflicts --field-manager gpupipe-addons -k "$dir" 2>&1)" || {
+  out="$(kubectl_ apply --server-side --force-conflicts --field-manager "gpupipe-${piece}" -k "$dir" 2>&1)" || {
     printf '%s\n' "$out" | tail -n 10 >&2
     die "${piece}: kubectl apply -k ${dir} failed (above)"
   }
