@@ -25,7 +25,6 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -53,22 +52,12 @@ def _first_own_line(pod: str) -> float | None:
     return None
 
 
-def _node(pod: dict[str, Any]) -> tuple[str, str]:
-    node = (pod["metadata"].get("annotations") or {}).get("workflows.argoproj.io/node-name", "")
-    parts = [re.sub(r"\(\d+\)$", "", p) for p in node.split(".")]
-    if len(parts) >= 2 and parts[-1] == "executor":
-        return parts[-2], "executor"
-    if parts and parts[-1].endswith("-driver"):
-        return parts[-1].removesuffix("-driver"), "driver"
-    return (parts[-1] if parts else ""), "other"
-
-
 def step_overheads(run_id: str) -> dict[str, float]:
     """task -> seconds from its driver pod's creation to the step's own first log line."""
     drivers: dict[str, float] = {}
     executors: dict[str, str] = {}
     for pod in kfp.run_pods(run_id):
-        task, role = _node(pod)
+        task, role = kfp.task_of(pod)
         if role == "driver":
             created = _stamp(pod["metadata"]["creationTimestamp"])
             drivers[task] = min(created, drivers.get(task, created))

@@ -529,21 +529,9 @@ def _running(pods: list[dict[str, Any]]) -> bool:
     return len(pods) >= 2 and all(p["status"].get("phase") == "Running" for p in pods)
 
 
-def _task_of(pod: dict[str, Any]) -> tuple[str, str]:
-    """(task, role) of a run's pod from Argo's node name: ``...train(0).executor(0)`` is the
-    train task's executor (the step's own pod), ``...train-driver(0)`` its driver."""
-    node = (pod["metadata"].get("annotations") or {}).get("workflows.argoproj.io/node-name", "")
-    parts = [re.sub(r"\(\d+\)$", "", p) for p in node.split(".")]
-    if len(parts) >= 2 and parts[-1] == "executor":
-        return parts[-2], "executor"
-    if parts and parts[-1].endswith("-driver"):
-        return parts[-1].removesuffix("-driver"), "driver"
-    return (parts[-1] if parts else ""), "other"
-
-
 def _is_launcher(pod: dict[str, Any]) -> bool:
     """The cluster-job train task's own pod (its executor: the launcher of the PyTorchJob)."""
-    return _task_of(pod) == ("train", "executor")
+    return kfp.task_of(pod) == ("train", "executor")
 
 
 def _executor_pod(run_id: str, task: str) -> dict[str, Any] | None:
@@ -551,7 +539,7 @@ def _executor_pod(run_id: str, task: str) -> dict[str, Any] | None:
         pods = kfp.run_pods(run_id)
     except AssertionError:
         return None
-    return next((p for p in pods if _task_of(p) == (task, "executor")), None)
+    return next((p for p in pods if kfp.task_of(p) == (task, "executor")), None)
 
 
 def _launcher_pod(run_id: str) -> str:
