@@ -78,7 +78,7 @@ def token_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 def mlp_config(run: Path, data: tuple[str, str], **train: Any) -> dict[str, Any]:
     return {
         "data": {"train_uri": data[0], "val_uri": data[1]},
-        "model": {"name": "mlp", "hidden_dim": 64, "num_layers": 2},
+        "model": {"name": "mlp", "hidden_dim": 64, "num_layers": 2, "linear": "none"},
         "optim": {"lr": 5e-3, "warmup_steps": 5},
         "train": {"epochs": 2, "global_batch_size": 256, "log_every_steps": 8, **train},
         "checkpoint": {"uri": str(run / "ckpt"), "every_steps": 1000, "keep_last": 1},
@@ -146,6 +146,23 @@ def torchrun(config: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def assert_mlp_learned(run: Path, data: tuple[str, str]) -> None:
+    """The MLP's last training loss and validation loss are under half the trivial predictor's
+    (the entropy of the training split's class shares, about 1.09 nats here).
+
+    The MLP trains from scratch (``model.linear=none``): with the fitted linear path it starts
+    at about 0.28, where it ends (seen on an H100 and on the CPU, even at a learning rate of
+    1e-7), so the check before, "the curve fell by 40%", failed a model that had nothing left to
+    learn and could not tell one that learned from one that did not."""
+    labels = pq.read_table(data[0], columns=["label"]).column(0).to_numpy()
+    shares = np.bincount(labels) / len(labels)
+    trivial = float(-(shares[shares > 0] * np.log(shares[shares > 0])).sum())
+    curve = losses(run)
+    evals = [r["val_loss"] for r in history(run) if r["event"] == "eval"]
+    assert curve and evals, "no step or eval record in the history"
+    assert curve[-1] < 0.5 * trivial and evals[-1] < 0.5 * trivial, (trivial, curve, evals)
+
+
 def assert_fp32_export(run: Path) -> None:
     weights = load_file(str(run / "model" / "model.safetensors"))
     assert weights and all(t.dtype == torch.float32 for t in weights.values())
@@ -163,8 +180,7 @@ def test_worker_under_torchrun_trains_the_mlp_on_cuda(
     torchrun(write(run, mlp_config(run, table_data)), "dist.backend=nccl", "train.precision=fp32")
     start = next(r for r in history(run) if r["event"] == "start")
     assert start["device"] == "cuda:0" and start["world_size"] == 1
-    curve = losses(run)
-    assert curve[-1] < 0.6 * curve[0], curve
+    assert_mlp_learned(run, table_data)
     steps = [r for r in history(run) if r["event"] == "step"]
     assert steps[-1]["gpu_mem_gb"] > 0
     assert [r for r in history(run) if r["event"] == "eval"][-1]["val_accuracy"] > 0.75
@@ -232,8 +248,7 @@ def test_nccl_all_reduce_and_ddp_training_on_one_gpu(
     result = loop.train(cfg, ctx)
     assert len(wrapped) == 1 and wrapped[0].device_ids == [0]
     assert result.steps == 2 * (8192 // 256)
-    curve = losses(run)
-    assert curve[-1] < 0.6 * curve[0], curve
+    assert_mlp_learned(run, table_data)
     assert_fp32_export(run)
 
 
@@ -273,8 +288,11 @@ def test_fp16_with_grad_scaler_trains(
     torchrun(write(run, cfg))
     start = next(r for r in history(run) if r["event"] == "start")
     assert start["precision"] == "fp16"
-    curve = losses(run)
-    assert curve[-1] < 0.6 * curve[0], curve
+    if model == "mlp":
+        assert_mlp_learned(run, table_data)
+    else:
+        curve = losses(run)
+        assert curve[-1] < 0.5 * curve[0], curve
     assert_fp32_export(run)
     ckpt = CheckpointManager(str(run / "ckpt"), keep_last=1)
     scaler = ckpt.load(ckpt.steps()[-1])["scaler"]

@@ -117,3 +117,22 @@ def test_default_models_prints_a_table_per_dataset_and_the_worst_ratio(
     assert re.fullmatch(
         r"default_models ratio: \d+\.\d{3} \(goal >= 0\.99; worst: iris\)", lines[-1]
     )
+
+
+def test_tabular_device_trains_the_demo_step_and_reads_settings_written_where_kfp_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import tabular_device
+
+    settings = tmp_path / "settings.json"
+    assert tabular_device.main(["--write-settings", str(settings)]) == 0
+    written = settings.read_text()
+    assert '"target": "churned"' in written and '"launcher": "local"' in written
+    capsys.readouterr()
+    rc = tabular_device.main(["--rows", "300", "--repeats", "1", "--settings", str(settings)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, "\n".join(lines)
+    trained = [line for line in lines if re.match(r"(warm-up|pair \d+) +cpu ", line)]
+    assert len(trained) == 2 and all("accuracy" in line for line in trained)  # warm-up + 1
+    assert re.fullmatch(r"tabular_device cpu_seconds: \d+\.\d\d \(no CUDA device: no ratio\)",
+                        lines[-1])  # fmt: skip

@@ -169,6 +169,20 @@ def test_full_state_of_a_sharded_gpt_keeps_tied_weights_once(group: dist.DistCon
         torch.testing.assert_close(v, expected[k], msg=k)
 
 
+def test_a_cpu_model_is_sharded_on_the_cpu_where_a_gpu_is_visible(
+    group: dist.DistContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FSDP2's default mesh is CUDA's whenever CUDA is available: on an H100 machine the CPU
+    # ranks of benchmarks/fsdp_memory.py found their shards on cuda:0. The mesh must follow the
+    # model's device. Here the accelerator FSDP would default to is faked (its default mesh
+    # fails to reach the GPU this machine lacks).
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    model = shard(gpt())
+    params = list(model.parameters())
+    assert params and all(p.device.type == "cpu" for p in params)
+    assert {p.device_mesh.device_type for p in params} == {"cpu"}  # type: ignore[attr-defined]
+
+
 def train_a_step(model: nn.Module, opt: torch.optim.Optimizer) -> None:
     idx = torch.arange(16).remainder(32).view(2, 8)
     model(idx).float().square().mean().backward()

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -168,8 +169,12 @@ def apply_fsdp(
     Returns:
         The same module object (its class is now an ``FSDPModule`` subclass).
     """
-    kwargs: dict[str, Any] = {"mp_policy": mixed_precision(precision)}
-    on_cuda = next(model.parameters()).device.type == "cuda"
+    device_type = next(model.parameters()).device.type
+    on_cuda = device_type == "cuda"
+    # The mesh names the model's device: FSDP2's default mesh is CUDA's whenever a GPU is
+    # visible, which moved a CPU model's shards to cuda:0 (seen on an H100 machine, torch 2.11).
+    mesh = init_device_mesh(device_type, (torch.distributed.get_world_size(),))
+    kwargs: dict[str, Any] = {"mp_policy": mixed_precision(precision), "mesh": mesh}
     if cpu_offload and on_cuda:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     elif cpu_offload:
