@@ -423,13 +423,6 @@ def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
 # -- 7. a retried train step -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KFP retries the deleted step (the run succeeds, one job), but the new attempt makes a "
-    "new PyTorchJob: the launcher deletes its job on SIGTERM and the job is owned by the deleted "
-    "pod. Re-attaching needs the run's Workflow as the owner and a cancel that tells a terminated "
-    "run (delete the job) from a deleted pod (keep it): not built yet",
-)
 def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     host: str, pipeline: str, table: str
 ) -> None:
