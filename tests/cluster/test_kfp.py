@@ -450,6 +450,11 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     assert len(attempts) >= 1 and launcher not in [p["metadata"]["name"] for p in attempts]
     jobs = [j for j in kube.jobs(NS) if run_id[:8] in j["metadata"]["name"]]
     assert [j["metadata"]["uid"] for j in jobs] == [uid], jobs
+    # Owned by the run's Workflow (deleting the run deletes it), no longer by the deleted pod.
+    owners = jobs[0]["metadata"].get("ownerReferences") or []
+    workflow = kfp.workflow_of(run_id)["metadata"]
+    assert {"kind": "Workflow", "uid": workflow["uid"]}.items() <= owners[0].items(), owners
+    assert launcher not in [o["name"] for o in owners], owners
 
 
 # -- helpers -----------------------------------------------------------------------------------
