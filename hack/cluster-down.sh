@@ -11,6 +11,8 @@ source "$(dirname "$0")/cluster/lib.sh"
 source "${CLUSTER_HACK}/procs.sh"
 
 [[ -d "$STATE" ]] || { say "no cluster state at ${STATE}: nothing to do"; exit 0; }
+refuse_foreign_state
+state_is_ours || { say "${STATE} is empty and not a cluster's: nothing to do"; exit 0; }
 [[ "$(id -u)" == 0 ]] || die "not root: the cluster's mounts and network need root to remove"
 start_s=$SECONDS
 
@@ -42,39 +44,104 @@ fi
 stop containerd
 # Shims of this containerd (their command line names its socket) outlive it by design.
 pkill -KILL -f "containerd-shim.*-address ${CONTAINERD_SOCK}" 2>/dev/null || true
-# Anything still inside the pods' cgroups.
-for cg in /sys/fs/cgroup/*/kubepods; do
-  [[ -d "$cg" ]] || continue
+# Anything still inside the pods' cgroups (under the cluster's own cgroup root; an older cluster's
+# pods were under /kubepods, which is taken as ours only while no other kubelet runs).
+pod_cgroups() {
+  local cg
+  for cg in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do [[ -d "$cg" ]] && echo "$cg"; done
+  if ! pgrep -x kubelet >/dev/null; then
+    for cg in /sys/fs/cgroup/*/kubepods; do [[ -d "$cg" ]] && echo "$cg"; done
+  fi
+  return 0
+}
+while read -r cg; do
   while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done < <(find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null)
-done
+done < <(pod_cgroups)
 
 stage "mounts, network, cgroups"
 # Deepest first: the kubelet's volumes, containerd's rootfs and sandbox /dev/shm mounts.
 while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v s="${STATE}/" -v i="${IMAGE_STORE}/" 'index($2, s) == 1 || index($2, i) == 1 {print $2}' /proc/mounts | sort -r)
+# The pods' network namespaces: those whose eth0 is a veth on the cluster's bridge, or holds an
+# address that the cluster's IPAM handed out. Another tool's cni-* namespaces stay.
+pod_ips=" "
+for f in "${STATE}"/cni/ipam/gpupipe/*; do
+  [[ "$(basename "$f")" =~ ^[0-9.]+$ ]] && pod_ips+="$(basename "$f") "
+done
+ours_netns() {
+  local ns="$1" peer addr
+  peer="$(ip netns exec "$ns" ip -o link show eth0 2>/dev/null | sed -n 's/^[0-9]*: eth0@if\([0-9]*\):.*/\1/p')"
+  if [[ -n "$peer" ]] && ip -o link show 2>/dev/null | grep -q "^${peer}: .* master gpupipe0 "; then
+    return 0
+  fi
+  addr="$(ip netns exec "$ns" ip -o -4 addr show eth0 2>/dev/null | awk '{print $4}' | cut -d/ -f1)"
+  [[ -n "$addr" && "$pod_ips" == *" ${addr} "* ]]
+}
 for ns in /run/netns/cni-*; do
-  [[ -e "$ns" ]] && ip netns delete "$(basename "$ns")" 2>/dev/null || true
+  [[ -e "$ns" ]] || continue
+  if ours_netns "$(basename "$ns")"; then ip netns delete "$(basename "$ns")" 2>/dev/null || true; fi
 done
 ip link delete gpupipe0 2>/dev/null || true
-if [[ -x "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" ]]; then
+# iptables: only the cluster's own rules and chains.
+# - The CNI plugins' (bridge masquerade, portmap): every rule carries `name: "gpupipe"` in its
+#   comment; their CNI-<hash> chains go once empty. The firewall plugin's rules name a pod's
+#   address; its shared CNI-FORWARD and CNI-ADMIN chains go only when nothing else is left in them.
+# - Kubernetes': kube-proxy --cleanup removes the proxy's; the kubelet's and proxy's fixed chains
+#   and the proxy's per-service chains are removed unless another kubelet runs on this host.
+#   Another tool's KUBE-* or CNI-* chains stay.
+if [[ -x "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" ]] && ! pgrep -x kube-proxy >/dev/null; then
   "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" --cleanup >/dev/null 2>&1 || true
 fi
-# What kube-proxy --cleanup leaves: the kubelet's own chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
-# KUBE-IPTABLES-HINT) and the CNI plugins' (bridge masquerade, firewall, portmap) of pods that no
-# CNI DEL tore down. Only Kubernetes and CNI name chains KUBE-* and CNI-*.
-for ipt in iptables ip6tables; do
-  command -v "$ipt" >/dev/null 2>&1 || continue
-  for table in nat filter mangle; do
-    while read -r rule; do
-      eval "$ipt -t $table $rule" 2>/dev/null || true
-    done < <("$ipt" -t "$table" -S 2>/dev/null | sed -n 's/^-A \(.*\(KUBE\|CNI\)-.*\)$/-D \1/p')
+KUBE_CHAINS=" KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-PROXY-CANARY KUBE-MARK-MASQ \
+KUBE-MARK-DROP KUBE-POSTROUTING KUBE-FORWARD KUBE-SERVICES KUBE-EXTERNAL-SERVICES KUBE-NODEPORTS \
+KUBE-PROXY-FIREWALL "
+kube_chain_ours() {
+  pgrep -x kubelet >/dev/null && return 1
+  [[ "$KUBE_CHAINS" == *" $1 "* || "$1" =~ ^KUBE-(SVC|SEP|FW|XLB|EXT|SVL)-[A-Z0-9]{16}$ ]]
+}
+ipt_cleanup() {
+  local ipt="$1" table="$2" rule chain
+  # Rules: the CNI plugins' (our network's comment), the firewall plugin's for our pods'
+  # addresses, and any rule that jumps to one of our chains.
+  while read -r rule; do
+    eval "$ipt -t $table $rule" 2>/dev/null || true
+  done < <("$ipt" -t "$table" -S 2>/dev/null | awk -v ips="$pod_ips" '
+    /^-A / {
+      ours = index($0, "name: \\\"gpupipe\\\"") > 0
+      if (!ours && $2 == "CNI-FORWARD") for (i = 3; i <= NF; i++) if (($i == "-d" || $i == "-s") && index(ips, " " substr($(i+1), 1, index($(i+1), "/") - 1) " ")) ours = 1
+      if (ours) { sub(/^-A /, "-D "); print }
+    }')
+  for _ in 1 2; do # twice: a chain emptied in the first pass may be removable in the second
     while read -r chain; do
+      if [[ "$chain" == KUBE-* ]] && ! kube_chain_ours "$chain"; then continue; fi
+      if [[ "$chain" == CNI-FORWARD ]]; then
+        # The firewall plugin's, shared by every CNI network: only when nothing but its jump to
+        # CNI-ADMIN is left, and CNI-ADMIN (the admins' own rules) only when empty and unused.
+        ! "$ipt" -t "$table" -S "$chain" 2>/dev/null | grep '^-A' | grep -qv -- '-j CNI-ADMIN$' || continue
+      elif [[ "$chain" == CNI-ADMIN ]]; then
+        ! "$ipt" -t "$table" -S CNI-FORWARD >/dev/null 2>&1 || continue
+        ! "$ipt" -t "$table" -S "$chain" 2>/dev/null | grep -q '^-A' || continue
+      elif [[ "$chain" == CNI-* ]]; then
+        # A CNI-<hash> chain is ours when its rules are (now none are left: they were deleted).
+        [[ " $ours_cni " == *" ${chain} "* ]] || continue
+      fi
+      while read -r rule; do
+        eval "$ipt -t $table $rule" 2>/dev/null || true
+      done < <("$ipt" -t "$table" -S 2>/dev/null | grep -E -- "(^-A ${chain} |-j ${chain}( |$))" | sed 's/^-A /-D /')
       "$ipt" -t "$table" -X "$chain" 2>/dev/null || true
     done < <("$ipt" -t "$table" -S 2>/dev/null | sed -n 's/^-N \(\(KUBE\|CNI\)-[^ ]*\)$/\1/p')
   done
+}
+for ipt in iptables ip6tables; do
+  command -v "$ipt" >/dev/null 2>&1 || continue
+  for table in nat filter mangle; do
+    # The CNI-<hash> chains our network's rules use (before those rules are deleted).
+    ours_cni="$("$ipt" -t "$table" -S 2>/dev/null | grep -F 'name: \"gpupipe\"' | grep -oE 'CNI-[0-9a-f]{24}' | sort -u | tr '\n' ' ')"
+    ipt_cleanup "$ipt" "$table"
+  done
 done
-for cg in /sys/fs/cgroup/*/kubepods; do
-  [[ -d "$cg" ]] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
-done
+while read -r cg; do
+  find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
+done < <(pod_cgroups)
 
 stage "state"
 rm -rf "$STATE"

@@ -29,6 +29,7 @@ total_start=$SECONDS
 K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
 
 stage "preflight"
+refuse_foreign_state
 [[ "$(id -u)" == 0 ]] || cannot "not root: kubelet and containerd need root (mounts, cgroups, network namespaces)"
 for c in cpu memory pids; do
   [[ -d "/sys/fs/cgroup/${c}" || -f /sys/fs/cgroup/cgroup.controllers ]] ||
@@ -51,6 +52,7 @@ fi
 node_ip="$(node_ip)"
 [[ -n "$node_ip" ]] || cannot "this machine has no IPv4 default route: pods need the node's address"
 mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR"
+[[ -f "$MARKER" ]] || printf 'made by gpupipe hack/cluster-up.sh; make cluster-down removes this folder\n' >"$MARKER"
 
 stage "build binaries"
 "${CLUSTER_HACK}/build.sh"
@@ -86,7 +88,7 @@ must_run etcd 30 curl -sf http://127.0.0.1:2381/health
 
 stage "kube-apiserver"
 start kube-apiserver "${K8S_BIN}/kube-apiserver" \
-  --advertise-address "$node_ip" --bind-address 0.0.0.0 --secure-port 6443 \
+  --advertise-address "$node_ip" --bind-address "$node_ip" --secure-port 6443 \
   --etcd-servers https://127.0.0.1:2379 --etcd-cafile "${PKI}/ca.crt" \
   --etcd-certfile "${PKI}/apiserver-etcd-client.crt" --etcd-keyfile "${PKI}/apiserver-etcd-client.key" \
   --tls-cert-file "${PKI}/apiserver.crt" --tls-private-key-file "${PKI}/apiserver.key" \
@@ -177,6 +179,17 @@ ctr_ images label "$cuda_image" io.cri-containerd.pinned=pinned >/dev/null
 
 stage "kubelet"
 mkdir -p "${STATE}/kubelet"
+# The pods' cgroups live under a root of the cluster's own (CGROUP_ROOT/kubepods in every v1
+# hierarchy), so that cluster-down removes only those, never another kubelet's /kubepods. The
+# kubelet wants the root to exist; cpuset needs its cpus and mems before a task can join.
+for hierarchy in /sys/fs/cgroup/*/; do
+  [[ "$hierarchy" == */unified/ ]] && continue
+  mkdir -p "${hierarchy}${CGROUP_ROOT#/}" 2>/dev/null || true
+done
+for f in cpuset.cpus cpuset.mems; do
+  cg="/sys/fs/cgroup/cpuset/${CGROUP_ROOT#/}"
+  [[ -d "$cg" && -z "$(cat "${cg}/${f}" 2>/dev/null)" ]] && cat "/sys/fs/cgroup/cpuset/${f}" >"${cg}/${f}"
+done
 if put "${STATE}/kubelet/config.yaml" <<YAML; then
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -187,8 +200,13 @@ authentication:
 authorization: {mode: Webhook}
 tlsCertFile: ${PKI}/kubelet.crt
 tlsPrivateKeyFile: ${PKI}/kubelet.key
+# The node's address only (the API server reaches the kubelet there), not every interface.
+address: ${node_ip}
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
 containerRuntimeEndpoint: unix://${CONTAINERD_SOCK}
 cgroupDriver: cgroupfs
+cgroupRoot: ${CGROUP_ROOT}
 failCgroupV1: false
 failSwapOn: false
 clusterDNS: [${CLUSTER_DNS}]

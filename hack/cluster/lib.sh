@@ -25,6 +25,8 @@ BIN_DIR="${CACHE}/bin"           # <name>-<version>/<binary>
 # 1.4 GB trainer image takes over a minute to import); cluster-down removes every container from
 # it, so only images are left.
 IMAGE_STORE="${CACHE}/containerd"
+CGROUP_ROOT=/gpupipe-test-cluster   # the kubelet's cgroupRoot: the pods' cgroups, nobody else's
+MARKER="${STATE}/.gpupipe-test-cluster"  # cluster-up's own: cluster-down removes no folder without it
 
 # Time each stage: `stage NAME` starts one and closes the one before with its duration.
 _stage_name=""
@@ -112,3 +114,19 @@ PAUSE_IMAGE="gpupipe.local/pause:3.10"
 BUSYBOX_IMAGE="gpupipe.local/busybox:1.35.0"
 COREDNS_IMAGE="gpupipe.local/coredns:${COREDNS_VERSION}"
 NODE_NAME="${GPUPIPE_NODE_NAME:-gpupipe-node}"
+
+# state_is_ours: the state folder carries cluster-up's marker, or is of the layout cluster-up made
+# before the marker existed (its kubeconfig, pki/ and run/).
+state_is_ours() {
+  [[ -f "$MARKER" ]] || [[ -f "${STATE}/kubeconfig" && -d "${STATE}/pki" && -d "${STATE}/run" ]]
+}
+
+# refuse_foreign_state: one line and exit 2 when the state folder holds anything but is not ours
+# (a mistyped GPUPIPE_CLUSTER_DIR): nothing in it is touched.
+refuse_foreign_state() {
+  [[ -d "$STATE" && -n "$(ls -A "$STATE" 2>/dev/null)" ]] || return 0
+  state_is_ours && return 0
+  printf 'error: cluster: %s is not a test cluster'"'"'s folder (no %s in it): refusing to touch it; set GPUPIPE_CLUSTER_DIR to the folder cluster-up made\n' \
+    "$STATE" "$(basename "$MARKER")" >&2
+  exit 2
+}

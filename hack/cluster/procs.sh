@@ -6,7 +6,15 @@
 running() {
   local pid
   pid="$(cat "${RUN_DIR}/$1.pid" 2>/dev/null)" || return 1
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && ours "$pid"
+}
+
+# ours PID: the process is one this cluster started (its command line names the cluster's binaries
+# or state folder), not another that got the pid of one that ended.
+ours() {
+  local cmd
+  cmd="$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" || return 1
+  [[ "$cmd" == *"${BIN_DIR}/"* || "$cmd" == *"${STATE}/"* ]]
 }
 
 # start NAME COMMAND...: run it in its own session (it outlives this shell), log to logs/NAME.log.
@@ -24,7 +32,7 @@ start() {
 stop() {
   local name="$1" pid i
   pid="$(cat "${RUN_DIR}/${name}.pid" 2>/dev/null)" || return 0
-  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && ours "$pid"; then
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < 150; i++)); do
       kill -0 "$pid" 2>/dev/null || break

@@ -27,12 +27,14 @@ RBAC = kube.ROOT / "manifests" / "rbac"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test here ``cluster``; skip them all, with the reason, without a cluster."""
+    """Mark every test here ``cluster`` (but ``teardown`` ones, which take the cluster down and
+    run on their own, last); skip them all, with the reason, without a cluster."""
     reason: str | None = None
     checked = False
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.cluster)
+            if item.get_closest_marker("teardown") is None:
+                item.add_marker(pytest.mark.cluster)
             if not checked:
                 reason, checked = kube.unavailable(), True
             if reason:
