@@ -30,7 +30,9 @@ class Code:
 
     def kind(self, code: str) -> Kind:
         """``error``, ``warning`` or ``note``, from the code's first letter."""
-        return {"E": "error", "W": "warning", "I": "note"}[code[0]]  # type: ignore[return-value]
+        if code.startswith("W_"):
+            return "warning"
+        return "note" if code.startswith("I_") else "error"
 
 
 _BAD = 2  # the person's input: permanent, never retried by the operator's ExitCode policy
@@ -139,7 +141,7 @@ CODES: dict[str, Code] = {
         _BAD,
         "A column has no values at all, or none in the training split (so nothing can be "
         "learned or imputed from it).",
-        "Fill the column, drop it with `column_roles_json` (`{\"col\": \"drop\"}`), or split "
+        'Fill the column, drop it with `column_roles_json` (`{"col": "drop"}`), or split '
         "differently (`seed`, `preprocess_config_json`).",
     ),
     "E_INFINITE": Code(
@@ -160,7 +162,7 @@ CODES: dict[str, Code] = {
         "`test_fraction` leave no training rows, a class has all its rows in the held-out "
         "splits, or the target has more classes than its rows can spread over the splits.",
         "Add rows, remove the rare classes, or lower the held-out shares with "
-        "`preprocess_config_json` (`{\"val_fraction\": 0.1, \"test_fraction\": 0.1}`).",
+        '`preprocess_config_json` (`{"val_fraction": 0.1, "test_fraction": 0.1}`).',
     ),
     # -- models, outputs and places -----------------------------------------------------------
     "E_MODEL": Code(
@@ -217,8 +219,7 @@ CODES: dict[str, Code] = {
     ),
     "E_DOCKER": Code(
         _BAD,
-        "`--runner docker`: the `docker` Python package is missing or no Docker engine "
-        "answers.",
+        "`--runner docker`: the `docker` Python package is missing or no Docker engine answers.",
         "Start a Docker engine (`hack/docker-up.sh` starts one as root) and install the dev "
         "dependencies (`make setup`).",
     ),
@@ -239,7 +240,7 @@ CODES: dict[str, Code] = {
         "An admission webhook denies what the job's controller creates (a TrainJob's runtime "
         "patch, a JobSet, a pod spec): no retry of the controller can change that.",
         "Read the webhook's message in the error. Where a policy refuses TrainJob runtime "
-        "patches, set `train_config_json={\"cluster.runtime_patches\": false}` and put those "
+        'patches, set `train_config_json={"cluster.runtime_patches": false}` and put those '
         "settings in the runtime.",
     ),
     # -- KFP ------------------------------------------------------------------------------------
@@ -299,7 +300,7 @@ CODES: dict[str, Code] = {
         _BAD,
         "The schedule's cron is missing or malformed; it has six fields, `second minute hour "
         "day-of-month month day-of-week`, in UTC. The message names the field.",
-        "Write six fields, e.g. `--cron \"0 0 2 * * *\"` for 02:00 UTC every day.",
+        'Write six fields, e.g. `--cron "0 0 2 * * *"` for 02:00 UTC every day.',
     ),
     "E_TIME": Code(
         _BAD,
@@ -368,8 +369,7 @@ CODES: dict[str, Code] = {
     ),
     "E_RUN_CANCELED": Code(
         _SYSTEM,
-        "`gpupipe run --host --wait`: the run was cancelled (terminated in the UI or by the "
-        "API).",
+        "`gpupipe run --host --wait`: the run was cancelled (terminated in the UI or by the API).",
         "Start it again if it should have finished.",
     ),
     "E_RUN_SKIPPED": Code(
