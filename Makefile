@@ -62,6 +62,17 @@ docs: setup ## build the documentation site into site/ (docs/reference/ regenera
 	$(BIN)/python -m pipelines.reference
 	$(MKDOCS) build --strict
 
+# The pictures: the pipeline's graph from the compiled YAML, a report's plots from a real local run
+# of the demo table (as make run's). Committed in docs/images/; run again when either changes.
+DOCS_RUN ?= .runs/docs-images
+
+.PHONY: docs-images
+docs-images: setup ## the docs' pictures from the real things: the pipeline's graph, a run's report plots
+	$(BIN)/gpupipe demo-data --out $(DOCS_RUN)/churn.parquet --rows 10000
+	$(BIN)/gpupipe run --local --root $(DOCS_RUN)/root --data $(DOCS_RUN)/churn.parquet \
+	    --target churned $(RUN_ARGS) --json > $(DOCS_RUN)/summary.json
+	$(BIN)/python -m pipelines.pictures --summary $(DOCS_RUN)/summary.json docs/images
+
 .PHONY: docs-serve
 docs-serve: setup ## serve the documentation on http://127.0.0.1:8000, rebuilt on every change
 	$(BIN)/python -m pipelines.reference
