@@ -423,13 +423,6 @@ def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
 # -- 7. a retried train step -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KFP retries the deleted step (the run succeeds, one job), but the new attempt makes a "
-    "new PyTorchJob: the launcher deletes its job on SIGTERM and the job is owned by the deleted "
-    "pod. Re-attaching needs the run's Workflow as the owner and a cancel that tells a terminated "
-    "run (delete the job) from a deleted pod (keep it): not built yet",
-)
 def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     host: str, pipeline: str, table: str
 ) -> None:
@@ -457,6 +450,11 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     assert len(attempts) >= 1 and launcher not in [p["metadata"]["name"] for p in attempts]
     jobs = [j for j in kube.jobs(NS) if run_id[:8] in j["metadata"]["name"]]
     assert [j["metadata"]["uid"] for j in jobs] == [uid], jobs
+    # Owned by the run's Workflow (deleting the run deletes it), no longer by the deleted pod.
+    owners = jobs[0]["metadata"].get("ownerReferences") or []
+    workflow = kfp.workflow_of(run_id)["metadata"]
+    assert {"kind": "Workflow", "uid": workflow["uid"]}.items() <= owners[0].items(), owners
+    assert launcher not in [o["name"] for o in owners], owners
 
 
 # -- helpers -----------------------------------------------------------------------------------

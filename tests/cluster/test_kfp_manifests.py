@@ -14,21 +14,29 @@ objects as the KFP install does.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from tests.cluster import kube
+from tests.cluster.renderings import (
+    ADDONS,
+    by_key,
+    differences,
+    image_names,
+    images_pulled,
+    kustomize,
+    user_path,
+)
 
-ADDONS = kube.STATE / "addons"
 SRC = kube.CACHE / "src" / f"kubeflow-pipelines-{kube.VERSIONS['KFP_VERSION']}"
-NOT_RUN = {("Deployment", "ml-pipeline-ui"), ("Deployment", "metadata-envoy-deployment")}
-ROLL_ANNOTATION = "gpupipe.dev/images"
+NOT_RUN = {
+    ("Deployment", "kubeflow", "ml-pipeline-ui"),
+    ("Deployment", "kubeflow", "metadata-envoy-deployment"),
+}
+REMOTE = r"github\.com/kubeflow/pipelines/manifests/kustomize/([^?\s]*)\?ref=" + kube.VERSIONS[
+    "KFP_VERSION"
+].replace(".", r"\.")
 
 pytestmark = pytest.mark.skipif(
     not (ADDONS / "kfp" / "install").is_dir() or not SRC.is_dir(),
@@ -36,70 +44,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def kustomize(folder: Path) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [str(kube.KUBECTL), "kustomize", str(folder)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def user_path(part: str, tmp: Path) -> list[dict[str, Any]]:
-    """manifests/kfp/PART with its remote base read from the extracted tarball instead."""
-    text = (kube.ROOT / "manifests" / "kfp" / part / "kustomization.yaml").read_text()
-    folder = tmp / part
-    folder.mkdir(parents=True)
-    local = os.path.relpath(SRC / "manifests" / "kustomize", folder)  # kustomize wants relative
-    tag = re.escape(kube.VERSIONS["KFP_VERSION"])
-    pattern = rf"github\.com/kubeflow/pipelines/manifests/kustomize/([^?\s]*)\?ref={tag}"
-    localized, n = re.subn(pattern, rf"{local}/\1", text)
-    assert n == 1, f"manifests/kfp/{part} should name KFP's manifests once, at the release tag"
-    (folder / "kustomization.yaml").write_text(localized)
-    return kustomize(folder)
-
-
-def image_map() -> dict[str, str]:
-    """Local image name -> the upstream name it stands in for (the overlay's images block)."""
-    spec = yaml.safe_load((ADDONS / "kfp" / "install" / "kustomization.yaml").read_text())
-    return {i["newName"]: i["name"] for i in spec["images"]}
-
-
-def canonical(obj: Any, local_to_upstream: dict[str, str]) -> Any:
-    """``obj`` with every image reference replaced by its upstream name (tags dropped)."""
-    upstream = set(local_to_upstream.values())
-    if isinstance(obj, dict):
-        return {k: canonical(v, local_to_upstream) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [canonical(v, local_to_upstream) for v in obj]
-    if isinstance(obj, str) and re.match(r"^[\w./-]+:[\w.-]+$", obj):  # NAME:TAG only
-        name = obj.rsplit(":", 1)[0]
-        if name in local_to_upstream:
-            return f"IMAGE<{local_to_upstream[name]}>"
-        if name in upstream:
-            return f"IMAGE<{name}>"
-    return obj
-
-
-def by_key(objects: list[dict[str, Any]], images: dict[str, str]) -> dict[tuple[str, str], Any]:
-    out = {}
-    for obj in objects:
-        obj = canonical(obj, images)
-        template = obj.get("spec", {}).get("template", {})
-        meta = template.get("metadata", {})
-        (meta.get("annotations") or {}).pop(ROLL_ANNOTATION, None)
-        if meta.get("annotations") == {}:
-            del meta["annotations"]
-        # A strategic-merge patch of two variables moves them to the front of the list: env is
-        # compared by name (nothing here refers to another variable with $(NAME)).
-        for container in template.get("spec", {}).get("containers", []):
-            if "env" in container:
-                container["env"] = sorted(container["env"], key=lambda e: e["name"])
-        out[(obj["kind"], obj["metadata"]["name"])] = obj
-    return out
+def image_map() -> dict[str, frozenset[str]]:
+    """Local image name -> the upstream names it stands in for (the install's images block)."""
+    return image_names(ADDONS / "kfp" / "install" / "kustomization.yaml")
 
 
 @pytest.mark.parametrize("part", ["cluster-scoped-resources", "platform-agnostic"])
@@ -107,7 +54,8 @@ def test_the_test_cluster_applies_the_user_path_with_local_images_only(
     part: str, tmp_path: Path
 ) -> None:
     images = image_map()
-    user = by_key(user_path(part, tmp_path), images)
+    local = SRC / "manifests" / "kustomize"
+    user = by_key(user_path(f"kfp/{part}", REMOTE, local, tmp_path), images)
     folder = ADDONS / "kfp" / ("install" if part == "platform-agnostic" else part)
     cluster = by_key(kustomize(folder), images)
     if part == "platform-agnostic":
@@ -115,11 +63,10 @@ def test_the_test_cluster_applies_the_user_path_with_local_images_only(
         for key in NOT_RUN:
             del user[key]
     assert sorted(user) == sorted(cluster)
-    differing = [key for key in user if user[key] != cluster[key]]
-    assert differing == [], differing
+    differing = {key: d for key in user if (d := differences(user[key], cluster[key]))}
+    assert differing == {}, differing
     # Every image the cluster runs is a local build (nothing left that would be pulled).
-    pulled = set(re.findall(r"IMAGE<([^>]+)>", str(cluster)))
-    assert pulled <= set(images.values()), pulled - set(images.values())
+    assert images_pulled(cluster, images) == set()
 
 
 def test_the_object_store_addon_applies_the_same_objects_as_kfp() -> None:

@@ -40,6 +40,7 @@ _POD_NAME = re.compile(r"^(?P<job>.+?)(?:-master-0|-node-0-(?P<index>\d+)-[a-z0-
 _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 _LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+_WORKFLOW = re.compile(r"^/apis/argoproj\.io/v1alpha1/namespaces/([^/]+)/workflows/([^/]+)$")
 _EXPS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments$")
 _EXP = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments/([^/]+)$")
 _TRIALS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials$")
@@ -284,6 +285,10 @@ class FakeKubeApi:
         self.created_experiments: list[str] = []
         """``namespace/name`` of every Experiment created through the API (409s excluded)."""
         self._experiments: dict[tuple[str, str], _Experiment] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        """Pods other than the jobs' (a launcher's own), served by name (``fieldSelector``)."""
+        self.workflows: dict[tuple[str, str], dict[str, Any]] = {}
+        """Argo Workflows (KFP runs), served by name."""
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -375,6 +380,27 @@ class FakeKubeApi:
         """Answer the next ``times`` matching requests only after ``seconds`` (but do serve
         them: a create the client gave up on still creates, as on a real server)."""
         self._faults.append(_Fault(method, re.compile(path), None, times, delay_s=seconds))
+
+    def add_kfp_step_pod(
+        self, pod: str, workflow: str, namespace: str = "team-a", **spec: Any
+    ) -> dict[str, Any]:
+        """A KFP step's pod ``pod`` owned by the Workflow ``workflow`` (which gets ``spec``)."""
+        uid = f"wf-{len(self.workflows)}-{workflow}"
+        self.workflows[(namespace, workflow)] = {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": workflow, "namespace": namespace, "uid": uid},
+            "spec": dict(spec),
+            "status": {"phase": "Running"},
+        }
+        ref = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": workflow,
+               "uid": uid, "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+        self.pods[(namespace, pod)] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, "namespace": namespace, "ownerReferences": [ref]},
+        }
+        return self.workflows[(namespace, workflow)]
 
     def add_experiment(
         self,
@@ -504,6 +530,10 @@ class FakeKubeApi:
             return 200, "text/plain", self._log(*m.groups(), query, now).encode(), {}
         if (m := _EVENTS.match(path)) and method == "GET":
             return self._json(200, self._events(m.group(1), query, now))
+        if (m := _WORKFLOW.match(path)) and method == "GET":
+            if (wf := self.workflows.get((m.group(1), m.group(2)))) is None:
+                raise _HttpError(404, f'workflows.argoproj.io "{m.group(2)}" not found')
+            return self._json(200, wf)
         if _EXPS.match(path) or _EXP.match(path) or _TRIALS.match(path) or _TRIAL.match(path):
             return self._katib(method, path, query, headers, body, now)
         raise _HttpError(404, "the server could not find the requested resource")
@@ -731,6 +761,10 @@ class FakeKubeApi:
         }
 
     def _pods(self, ns: str, query: dict[str, list[str]], now: float) -> dict[str, Any]:
+        by_name = (query.get("fieldSelector") or [""])[0]
+        if by_name.startswith("metadata.name="):
+            pod = self.pods.get((ns, by_name.split("=", 1)[1]))
+            return {"apiVersion": "v1", "kind": "PodList", "items": [pod] if pod else []}
         want = dict(
             kv.split("=", 1) for kv in (query.get("labelSelector") or [""])[0].split(",") if kv
         )
@@ -1136,3 +1170,13 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             _merge(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
+
+
+def rbac_call(method: str, path: str) -> tuple[str, str, str]:
+    """(API group, resource, verb) that RBAC must grant for a request the fake recorded."""
+    m = re.match(r"^/apis/([^/]+)/", path)
+    group = m.group(1) if m else ""
+    parts = path.split("/namespaces/", 1)[1].split("?", 1)[0].split("/")[1:]
+    resource = "/".join(parts[::2])
+    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method)
+    return group, resource, verb or ("get" if len(parts) >= 2 else "list")

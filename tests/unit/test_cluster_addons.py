@@ -146,3 +146,42 @@ def test_katib_serves_every_cluster_algorithm_with_the_optuna_service() -> None:
     assert {a: served.get(a) for a in CLUSTER_ALGORITHMS} == dict.fromkeys(
         CLUSTER_ALGORITHMS, "suggestion-optuna"
     )
+
+
+PIN = re.compile(r"^[A-Za-z0-9_.-]+==[A-Za-z0-9_.+!-]+$")
+
+
+def _pip_installs(dockerfile: Path) -> list[str]:
+    """Every `pip install` command of ``dockerfile``, its continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    return [m.group(0) for m in re.finditer(r"pip install[^&;\n]*", text)]
+
+
+@pytest.mark.parametrize(
+    "dockerfile",
+    sorted(
+        [*ROOT.glob("images/*/Dockerfile"), *ROOT.glob("hack/cluster/addons/images/*/Dockerfile*")]
+    ),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_every_package_an_image_installs_is_pinned(dockerfile: Path) -> None:
+    """Issue 39: every pip install of an image is constrained by a file that pins every
+    package (name==version), or installs only from such a file without dependencies."""
+    for command in _pip_installs(dockerfile):
+        pinned = "-c " in command or ("--no-deps" in command and "-r " in command)
+        local_build = "--no-build-isolation" in command  # gpupipe itself, from the build context
+        assert pinned or local_build, f"{dockerfile.name}: unpinned: {command}"
+    for pins in dockerfile.parent.glob("*.txt"):
+        lines = [ln.strip() for ln in pins.read_text().splitlines()]
+        loose = [ln for ln in lines if ln and not ln.startswith("#") and not PIN.match(ln)]
+        assert loose == [], f"{pins.name} pins loosely: {loose}"
+
+
+def test_katib_pins_every_python_service_it_builds() -> None:
+    script = (CLUSTER / "addons" / "katib.sh").read_text()
+    services = re.search(r"PY_SERVICES=\(\n(.*?)\n\)", script, re.S)
+    assert services
+    names = [line.split()[0].strip('"') for line in services.group(1).splitlines()]
+    assert names and all(
+        (CLUSTER / "addons" / "images" / "katib" / f"constraints-{n}.txt").is_file() for n in names
+    ), names

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.fakes.kube_api import FakeKubeApi, Scenario
+from tests.fakes.kube_api import FakeKubeApi, Scenario, rbac_call
 from tests.unit.specs import job_spec
 from trainer.base.errors import InputError
 from trainer.launch import TrainingRun
@@ -350,6 +350,83 @@ def test_sigterm_deletes_the_job_and_fails_the_step(
     assert signal.getsignal(signal.SIGTERM) is sigterm_guard
 
 
+def _sigterm_once_streaming(fake: FakeKubeApi) -> None:
+    """SIGTERM this process (the launcher's step) once the job's log is being streamed (a log
+    read beyond those made so far)."""
+    before = len(fake.calls("GET", "/log$"))
+
+    def cancel() -> None:
+        end = time.monotonic() + 10
+        while len(fake.calls("GET", "/log$")) <= before and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=cancel, daemon=True).start()
+
+
+@pytest.mark.parametrize(
+    ("run", "kept"),
+    [
+        ({}, True),
+        ({"activeDeadlineSeconds": 0}, False),  # KFP's terminate
+        ({"shutdown": "Terminate"}, False),  # Argo's own terminate (and stop)
+        (None, False),  # the run (Workflow) was deleted
+    ],
+    ids=["pod-deleted-run-goes-on", "run-terminated", "workflow-shutdown", "run-deleted"],
+)
+def test_a_kfp_step_keeps_its_job_for_the_retry_only_while_its_run_goes_on(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    sigterm_guard: Callable[[int, Any], None],
+    run: dict[str, Any] | None,
+    kept: bool,
+) -> None:
+    # Seen on the test cluster's KFP: the step's pod deleted, KFP retried the step, and the retry
+    # made a second job because the first had been deleted on SIGTERM (and owned by the pod).
+    workflow = fake.add_kfp_step_pod(POD.name, "run-wf")
+    fake.scenario = Scenario(lines=LINES, outcome=None)
+    _sigterm_once_streaming(fake)
+    if run is None:
+        # Deleted between the start (which saw it) and the SIGTERM.
+        threading.Timer(0.05, lambda: fake.workflows.clear()).start()
+    else:
+        workflow["spec"].update(run)
+    with pytest.raises(LaunchCancelled) as cancelled:
+        launch(launcher(own_pod=POD), timeout_s=None)
+
+    job = kind.get(fake)
+    if not kept:
+        assert job is None and "deleted (on_exit=delete)" in str(cancelled.value)
+        return
+    assert job is not None and fake.calls("DELETE") == []
+    assert "kept running: only this step's pod was stopped, its run run-wf goes on" in str(
+        cancelled.value
+    )
+    # The run's Workflow owns it (deleting the run deletes it); the stopped pod no longer does.
+    owners = job["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [
+        ("Workflow", "run-wf", workflow["metadata"]["uid"])
+    ]
+    assert not owners[0]["blockOwnerDeletion"] and not owners[0]["controller"]
+
+    # The retry's pod re-attaches to the same job and owns it too; nothing is created.
+    retry = PodRef(name="train-launcher-retry", namespace=NS, uid="0d4c1c9e-retry")
+    fake.pods[(NS, retry.name)] = {
+        **fake.pods[(NS, POD.name)],
+        "metadata": {**fake.pods[(NS, POD.name)]["metadata"], "name": retry.name},
+    }
+    uid, creates = job["metadata"]["uid"], len(fake.calls("POST"))
+    _sigterm_once_streaming(fake)  # stopped again, its run still going on: kept again
+    with pytest.raises(LaunchCancelled, match="re-attaches"):
+        launch(launcher(own_pod=retry), timeout_s=None)
+    assert len(fake.calls("POST")) == creates
+    job = kind.get(fake)
+    assert job is not None and job["metadata"]["uid"] == uid
+    adopted = fake.calls("PATCH")[-2].body["metadata"]["ownerReferences"]  # then the release
+    assert {o["uid"] for o in adopted} == {workflow["metadata"]["uid"], retry.uid}
+
+
 @pytest.mark.parametrize(
     ("scenario", "age_s", "fails"),
     [
@@ -463,26 +540,18 @@ def test_transient_api_errors_are_retried(
     assert capsys.readouterr().out.splitlines() == LINES
 
 
-def _rbac(method: str, path: str) -> tuple[str, str, str]:
-    m = re.match(r"^/apis/([^/]+)/", path)
-    group = m.group(1) if m else ""
-    parts = path.split("/namespaces/", 1)[1].split("/")[1:]
-    resource = "/".join(parts[::2])
-    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method)
-    return group, resource, verb or ("get" if len(parts) >= 2 else "list")
-
-
 def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
     launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
 ) -> None:
     fake.scenario = _failed(kind)
     with pytest.raises(RuntimeError):
         launch(launcher())  # create, get, list pods, log, events, delete
-    fake.scenario = Scenario(lines=LINES)
+    fake.scenario = Scenario(lines=LINES, line_every_s=0.1)  # still running when adopted
     fake.add_job(JOB, age_s=0.2, kind=kind.name)  # type: ignore[arg-type]
+    fake.add_kfp_step_pod(POD.name, "run-wf")  # its own pod, then the run that owns it
     launch(launcher(own_pod=POD))  # adopt: patch the ownerReference
 
-    assert {_rbac(r.method, r.path) for r in fake.requests} == set(kind.api_calls)
+    assert {rbac_call(r.method, r.path) for r in fake.requests} == set(kind.api_calls)
 
 
 @pytest.mark.parametrize("module", ["pytorchjob", "trainjob"])

@@ -4,7 +4,6 @@ would), and the launcher against a fake API server that plays Katib."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from pipelines.render import render_experiment
-from tests.fakes.kube_api import ExperimentScenario, FakeKubeApi, TrialPlan
+from tests.fakes.kube_api import ExperimentScenario, FakeKubeApi, TrialPlan, rbac_call
 from tests.helpers import needs_crd, schema_errors
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import apply_overrides, config_fields, parse_value
@@ -369,17 +368,6 @@ def test_no_reported_metric_is_an_error(fake: FakeKubeApi, api: KubeApi) -> None
         launcher(api).run(experiment(space), space, timeout_s=10)
 
 
-def _rbac(method: str, path: str) -> tuple[str, str, str]:
-    m = re.match(
-        r"^/apis/(kubeflow\.org)/v1beta1/namespaces/[^/]+/(experiments|trials)(/[^/]+)?$", path
-    )
-    assert m, path
-    verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(method)
-    if verb is None:
-        verb = "get" if m.group(3) else "list"
-    return m.group(1), m.group(2), verb
-
-
 def test_katib_api_calls_lists_exactly_the_calls_the_launcher_makes(
     fake: FakeKubeApi, api: KubeApi
 ) -> None:
@@ -390,11 +378,13 @@ def test_katib_api_calls_lists_exactly_the_calls_the_launcher_makes(
     with pytest.raises(RuntimeError):
         launcher(api).run(experiment(space), space, timeout_s=10)  # create, get, list, delete
     fake.experiment_scenario = ExperimentScenario()
-    fake.add_experiment(experiment(space))
+    # Still running when adopted (the pod and run look-ups come first).
+    fake.add_experiment(experiment(space), scenario=ExperimentScenario(trial_s=0.2))
+    fake.add_kfp_step_pod(POD.name, "run-wf", namespace=NS)  # its pod, the run that owns it
     launcher(api, own_pod=POD).run(experiment(space), space, timeout_s=10)  # patch
     # get on a trial: the launcher reads the best trial from it when the status lacks values
     api.get_trial(NS, "nope")
-    assert {_rbac(r.method, r.path) for r in fake.requests} == set(KATIB_API_CALLS)
+    assert {rbac_call(r.method, r.path) for r in fake.requests} == set(KATIB_API_CALLS)
 
 
 def test_importing_the_engine_does_not_import_kubernetes_or_kfp() -> None:

@@ -33,6 +33,11 @@ TRIALS = "trials"
 EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
 """Label Katib puts on each Trial of an Experiment."""
 
+WORKFLOW_GROUP, WORKFLOW_VERSION, WORKFLOWS = "argoproj.io", "v1alpha1", "workflows"
+"""Argo's Workflow, which a KFP run is: the owner of a KFP step's pod."""
+RUN_CALLS: list[tuple[str, str, str]] = [("", "pods", "list"), (WORKFLOW_GROUP, WORKFLOWS, "get")]
+"""Every launcher's: its own pod (by name), and the KFP run (Argo Workflow) that owns it."""
+
 KATIB_API_CALLS: list[tuple[str, str, str]] = [
     (GROUP, EXPERIMENTS, "create"),
     (GROUP, EXPERIMENTS, "get"),
@@ -40,6 +45,8 @@ KATIB_API_CALLS: list[tuple[str, str, str]] = [
     (GROUP, EXPERIMENTS, "delete"),
     (GROUP, TRIALS, "get"),
     (GROUP, TRIALS, "list"),
+    ("", "events", "list"),  # the wait's check for refused pods, every few polls
+    *RUN_CALLS,
 ]
 """The calls of the Katib (tune) launcher: Experiments and their Trials."""
 
@@ -47,7 +54,7 @@ KATIB_API_CALLS: list[tuple[str, str, str]] = [
 def _job_api_calls(group: str, plural: str) -> list[tuple[str, str, str]]:
     """The calls of a training-job launcher: the job, its watched pod, the pod's log, events."""
     job = [(group, plural, verb) for verb in ("create", "get", "delete", "patch")]
-    return [*job, ("", "pods", "list"), ("", "pods/log", "get"), ("", "events", "list")]
+    return [*job, *RUN_CALLS, ("", "pods/log", "get"), ("", "events", "list")]
 
 
 PYTORCHJOB_API_CALLS = _job_api_calls(GROUP, PLURAL)
@@ -284,6 +291,20 @@ class KubeApi:
             ),
         )
         return list(self._client.sanitize_for_serialization(pods).get("items") or [])
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod ``name``, or ``None`` when there is none; read with the ``list`` verb (a
+        field selector on its name), which the launcher's Role already grants."""
+        pods = self._call(
+            ("", "pods", "list"),
+            namespace,
+            name,
+            lambda: self._core.list_namespaced_pod(
+                namespace, field_selector=f"metadata.name={name}", _request_timeout=self._timeout
+            ),
+        )
+        items = self._client.sanitize_for_serialization(pods).get("items") or []
+        return dict(items[0]) if items else None
 
     def pod_log(
         self,

@@ -14,6 +14,10 @@ state, what to print while it runs, how to resume and suspend it. The loop is th
   (:class:`LaunchCancelled`), between API calls, never mid-request;
 - **on_exit**: when the step fails, times out or is cancelled, ``delete`` the object, ``keep`` it
   for inspection, or ``suspend`` it (where the resource can be suspended);
+- **a KFP run's step**: when an Argo Workflow (a KFP run) owns the launcher's pod, the object is
+  owned by that Workflow too. A SIGTERM while the run goes on (the pod alone was deleted or
+  evicted: Argo retries the step) keeps the object running for the retry to re-attach to; a
+  SIGTERM of a run being terminated, deleted or finished applies ``on_exit`` as always;
 - **diagnose**: a failed object's conditions, recent events, a container's exit code and the
   last log lines of its main pod, in one message (:mod:`trainer.launch.diagnosis`).
 """
@@ -32,7 +36,14 @@ from typing import Any, Literal, Self
 
 from trainer.base.errors import InputError
 from trainer.launch.diagnosis import diagnose, event_time
-from trainer.launch.kube import GROUP, KubeApi, KubeApiError
+from trainer.launch.kube import (
+    GROUP,
+    WORKFLOW_GROUP,
+    WORKFLOW_VERSION,
+    WORKFLOWS,
+    KubeApi,
+    KubeApiError,
+)
 from trainer.launch.podlog import PodLog
 
 log = logging.getLogger(__name__)
@@ -44,6 +55,8 @@ REFUSAL_CHECK_POLLS = 5
 """Every this many polls the wait looks for a Pod Security refusal of the object's pods."""
 GONE_WAIT_S = 600.0
 """Longest wait for an earlier attempt's object to finish being deleted (a stuck finalizer)."""
+WORKFLOW_DONE = ("Succeeded", "Failed", "Error")
+"""Phases of a Workflow that has ended."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -185,6 +198,8 @@ class Watch:
         self.cancelled = False
         self.have = False
         self.state = "Pending"
+        self.run_owner: dict[str, Any] | None = None
+        """An ownerReference to the Argo Workflow (KFP run) that owns the launcher's pod."""
 
     def run(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create (or adopt) ``body``'s object and wait until the resource says it is done.
@@ -209,9 +224,11 @@ class Watch:
                 f"the {self.resource.noun} is in {meta['namespace']!r}, not {self.ns!r}"
             )
         if self.own_pod is not None:
+            self.run_owner = self._find_run_owner(self.own_pod)
             owners = meta.setdefault("ownerReferences", [])
-            if all(o.get("uid") != self.own_pod.uid for o in owners):
-                owners.append(self.own_pod.owner_reference())
+            for ref in (self.own_pod.owner_reference(), self.run_owner):
+                if ref is not None and all(o.get("uid") != ref["uid"] for o in owners):
+                    owners.append(ref)
         previous = None
         if threading.current_thread() is threading.main_thread():
 
@@ -230,9 +247,12 @@ class Watch:
         try:
             return self._wait(self._start(body))
         except _Stop as stop:
-            done = (
-                self.apply_on_exit() if self.have else f"no {self.resource.noun} had been created"
-            )
+            if not self.have:
+                done = f"no {self.resource.noun} had been created"
+            elif stop.why == "cancelled" and (run := self._run_going_on()):
+                done = self._keep_for_retry(run)
+            else:
+                done = self.apply_on_exit()
             if stop.why == "deadline":
                 raise TimeoutError(
                     f"{self.what} did not finish within {self.timeout_s} s "
@@ -246,6 +266,75 @@ class Watch:
             if self.have:
                 log.warning("%s: %s", self.what, self.apply_on_exit())
             raise
+
+    def _find_run_owner(self, pod: PodRef) -> dict[str, Any] | None:
+        """An ownerReference to the Argo Workflow that owns ``pod`` (a KFP run's step), or
+        ``None``: no such owner, or the pod or the run cannot be read (then only the pod owns
+        the object, and a SIGTERM applies ``on_exit``). The run is read here too, so that a
+        missing permission shows at the start, not only when a SIGTERM needs it."""
+        try:
+            found = self.api.get_pod(pod.namespace, pod.name)
+            for ref in ((found or {}).get("metadata") or {}).get("ownerReferences") or []:
+                version = str(ref.get("apiVersion") or "")
+                if ref.get("kind") != "Workflow" or not version.startswith(f"{WORKFLOW_GROUP}/"):
+                    continue
+                if self._workflow(str(ref["name"])) is None:
+                    return None
+                return {
+                    "apiVersion": version,
+                    "kind": "Workflow",
+                    "name": ref["name"],
+                    "uid": ref["uid"],
+                    "controller": False,
+                    "blockOwnerDeletion": False,
+                }
+        except KubeApiError as e:
+            log.warning(
+                "%s: which run owns this step cannot be read (%s): a SIGTERM applies on_exit=%s",
+                self.what, e, self.on_exit,
+            )  # fmt: skip
+        return None
+
+    def _workflow(self, name: str) -> dict[str, Any] | None:
+        return self.api.get_object(WORKFLOW_VERSION, WORKFLOWS, self.ns, name, group=WORKFLOW_GROUP)
+
+    def _run_going_on(self) -> str | None:
+        """The name of the Workflow (KFP run) that owns the launcher's pod when that run goes on
+        after this SIGTERM (so Argo retries the step); ``None`` when there is no such run, or it
+        is being terminated (KFP sets ``activeDeadlineSeconds: 0``, Argo's own stop and
+        terminate set ``shutdown``), deleted or has ended, or cannot be read."""
+        if self.run_owner is None:
+            return None
+        name = str(self.run_owner["name"])
+        try:
+            wf = self._workflow(name)
+        except KubeApiError as e:
+            log.warning("%s: run %s cannot be read (%s); applying on_exit", self.what, name, e)
+            return None
+        if wf is None:
+            return None
+        meta, spec = wf.get("metadata") or {}, wf.get("spec") or {}
+        ending = (
+            meta.get("uid") != self.run_owner["uid"]
+            or meta.get("deletionTimestamp")
+            or spec.get("shutdown")
+            or spec.get("activeDeadlineSeconds") == 0
+            or (wf.get("status") or {}).get("phase") in WORKFLOW_DONE
+        )
+        return None if ending else name
+
+    def _keep_for_retry(self, run: str) -> str:
+        """Leave the object running for the step's next attempt: only this pod stops owning it
+        (the run's Workflow still does, so deleting the run deletes it)."""
+        try:
+            if (release := self._release()) is not None:
+                self._patch(release)
+        except KubeApiError as e:
+            log.error("%s", e)
+        return (
+            f"it was kept running: only this step's pod was stopped, its run {run} goes on, "
+            "and the step's retry re-attaches to it"
+        )
 
     def _get(self) -> dict[str, Any] | None:
         r = self.resource
@@ -309,9 +398,13 @@ class Watch:
             return obj
         patch: dict[str, Any] = {}
         owners = list((obj.get("metadata") or {}).get("ownerReferences") or [])
-        if self.own_pod is not None and all(o.get("uid") != self.own_pod.uid for o in owners):
+        refs = [] if self.own_pod is None else [self.own_pod.owner_reference(), self.run_owner]
+        missing = [
+            r for r in refs if r is not None and all(o.get("uid") != r["uid"] for o in owners)
+        ]
+        if missing:
             # A merge patch replaces lists whole: send the earlier owners along.
-            patch["metadata"] = {"ownerReferences": [*owners, self.own_pod.owner_reference()]}
+            patch["metadata"] = {"ownerReferences": [*owners, *missing]}
         if resume := self.resource.resume_patch(obj):
             self.report(f"{self.what} was suspended by an earlier attempt: resuming it")
             patch |= resume

@@ -113,12 +113,14 @@ collector_image() {
 }
 
 py_image() {
-  local name svc tag recipe ctx src base
+  local name svc tag recipe ctx src base pins
   read -r name svc <<<"$1"
   tag="$(image_of "$name")"
   src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
   base="$("${REPO_ROOT}/hack/base-image.sh")"
-  recipe="$(RECIPE_EXTRA="$V $name $svc $base" recipe_of "${DF_DIR}/Dockerfile.python" "${src}/${svc}/requirements.txt")"
+  pins="${DF_DIR}/constraints-${name}.txt"
+  [[ -f "$pins" ]] || die "${PIECE}: ${pins} is missing: every package of an image is pinned"
+  recipe="$(RECIPE_EXTRA="$V $name $svc $base" recipe_of "${DF_DIR}/Dockerfile.python" "${src}/${svc}/requirements.txt" "$pins")"
   if image_current "$tag" "$recipe"; then
     say "${tag} is built"
     return 0
@@ -129,6 +131,7 @@ py_image() {
   mkdir "${ctx}/service"
   cp "${src}/${svc}/main.py" "${src}/${svc}/requirements.txt" "${ctx}/service/"
   cp "${DF_DIR}/Dockerfile.python" "${ctx}/Dockerfile"
+  cp "$pins" "${ctx}/constraints.txt"
   chmod -R u+w "$ctx"
   docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BASE=${base}" --build-arg "SERVICE_DIR=${svc}"
   rm -rf "$ctx"

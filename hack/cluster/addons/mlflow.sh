@@ -39,7 +39,9 @@ addon_image() {
   base_id="$(docker image inspect --format '{{.Id}}' "$base")"
   boto3="$(boto3_version)"
   [[ -n "$boto3" ]] || die "${PIECE}: constraints.txt pins no boto3"
-  recipe="$(RECIPE_EXTRA="$V $boto3 $base_id" recipe_of "$df")"
+  grep -qx "mlflow==${V}" "${ADDONS_HACK}/images/mlflow/constraints.txt" ||
+    die "${PIECE}: images/mlflow/constraints.txt does not pin mlflow==${V} (MLFLOW_VERSION)"
+  recipe="$(RECIPE_EXTRA="$V $boto3 $base_id" recipe_of "$df" "${ADDONS_HACK}/images/mlflow/constraints.txt")"
   if image_current "$IMAGE" "$recipe"; then
     say "${IMAGE} is built"
     return 0
