@@ -22,7 +22,7 @@ export PIP_FIND_LINKS := $(strip $(wildcard $(GPUPIPE_WHEELS)) $(PIP_FIND_LINKS)
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,9 +49,34 @@ train-demo: setup ## only the trainer: demo table, torchrun with $(NPROC) local 
 	$(BIN)/python -m trainer.demo --summarize $(TRAINER_DEMO_DIR)
 
 .PHONY: compile
-compile: setup ## compile pipelines and components to YAML (the golden files) and the README's parameter table
+compile: setup ## the golden files: pipelines and components compiled to YAML, and docs/reference/
 	$(BIN)/gpupipe compile
-	$(BIN)/python -m pipelines.params README.md
+	$(BIN)/python -m pipelines.reference
+
+# The documentation site (mkdocs.yml). --strict: a broken link, a missing page or anchor, or a
+# missing included file fails the build. NO_MKDOCS_2_WARNING: Material's banner about its future.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+
+.PHONY: docs
+docs: setup ## build the documentation site into site/ (docs/reference/ regenerated first; strict)
+	$(BIN)/python -m pipelines.reference
+	$(MKDOCS) build --strict
+
+# The pictures: the pipeline's graph from the compiled YAML, a report's plots from a real local run
+# of the demo table (as make run's). Committed in docs/images/; run again when either changes.
+DOCS_RUN ?= .runs/docs-images
+
+.PHONY: docs-images
+docs-images: setup ## the docs' pictures from the real things: the pipeline's graph, a run's report plots
+	$(BIN)/gpupipe demo-data --out $(DOCS_RUN)/churn.parquet --rows 10000
+	$(BIN)/gpupipe run --local --root $(DOCS_RUN)/root --data $(DOCS_RUN)/churn.parquet \
+	    --target churned $(RUN_ARGS) --json > $(DOCS_RUN)/summary.json
+	$(BIN)/python -m pipelines.pictures --summary $(DOCS_RUN)/summary.json docs/images
+
+.PHONY: docs-serve
+docs-serve: setup ## serve the documentation on http://127.0.0.1:8000, rebuilt on every change
+	$(BIN)/python -m pipelines.reference
+	$(MKDOCS) serve
 
 .PHONY: test
 test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster, no Docker)
@@ -70,12 +95,13 @@ test-all: setup ## every test, slow ones too (GPU and cluster tests skip where a
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 .PHONY: lint
-lint: setup ## ruff (lint + format check), mypy on trainer/, hadolint on images/, shellcheck on hack/
+lint: setup ## ruff (lint + format check), mypy on trainer/, hadolint, shellcheck, the strict docs build
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/shellcheck -x hack/*.sh hack/cluster/*.sh $(wildcard hack/cluster/addons/*.sh)
+	$(MKDOCS) build --strict --quiet
 
 .PHONY: fmt
 fmt: setup ## apply ruff's formatting and safe fixes
@@ -124,4 +150,4 @@ kind-down: ## delete the kind cluster
 
 .PHONY: clean
 clean: ## remove run outputs and caches (keeps .venv)
-	rm -rf .runs .pytest_cache .ruff_cache .mypy_cache
+	rm -rf .runs .pytest_cache .ruff_cache .mypy_cache site

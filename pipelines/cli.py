@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -430,11 +431,72 @@ def _print_summary(s: dict[str, Any]) -> None:
     )
 
 
+def plain_text(text: str) -> str:
+    """``text`` without the docstring markup that help texts inherit from docstrings:
+    ``:func:`x```, ````x```` and ```x``` all become ``x``, so ``--help`` reads as plain text."""
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`~?([^`]+)`", r"\1", text)
+    return re.sub(r"`{1,2}([^`]+)`{1,2}", r"\1", text)
+
+
+class _PlainHelp(argparse.HelpFormatter):
+    """Help with :func:`plain_text` applied to descriptions, epilogs and each flag's help,
+    before argparse wraps them."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_text(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_text(super()._expand_help(action))
+
+
+class _PlainRawHelp(_PlainHelp, argparse.RawDescriptionHelpFormatter):
+    """:class:`_PlainHelp` that keeps the description's and epilog's own line breaks."""
+
+
+def version_text() -> str:
+    """``gpupipe --version``: the package version and the image each step is compiled with."""
+    from components import ALL
+    from components.images import REGISTRY
+    from trainer.base.version import __version__
+
+    steps: dict[str, list[str]] = {}
+    for name, component in ALL.items():
+        image = component.component_spec.implementation.container.image
+        steps.setdefault(str(image), []).append(name)
+    width = max(len(image) for image in steps)
+    lines = [
+        f"gpupipe {__version__}",
+        f"images compiled into pipelines (registry {REGISTRY}, GPUPIPE_IMAGE_REGISTRY):",
+    ]
+    lines += [f"  {image:<{width}}  {', '.join(names)}" for image, names in steps.items()]
+    return "\n".join(lines)
+
+
+class _Version(argparse.Action):
+    """``--version``: print :func:`version_text` and exit 0 (kfp is imported only then)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpupipe", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gpupipe", description=__doc__, formatter_class=_PlainHelp
+    )
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="print the version and the container images it compiles into pipelines",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo-data", help="write a realistic synthetic table")
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("formatter_class", _PlainHelp)
+        return sub.add_parser(name, **kwargs)
+
+    p = add("demo-data", help="write a realistic synthetic table")
     p.add_argument(
         "--out",
         required=True,
@@ -446,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo_data)
 
-    p = sub.add_parser(
+    p = add(
         "compile",
         help="compile every pipeline and component to YAML",
         description="Compile the pipeline and its components to YAML. With neither flag: the "
@@ -461,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("render", help="print a resource the pipeline would create, as YAML")
+    p = add("render", help="print a resource the pipeline would create, as YAML")
     p.add_argument(
         "kind",
         choices=["pytorchjob", "trainjob", "experiment"],
@@ -478,12 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="kubeflow", help="namespace of the resource")
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser(
+    p = add(
         "run",
         help="run the training pipeline",
         description="Run the training pipeline here (--local, kfp.local) or on a KFP cluster "
         "(--host URL). Flags of the other kind of run are refused.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_PlainRawHelp,
         add_help=False,
     )
     p.add_argument(
@@ -548,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, help="seconds --wait waits (default 6 h)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("upload", help="upload the training pipeline to KFP (idempotent)")
+    p = add("upload", help="upload the training pipeline to KFP (idempotent)")
     _cluster_args(p, required=True)
     p.add_argument("--version", help="version name (default: v-<sha256 of the YAML>[:12])")
     p.add_argument(
@@ -559,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_upload)
 
-    p = sub.add_parser("schedule", help="create, update, list, enable, disable or delete schedules")
+    p = add("schedule", help="create, update, list, enable, disable or delete schedules")
     _cluster_args(p, required=True)
     p.add_argument("--cron", help="six fields, UTC: 'sec min hour day-of-month month day-of-week'")
     p.add_argument("--name", help="display name (default: <pipeline>-schedule)")

@@ -52,15 +52,10 @@ def parameter_types() -> dict[str, tuple[str, Any, bool]]:
     }
 
 
-README_BEGIN = (
-    "<!-- pipeline parameters: generated from pipelines/training.py by `make compile` -->"
-)
-README_END = "<!-- end of pipeline parameters -->"
-
-
 def parameter_table() -> str:
-    """The README's table of the pipeline's parameters: name, type, default and description, as
-    the pipeline's signature and docstring give them (KFP compiles the same into the YAML)."""
+    """The table of the pipeline's parameters: name, type, default and description, as the
+    pipeline's signature and docstring give them (KFP compiles the same into the YAML). The
+    documentation's parameter reference is this table (``pipelines/reference.py``)."""
     from pipelines.training import training_pipeline
 
     rows = ["| parameter | type | default | what it does |", "|---|---|---|---|"]
@@ -69,20 +64,6 @@ def parameter_table() -> str:
         text = " ".join(str(inp.description or "").split()).replace("``", "`").replace("|", "\\|")
         rows.append(f"| `{name}` | {str(inp.type).lower()} | {default} | {text} |")
     return "\n".join(rows) + "\n"
-
-
-def readme_with_table(readme: str) -> str:
-    """``readme`` with the text between :data:`README_BEGIN` and :data:`README_END` replaced by
-    :func:`parameter_table`.
-
-    Raises:
-        ValueError: the markers are missing.
-    """
-    head, begin, rest = readme.partition(README_BEGIN + "\n")
-    _, end, tail = rest.partition(README_END)
-    if not (begin and end):
-        raise ValueError(f"the README has no {README_BEGIN!r} ... {README_END!r} block")
-    return head + begin + parameter_table() + end + tail
 
 
 def unknown_parameter(key: str, known: dict[str, Any] | set[str]) -> InputError:
@@ -467,11 +448,3 @@ def check_parameters(params: dict[str, Any]) -> dict[str, Any]:
     for check in CHECKS:
         check(full)
     return full
-
-
-if __name__ == "__main__":  # make compile: refresh the README's parameter table
-    import sys
-    from pathlib import Path
-
-    readme = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
-    readme.write_text(readme_with_table(readme.read_text()))

@@ -307,7 +307,7 @@ def test_a_gpu_train_pod_gets_its_placement_shm_and_store_secret(gpu_run: Any) -
     strict=True,
     reason="KFP 2.17's driver resolves an accelerator count from a pipeline parameter with "
     "GetStringValue (v2/driver/resolve.go resolvePodSpecInputRuntimeParameter): our int "
-    "gpus_per_node resolves to '' and the GPU limit is dropped (README: Run on a KFP cluster)",
+    "gpus_per_node resolves to '' and the GPU limit is dropped (docs/troubleshooting.md)",
 )
 def test_a_gpu_train_pod_asks_for_its_gpus(gpu_run: Any) -> None:
     _, pod = gpu_run

@@ -344,3 +344,51 @@ def test_demo_data_with_zero_rows_is_refused(
     err = capsys.readouterr().err
     assert err.startswith("ERROR [gpupipe demo-data] E_CONFIG: rows must be >= 1")
     assert not tmp_path.joinpath("d.parquet").exists() and not list(tmp_path.iterdir())
+
+
+# --- issue 41: --version, and help that reads as plain text -----------------------------------
+def test_version_prints_the_version_and_the_images_pipelines_are_compiled_with(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from components.images import CPU_IMAGE, CUDA_IMAGE
+    from trainer.base.version import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"gpupipe {__version__}"
+    images = {line.split()[0]: line.split(None, 1)[1] for line in lines[2:]}
+    assert set(images) == {CPU_IMAGE, CUDA_IMAGE}
+    assert "train" in images[CUDA_IMAGE] and "preprocess" in images[CPU_IMAGE]
+
+
+@pytest.mark.parametrize(
+    "command", ["", "demo-data", "compile", "render", "run", "upload", "schedule"], ids=str
+)
+def test_help_reads_as_plain_text(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command.split(), "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gpupipe")
+    assert "`" not in out and ":func:" not in out and ":mod:" not in out
+
+
+@pytest.mark.parametrize(
+    ("text", "plain"),
+    [
+        ("The ``gpupipe`` command", "The gpupipe command"),
+        ("from `gpupipe compile`", "from gpupipe compile"),
+        (
+            ":func:`typed_parameters` and :py:mod:`~trainer.steps`",
+            "typed_parameters and trainer.steps",
+        ),
+        ("no markup: a 'quote' and *stars*", "no markup: a 'quote' and *stars*"),
+    ],
+    ids=["double", "single", "roles", "untouched"],
+)
+def test_plain_text_strips_docstring_markup(text: str, plain: str) -> None:
+    from pipelines.cli import plain_text
+
+    assert plain_text(text) == plain

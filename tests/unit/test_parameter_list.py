@@ -1,8 +1,9 @@
 """The pipeline's parameters are written once: its signature and docstring. Everything else
 follows that list or is checked against it here, so that a parameter added, renamed or given a
-new default anywhere fails until every copy agrees: the README's table, the components' defaults
-and types, the arguments of each step's mapping and what the components pass them, and the
-tables that let the parameter check name the parameter behind a bad value."""
+new default anywhere fails until every copy agrees: the components' defaults and types, the
+arguments of each step's mapping and what the components pass them, and the tables that let the
+parameter check name the parameter behind a bad value. The documentation's parameter table is
+generated from the same list (tests/unit/test_reference.py checks that it is not stale)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,11 @@ import yaml
 from pipelines import params
 from pipelines.params import (
     JSON_OBJECT_PARAMS,
-    README_BEGIN,
-    README_END,
-    parameter_table,
     pipeline_parameters,
     step_mappings,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-STALE = "stale: run `make compile`"
 
 DIFFERENT_ON_PURPOSE = {
     ("tune", "enabled"): "alone, a tune component is there to search; in the pipeline the search "
@@ -57,12 +54,6 @@ def _wiring(compiled: dict[str, Any]) -> list[tuple[str, str, str]]:
                 if source != param and param in pipeline_parameters() and "dag" not in comps[ref]:
                     out.append((param, ref, name))
     return out
-
-
-def test_the_readmes_table_is_the_pipelines_parameter_list() -> None:
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split(README_BEGIN + "\n", 1)[1].split(README_END, 1)[0]
-    assert block == parameter_table(), STALE
 
 
 def test_every_parameter_is_documented_in_the_pipelines_docstring() -> None:

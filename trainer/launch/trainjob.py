@@ -10,7 +10,7 @@ read-only root, the restricted Pod Security contexts, Istio injection off, toler
 selector, image pull secrets, service account) goes into one runtime patch
 (``spec.runtimePatches[]`` keyed by :data:`MANAGER`) on the runtime's ``node`` replicated job.
 What neither can carry is the runtime's to set: ``automountServiceAccountToken``, restart and
-backoff policy, pod clean-up and gang scheduling (see the README).
+backoff policy, pod clean-up and gang scheduling (see docs/cluster.md).
 
 Trainer's torch plugin injects ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK`` (the
 pod's completion index) and ``PET_MASTER_ADDR``/``PORT`` (``<job>-node-0-0.<job>:29500``) into
