@@ -35,7 +35,14 @@ if ! running containerd && [[ -f "${STATE}/containerd/config.toml" && -d "$IMAGE
   start containerd containerd --config "${STATE}/containerd/config.toml"
   wait_for 30 ctr_ version || say "containerd did not start: its containers stay in ${IMAGE_STORE}"
 fi
+pod_netns=" "
 if running containerd; then
+  # The network namespaces of this containerd's pod sandboxes, as its records name them.
+  for id in $(ctr_ containers ls -q 2>/dev/null); do
+    for ns in $(ctr_ containers info "$id" 2>/dev/null | grep -oE '/run/netns/cni-[0-9a-f-]+' || true); do
+      pod_netns+="$(basename "$ns") "
+    done
+  done
   for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
   sleep 1
   for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true; done
@@ -44,15 +51,11 @@ fi
 stop containerd
 # Shims of this containerd (their command line names its socket) outlive it by design.
 pkill -KILL -f "containerd-shim.*-address ${CONTAINERD_SOCK}" 2>/dev/null || true
-# Anything still inside the pods' cgroups (under the cluster's own cgroup root; an older cluster's
-# pods were under /kubepods, which is taken as ours only while no other kubelet runs).
+# Anything still inside the pods' cgroups: under the cluster's own cgroup root, never another
+# kubelet's /kubepods.
 pod_cgroups() {
   local cg
-  for cg in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do [[ -d "$cg" ]] && echo "$cg"; done
-  if ! pgrep -x kubelet >/dev/null; then
-    for cg in /sys/fs/cgroup/*/kubepods; do [[ -d "$cg" ]] && echo "$cg"; done
-  fi
-  return 0
+  for cg in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do if [[ -d "$cg" ]]; then echo "$cg"; fi; done
 }
 while read -r cg; do
   while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done < <(find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null)
@@ -61,14 +64,16 @@ done < <(pod_cgroups)
 stage "mounts, network, cgroups"
 # Deepest first: the kubelet's volumes, containerd's rootfs and sandbox /dev/shm mounts.
 while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v s="${STATE}/" -v i="${IMAGE_STORE}/" 'index($2, s) == 1 || index($2, i) == 1 {print $2}' /proc/mounts | sort -r)
-# The pods' network namespaces: those whose eth0 is a veth on the cluster's bridge, or holds an
-# address that the cluster's IPAM handed out. Another tool's cni-* namespaces stay.
+# The pods' network namespaces: those containerd's records name, those whose eth0 is a veth on
+# the cluster's bridge, or holds an address that the cluster's IPAM handed out. Another tool's
+# cni-* namespaces stay.
 pod_ips=" "
 for f in "${STATE}"/cni/ipam/gpupipe/*; do
-  [[ "$(basename "$f")" =~ ^[0-9.]+$ ]] && pod_ips+="$(basename "$f") "
+  if [[ "$(basename "$f")" =~ ^[0-9.]+$ ]]; then pod_ips+="$(basename "$f") "; fi
 done
 ours_netns() {
   local ns="$1" peer addr
+  [[ "$pod_netns" == *" ${ns} "* ]] && return 0
   peer="$(ip netns exec "$ns" ip -o link show eth0 2>/dev/null | sed -n 's/^[0-9]*: eth0@if\([0-9]*\):.*/\1/p')"
   if [[ -n "$peer" ]] && ip -o link show 2>/dev/null | grep -q "^${peer}: .* master gpupipe0 "; then
     return 0
@@ -95,7 +100,7 @@ KUBE_CHAINS=" KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-PROXY-CA
 KUBE-MARK-DROP KUBE-POSTROUTING KUBE-FORWARD KUBE-SERVICES KUBE-EXTERNAL-SERVICES KUBE-NODEPORTS \
 KUBE-PROXY-FIREWALL "
 kube_chain_ours() {
-  pgrep -x kubelet >/dev/null && return 1
+  if pgrep -x kubelet >/dev/null; then return 1; fi
   [[ "$KUBE_CHAINS" == *" $1 "* || "$1" =~ ^KUBE-(SVC|SEP|FW|XLB|EXT|SVL)-[A-Z0-9]{16}$ ]]
 }
 ipt_cleanup() {
@@ -135,7 +140,7 @@ for ipt in iptables ip6tables; do
   command -v "$ipt" >/dev/null 2>&1 || continue
   for table in nat filter mangle; do
     # The CNI-<hash> chains our network's rules use (before those rules are deleted).
-    ours_cni="$("$ipt" -t "$table" -S 2>/dev/null | grep -F 'name: \"gpupipe\"' | grep -oE 'CNI-[0-9a-f]{24}' | sort -u | tr '\n' ' ')"
+    ours_cni="$("$ipt" -t "$table" -S 2>/dev/null | grep -F 'name: \"gpupipe\"' | grep -oE 'CNI-[0-9a-f]{24}' | sort -u | tr '\n' ' ' || true)"
     ipt_cleanup "$ipt" "$table"
   done
 done

@@ -435,19 +435,25 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
         pipeline,
         "--run-name",
         model,
-        *run_params(table, model, tune_enabled=False, epochs=12),
+        *run_params(table, model, tune_enabled=False, epochs=40),
     )
     assert out.returncode == 0, out.stderr
     run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
     job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
     uid = kube.get_json("pytorchjob", "-n", NS, job)["metadata"]["uid"]
     launcher = _launcher_pod(run_id)
+    # Delete the step's pod while the job trains (its pods running, the job not finished).
+    kube.wait_until("the job's pods running", lambda: _running(kube.job_pods(NS, job)), 300, 2)
     kube.kubectl("-n", NS, "delete", "pod", launcher, "--wait=false")
+    state = kube.get_json("pytorchjob", "-n", NS, job)["status"]["conditions"][-1]["type"]
+    assert state not in ("Succeeded", "Failed"), (
+        f"the job ended before the pod was deleted: {state}"
+    )
     done = kfp.wait_run(host, run_id)
     assert done["state"] == "SUCCEEDED", kfp.task_states(done)
     # A second attempt of the step ran, and found the same job (one job, never two).
-    attempts = [p for p in kfp.run_pods(run_id) if _is_launcher(p)]
-    assert len(attempts) >= 1 and launcher not in [p["metadata"]["name"] for p in attempts]
+    attempts = [p["metadata"]["name"] for p in kfp.run_pods(run_id) if _is_launcher(p)]
+    assert [a for a in attempts if a != launcher], attempts
     jobs = [j for j in kube.jobs(NS) if run_id[:8] in j["metadata"]["name"]]
     assert [j["metadata"]["uid"] for j in jobs] == [uid], jobs
     # Owned by the run's Workflow (deleting the run deletes it), no longer by the deleted pod.

@@ -35,13 +35,20 @@ def foreign(tmp_path: Path) -> Iterator[Path]:
     """Another tool's network namespace, iptables chains (each with a rule) and cgroup."""
     if CGROUP.exists():
         pytest.skip(f"{CGROUP} exists already: another kubelet runs here")
-    sh("ip", "netns", "add", NETNS)
+    # As CNI makes one (a bind mount of the namespace on a file in /run/netns), not with
+    # `ip netns add`, which first bind-mounts /run/netns over itself and so hides the pods'
+    # namespace mounts beneath it (each then fails to delete with "Device or resource busy").
+    path = Path("/run/netns") / NETNS
+    path.parent.mkdir(exist_ok=True)
+    path.touch()
+    sh("unshare", f"--net={path}", "true")
     for table, chain in CHAINS.items():
         sh("iptables", "-t", table, "-N", chain)
         sh("iptables", "-t", table, "-A", chain, "-s", "198.51.100.7/32", "-j", "RETURN")
     CGROUP.mkdir()
     yield CGROUP
-    sh("ip", "netns", "delete", NETNS, check=False)
+    sh("umount", str(path), check=False)
+    path.unlink(missing_ok=True)
     for table, chain in CHAINS.items():
         sh("iptables", "-t", table, "-F", chain, check=False)
         sh("iptables", "-t", table, "-X", chain, check=False)
