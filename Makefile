@@ -67,7 +67,7 @@ docs: setup ## build the documentation site into site/ (docs/reference/ regenera
 DOCS_RUN ?= .runs/docs-images
 
 .PHONY: docs-images
-docs-images: setup ## the docs' pictures from the real things: the pipeline's graph, a run's report plots
+docs-images: setup ## the docs' pictures from the real things: the pipeline's graph, the layers, a run's report plots
 	$(BIN)/gpupipe demo-data --out $(DOCS_RUN)/churn.parquet --rows 10000
 	$(BIN)/gpupipe run --local --root $(DOCS_RUN)/root --data $(DOCS_RUN)/churn.parquet \
 	    --target churned $(RUN_ARGS) --json > $(DOCS_RUN)/summary.json

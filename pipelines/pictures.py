@@ -6,12 +6,15 @@
   (``pipelines/compiled/gpupipe-training.yaml``): every task KFP runs, the conditions and the
   exit handler around them, which steps are cached and which retried;
 - ``report-<name>.png``: the plots of a real run's HTML report (``--report``, or the run a
-  ``gpupipe run --local --json`` summary names: ``--summary``), as evaluate embedded them.
+  ``gpupipe run --local --json`` summary names: ``--summary``), as evaluate embedded them;
+- ``layers.png``: the code's layers, read from its imports (:func:`import_graph`): each part of
+  the project in the row of the longest chain of parts it imports, an arrow per import.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import html
 import json
@@ -169,6 +172,115 @@ def draw_pipeline(compiled: dict[str, Any], out: Path) -> Path:
     return out
 
 
+PARTS = ("trainer", "components", "pipelines")
+"""The project's top-level packages; ``trainer``'s subpackages and modules are parts too."""
+
+
+def _part(module: str) -> str | None:
+    """The part a module belongs to: ``trainer.<name>``, ``components`` or ``pipelines``."""
+    bits = module.split(".")
+    if bits[0] not in PARTS:
+        return None
+    if bits[0] == "trainer":
+        return ".".join(bits[:2]) if len(bits) > 1 else None
+    return bits[0]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Each part of the project -> the other parts its modules import (any import statement,
+    read from the source with ``ast``; ``trainer/__init__.py`` belongs to none)."""
+    graph: dict[str, set[str]] = {}
+    for top in PARTS:
+        for path in sorted((root / top).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            module = module.removesuffix(".__init__")
+            part = _part(module)
+            if part is None:
+                continue
+            deps = graph.setdefault(part, set())
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names: list[str] = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                for name in names:
+                    if (other := _part(name)) is not None and other != part:
+                        deps.add(other)
+    # ``from trainer import x`` names trainer.x, a function or a part: only parts are kept.
+    return {k: {d for d in v if d in graph} for k, v in graph.items()}
+
+
+def layer_of(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each part's layer: 0 for a part that imports no other, else one above the highest it
+    imports (the graph has no cycles: tests/unit/test_layers.py)."""
+    layers: dict[str, int] = {}
+
+    def visit(part: str, seen: tuple[str, ...] = ()) -> int:
+        if part in seen:
+            raise ValueError(f"an import cycle: {' -> '.join((*seen, part))}")
+        if part not in layers:
+            below = [visit(d, (*seen, part)) for d in graph[part]]
+            layers[part] = 1 + max(below) if below else 0
+        return layers[part]
+
+    for part in graph:
+        visit(part)
+    return layers
+
+
+def draw_layers(root: Path, out: Path) -> Path:
+    """Draw the layers as a PNG: one row per layer (the base at the bottom), one box per part,
+    an arrow from each part to every part it imports."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    graph = import_graph(root)
+    layers = layer_of(graph)
+    rows: dict[int, list[str]] = {}
+    for part in sorted(graph, key=lambda p: (layers[p], p)):
+        rows.setdefault(layers[part], []).append(part)
+    width, height, gap = 2.4, 0.6, 1.1
+    widest = max(map(len, rows.values()))
+    pos = {
+        part: ((i - (len(parts) - 1) / 2) * (width + 0.4), layer * gap)
+        for layer, parts in rows.items()
+        for i, part in enumerate(parts)
+    }
+    fig = Figure(figsize=(1.0 + 2.3 * widest, 1.0 + 0.95 * len(rows)))
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    for part, (x, y) in pos.items():
+        for dep in sorted(graph[part]):
+            (x1, y1) = pos[dep]
+            ax.add_patch(
+                FancyArrowPatch(
+                    (x, y - height / 2), (x1, y1 + height / 2), arrowstyle="-|>",
+                    mutation_scale=8, color="#9aa5b8", linewidth=0.6, zorder=1,
+                )
+            )  # fmt: skip
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - width / 2, y - height / 2), width, height,
+                boxstyle="round,pad=0.02,rounding_size=0.1", facecolor="#e8f0fe",
+                edgecolor="#3a5a99", zorder=2,
+            )
+        )  # fmt: skip
+        ax.text(x, y, part, ha="center", va="center", fontsize=8, zorder=3)
+    xs = [x for x, _ in pos.values()]
+    ax.set_xlim(min(xs) - width, max(xs) + width)
+    ax.set_ylim(-gap, max(rows) * gap + gap)
+    ax.set_title(
+        "gpupipe's layers, read from its imports: each part sits one row above the highest part "
+        "it imports; arrows point at what is imported",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
+
+
 _IMG = re.compile(
     r'<img src="data:image/png;base64,(?P<png>[A-Za-z0-9+/=]+)" alt="(?P<alt>[^"]*)">'
 )
@@ -195,7 +307,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("out", type=Path, nargs="?", default=OUT, help="folder for the pictures")
     args = parser.parse_args(argv)
     compiled = next(yaml.safe_load_all(args.compiled.read_text()))
-    written = [draw_pipeline(compiled, args.out / "pipeline.png")]
+    written = [
+        draw_pipeline(compiled, args.out / "pipeline.png"),
+        draw_layers(Path("."), args.out / "layers.png"),
+    ]
     report = args.report
     if args.summary is not None:  # the last line of gpupipe run --json is the summary
         summary = json.loads(args.summary.read_text().strip().splitlines()[-1])

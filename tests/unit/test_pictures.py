@@ -52,3 +52,19 @@ def test_a_reports_plots_are_taken_out_by_their_alt_text() -> None:
     images = report_images(page)
     assert images["roc-curve"] == png
     assert set(images) == {"roc-curve", "confusion-matrix"}
+
+
+def test_the_layers_are_read_from_the_imports(tmp_path: Path) -> None:
+    from pipelines.pictures import draw_layers, import_graph, layer_of
+
+    root = Path(__file__).resolve().parents[2]
+    graph = import_graph(root)
+    layers = layer_of(graph)
+    assert layers["trainer.base"] == 0 and layers["pipelines"] == max(layers.values())
+    assert {"trainer.steps", "trainer.launch", "components"} <= graph["pipelines"]
+    for part, deps in graph.items():
+        assert all(layers[part] > layers[d] for d in deps), (part, deps)
+    with pytest.raises(ValueError, match="an import cycle: a -> b -> a"):
+        layer_of({"a": {"b"}, "b": {"a"}})
+    out = draw_layers(root, tmp_path / "layers.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
