@@ -80,11 +80,11 @@ docs-serve: setup ## serve the documentation on http://127.0.0.1:8000, rebuilt o
 
 .PHONY: test
 test: setup ## set up and run the test suite (unit + integration; no GPU, no cluster, no Docker)
-	$(BIN)/pytest -m "not e2e and not slow and not containers and not cluster" --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not e2e and not slow and not containers and not cluster and not teardown" --durations=15 $(PYTEST_ARGS)
 
 .PHONY: test-slow
 test-slow: setup ## the whole-pipeline tests too slow for make test (.ci/run runs them after it)
-	$(BIN)/pytest -m "slow and not e2e and not containers and not cluster" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "slow and not e2e and not containers and not cluster and not teardown" $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: setup ## only the fast unit tests

@@ -31,10 +31,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run on their own, last); skip them all, with the reason, without a cluster."""
     reason: str | None = None
     checked = False
+    asked_for_teardown = "teardown" in (config.option.markexpr or "")
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
             if item.get_closest_marker("teardown") is None:
                 item.add_marker(pytest.mark.cluster)
+            elif not asked_for_teardown:
+                # Never as part of another selection (make test, test-all): it stops the cluster.
+                item.add_marker(
+                    pytest.mark.skip(reason="takes the test cluster down: run alone, last, with "
+                                     "-m teardown (.ci/run does)")
+                )  # fmt: skip
             if not checked:
                 reason, checked = kube.unavailable(), True
             if reason:
