@@ -161,11 +161,16 @@ def draw_pipeline(compiled: dict[str, Any], out: Path) -> Path:
     ys = [y for _, y in pos.values()]
     ax.set_xlim(min(xs) - width, max(xs) + width)
     ax.set_ylim(min(ys) - height * 1.2, max(ys) + height * 1.2)
-    ax.set_title(
+    title = (
         f"{compiled['pipelineInfo']['name']}: orange steps run only under their condition; "
-        "the dashed arrow is the exit handler (it runs whatever happened)",
-        fontsize=8,
+        "the dashed arrow is the exit handler (it runs whatever happened)"
     )
+    return _save(fig, ax, title, out)
+
+
+def _save(fig: Any, ax: Any, title: str, out: Path) -> Path:
+    """Title the drawing and write it to ``out`` as a PNG."""
+    ax.set_title(title, fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -270,15 +275,11 @@ def draw_layers(root: Path, out: Path) -> Path:
     xs = [x for x, _ in pos.values()]
     ax.set_xlim(min(xs) - width, max(xs) + width)
     ax.set_ylim(-gap, max(rows) * gap + gap)
-    ax.set_title(
+    title = (
         "gpupipe's layers, read from its imports: each part sits one row above the highest part "
-        "it imports; arrows point at what is imported",
-        fontsize=8,
+        "it imports; arrows point at what is imported"
     )
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return _save(fig, ax, title, out)
 
 
 _IMG = re.compile(
