@@ -66,8 +66,9 @@ fi
 step "installing Katib v0.19.0"
 kubectl apply --server-side --force-conflicts -k manifests/katib
 
-step "applying gpupipe RBAC for kubeflow/pipeline-runner"
+step "applying gpupipe RBAC for kubeflow/pipeline-runner, and Pod Security on kubeflow"
 kubectl apply -k manifests/rbac
+kubectl apply --server-side -k manifests/pod-security
 
 step "deploying the MLflow tracking server (kubeflow/mlflow)"
 kubectl apply -k manifests/mlflow

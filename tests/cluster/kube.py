@@ -27,6 +27,8 @@ STORE_SECRET = "mlpipeline-minio-artifact"
 """KFP's artifact-store secret (``accesskey``/``secretkey``), made by the object-store add-on."""
 BUCKET = "mlpipeline"
 BUSYBOX_IMAGE = "gpupipe.local/busybox:1.35.0"
+GPUPIPE_RUNTIME = "gpupipe-torch-distributed"
+"""gpupipe's ClusterTrainingRuntime (hack/cluster/addons/trainer/): the TrainJob tests' runtime."""
 """The node's busybox image (hack/cluster/lib.sh's BUSYBOX_IMAGE)."""
 
 

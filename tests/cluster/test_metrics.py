@@ -14,10 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import kube
-from tests.cluster.kube import JOB_TIMEOUT_S, launch
+from tests.cluster.kube import GPUPIPE_RUNTIME, JOB_TIMEOUT_S, launch
 from trainer.launch.jobspec import METRICS_PORT
-
-GPUPIPE_RUNTIME = "gpupipe-torch-distributed"
 
 
 def scrape(ip: str) -> dict[str, Any] | None:

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from tests.cluster import kube
-from tests.cluster.conftest import delete_namespace, make_namespace, role
 from tests.cluster.kube import JOB_TIMEOUT_S, Launch, kill_container, launch, weights
 from trainer.base import storage
 from trainer.models.export import load_model
@@ -184,29 +183,3 @@ def test_restricted_pod_security_is_enforced_and_our_pods_pass(
     assert proc.returncode != 0 and "violates PodSecurity" in proc.stderr, proc.stderr
     # ... and admitted the launcher and both replicas of the reference job as they are.
     assert reference.exit is not None and reference.exit["exitCode"] == 0
-
-
-@pytest.mark.parametrize(
-    ("group", "resource", "verb"),
-    [
-        ("kubeflow.org", "pytorchjobs", "create"),
-        ("kubeflow.org", "pytorchjobs", "get"),
-        ("", "pods", "list"),
-    ],
-    ids=["create-pytorchjobs", "get-pytorchjobs", "list-pods"],
-)
-def test_one_verb_less_fails_with_a_line_naming_the_permission(
-    image: str, dataset: str, group: str, resource: str, verb: str
-) -> None:
-    ns = kube.unique("gpupipe-rbac")
-    make_namespace(ns, role(rules_without=(group, resource, verb)))
-    try:
-        run = launch(ns, image, dataset, train_config(image))
-        done = run.done()
-        log = run.log()
-        assert done["exitCode"] != 0, log[-2000:]
-        last = log.strip().splitlines()[-1]
-        assert last.startswith("ERROR [train] E_"), last
-        assert verb in last and resource in last, last
-    finally:
-        delete_namespace(ns)

@@ -16,15 +16,20 @@ import pytest
 import torch
 
 from tests.cluster import kube
-from tests.cluster.conftest import delete_namespace, make_namespace, role
-from tests.cluster.kube import JOB_TIMEOUT_S, Launch, kill_container, launch, weights
+from tests.cluster.kube import (
+    GPUPIPE_RUNTIME,
+    JOB_TIMEOUT_S,
+    Launch,
+    kill_container,
+    launch,
+    weights,
+)
 from trainer.base import storage
 from trainer.models.export import load_model
 
 KIND = "trainjob"
 NODE = "node"
 """Trainer's replicated job and container in torch-distributed."""
-GPUPIPE_RUNTIME = "gpupipe-torch-distributed"
 """hack/cluster/addons/trainer/: torch-distributed with the PyTorchJob path's failure semantics
 (exit codes 1-127 fail at once; a lost node restarts the JobSet and training resumes)."""
 
@@ -264,29 +269,3 @@ def test_the_runtime_patch_reaches_the_pods_and_they_pass_restricted(
         assert node["resources"]["limits"]["cpu"] == kube.JOB_POD_SETTINGS["cpu_limit"]
         assert pod["metadata"]["annotations"].get("sidecar.istio.io/inject") == "false"
     kube.kubectl("delete", "trainjob", "-n", namespace, reference.job)
-
-
-@pytest.mark.parametrize(
-    ("group", "resource", "verb"),
-    [
-        ("trainer.kubeflow.org", "trainjobs", "create"),
-        ("trainer.kubeflow.org", "trainjobs", "get"),
-        ("", "pods", "list"),
-    ],
-    ids=["create-trainjobs", "get-trainjobs", "list-pods"],
-)
-def test_one_verb_less_fails_with_a_line_naming_the_permission(
-    image: str, dataset: str, group: str, resource: str, verb: str
-) -> None:
-    ns = kube.unique("gpupipe-rbac")
-    make_namespace(ns, role(rules_without=(group, resource, verb)))
-    try:
-        run = launch(ns, image, dataset, train_config(image))
-        done = run.done()
-        log = run.log()
-        assert done["exitCode"] != 0, log[-2000:]
-        last = log.strip().splitlines()[-1]
-        assert last.startswith("ERROR [train] E_"), last
-        assert verb in last and resource in last, last
-    finally:
-        delete_namespace(ns)

@@ -97,7 +97,9 @@ def render(directory: Path) -> Rendered:
     namespace = spec.get("namespace")
     if namespace:
         for obj in out.objects:
-            if obj["kind"] not in CLUSTER_SCOPED_KINDS:
+            if obj["kind"] == "Namespace":  # kustomize names a Namespace after `namespace:`
+                obj["metadata"]["name"] = namespace
+            elif obj["kind"] not in CLUSTER_SCOPED_KINDS:
                 obj.setdefault("metadata", {})["namespace"] = namespace
     seen: set[tuple[str, str, str]] = set()
     for obj in out.objects:
@@ -134,6 +136,7 @@ def test_every_manifest_folder_is_found() -> None:
         "manifests/rbac",
         "manifests/rbac/base",
         "manifests/rbac/profile",
+        "manifests/pod-security",
         "manifests/training-operator",
         "manifests/trainer/manager",
         "manifests/trainer/runtimes",
@@ -185,7 +188,13 @@ def test_resource_validates_against_kubernetes_schema(obj: dict[str, Any]) -> No
 
 @pytest.mark.parametrize("obj", LOCAL_OBJECTS)
 def test_nothing_cluster_wide(obj: dict[str, Any]) -> None:
-    assert obj["kind"] not in CLUSTER_SCOPED_KINDS
+    # The one exception, manifests/pod-security: labels for a namespace that exists already
+    # (server-side apply merges them), nothing else in it.
+    labels_only = set(obj) == {"apiVersion", "kind", "metadata"} and set(obj["metadata"]) == {
+        "name",
+        "labels",
+    }
+    assert obj["kind"] not in CLUSTER_SCOPED_KINDS or (obj["kind"] == "Namespace" and labels_only)
 
 
 @pytest.mark.parametrize("url", REMOTE_REFS)
@@ -313,6 +322,31 @@ def test_renderer_deletes_by_kind_and_name_and_refuses_other_patches(tmp_path: P
     )
     with pytest.raises(ValueError, match="only `\\$patch: delete` patches"):
         render(tmp_path)
+
+
+def test_the_runners_namespace_refuses_privileged_pods() -> None:
+    """Issue 39: the namespace the runner's Role is in enforces Pod Security `baseline` (no
+    privileged pods through a job created with its token) and warns of `restricted`; the test
+    cluster and kind-up apply it (server-side: labels merged into the existing namespace)."""
+    (ns,) = RENDERED[MANIFESTS / "pod-security"].objects
+    role = next(o for o in RENDERED[MANIFESTS / "rbac"].objects if o["kind"] == "Role")
+    assert ns["kind"] == "Namespace" and ns["metadata"]["name"] == role["metadata"]["namespace"]
+    labels = ns["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert set(ns) == {"apiVersion", "kind", "metadata"} and set(ns["metadata"]) == {
+        "name",
+        "labels",
+    }
+    root = MANIFESTS.parent
+    assert (
+        '"${REPO_ROOT}/manifests/pod-security"'
+        in (root / "hack" / "cluster" / "addons" / "training-operator.sh").read_text()
+    )
+    assert (
+        "apply --server-side -k manifests/pod-security"
+        in (root / "hack" / "kind-up.sh").read_text()
+    )
 
 
 def test_renderer_sets_the_namespace_on_namespaced_objects(tmp_path: Path) -> None:

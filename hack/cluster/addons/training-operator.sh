@@ -193,6 +193,7 @@ addon_install() {
     kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null ||
     die "${PIECE}: cannot create ServiceAccount ${NS}/pipeline-runner"
   apply_k "$PIECE" "${REPO_ROOT}/manifests/rbac"
+  apply_k "$PIECE" "${REPO_ROOT}/manifests/pod-security"
   rollout "$PIECE" "$NS" training-operator 180
   # The operator writes its own serving certificate into the Secret and the CA into the webhook
   # configuration; the kubelet refreshes the mounted Secret within about a minute.
