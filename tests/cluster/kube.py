@@ -355,3 +355,10 @@ def kill_container(namespace: str, pod: str) -> None:
     status = get_json("pod", "-n", namespace, pod)["status"]["containerStatuses"][0]
     cid = status["containerID"].removeprefix("containerd://")
     subprocess.run([*CTR, "tasks", "kill", "-s", "SIGKILL", cid], check=True, capture_output=True)
+
+
+def run_script(name: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run ``hack/<name>`` (cluster-up.sh, cluster-down.sh) as a user does; its output kept."""
+    return subprocess.run(
+        [str(ROOT / "hack" / name)], capture_output=True, text=True, timeout=timeout, check=False
+    )

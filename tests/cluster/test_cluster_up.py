@@ -47,13 +47,7 @@ def test_the_api_server_and_kubelet_listen_on_the_node_address_only() -> None:
 def test_a_second_cluster_up_leaves_every_process_running() -> None:
     before = _pids()
     assert {"etcd", "kube-apiserver", "kubelet", "kube-proxy", "containerd"} <= before.keys()
-    up = subprocess.run(
-        [str(kube.ROOT / "hack" / "cluster-up.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    up = kube.run_script("cluster-up.sh")
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
     assert up.stdout.rstrip().endswith(f"export KUBECONFIG={kube.KUBECONFIG}")
     # Nothing was restarted: the same process under every name, each still alive.

@@ -59,13 +59,7 @@ def foreign(tmp_path: Path) -> Iterator[Path]:
 def test_cluster_down_removes_only_what_its_cluster_made(foreign: Path) -> None:
     netns_before = sh("ip", "netns", "list").stdout
     assert "cni-" in netns_before.replace(NETNS, ""), "the cluster's pods have no namespaces?"
-    down = subprocess.run(
-        [str(kube.ROOT / "hack" / "cluster-down.sh")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    down = kube.run_script("cluster-down.sh")
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
 
     # Another tool's: all still there.

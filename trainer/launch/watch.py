@@ -226,9 +226,7 @@ class Watch:
         if self.own_pod is not None:
             self.run_owner = self._find_run_owner(self.own_pod)
             owners = meta.setdefault("ownerReferences", [])
-            for ref in (self.own_pod.owner_reference(), self.run_owner):
-                if ref is not None and all(o.get("uid") != ref["uid"] for o in owners):
-                    owners.append(ref)
+            owners.extend(self._missing_owners(owners))
         previous = None
         if threading.current_thread() is threading.main_thread():
 
@@ -294,6 +292,11 @@ class Watch:
                 self.what, e, self.on_exit,
             )  # fmt: skip
         return None
+
+    def _missing_owners(self, owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """This launcher's pod and its run, as ownerReferences, that ``owners`` lacks."""
+        refs = [] if self.own_pod is None else [self.own_pod.owner_reference(), self.run_owner]
+        return [r for r in refs if r is not None and all(o.get("uid") != r["uid"] for o in owners)]
 
     def _workflow(self, name: str) -> dict[str, Any] | None:
         return self.api.get_object(WORKFLOW_VERSION, WORKFLOWS, self.ns, name, group=WORKFLOW_GROUP)
@@ -398,11 +401,7 @@ class Watch:
             return obj
         patch: dict[str, Any] = {}
         owners = list((obj.get("metadata") or {}).get("ownerReferences") or [])
-        refs = [] if self.own_pod is None else [self.own_pod.owner_reference(), self.run_owner]
-        missing = [
-            r for r in refs if r is not None and all(o.get("uid") != r["uid"] for o in owners)
-        ]
-        if missing:
+        if missing := self._missing_owners(owners):
             # A merge patch replaces lists whole: send the earlier owners along.
             patch["metadata"] = {"ownerReferences": [*owners, *missing]}
         if resume := self.resource.resume_patch(obj):
