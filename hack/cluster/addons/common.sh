@@ -274,6 +274,37 @@ rollout() {
   say "${ns}/${deploy} is Ready"
 }
 
+# json_string: stdin as one JSON string (for a command inside a pod's --overrides).
+json_string() { python3 -c 'import json, sys; print(json.dumps(sys.stdin.read()))'; }
+
+# A check pod's securityContext fields for --overrides (Pod Security "restricted", which the
+# kubeflow namespace warns about): the pod's, then its container's.
+RESTRICTED_POD='"securityContext":{"runAsNonRoot":true,"runAsUser":1000,"seccompProfile":{"type":"RuntimeDefault"}}'
+RESTRICTED_CONTAINER='"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}'
+
+# run_pod NAMESPACE POD IMAGE OVERRIDES SECONDS: run one pod to its end, print its log, remove it;
+# succeeds only when the pod Succeeded. Made, waited on and read in three steps: `kubectl run -i
+# --rm` attaches after the container starts and can miss all of a short container's output (it
+# printed nothing, and the check failed, in a CI run whose pod had passed).
+run_pod() {
+  local ns="$1" pod="$2" image="$3" overrides="$4" limit="$5" phase="" start=$SECONDS
+  kubectl_ -n "$ns" delete pod "$pod" --ignore-not-found --wait >/dev/null 2>&1
+  kubectl_ -n "$ns" run "$pod" --image "$image" --restart Never --overrides "$overrides" >/dev/null || return 1
+  while ((SECONDS - start < limit)); do
+    phase="$(kubectl_ -n "$ns" get pod "$pod" -o jsonpath='{.status.phase}' 2>/dev/null)" || phase=""
+    [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
+    sleep 1
+  done
+  if [[ "$phase" == Succeeded || "$phase" == Failed ]]; then
+    kubectl_ -n "$ns" logs "$pod" 2>&1
+  else
+    printf 'pod %s/%s did not end within %s s (phase %s):\n' "$ns" "$pod" "$limit" "${phase:-unknown}"
+    kubectl_ -n "$ns" describe pod "$pod" 2>&1 | tail -n 15
+  fi
+  kubectl_ -n "$ns" delete pod "$pod" --ignore-not-found --wait=false >/dev/null 2>&1
+  [[ "$phase" == Succeeded ]]
+}
+
 # addon_main PIECE "$@": run the subcommand (functions addon_image, addon_install, addon_images).
 addon_main() {
   local piece="$1"

@@ -354,12 +354,10 @@ addon_install() {
 addon_verify() {
   need_cluster "$PIECE"
   local pod=gpupipe-verify-mlmd out overrides
-  overrides="$(printf '{"spec":{"securityContext":{"runAsNonRoot":true,"runAsUser":1000,"seccompProfile":{"type":"RuntimeDefault"}},"containers":[{"name":"%s","image":"%s","command":["python","/opt/mlmd/mlmd_check.py","metadata-grpc-service.%s","8080"],"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}}]}}' \
-    "$pod" "$MLMD_IMAGE" "$NS")"
-  kubectl_ -n "$NS" delete pod "$pod" --ignore-not-found --wait >/dev/null
-  out="$(kubectl_ -n "$NS" run "$pod" --image "$MLMD_IMAGE" --restart Never --rm -i --quiet \
-    --pod-running-timeout 5m \
-    --overrides "$overrides" 2>&1)" || die "${PIECE}: ML Metadata's check from a pod failed: ${out}"
+  overrides="$(printf '{"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["python","/opt/mlmd/mlmd_check.py","metadata-grpc-service.%s","8080"],%s}]}}' \
+    "$RESTRICTED_POD" "$pod" "$MLMD_IMAGE" "$NS" "$RESTRICTED_CONTAINER")"
+  out="$(run_pod "$NS" "$pod" "$MLMD_IMAGE" "$overrides" 300)" ||
+    die "${PIECE}: ML Metadata's check from a pod failed: ${out}"
   printf '%s\n' "$out" | sed 's/^/      /'
   grep -q "^mlmd-check: all [0-9]* checks passed" <<<"$out" || die "${PIECE}: ML Metadata's check did not finish"
   out="$(kubectl_ get --raw "/api/v1/namespaces/${NS}/services/ml-pipeline:http/proxy/apis/v2beta1/pipelines")" ||

@@ -84,11 +84,14 @@ addon_install() {
 
 addon_verify() {
   need_cluster "$PIECE"
-  local pod=gpupipe-verify-mlflow out
-  kubectl_ -n "$NS" delete pod "$pod" --ignore-not-found --wait >/dev/null
-  out="$(kubectl_ -n "$NS" run "$pod" --image "$BUSYBOX_IMAGE" --restart Never --rm -i --quiet \
-    --command -- sh -c 'wget -qO- http://mlflow.kubeflow:5000/health && echo &&
-      wget -qO- "http://mlflow.kubeflow:5000/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"' 2>&1)" ||
+  local pod=gpupipe-verify-mlflow out overrides
+  overrides="$(printf '{"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["sh","-c",%s],%s}]}}' \
+    "$RESTRICTED_POD" "$pod" "$BUSYBOX_IMAGE" "$(json_string <<'SH'
+wget -qO- http://mlflow.kubeflow:5000/health && echo &&
+  wget -qO- "http://mlflow.kubeflow:5000/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+SH
+)" "$RESTRICTED_CONTAINER")"
+  out="$(run_pod "$NS" "$pod" "$BUSYBOX_IMAGE" "$overrides" 180)" ||
     die "${PIECE}: a pod could not reach http://mlflow.kubeflow:5000: ${out}"
   grep -q '"name": *"Default"' <<<"$out" || die "${PIECE}: unexpected answer from the MLflow REST API: ${out}"
   say "a pod reached MLflow at mlflow.kubeflow:5000: /health OK, the Default experiment is there"

@@ -146,11 +146,10 @@ addon_verify() {
   local client="gpupipe.local/mlflow:v${MLFLOW_VERSION}" pod=gpupipe-verify-s3 overrides out
   # Its client is the MLflow image (Python with boto3), imported by hack/cluster/addons/mlflow.sh.
   import_image "$client"
-  overrides="$(printf '{"spec":{"containers":[{"name":"%s","image":"%s","command":["python3","-c",%s],"envFrom":[{"secretRef":{"name":"mlpipeline-minio-artifact"}}]}]}}' \
-    "$pod" "$client" "$(verify_script | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))')")"
-  kubectl_ -n "$NS" delete pod "$pod" --ignore-not-found --wait >/dev/null
-  out="$(kubectl_ -n "$NS" run "$pod" --image "$client" --restart Never --rm -i --quiet \
-    --overrides "$overrides" 2>&1)" || die "${PIECE}: the S3 round trip from a pod failed: ${out}"
+  overrides="$(printf '{"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["python3","-c",%s],"envFrom":[{"secretRef":{"name":"mlpipeline-minio-artifact"}}],%s}]}}' \
+    "$RESTRICTED_POD" "$pod" "$client" "$(verify_script | json_string)" "$RESTRICTED_CONTAINER")"
+  out="$(run_pod "$NS" "$pod" "$client" "$overrides" 300)" ||
+    die "${PIECE}: the S3 round trip from a pod failed: ${out}"
   printf '%s\n' "$out" | sed 's/^/      /'
   say "a pod put and got an object in s3://${BUCKET} at seaweedfs.${NS}:9000 with the Secret's keys"
 }
