@@ -109,6 +109,29 @@ docker_build() {
   say "built ${tag} in $((SECONDS - start)) s ($(image_size "$tag"))"
 }
 
+# image_is_built TAG RECIPE: the image is there, built from this recipe (says so).
+image_is_built() {
+  image_current "$1" "$2" || return 1
+  say "$1 is built"
+}
+
+# image_context FILE...: a fresh build context (printed) holding the FILEs and tmp.tar, a
+# world-writable /tmp owned by root for the FROM-busybox and FROM-scratch images to ADD.
+image_context() {
+  local ctx
+  ctx="$(mktemp -d)"
+  (($# == 0)) || cp -r "$@" "${ctx}/"
+  mkdir -m 1777 "${ctx}/tmp"
+  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
+  printf '%s' "$ctx"
+}
+
+# build_context PIECE TAG RECIPE CONTEXT [build args...]: docker_build, then the context removed.
+build_context() {
+  docker_build "$@"
+  rm -rf "$4"
+}
+
 image_size() {
   docker image inspect --format '{{.Size}}' "$1" | awk '{printf "%.1f MB", $1/1e6}'
 }
@@ -129,10 +152,7 @@ mariadb_image() {
   local dir="${ADDONS_HACK}/images/mariadb" recipe ctx base
   base="$("${REPO_ROOT}/hack/base-image.sh")"
   recipe="$(RECIPE_EXTRA="$base" recipe_of "${dir}/Dockerfile" "${dir}/entrypoint.sh")"
-  if image_current "$MARIADB_IMAGE" "$recipe"; then
-    say "${MARIADB_IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$MARIADB_IMAGE" "$recipe" && return 0
   ctx="$(mktemp -d)"
   cp "${dir}/Dockerfile" "${dir}/entrypoint.sh" "$ctx/"
   docker_build "$1" "$MARIADB_IMAGE" "$recipe" "$ctx" --build-arg "BASE=${base}"
@@ -199,6 +219,27 @@ go_module_dir() {
   printf '%s' "$dir"
 }
 
+# upstream_copy PIECE DIR MODULE@VERSION FOLDER [FIXUP]: the module's FOLDER copied to
+# DIR/upstream for a kustomize overlay (the module cache is read-only, and kustomize wants the
+# files under its root), once per module version; FIXUP, a function, edits the copy first.
+upstream_copy() {
+  local piece="$1" dir="$2" modver="$3" folder="$4" fixup="${5:-}" src
+  # upstream.version holds the version alone (tests/cluster/test_addon_manifests.py reads it).
+  [[ "$(cat "${dir}/upstream.version" 2>/dev/null)" == "${modver##*@v}" ]] && return 0
+  src="$(go_module_dir "$piece" "$modver")"
+  rm -rf "${dir}/upstream" "${dir}/upstream.version"
+  mkdir -p "$dir"
+  cp -r "${src}/${folder}" "${dir}/upstream"
+  chmod -R u+w "${dir}/upstream"
+  [[ -z "$fixup" ]] || "$fixup" "${dir}/upstream"
+  printf '%s' "${modver##*@v}" >"${dir}/upstream.version"
+}
+
+# image_map UPSTREAM LOCAL_TAG: a kustomization `images:` entry (under `images:`).
+image_map() {
+  printf '  - name: %s\n    newName: %s\n    newTag: "%s"\n' "$1" "${2%:*}" "${2##*:}"
+}
+
 # The cluster must be up (hack/cluster-up.sh): its API server answers with the admin kubeconfig.
 need_cluster() {
   [[ -f "$KUBECONFIG_ADMIN" ]] || cannot "$1: no cluster here (${KUBECONFIG_ADMIN} is missing: hack/cluster-up.sh)"
@@ -261,6 +302,59 @@ spec:
     path: ${dir}
     type: Directory
 YAML
+}
+
+# apply_overlay PIECE: the add-on's images (addon_images) imported into the node, and its
+# kustomize overlay (write_overlay DIR) written into its state folder and applied.
+apply_overlay() {
+  local piece="$1" tag dir
+  for tag in $(addon_images); do import_image "$tag"; done
+  dir="$(addon_state "$piece")"
+  write_overlay "$dir"
+  apply_k "$piece" "$dir"
+}
+
+# runner_account PIECE: the account KFP's steps run as (KFP's own manifests make it too) in
+# `kubeflow`, and the user path's RBAC that binds it (idempotent).
+runner_account() {
+  ensure_namespace kubeflow
+  kubectl_ -n kubeflow create serviceaccount pipeline-runner --dry-run=client -o yaml |
+    kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null ||
+    die "$1: cannot create ServiceAccount kubeflow/pipeline-runner"
+  apply_k "$1" "${REPO_ROOT}/manifests/rbac"
+}
+
+# crds_established PIECE CRD...: each CRD established within 60 s.
+crds_established() {
+  local piece="$1" crd
+  shift
+  for crd in "$@"; do
+    kubectl_ wait --for condition=established --timeout 60s "crd/${crd}" >/dev/null ||
+      die "${piece}: the ${crd} CRD was not established within 60 s"
+  done
+}
+
+# webhooks_judge PIECE KIND NAMESPACE DEPLOYMENT: the add-on's function webhook_judges (a dry-run
+# object admitted with its defaults, a bad one refused) passes within 180 s. The manager writes
+# its serving certificate into its Secret and the CA into the webhook configurations; the kubelet
+# refreshes the mounted Secret within about a minute.
+webhooks_judge() {
+  local piece="$1" kind="$2" ns="$3" deploy="$4"
+  wait_for 180 webhook_judges ||
+    die "${piece}: the ${kind} webhooks did not judge a dry-run ${kind} within 180 s (kubectl -n ${ns} logs deploy/${deploy})"
+}
+
+# check_object PIECE NAMESPACE KIND NAME CONDITION SECONDS MAKER [SELECTOR]: a verify step. The
+# object `MAKER NAME` prints is created afresh and must reach CONDITION within SECONDS; on a
+# timeout, the pods of SELECTOR (default: none) and one line. The object stays for the caller.
+check_object() {
+  local piece="$1" ns="$2" kind="$3" name="$4" condition="$5" limit="$6" maker="$7" selector="${8:-}"
+  kubectl_ -n "$ns" delete "$kind" "$name" --ignore-not-found --wait >/dev/null
+  "$maker" "$name" | kubectl_ create -f - >/dev/null || die "${piece}: the webhook refused ${kind} ${ns}/${name}"
+  if ! kubectl_ -n "$ns" wait --for "condition=${condition}" --timeout "${limit}s" "${kind}/${name}" >/dev/null 2>&1; then
+    [[ -z "$selector" ]] || kubectl_ -n "$ns" get pods -l "$selector" -o wide >&2 || true
+    return 1
+  fi
 }
 
 # rollout PIECE NAMESPACE DEPLOYMENT SECONDS: wait until the deployment's pods are Ready; on a

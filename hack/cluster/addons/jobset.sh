@@ -39,32 +39,16 @@ addon_image() {
   need_docker "$PIECE"
   local df="${ADDONS_HACK}/images/jobset/Dockerfile" recipe
   recipe="$(RECIPE_EXTRA="$V" recipe_of "$df")"
-  if image_current "$IMAGE" "$recipe"; then
-    say "${IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$IMAGE" "$recipe" && return 0
   go_build_in_module "$PIECE" jobset "$V" "${MODULE}@v${V}" . manager
-  local ctx
-  ctx="$(mktemp -d)"
-  cp "${BIN_DIR}/jobset-${V}/manager" "$df" "$ctx/"
-  mkdir -m 1777 "${ctx}/tmp"
-  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
-  docker_build "$PIECE" "$IMAGE" "$recipe" "$ctx"
-  rm -rf "$ctx"
+  build_context "$PIECE" "$IMAGE" "$recipe" "$(image_context "${BIN_DIR}/jobset-${V}/manager" "$df")"
 }
 
 # The overlay in the state folder: upstream's config folder (a copy: the module cache is read-only
 # and kustomize wants the files under its root) plus our image and a smaller CPU request.
 write_overlay() {
-  local dir="$1" src
-  if [[ "$(cat "${dir}/upstream.version" 2>/dev/null)" != "$V" ]]; then
-    src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
-    rm -rf "${dir}/upstream"
-    mkdir -p "$dir"
-    cp -r "${src}/config" "${dir}/upstream"
-    chmod -R u+w "${dir}/upstream"
-    printf '%s' "$V" >"${dir}/upstream.version"
-  fi
+  local dir="$1"
+  upstream_copy "$PIECE" "$dir" "${MODULE}@v${V}" config
   cat >"${dir}/kustomization.yaml" <<YAML
 # Written by hack/cluster/addons/jobset.sh: JobSet v${V}, upstream's default overlay (from the Go
 # module download in ./upstream: the one its release manifest is built from) with the local image.
@@ -73,9 +57,7 @@ kind: Kustomization
 resources:
   - upstream/default
 images:
-  - name: ${UPSTREAM_IMAGE}
-    newName: ${IMAGE%:*}
-    newTag: "${IMAGE##*:}"
+$(image_map "$UPSTREAM_IMAGE" "$IMAGE")
 patches:
   # Upstream asks 500m CPU; the whole node has 2 cores, and a 2-node training job needs most.
   - target: {group: apps, version: v1, kind: Deployment, name: jobset-controller-manager}
@@ -142,31 +124,19 @@ webhook_judges() {
 addon_install() {
   check_user_path
   need_cluster "$PIECE"
-  local tag dir
-  for tag in $(addon_images); do import_image "$tag"; done
-  dir="$(addon_state "$PIECE")"
-  write_overlay "$dir"
-  apply_k "$PIECE" "$dir"
-  kubectl_ wait --for condition=established --timeout 60s crd/jobsets.jobset.x-k8s.io >/dev/null ||
-    die "${PIECE}: the JobSet CRD was not established within 60 s"
+  apply_overlay "$PIECE"
+  crds_established "$PIECE" jobsets.jobset.x-k8s.io
   rollout "$PIECE" "$NS" jobset-controller-manager 180
-  # The manager writes its serving certificate into its Secret and the CA into both webhook
-  # configurations (and the CRD's conversion webhook); the kubelet refreshes the mounted Secret
-  # within about a minute.
-  wait_for 180 webhook_judges ||
-    die "${PIECE}: the JobSet webhooks did not judge a dry-run JobSet within 180 s (kubectl -n ${NS} logs deploy/jobset-controller-manager)"
+  # (The CA also goes into the CRD's conversion webhook.)
+  webhooks_judge "$PIECE" JobSet "$NS" jobset-controller-manager
   say "the JobSet webhooks fill in defaults and refuse a name too long for its pods"
 }
 
 addon_verify() {
   need_cluster "$PIECE"
   local js=gpupipe-verify-jobset
-  kubectl_ -n "$NS" delete jobset "$js" --ignore-not-found --wait >/dev/null
-  jobset "$js" | kubectl_ create -f - >/dev/null || die "${PIECE}: the webhook refused JobSet ${NS}/${js}"
-  if ! kubectl_ -n "$NS" wait --for condition=Completed --timeout 180s "jobset/${js}" >/dev/null 2>&1; then
-    kubectl_ -n "$NS" get pods -l "jobset.sigs.k8s.io/jobset-name=${js}" -o wide >&2 || true
+  check_object "$PIECE" "$NS" jobset "$js" Completed 180 jobset "jobset.sigs.k8s.io/jobset-name=${js}" ||
     die "${PIECE}: JobSet ${NS}/${js} did not complete within 180 s"
-  fi
   say "JobSet ${NS}/${js} completed: its pod 0 reached pod 1 by its DNS hostname"
   kubectl_ -n "$NS" delete jobset "$js" --wait >/dev/null
 }

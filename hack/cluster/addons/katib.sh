@@ -79,19 +79,12 @@ go_image() {
   read -r name dir bin pkg <<<"$1"
   tag="$(image_of "$name")"
   recipe="$(RECIPE_EXTRA="$V $name $dir $bin $pkg entrypoint" recipe_of "${DF_DIR}/Dockerfile.go")"
-  if image_current "$tag" "$recipe"; then
-    say "${tag} is built"
-    return 0
-  fi
+  image_is_built "$tag" "$recipe" && return 0
   go_build_in_module "$PIECE" katib "$V" "${MODULE}@v${V}" "$pkg" "$bin"
-  ctx="$(mktemp -d)"
-  cp "${BIN_DIR}/katib-${V}/${bin}" "$ctx/"
+  ctx="$(image_context "${BIN_DIR}/katib-${V}/${bin}")"
   cp "${DF_DIR}/Dockerfile.go" "${ctx}/Dockerfile"
   printf 'ENTRYPOINT ["./%s"]\n' "$bin" >>"${ctx}/Dockerfile"
-  mkdir -m 1777 "${ctx}/tmp"
-  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
-  docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "DIR=${dir}" --build-arg "BIN=${bin}"
-  rm -rf "$ctx"
+  build_context "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "DIR=${dir}" --build-arg "BIN=${bin}"
 }
 
 collector_image() {
@@ -100,10 +93,7 @@ collector_image() {
   tag="$(image_of "$name")"
   base="$("${REPO_ROOT}/hack/base-image.sh")"
   recipe="$(RECIPE_EXTRA="$V $name $bin $pkg $base" recipe_of "${DF_DIR}/Dockerfile.collector")"
-  if image_current "$tag" "$recipe"; then
-    say "${tag} is built"
-    return 0
-  fi
+  image_is_built "$tag" "$recipe" && return 0
   go_build_in_module "$PIECE" katib "$V" "${MODULE}@v${V}" "$pkg" "$bin"
   ctx="$(mktemp -d)"
   cp "${BIN_DIR}/katib-${V}/${bin}" "$ctx/"
@@ -121,10 +111,7 @@ py_image() {
   pins="${DF_DIR}/constraints-${name}.txt"
   [[ -f "$pins" ]] || die "${PIECE}: ${pins} is missing: every package of an image is pinned"
   recipe="$(RECIPE_EXTRA="$V $name $svc $base" recipe_of "${DF_DIR}/Dockerfile.python" "${src}/${svc}/requirements.txt" "$pins")"
-  if image_current "$tag" "$recipe"; then
-    say "${tag} is built"
-    return 0
-  fi
+  image_is_built "$tag" "$recipe" && return 0
   ctx="$(mktemp -d)"
   # Upstream's pkg/ tree, its Python files only (the Go code beside them is not needed).
   (cd "$src" && find pkg -name '*.py' -print0 | xargs -0 cp --parents -t "$ctx")
@@ -213,15 +200,8 @@ image_ids() {
 # read-only and kustomize wants the files under its root) as katib-standalone composes them,
 # without the UI, with the local images and our katib-config.
 write_overlay() {
-  local dir="$1" src
-  if [[ "$(cat "${dir}/upstream.version" 2>/dev/null)" != "$V" ]]; then
-    src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
-    rm -rf "${dir}/upstream"
-    mkdir -p "$dir"
-    cp -r "${src}/manifests/v1beta1" "${dir}/upstream"
-    chmod -R u+w "${dir}/upstream"
-    printf '%s' "$V" >"${dir}/upstream.version"
-  fi
+  local dir="$1"
+  upstream_copy "$PIECE" "$dir" "${MODULE}@v${V}" manifests/v1beta1
   write_config "${dir}/katib-config.yaml"
   local c
   cat >"${dir}/kustomization.yaml" <<YAML
@@ -233,15 +213,9 @@ namespace: ${NS}
 resources:
 $(for c in namespace controller crd db-manager mysql webhook; do echo "  - upstream/components/${c}"; done)
 images:
-  - name: ghcr.io/kubeflow/katib/katib-controller
-    newName: $(image_of katib-controller | cut -d: -f1)
-    newTag: "v${V}"
-  - name: ghcr.io/kubeflow/katib/katib-db-manager
-    newName: $(image_of katib-db-manager | cut -d: -f1)
-    newTag: "v${V}"
-  - name: mysql
-    newName: ${MARIADB_IMAGE%:*}
-    newTag: "${MARIADB_IMAGE##*:}"
+$(image_map ghcr.io/kubeflow/katib/katib-controller "$(image_of katib-controller)")
+$(image_map ghcr.io/kubeflow/katib/katib-db-manager "$(image_of katib-db-manager)")
+$(image_map mysql "$MARIADB_IMAGE")
 configMapGenerator:
   - name: katib-config
     behavior: create
@@ -333,29 +307,20 @@ webhook_judges() {
 addon_install() {
   check_user_path
   need_cluster "$PIECE"
-  local tag dir crd d
-  for tag in $(addon_images); do import_image "$tag"; done
-  dir="$(addon_state "$PIECE")"
-  write_overlay "$dir"
+  local d
   ensure_namespace "$NS"
   hostpath_pv "$PIECE" "$NS" katib-mysql 10Gi
-  apply_k "$PIECE" "$dir"
-  for crd in experiments suggestions trials; do
-    kubectl_ wait --for condition=established --timeout 60s "crd/${crd}.kubeflow.org" >/dev/null ||
-      die "${PIECE}: the ${crd} CRD was not established within 60 s"
-  done
+  apply_overlay "$PIECE"
+  crds_established "$PIECE" {experiments,suggestions,trials}.kubeflow.org
   for d in katib-mysql katib-db-manager katib-controller; do rollout "$PIECE" "$NS" "$d" 300; done
-  wait_for 180 webhook_judges ||
-    die "${PIECE}: the Experiment webhooks did not judge a dry-run Experiment within 180 s (kubectl -n ${NS} logs deploy/katib-controller)"
+  webhooks_judge "$PIECE" Experiment "$NS" katib-controller
   say "the Experiment webhooks default a resume policy and refuse a negative failure budget"
 }
 
 addon_verify() {
   need_cluster "$PIECE"
   local exp=gpupipe-verify-katib out
-  kubectl_ -n "$NS" delete experiment "$exp" --ignore-not-found --wait >/dev/null
-  experiment "$exp" | kubectl_ create -f - >/dev/null || die "${PIECE}: the webhook refused Experiment ${NS}/${exp}"
-  if ! kubectl_ -n "$NS" wait --for condition=Succeeded --timeout 240s "experiment/${exp}" >/dev/null 2>&1; then
+  if ! check_object "$PIECE" "$NS" experiment "$exp" Succeeded 240 experiment; then
     kubectl_ -n "$NS" get experiment,suggestion,trial,pods -o wide >&2 || true
     kubectl_ -n "$NS" get trials -l "katib.kubeflow.org/experiment=${exp}" \
       -o jsonpath='{range .items[*]}{.metadata.name}: {.status.conditions[-1:].message}{"\n"}{end}' >&2 || true

@@ -156,11 +156,9 @@ go_image() {
   tag="$(image_of "$name")"
   bb_id="$(docker image inspect --format '{{.Id}}' "$BUSYBOX_IMAGE")"
   recipe="$(RECIPE_EXTRA="$V $AV $name $bin $bb_id $(start_command "$bin")" recipe_of "${DF_DIR}/Dockerfile.go")"
-  if image_current "$tag" "$recipe"; then
-    say "${tag} is built"
-    return 0
-  fi
-  ctx="$(mktemp -d)"
+  image_is_built "$tag" "$recipe" && return 0
+  # shellcheck disable=SC2119  # no files: the folders below are filled one by one
+  ctx="$(image_context)"
   mkdir -p "${ctx}/bin" "${ctx}/config" "${ctx}/zoneinfo"
   cp "${bindir}/${bin}" "${ctx}/bin/"
   case "$bin" in
@@ -169,10 +167,7 @@ go_image() {
   esac
   cp "${DF_DIR}/Dockerfile.go" "${ctx}/Dockerfile"
   start_command "$bin" >>"${ctx}/Dockerfile"
-  mkdir -m 1777 "${ctx}/tmp"
-  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
-  docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}"
-  rm -rf "$ctx"
+  build_context "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}"
 }
 
 python_image() {
@@ -180,10 +175,7 @@ python_image() {
   shift 2
   base="$("${REPO_ROOT}/hack/base-image.sh")"
   recipe="$(RECIPE_EXTRA="$base" recipe_of "$df" "$@")"
-  if image_current "$tag" "$recipe"; then
-    say "${tag} is built"
-    return 0
-  fi
+  image_is_built "$tag" "$recipe" && return 0
   ctx="$(mktemp -d)"
   cp "$df" "${ctx}/Dockerfile"
   (($#)) && cp "$@" "$ctx/"
@@ -218,14 +210,12 @@ images_yaml() {
   local s name up tag
   for s in "${KFP_SERVICES[@]}" "${ARGO_SERVICES[@]}"; do
     read -r name _ _ up <<<"$s"
-    tag="$(image_of "$name")"
-    printf '  - name: %s\n    newName: %s\n    newTag: "%s"\n' "$up" "${tag%:*}" "${tag##*:}"
+    image_map "$up" "$(image_of "$name")"
   done
-  printf '  - name: %s\n    newName: %s\n    newTag: "%s"\n' "$MLMD_UPSTREAM" "${MLMD_IMAGE%:*}" "${MLMD_IMAGE##*:}"
-  printf '  - name: %s\n    newName: %s\n    newTag: "%s"\n' "$WAIT_UPSTREAM" "${WAIT_IMAGE%:*}" "${WAIT_IMAGE##*:}"
-  printf '  - name: mysql\n    newName: %s\n    newTag: "%s"\n' "${MARIADB_IMAGE%:*}" "${MARIADB_IMAGE##*:}"
-  printf '  - name: ghcr.io/chrislusf/seaweedfs\n    newName: %s\n    newTag: "%s"\n' \
-    "${SEAWEEDFS_IMAGE%:*}" "${SEAWEEDFS_IMAGE##*:}"
+  image_map "$MLMD_UPSTREAM" "$MLMD_IMAGE"
+  image_map "$WAIT_UPSTREAM" "$WAIT_IMAGE"
+  image_map mysql "$MARIADB_IMAGE"
+  image_map ghcr.io/chrislusf/seaweedfs "$SEAWEEDFS_IMAGE"
 }
 
 # A short hash of the ids of the images the Deployments run: an image rebuilt under the same tag
@@ -327,19 +317,15 @@ addon_install() {
   check_user_path
   need_cluster "$PIECE"
   kfp_source "$PIECE"
-  local tag dir d crd
+  local tag dir d
   for tag in $(addon_images); do import_image "$tag"; done
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"
   hostpath_pv "$PIECE" "$NS" mysql-pv-claim 20Gi
   hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
   apply_k "$PIECE" "${dir}/cluster-scoped-resources"
-  for crd in workflows workflowtaskresults workflowartifactgctasks; do
-    kubectl_ wait --for condition=established --timeout 60s "crd/${crd}.argoproj.io" >/dev/null ||
-      die "${PIECE}: the ${crd}.argoproj.io CRD was not established within 60 s"
-  done
-  kubectl_ wait --for condition=established --timeout 60s crd/scheduledworkflows.kubeflow.org >/dev/null ||
-    die "${PIECE}: the scheduledworkflows.kubeflow.org CRD was not established within 60 s"
+  crds_established "$PIECE" {workflows,workflowtaskresults,workflowartifactgctasks}.argoproj.io \
+    scheduledworkflows.kubeflow.org
   apply_k "$PIECE" "${dir}/install"
   for d in mysql seaweedfs metadata-grpc-deployment ml-pipeline ml-pipeline-persistenceagent \
     ml-pipeline-scheduledworkflow workflow-controller; do

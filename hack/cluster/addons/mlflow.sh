@@ -42,10 +42,7 @@ addon_image() {
   grep -qx "mlflow==${V}" "${ADDONS_HACK}/images/mlflow/constraints.txt" ||
     die "${PIECE}: images/mlflow/constraints.txt does not pin mlflow==${V} (MLFLOW_VERSION)"
   recipe="$(RECIPE_EXTRA="$V $boto3 $base_id" recipe_of "$df" "${ADDONS_HACK}/images/mlflow/constraints.txt")"
-  if image_current "$IMAGE" "$recipe"; then
-    say "${IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$IMAGE" "$recipe" && return 0
   # pip inside the build reaches PyPI through the host's network (the base trusts the host's CAs).
   docker_build "$PIECE" "$IMAGE" "$recipe" "${ADDONS_HACK}/images/mlflow" --network host \
     --build-arg "BASE=${base}" --build-arg "MLFLOW_VERSION=${V}" --build-arg "BOTO3_VERSION=${boto3}"
@@ -63,9 +60,7 @@ kind: Kustomization
 resources:
   - ${base}
 images:
-  - name: ${UPSTREAM_IMAGE}
-    newName: ${IMAGE%:*}
-    newTag: "${IMAGE##*:}"
+$(image_map "$UPSTREAM_IMAGE" "$IMAGE")
 YAML
 }
 

@@ -41,10 +41,7 @@ addon_image() {
   local df="${ADDONS_HACK}/images/seaweedfs/Dockerfile" recipe bb_id
   bb_id="$(docker image inspect --format '{{.Id}}' "$BUSYBOX_IMAGE")"
   recipe="$(RECIPE_EXTRA="$V $MODVER $bb_id" recipe_of "$df")"
-  if image_current "$IMAGE" "$recipe"; then
-    say "${IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$IMAGE" "$recipe" && return 0
   local commit="${MODVER##*-}"
   go_build_wrapper "$PIECE" seaweedfs "$V" seaweedfs "${MODULE}/weed" weed \
     "-X ${MODULE}/weed/util/version.COMMIT=${commit:0:9}"

@@ -46,18 +46,9 @@ addon_image() {
   need_docker "$PIECE"
   local df="${ADDONS_HACK}/images/trainer/Dockerfile" recipe
   recipe="$(RECIPE_EXTRA="$V" recipe_of "$df")"
-  if image_current "$IMAGE" "$recipe"; then
-    say "${IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$IMAGE" "$recipe" && return 0
   go_install "$PIECE" trainer "$V" "${MODULE}/cmd/trainer-controller-manager@v${V}" manager
-  local ctx
-  ctx="$(mktemp -d)"
-  cp "${BIN_DIR}/trainer-${V}/manager" "$df" "$ctx/"
-  mkdir -m 1777 "${ctx}/tmp"
-  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
-  docker_build "$PIECE" "$IMAGE" "$recipe" "$ctx"
-  rm -rf "$ctx"
+  build_context "$PIECE" "$IMAGE" "$recipe" "$(image_context "${BIN_DIR}/trainer-${V}/manager" "$df")"
 }
 
 # The trainer's CPU image: the name the cluster holds it under (hack/cluster-up.sh imports it).
@@ -65,19 +56,15 @@ cpu_image() { "${REPO_ROOT}/hack/build-images.sh" --print cpu; }
 
 # The overlay in the state folder: upstream's manifests (a copy: the module cache is read-only and
 # kustomize wants the files under its root), the manager overlay's JobSet line taken out, our image.
+without_jobset() {
+  sed -i '\|- \.\./\.\./third-party/jobset|d' "$1/overlays/manager/kustomization.yaml"
+  ! grep -q third-party "$1/overlays/manager/kustomization.yaml" ||
+    die "${PIECE}: could not take JobSet out of upstream's overlays/manager (its kustomization changed?)"
+}
+
 write_overlay() {
-  local dir="$1" src
-  if [[ "$(cat "${dir}/upstream.version" 2>/dev/null)" != "$V" ]]; then
-    src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
-    rm -rf "${dir}/upstream"
-    mkdir -p "$dir"
-    cp -r "${src}/manifests" "${dir}/upstream"
-    chmod -R u+w "${dir}/upstream"
-    sed -i '\|- \.\./\.\./third-party/jobset|d' "${dir}/upstream/overlays/manager/kustomization.yaml"
-    ! grep -q third-party "${dir}/upstream/overlays/manager/kustomization.yaml" ||
-      die "${PIECE}: could not take JobSet out of upstream's overlays/manager (its kustomization changed?)"
-    printf '%s' "$V" >"${dir}/upstream.version"
-  fi
+  local dir="$1"
+  upstream_copy "$PIECE" "$dir" "${MODULE}@v${V}" manifests without_jobset
   cat >"${dir}/kustomization.yaml" <<YAML
 # Written by hack/cluster/addons/trainer.sh: Kubeflow Trainer v${V}, upstream's manager overlay
 # (from the Go module download in ./upstream, without its third-party JobSet, which
@@ -87,9 +74,7 @@ kind: Kustomization
 resources:
   - upstream/overlays/manager
 images:
-  - name: ${UPSTREAM_IMAGE}
-    newName: ${IMAGE%:*}
-    newTag: "${IMAGE##*:}"
+$(image_map "$UPSTREAM_IMAGE" "$IMAGE")
 YAML
   write_runtime "${dir}/runtime" "${dir}/upstream"
 }
@@ -179,16 +164,10 @@ addon_install() {
   need_cluster "$PIECE"
   kubectl_ get crd jobsets.jobset.x-k8s.io >/dev/null 2>&1 ||
     cannot "${PIECE}: JobSet is not installed (hack/cluster/addons/jobset.sh install comes first)"
-  local tag dir
-  for tag in $(addon_images); do import_image "$tag"; done
+  apply_overlay "$PIECE"
+  local dir
   dir="$(addon_state "$PIECE")"
-  write_overlay "$dir"
-  apply_k "$PIECE" "$dir"
-  local crd
-  for crd in trainjobs trainingruntimes clustertrainingruntimes; do
-    kubectl_ wait --for condition=established --timeout 60s "crd/${crd}.trainer.kubeflow.org" >/dev/null ||
-      die "${PIECE}: the ${crd} CRD was not established within 60 s"
-  done
+  crds_established "$PIECE" {trainjobs,trainingruntimes,clustertrainingruntimes}.trainer.kubeflow.org
   rollout "$PIECE" "$NS" kubeflow-trainer-controller-manager 180
   # A ClusterTrainingRuntime's failurePolicy is immutable: a runtime changed there is replaced
   # (deleted, then applied; a runtime still in use by a TrainJob is not deleted, and the apply
@@ -199,28 +178,16 @@ addon_install() {
     wait_for 30 bash -c "! '${BIN_DIR}/kubernetes-${K8S_VERSION}/kubectl' --kubeconfig '${KUBECONFIG_ADMIN}' get clustertrainingruntime ${GPUPIPE_RUNTIME} >/dev/null 2>&1" || true
     apply_k "$PIECE" "${dir}/runtime"
   fi
-  # The manager writes its serving certificate into its Secret and the CA into the webhook
-  # configurations; the kubelet refreshes the mounted Secret within about a minute.
-  wait_for 180 webhook_judges ||
-    die "${PIECE}: the TrainJob webhooks did not judge a dry-run TrainJob within 180 s (kubectl -n ${NS} logs deploy/kubeflow-trainer-controller-manager)"
+  webhooks_judge "$PIECE" TrainJob "$NS" kubeflow-trainer-controller-manager
   say "the TrainJob webhooks stamp a runtime patch and refuse a reserved env name"
-  # The user path's RBAC and the account it binds (as training-operator.sh does; idempotent).
-  ensure_namespace kubeflow
-  kubectl_ -n kubeflow create serviceaccount pipeline-runner --dry-run=client -o yaml |
-    kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null ||
-    die "${PIECE}: cannot create ServiceAccount kubeflow/pipeline-runner"
-  apply_k "$PIECE" "${REPO_ROOT}/manifests/rbac"
+  runner_account "$PIECE"
 }
 
 addon_verify() {
   need_cluster "$PIECE"
   local job=gpupipe-verify-trainjob
-  kubectl_ -n "$NS" delete trainjob "$job" --ignore-not-found --wait >/dev/null
-  trainjob "$job" | kubectl_ create -f - >/dev/null || die "${PIECE}: the webhook refused TrainJob ${NS}/${job}"
-  if ! kubectl_ -n "$NS" wait --for condition=Complete --timeout 180s "trainjob/${job}" >/dev/null 2>&1; then
-    kubectl_ -n "$NS" get pods -l "jobset.sigs.k8s.io/jobset-name=${job}" -o wide >&2 || true
+  check_object "$PIECE" "$NS" trainjob "$job" Complete 180 trainjob "jobset.sigs.k8s.io/jobset-name=${job}" ||
     die "${PIECE}: TrainJob ${NS}/${job} did not complete within 180 s"
-  fi
   say "TrainJob ${NS}/${job} completed; node 0 heard from node 1:"
   kubectl_ -n "$NS" logs -l "jobset.sigs.k8s.io/jobset-name=${job},batch.kubernetes.io/job-completion-index=0" | sed 's/^/      /'
   kubectl_ -n "$NS" delete trainjob "$job" --wait >/dev/null

@@ -41,32 +41,16 @@ addon_image() {
   need_busybox_image "$PIECE"
   local df="${ADDONS_HACK}/images/training-operator/Dockerfile" recipe
   recipe="$(RECIPE_EXTRA="$V" recipe_of "$df")"
-  if image_current "$IMAGE" "$recipe"; then
-    say "${IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$IMAGE" "$recipe" && return 0
   go_install "$PIECE" training-operator "$V" "${MODULE}/cmd/training-operator.v1@v${V}" manager
-  local ctx
-  ctx="$(mktemp -d)"
-  cp "${BIN_DIR}/training-operator-${V}/manager" "$df" "$ctx/"
-  mkdir -m 1777 "${ctx}/tmp"
-  tar --numeric-owner --owner 0 --group 0 -C "$ctx" -cf "${ctx}/tmp.tar" tmp
-  docker_build "$PIECE" "$IMAGE" "$recipe" "$ctx"
-  rm -rf "$ctx"
+  build_context "$PIECE" "$IMAGE" "$recipe" "$(image_context "${BIN_DIR}/training-operator-${V}/manager" "$df")"
 }
 
 # The overlay in the state folder: upstream's manifests (a copy: the module cache is read-only and
 # kustomize wants the files under its root) plus our image, init-container image and account.
 write_overlay() {
-  local dir="$1" src
-  if [[ "$(cat "${dir}/upstream.version" 2>/dev/null)" != "$V" ]]; then
-    src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
-    rm -rf "${dir}/upstream"
-    mkdir -p "$dir"
-    cp -r "${src}/manifests" "${dir}/upstream"
-    chmod -R u+w "${dir}/upstream"
-    printf '%s' "$V" >"${dir}/upstream.version"
-  fi
+  local dir="$1"
+  upstream_copy "$PIECE" "$dir" "${MODULE}@v${V}" manifests
   cat >"${dir}/kustomization.yaml" <<YAML
 # Written by hack/cluster/addons/training-operator.sh: Kubeflow Training Operator v${V}, upstream's
 # standalone overlay (from the Go module download in ./upstream) with the locally built images.
@@ -75,9 +59,7 @@ kind: Kustomization
 resources:
   - upstream/overlays/standalone
 images:
-  - name: ${UPSTREAM_IMAGE}
-    newName: ${IMAGE%:*}
-    newTag: "${IMAGE##*:}"
+$(image_map "$UPSTREAM_IMAGE" "$IMAGE")
 configMapGenerator:
   - name: training-operator-pytorch-init
     namespace: ${NS}
@@ -181,36 +163,20 @@ webhook_judges() {
 addon_install() {
   check_user_path
   need_cluster "$PIECE"
-  local tag dir
-  for tag in $(addon_images); do import_image "$tag"; done
-  dir="$(addon_state "$PIECE")"
-  write_overlay "$dir"
-  apply_k "$PIECE" "$dir"
-  kubectl_ wait --for condition=established --timeout 60s crd/pytorchjobs.kubeflow.org >/dev/null ||
-    die "${PIECE}: the PyTorchJob CRD was not established within 60 s"
-  # The account KFP's steps run as (KFP's own manifests make it), then the user path's RBAC.
-  kubectl_ -n "$NS" create serviceaccount pipeline-runner --dry-run=client -o yaml |
-    kubectl_ apply --server-side --field-manager gpupipe-addons -f - >/dev/null ||
-    die "${PIECE}: cannot create ServiceAccount ${NS}/pipeline-runner"
-  apply_k "$PIECE" "${REPO_ROOT}/manifests/rbac"
+  apply_overlay "$PIECE"
+  crds_established "$PIECE" pytorchjobs.kubeflow.org
+  runner_account "$PIECE"
   apply_k "$PIECE" "${REPO_ROOT}/manifests/pod-security"
   rollout "$PIECE" "$NS" training-operator 180
-  # The operator writes its own serving certificate into the Secret and the CA into the webhook
-  # configuration; the kubelet refreshes the mounted Secret within about a minute.
-  wait_for 180 webhook_judges ||
-    die "${PIECE}: the PyTorchJob webhook did not judge a dry-run job within 180 s (kubectl -n ${NS} logs deploy/training-operator)"
+  webhooks_judge "$PIECE" PyTorchJob "$NS" training-operator
   say "the PyTorchJob webhook admits a valid job and refuses an invalid name"
 }
 
 addon_verify() {
   need_cluster "$PIECE"
   local job=gpupipe-verify-pytorchjob
-  kubectl_ -n "$NS" delete pytorchjob "$job" --ignore-not-found --wait >/dev/null
-  pytorchjob "$job" | kubectl_ create -f - >/dev/null || die "${PIECE}: the webhook refused PyTorchJob ${NS}/${job}"
-  if ! kubectl_ -n "$NS" wait --for condition=Succeeded --timeout 180s "pytorchjob/${job}" >/dev/null 2>&1; then
-    kubectl_ -n "$NS" get pods -l "training.kubeflow.org/job-name=${job}" -o wide >&2 || true
+  check_object "$PIECE" "$NS" pytorchjob "$job" Succeeded 180 pytorchjob "training.kubeflow.org/job-name=${job}" ||
     die "${PIECE}: PyTorchJob ${NS}/${job} did not succeed within 180 s"
-  fi
   kubectl_ -n "$NS" wait --for jsonpath='{.status.phase}'=Succeeded --timeout 60s "pod/${job}-worker-0" >/dev/null ||
     die "${PIECE}: the worker pod of PyTorchJob ${NS}/${job} did not succeed"
   say "PyTorchJob ${NS}/${job} succeeded; the master heard from the worker:"
