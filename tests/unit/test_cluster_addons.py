@@ -111,9 +111,12 @@ def test_the_trainer_addon_applies_the_runtime_the_launcher_names_by_default() -
     (runtime,) = re.findall(r"^RUNTIME=(\S+)$", script, re.M)
     assert runtime == ClusterConfig(image="x").runtime
     # Every webhook is waited for: each install checks that its webhooks judge an object.
-    for name in ("jobset", "trainer"):
+    common = (CLUSTER / "addons" / "common.sh").read_text()
+    assert "wait_for 180 webhook_judges" in common
+    for name in ("jobset", "trainer", "training-operator", "katib"):
         text = (CLUSTER / "addons" / f"{name}.sh").read_text()
-        assert "wait_for 180 webhook_judges" in text, name
+        assert re.search(r"^webhook_judges\(\) \{$", text, re.M), name
+        assert re.search(r'^  webhooks_judge "\$PIECE" ', text, re.M), name
 
 
 def test_mlflow_version_is_the_user_paths() -> None:
