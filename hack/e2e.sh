@@ -71,6 +71,10 @@ GPUPIPE_E2E_S3_ACCESS="$(kubectl -n kubeflow get secret mlpipeline-minio-artifac
 GPUPIPE_E2E_S3_SECRET="$(kubectl -n kubeflow get secret mlpipeline-minio-artifact \
   -o jsonpath='{.data.secretkey}' | base64 --decode)"
 export GPUPIPE_E2E_S3_ACCESS GPUPIPE_E2E_S3_SECRET
+# MLflow asks who is calling (manifests/mlflow): the account the pipeline's steps use too.
+MLFLOW_TRACKING_USERNAME="$(kubectl -n kubeflow get secret mlflow-auth -o jsonpath='{.data.username}' | base64 --decode)"
+MLFLOW_TRACKING_PASSWORD="$(kubectl -n kubeflow get secret mlflow-auth -o jsonpath='{.data.password}' | base64 --decode)"
+export MLFLOW_TRACKING_USERNAME MLFLOW_TRACKING_PASSWORD
 export GPUPIPE_E2E_WORK="$work"
 export GPUPIPE_E2E_KFP="http://127.0.0.1:${kfp_port}"
 export GPUPIPE_E2E_S3="http://127.0.0.1:${s3_port}"

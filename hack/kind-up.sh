@@ -70,7 +70,9 @@ step "applying gpupipe RBAC for kubeflow/pipeline-runner, and Pod Security on ku
 kubectl apply -k manifests/rbac
 kubectl apply --server-side -k manifests/pod-security
 
-step "deploying the MLflow tracking server (kubeflow/mlflow)"
+step "deploying the MLflow tracking server (kubeflow/mlflow), its account generated once"
+kubectl -n kubeflow get secret mlflow-auth >/dev/null 2>&1 ||
+  hack/mlflow-account.sh | kubectl -n kubeflow create secret generic mlflow-auth --from-env-file=/dev/stdin
 kubectl apply -k manifests/mlflow
 
 step "waiting up to ${wait_timeout} for every deployment in kubeflow to be available"

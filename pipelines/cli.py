@@ -208,7 +208,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def _cluster_params(args: argparse.Namespace) -> dict[str, Any]:
     """``--param`` (plus ``--data``/``--target``), typed and checked before any API call."""
-    from pipelines.params import check_parameters, typed_parameters
+    from pipelines.params import check_cluster_parameters, check_parameters, typed_parameters
 
     pairs = list(args.param)
     if getattr(args, "data", None):
@@ -216,7 +216,8 @@ def _cluster_params(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "target", None):
         pairs.append(f"target={args.target}")
     params = typed_parameters(pairs)
-    check_parameters(params)  # every step's config, before any request is sent
+    # Every step's config, and what KFP must not store, before any request is sent.
+    check_cluster_parameters(check_parameters(params))
     return params
 
 

@@ -14,6 +14,7 @@ import inspect
 import json
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import json_object
@@ -423,6 +424,25 @@ CHECKS: list[Callable[[dict[str, Any]], None]] = [
     _check_preprocess,
 ]
 """Each check takes every parameter (defaults filled in) and raises E_PARAM naming one."""
+
+
+def check_cluster_parameters(full: dict[str, Any]) -> None:
+    """What a run on KFP must not be given, beyond :func:`check_parameters` (``full``: its
+    result). KFP stores every parameter with the run and passes it in pod arguments, which
+    anyone who can list pods reads: an account inside ``registry_uri`` is refused, in one line
+    that names the secret to put it in (the URI's password is never repeated)."""
+    uri = str(full.get("registry_uri") or "")
+    parts = urlsplit(uri)
+    if parts.username is not None or parts.password is not None:
+        shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        secret = full.get("registry_secret") or "mlflow-auth"
+        raise InputError(
+            "E_PARAM",
+            f"registry_uri must not hold an account (user:password@ in {shown!r}): KFP stores "
+            f"parameters with the run and shows them in pod arguments; put it in the Kubernetes "
+            f"secret {secret!r} (keys username and password) that registry_secret names",
+            "registry_uri",
+        )
 
 
 def check_parameters(params: dict[str, Any]) -> dict[str, Any]:

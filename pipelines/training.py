@@ -139,6 +139,21 @@ def _configure(
     return task
 
 
+REGISTRY_SECRET = "mlflow-auth"
+"""The secret manifests/mlflow's server takes its admin account from (the default of the
+pipeline parameter ``registry_secret``)."""
+REGISTRY_ENV = {"username": "MLFLOW_TRACKING_USERNAME", "password": "MLFLOW_TRACKING_PASSWORD"}
+"""Where MLflow's client reads an account for HTTP basic authentication."""
+
+
+def _registry_account(task: dsl.PipelineTask, registry_secret: Any) -> None:
+    """The registry's account from ``registry_secret`` into the step's environment. Optional: a
+    registry without authentication (or a file store) needs none, and the pod starts without."""
+    kubernetes.use_secret_as_env(
+        task, secret_name=registry_secret, secret_key_to_env=REGISTRY_ENV, optional=True
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Gpu:
     """The pipeline parameters (channels) that place a training pod on GPUs."""
@@ -231,6 +246,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         gate_baseline: str = "trivial",
         registry_uri: str = "",
         registered_model_name: str = "gpupipe-model",
+        registry_secret: str = REGISTRY_SECRET,
         object_store_secret: str = "mlpipeline-minio-artifact",
     ) -> None:
         """Train and register a model on a table.
@@ -307,6 +323,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 (trivial, linear, gradient boosting), all scored on the same split.
             registry_uri: MLflow tracking URI (empty: the embedded local registry).
             registered_model_name: name of the model in the registry.
+            registry_secret: Kubernetes secret with the registry's account (keys ``username``
+                and ``password``; manifests/mlflow's server asks for one): the evaluate and
+                register steps read it, never ``registry_uri``. A missing secret means no
+                account.
             object_store_secret: Kubernetes secret with the artifact store's credentials.
         """
         exit_task = notify(pipeline_name=PIPELINE_NAME)
@@ -414,6 +434,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 model_name=model_name,
             )
             _configure(ev, "evaluate", object_store_secret, retries=retries)
+            _registry_account(ev, registry_secret)
             ev.set_caching_options(False)  # the champion it compares with can change between runs
 
             with dsl.If(ev.outputs["Output"] == True, name="gate-passed"):  # noqa: E712
@@ -429,6 +450,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                     params_json=hyperparams_json,
                 )
                 _configure(reg, "register", object_store_secret, retries=retries)
+                _registry_account(reg, registry_secret)
                 reg.set_caching_options(False)
 
     return training_pipeline

@@ -182,8 +182,21 @@ def mlflow_errors(action: str, tracking_uri: str) -> Iterator[None]:
         yield
     except (MlflowException, OSError) as e:
         raise RuntimeError(
-            f"MLflow at {redact(tracking_uri)}: {action} failed: {_one_line(e)}"
+            f"MLflow at {redact(tracking_uri)}: {action} failed: {_one_line(e)}{_account_hint(e)}"
         ) from e
+
+
+ACCOUNT_HINT = (
+    " (the server asks for an account: set MLFLOW_TRACKING_USERNAME and "
+    "MLFLOW_TRACKING_PASSWORD; on KFP, the secret the pipeline parameter registry_secret names)"
+)
+
+
+def _account_hint(exc: BaseException) -> str:
+    """What to do when the server refused the request's account (HTTP 401 or 403)."""
+    text = str(exc)
+    refused = re.search(r"\berror code (401|403)\b|\b(401|403) (Unauthorized|Forbidden)\b", text)
+    return ACCOUNT_HINT if refused else ""
 
 
 def _error_code(exc: BaseException) -> str | None:

@@ -121,7 +121,8 @@ def test_the_trainer_addon_applies_the_runtime_the_launcher_names_by_default() -
 
 def test_mlflow_version_is_the_user_paths() -> None:
     text = (ROOT / "manifests" / "mlflow" / "deployment.yaml").read_text()
-    assert f"image: ghcr.io/mlflow/mlflow:v{VERSIONS['MLFLOW_VERSION']}\n" in text
+    # The -full variant: it carries the auth extra (Flask-WTF) the basic-auth app needs.
+    assert f"image: ghcr.io/mlflow/mlflow:v{VERSIONS['MLFLOW_VERSION']}-full\n" in text
 
 
 def test_seaweedfs_version_is_the_wrapper_modules() -> None:

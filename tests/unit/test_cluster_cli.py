@@ -215,6 +215,48 @@ def test_bad_params_exit_2_before_any_request(
     assert kfp.requests == []
 
 
+@pytest.mark.parametrize("command", ["run", "schedule"])
+@pytest.mark.parametrize(
+    "uri", ["http://alice:s3cret-pw@mlflow.kubeflow:5000", "https://s3cret-pw@mlflow.example.com"]
+)
+def test_an_account_inside_registry_uri_is_refused_naming_the_secret(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], command: str, uri: str
+) -> None:
+    """KFP stores parameters and shows them in pod arguments: the account goes in a secret."""
+    argv = [command, "--host", kfp.url, "--param", "data_uri=x", "--param", f"registry_uri={uri}"]
+    argv += ["--param", "registry_secret=team-mlflow"]
+    if command == "schedule":
+        argv += ["--cron", "0 0 3 * * *", "--name", "nightly"]
+    code, out, err = _gp(capsys, *argv)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith(
+        f"ERROR [gpupipe {command}] E_PARAM: registry_uri must not hold an account"
+    )
+    assert "'team-mlflow'" in line and line.endswith("(registry_uri)")
+    assert "s3cret-pw" not in out + err
+    assert kfp.requests == []
+
+
+def test_a_registry_uri_without_an_account_is_sent(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = "http://mlflow.kubeflow:5000"
+    code, _, err = _gp(
+        capsys,
+        "run",
+        "--host",
+        uploaded.url,
+        "--param",
+        "data_uri=x",
+        "--param",
+        f"registry_uri={uri}",
+    )
+    assert code == 0, err
+    params = _body(uploaded, "POST", "/apis/v2beta1/runs")["runtime_config"]["parameters"]
+    assert params["registry_uri"] == uri
+
+
 def test_run_of_unknown_pipeline_says_upload_first(
     kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -539,12 +539,22 @@ def test_job_launcher_knows_its_own_pod(compiled: Compiled) -> None:
 
 @pytest.mark.parametrize("step", STEPS, ids=str)
 def test_object_store_credentials_from_secret(compiled: Compiled, step: str) -> None:
+    """Every step: the store's keys (a required secret). Evaluate and register, which talk to
+    the registry: its account too, from the secret registry_secret names (optional: a registry
+    without authentication needs none)."""
     secrets = compiled.k8s(step).get("secretAsEnv", [])
-    assert len(secrets) == 1, f"{step} secretAsEnv: {secrets}"
-    envs = {e["envVar"] for e in secrets[0]["keyToEnv"]}
-    assert envs == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
-    source = secrets[0]["secretNameParameter"]["componentInputParameter"]
-    assert compiled.root_parameter(compiled.owner(step), source) == "object_store_secret"
+    by_parameter = {
+        compiled.root_parameter(
+            compiled.owner(step), s["secretNameParameter"]["componentInputParameter"]
+        ): ({e["envVar"] for e in s["keyToEnv"]}, s.get("optional", False))
+        for s in secrets
+    }
+    expected = {"object_store_secret": ({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}, False)}
+    if step in ("evaluate", "register"):
+        account = {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}
+        expected["registry_secret"] = (account, True)
+    assert by_parameter == expected, f"{step} secretAsEnv: {secrets}"
+    assert len(secrets) == len(expected)
 
 
 def test_register_runs_only_when_evaluate_passes_the_gate(compiled: Compiled) -> None:

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The MLflow tracking server and model registry of manifests/mlflow in the test cluster:
-#   image    gpupipe.local/mlflow:v${MLFLOW_VERSION}: PyPI's mlflow (the version the user path's
+#   image    gpupipe.local/mlflow:v${MLFLOW_VERSION}: PyPI's mlflow[auth] (the version the user path's
 #            ghcr.io/mlflow/mlflow tag names) in a venv over the local Debian Python base
 #            (hack/base-image.sh), running the same `mlflow server`
 #   install  manifests/mlflow itself (as users apply it) under a kustomize overlay in the state
 #            folder that only swaps the image; its PVC gets a hostPath PersistentVolume made here
-#            (the cluster has no StorageClass or provisioner); waits for the pod to be Ready
-#   verify   from a pod: the server answers /health and the REST API at mlflow.kubeflow:5000
+#            (the cluster has no StorageClass or provisioner), and the Secret mlflow-auth it
+#            reads its admin account from is generated here (no fixed password); waits for the
+#            pod to be Ready
+#   verify   from a pod: an unauthenticated request is refused (401); with the Secret's account
+#            the server answers /health and the REST API at mlflow.kubeflow:5000
 #   images   the tag it needs
 set -euo pipefail
 # shellcheck source=hack/cluster/addons/common.sh
@@ -25,8 +28,8 @@ boto3_version() {
 
 # The user path names the same MLflow release: a drift between the two is a bug.
 check_user_path() {
-  grep -q "image: ${UPSTREAM_IMAGE}:v${V}\$" "${REPO_ROOT}/manifests/mlflow/deployment.yaml" ||
-    die "${PIECE}: manifests/mlflow/deployment.yaml does not name ${UPSTREAM_IMAGE}:v${V} (MLFLOW_VERSION): make them agree"
+  grep -q "image: ${UPSTREAM_IMAGE}:v${V}-full\$" "${REPO_ROOT}/manifests/mlflow/deployment.yaml" ||
+    die "${PIECE}: manifests/mlflow/deployment.yaml does not name ${UPSTREAM_IMAGE}:v${V}-full (MLFLOW_VERSION): make them agree"
 }
 
 addon_images() { echo "$IMAGE"; }
@@ -64,11 +67,23 @@ $(image_map "$UPSTREAM_IMAGE" "$IMAGE")
 YAML
 }
 
+# The Secret manifests/mlflow asks its user to make (its admin account, which the pipeline's
+# evaluate and register steps also read): made here once, with values generated on this machine
+# (no password is written down anywhere), passed to kubectl on stdin, never as an argument.
+ensure_auth_secret() {
+  kubectl_ -n "$NS" get secret mlflow-auth >/dev/null 2>&1 && return 0
+  "${REPO_ROOT}/hack/mlflow-account.sh" |
+    kubectl_ -n "$NS" create secret generic mlflow-auth --from-env-file=/dev/stdin >/dev/null ||
+    die "${PIECE}: cannot create Secret ${NS}/mlflow-auth"
+  say "made Secret ${NS}/mlflow-auth (MLflow's admin account, generated)"
+}
+
 addon_install() {
   check_user_path
   need_cluster "$PIECE"
   import_image "$IMAGE"
   ensure_namespace "$NS"
+  ensure_auth_secret
   hostpath_pv "$PIECE" "$NS" mlflow 10Gi
   local dir
   dir="$(addon_state "$PIECE")"
@@ -77,19 +92,26 @@ addon_install() {
   rollout "$PIECE" "$NS" mlflow 300
 }
 
+# From a pod labelled as KFP labels a run's pods (the only ones manifests/mlflow's NetworkPolicy
+# admits), with the Secret's account: an unauthenticated request is refused with 401, and with
+# the account /health and the REST API answer.
 addon_verify() {
   need_cluster "$PIECE"
-  local pod=gpupipe-verify-mlflow out overrides
-  overrides="$(printf '{"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["sh","-c",%s],%s}]}}' \
+  local pod=gpupipe-verify-mlflow out overrides env
+  env='"env":[{"name":"USER_NAME","valueFrom":{"secretKeyRef":{"name":"mlflow-auth","key":"username"}}},{"name":"USER_PASSWORD","valueFrom":{"secretKeyRef":{"name":"mlflow-auth","key":"password"}}}]'
+  overrides="$(printf '{"metadata":{"labels":{"pipelines.kubeflow.org/v2_component":"true"}},"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["sh","-c",%s],%s,%s}]}}' \
     "$RESTRICTED_POD" "$pod" "$BUSYBOX_IMAGE" "$(json_string <<'SH'
-wget -qO- http://mlflow.kubeflow:5000/health && echo &&
-  wget -qO- "http://mlflow.kubeflow:5000/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+api="http://mlflow.kubeflow:5000/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+if refused="$(wget -qO- "$api" 2>&1)"; then echo "an unauthenticated request was answered: $refused"; exit 1; fi
+case "$refused" in *401*) echo "unauthenticated: refused (401)" ;; *) echo "unauthenticated: $refused"; exit 1 ;; esac
+auth="Authorization: Basic $(printf '%s:%s' "$USER_NAME" "$USER_PASSWORD" | base64 -w0)"
+wget -qO- --header "$auth" http://mlflow.kubeflow:5000/health && echo && wget -qO- --header "$auth" "$api"
 SH
-)" "$RESTRICTED_CONTAINER")"
+)" "$env" "$RESTRICTED_CONTAINER")"
   out="$(run_pod "$NS" "$pod" "$BUSYBOX_IMAGE" "$overrides" 180)" ||
-    die "${PIECE}: a pod could not reach http://mlflow.kubeflow:5000: ${out}"
+    die "${PIECE}: the check of http://mlflow.kubeflow:5000 from a pod failed: ${out}"
   grep -q '"name": *"Default"' <<<"$out" || die "${PIECE}: unexpected answer from the MLflow REST API: ${out}"
-  say "a pod reached MLflow at mlflow.kubeflow:5000: /health OK, the Default experiment is there"
+  say "from a pod: MLflow refused an unauthenticated request (401); with Secret ${NS}/mlflow-auth's account /health is OK and the Default experiment is there"
 }
 
 case "${1:-}" in
