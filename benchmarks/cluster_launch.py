@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.base.typedconfig import from_dict, to_json
     from trainer.launch.jobspec import JobSpec
     from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
-    from trainer.steps.demo_data import write_demo_data
-    from trainer.steps.preprocess import preprocess
-    from trainer.steps.preprocess_config import PreprocessConfig
+    from trainer.steps.preprocess import PreprocessConfig, preprocess, write_demo_data
     from trainer.steps.train import TrainStepConfig, plan_worker_config, record_fixed
 
     os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "seaweedfs", 9000)

@@ -60,8 +60,7 @@ from pipelines.params import train_settings
 from trainer.base.typedconfig import from_dict
 from trainer.distributed import dist
 from trainer.steps.evaluate import EvaluateConfig, evaluate
-from trainer.steps.preprocess import preprocess
-from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.preprocess import PreprocessConfig, preprocess
 from trainer.steps.train import TrainStepConfig, plan_worker_config
 from trainer.training import loop
 
@@ -165,7 +164,7 @@ def write_table(path: Path, frame: pd.DataFrame, task: str) -> None:
 
 def _hgb_seconds(ds: str, task: str, seed: int) -> float:
     """Seconds the hgb baseline takes to fit on the training split (as evaluate fits it)."""
-    from trainer.steps.baselines import _estimator
+    from trainer.steps.evaluate.baselines import _estimator
 
     train = pq.read_table(Path(ds) / "train.parquet").to_pandas()
     x, y = train.drop(columns=["y"]).to_numpy(), train["y"].to_numpy()

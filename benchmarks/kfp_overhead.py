@@ -77,7 +77,7 @@ def main() -> int:
         print(f"no test cluster with KFP here: {reason or 'the kfp add-on is not installed'}")
         return 0
     from components.images import CPU_IMAGE, CUDA_IMAGE
-    from trainer.steps.demo_data import write_demo_data
+    from trainer.steps.preprocess import write_demo_data
 
     work = Path(tempfile.mkdtemp(prefix="gpupipe-kfp-bench-"))
     table = work / "churn.parquet"

@@ -8,7 +8,7 @@ categories (missing -> ``__missing__``, the rest -> ``__other__``), standardise 
 mean and std, and write ``train/val/test.parquet``. Ours also validates every column and writes
 ``schema.json`` and ``stats.json``; the baseline does not.
 
-- **ours**: ``trainer.steps.preprocess.preprocess`` (pyarrow + numpy, column-wise).
+- **ours**: ``trainer.steps.preprocess.step.preprocess`` (pyarrow + numpy, column-wise).
 - **pandas**: ``pd.read_parquet``, ``fillna``, ``pd.get_dummies``, arithmetic on Series,
   ``DataFrame.to_parquet``, as one would write it by hand.
 
@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 if __package__ in (None, ""):  # run as a file: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.steps.tabular import MISSING, OTHER, split_indices
+from trainer.steps.preprocess.tabular import MISSING, OTHER, split_indices
 
 TARGET = "churned"
 SEED = 0
@@ -55,8 +55,7 @@ def _status_kb(field: str) -> int:
 
 def run_ours(data: str, out: str) -> None:
     """The real step."""
-    from trainer.steps.preprocess import preprocess
-    from trainer.steps.preprocess_config import PreprocessConfig
+    from trainer.steps.preprocess import PreprocessConfig, preprocess
 
     preprocess(PreprocessConfig(target=TARGET, seed=SEED), data_uri=data, output_uri=out)
 
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         child(args.child, args.data, args.out)
         return
 
-    from trainer.steps.demo_data import write_demo_data
+    from trainer.steps.preprocess import write_demo_data
 
     results: dict[str, list[dict[str, float]]] = {name: [] for name in CONTENDERS}
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,10 +37,8 @@ if __package__ in (None, ""):  # run as a file: make the repo root importable
 
 from trainer.base.typedconfig import from_dict
 from trainer.distributed import dist
-from trainer.steps.demo_data import write_demo_data
 from trainer.steps.evaluate import EvaluateConfig, evaluate
-from trainer.steps.preprocess import preprocess
-from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.preprocess import PreprocessConfig, preprocess, write_demo_data
 from trainer.steps.train import TrainStepConfig, plan_worker_config
 from trainer.training import loop
 

@@ -59,7 +59,7 @@ def _params(pairs: list[str]) -> dict[str, Any]:
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
-    from trainer.steps.demo_data import write_demo_data
+    from trainer.steps.preprocess import write_demo_data
 
     uri = write_demo_data(args.out, rows=args.rows, task=args.task, seed=args.seed)
     print(f"wrote {args.rows} rows ({args.task}) to {uri}")

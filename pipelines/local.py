@@ -111,7 +111,7 @@ def new_run_id() -> str:
 
 def check_data(data: str, target: str, params: dict[str, Any]) -> None:
     """The data URI exists and is readable, ``target`` is one of its columns, and preprocess
-    will accept them (:func:`trainer.steps.inspect_data.inspect_data`); prints its decisions.
+    will accept them (:func:`trainer.steps.preprocess.inspect_data`); prints its decisions.
 
     The columns are read the way preprocess reads them (CSV delimiter, header, encoding from
     the pipeline parameters), from the first file's schema or header only.
@@ -120,7 +120,7 @@ def check_data(data: str, target: str, params: dict[str, Any]) -> None:
         InputError: ``E_DATA`` naming the URI, or ``E_TARGET`` naming the column.
     """
     from pipelines.params import preprocess_config
-    from trainer.steps.tabular import read_columns
+    from trainer.steps.preprocess import read_columns
 
     cfg = preprocess_config({**params, "target": target})
     try:
@@ -138,7 +138,7 @@ def check_data(data: str, target: str, params: dict[str, Any]) -> None:
             f"target column {target!r} is not in the data (columns: {shown}){hint}",
             data,
         )
-    from trainer.steps.inspect_data import inspect_data
+    from trainer.steps.preprocess import inspect_data
 
     # What preprocess will decide (the task and why) and refuse (dates, a target that cannot
     # work, a split it cannot make), said before any step starts.
@@ -400,7 +400,7 @@ def run_local(
         arguments["registry_uri"] = f"sqlite:///{root / 'mlflow.db'}"
         check_registry(arguments["registry_uri"], registry_timeout_s)
     if not arguments["data_uri"]:
-        from trainer.steps.demo_data import write_demo_data
+        from trainer.steps.preprocess import write_demo_data
 
         demo = root / "demo" / "churn.parquet"
         if not demo.exists():

@@ -183,7 +183,7 @@ def step_mappings() -> dict[str, Callable[..., Any]]:
     """Each step's one mapping from pipeline parameters (its arguments carry their names) to
     its config, by step; the components call the same functions."""
     from trainer.steps.evaluate import evaluate_config
-    from trainer.steps.preprocess_config import config_from_parameters
+    from trainer.steps.preprocess import config_from_parameters
     from trainer.steps.register import register_config
     from trainer.steps.train import step_settings
 

@@ -120,7 +120,7 @@ def configs() -> list[Config]:
     """The configs the reference documents, in page order."""
     from trainer.config import WorkerConfig
     from trainer.steps.evaluate import EvaluateConfig
-    from trainer.steps.preprocess_config import PreprocessConfig
+    from trainer.steps.preprocess import PreprocessConfig
     from trainer.steps.register import RegisterConfig
     from trainer.steps.train import TrainStepConfig
     from trainer.steps.tune import TuneConfig

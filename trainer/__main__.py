@@ -33,8 +33,7 @@ def _config(args: argparse.Namespace, cls: type) -> Any:
 
 
 def _preprocess(args: argparse.Namespace) -> dict[str, Any]:
-    from trainer.steps.preprocess import preprocess
-    from trainer.steps.preprocess_config import PreprocessConfig
+    from trainer.steps.preprocess import PreprocessConfig, preprocess
 
     cfg = _config(args, PreprocessConfig)
     return preprocess(cfg, data_uri=args.data, output_uri=args.output).to_dict()

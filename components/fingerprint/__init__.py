@@ -13,7 +13,7 @@ def fingerprint(data_uri: str) -> str:
     and artifact names, not contents) reads the data again whenever it changed.
     """
     from trainer.entry import run_guarded
-    from trainer.steps.fingerprint import data_fingerprint
+    from trainer.steps.preprocess import data_fingerprint
 
     value = run_guarded("fingerprint", lambda: data_fingerprint(data_uri))
     print(f"data fingerprint {value} ({data_uri})", flush=True)

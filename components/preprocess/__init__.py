@@ -36,8 +36,8 @@ def preprocess(
     from collections import namedtuple
 
     from trainer.entry import run_guarded, write_metadata_file
+    from trainer.steps.preprocess import config_from_parameters
     from trainer.steps.preprocess import preprocess as run
-    from trainer.steps.preprocess_config import config_from_parameters
 
     def body():
         cfg = config_from_parameters(

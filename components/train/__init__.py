@@ -67,8 +67,7 @@ def train(
     from trainer.config import from_dict
     from trainer.entry import run_guarded, write_metadata_file
     from trainer.launch.jobspec import job_name
-    from trainer.steps.train import TrainStepConfig, step_settings, train_step
-    from trainer.steps.train_cost import cost_metrics
+    from trainer.steps.train import TrainStepConfig, cost_metrics, step_settings, train_step
 
     def body():
         settings = step_settings(

@@ -169,9 +169,7 @@ def namespace() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def dataset(store: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The demo table, preprocessed into the object store (as the pipeline's first step does)."""
-    from trainer.steps.demo_data import write_demo_data
-    from trainer.steps.preprocess import preprocess
-    from trainer.steps.preprocess_config import PreprocessConfig
+    from trainer.steps.preprocess import PreprocessConfig, preprocess, write_demo_data
 
     data = str(tmp_path_factory.mktemp("demo") / "churn.parquet")
     write_demo_data(data, rows=3000, task="classification", seed=0)

@@ -86,7 +86,7 @@ def host() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def table(store: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The raw demo table (the pipeline preprocesses it) in the cluster's store."""
-    from trainer.steps.demo_data import write_demo_data
+    from trainer.steps.preprocess import write_demo_data
 
     path = tmp_path_factory.mktemp("kfp") / "churn.parquet"
     write_demo_data(str(path), rows=2000, task="classification", seed=0)
@@ -262,7 +262,7 @@ def gpu_run(
 ) -> Iterator[Any]:
     """A GPU run (launcher=local: the train step trains in its own pod) on new data, read while
     its train pod waits (this node has no GPU and not the selected label); terminated after."""
-    from trainer.steps.demo_data import write_demo_data
+    from trainer.steps.preprocess import write_demo_data
 
     path = tmp_path_factory.mktemp("gpu") / "other.parquet"
     write_demo_data(str(path), rows=1500, task="classification", seed=7)

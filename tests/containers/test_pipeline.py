@@ -14,7 +14,7 @@ import pytest
 
 from components.images import CPU_IMAGE, CUDA_IMAGE
 from tests.containers.conftest import ROOT
-from trainer.steps.demo_data import write_demo_data
+from trainer.steps.preprocess import write_demo_data
 
 pytestmark = pytest.mark.containers
 

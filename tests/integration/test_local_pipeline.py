@@ -210,7 +210,7 @@ def _semicolon_csv_with_zip_codes(path: Path) -> None:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from trainer.steps.demo_data import make_demo_table
+    from trainer.steps.preprocess import make_demo_table
 
     table = make_demo_table(2000, seed=3)
     codes = [f"SW{i % 9}A" if i % 10 == 0 else f"{10115 + i % 40}" for i in range(len(table))]

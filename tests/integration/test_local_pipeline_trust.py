@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.integration.test_local_pipeline import EPOCHS, Run, gpupipe
-from trainer.steps.demo_data import make_demo_table
+from trainer.steps.preprocess import make_demo_table
 
 pytestmark = pytest.mark.integration
 

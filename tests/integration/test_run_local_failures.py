@@ -307,7 +307,8 @@ def test_readme_hyperparams_example_is_accepted(capsys: pytest.CaptureFixture[st
 
 def test_data_preprocess_would_reject_is_refused_before_any_step(workspace: Path) -> None:
     # Missing target values: preprocess refuses them, and the pre-step look at the data
-    # (trainer/steps/inspect_data.py) says so before any step runs or any run folder exists.
+    # (trainer/steps/preprocess/preview.py) says so before any step runs or any run folder
+    # exists.
     table = workspace / "no-labels.csv"
     table.write_text("a,b,y\n1,2,\n3,4,\n5,6,\n")
     root = workspace.parent / "root"

@@ -132,9 +132,7 @@ def test_preprocess_to_an_object_store(
     root: str, s3_client: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
     """The step refuses a prefix holding someone's objects, writes a new one, replaces its own."""
-    from trainer.steps.demo_data import make_demo_table
-    from trainer.steps.preprocess import preprocess
-    from trainer.steps.preprocess_config import PreprocessConfig
+    from trainer.steps.preprocess import PreprocessConfig, make_demo_table, preprocess
 
     pq.write_table(make_demo_table(300, seed=1), tmp_path / "d.parquet")
     cfg = PreprocessConfig(target="churned")

@@ -10,9 +10,9 @@ from pipelines.params import train_settings
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
 from trainer.config import EarlyStoppingConfig, OptimConfig, TrainConfig
-from trainer.steps import auto_settings as auto
-from trainer.steps.auto_settings import AutoSettingsConfig, choose_settings
 from trainer.steps.train import TrainStepConfig
+from trainer.steps.train import auto_settings as auto
+from trainer.steps.train.auto_settings import AutoSettingsConfig, choose_settings
 
 MLP_PARAMS = 19_000  # the default MLP on a table of ~20 features
 

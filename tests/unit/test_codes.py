@@ -16,13 +16,15 @@ from trainer.base.errors import NOT_INPUT_CODES
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("trainer", "components", "pipelines")
 CODE = re.compile(r"(?<![\w.])[EWI]_[A-Z][A-Z0-9_]*[A-Z0-9]\b")
-NOT_CODES = {"W_CODE": "trainer/steps/text_values.py's docstring: the placeholder of the format"}
+NOT_CODES = {
+    "W_CODE": "trainer/steps/preprocess/text_values.py's docstring: the placeholder of the format"
+}
 
 
 def _dynamic_codes() -> set[str]:
     """Codes built at run time from a prefix (``f"W_{reason.upper()}"``, ``f"E_RUN_{state}"``)."""
     from pipelines.cluster import TERMINAL_STATES
-    from trainer.steps.feature_columns import _INFERRED
+    from trainer.steps.preprocess.feature_columns import _INFERRED
 
     return {f"W_{reason.upper()}" for reason in _INFERRED} | {
         f"E_RUN_{state}" for state in TERMINAL_STATES - {"SUCCEEDED"}

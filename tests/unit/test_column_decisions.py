@@ -16,9 +16,12 @@ import pytest
 
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
-from trainer.steps.column_checks import identifier_reason, leakage_reason, looks_like_id_name
-from trainer.steps.preprocess import preprocess
-from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.preprocess import PreprocessConfig, preprocess
+from trainer.steps.preprocess.column_checks import (
+    identifier_reason,
+    leakage_reason,
+    looks_like_id_name,
+)
 
 smd = pytest.importorskip("statsmodels.datasets")
 vega = pytest.importorskip("vega_datasets")

@@ -8,7 +8,8 @@ import pytest
 
 from trainer.base import cost
 from trainer.base.errors import InputError
-from trainer.steps.train_cost import WatchConfig, cost_metrics
+from trainer.steps.train import cost_metrics
+from trainer.steps.train.cost import WatchConfig
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,7 @@ from trainer.config import load_worker_config
 from trainer.distributed import dist
 from trainer.launch import TrainingRun
 from trainer.steps.evaluate import EvaluateConfig, evaluate
-from trainer.steps.preprocess import preprocess
-from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.preprocess import PreprocessConfig, preprocess
 from trainer.steps.train import TrainStepConfig, train_step
 from trainer.training import loop
 

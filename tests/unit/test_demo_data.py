@@ -1,4 +1,4 @@
-"""Tests for trainer.steps.demo_data: a realistic, reproducible, learnable demo table."""
+"""Tests for trainer.steps.preprocess.demo_data: a realistic, reproducible, learnable demo table."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer.base.errors import InputError
-from trainer.steps.demo_data import REGIONS, make_demo_table, write_demo_data
-from trainer.steps.preprocess import preprocess
-from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.preprocess import PreprocessConfig, make_demo_table, preprocess, write_demo_data
+from trainer.steps.preprocess.demo_data import REGIONS
 
 
 @pytest.mark.parametrize(

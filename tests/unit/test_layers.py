@@ -17,6 +17,15 @@ The layers, lowest first; a module may import its own layer and those below it:
                            component does)
     9  pipelines
 
+Inside layer 7, each step with parts of its own is a folder (``trainer.steps.preprocess``,
+``.train``, ``.tune``, ``.evaluate``; ``register`` and the shared ``figures`` are modules). A
+step folder's ``__init__`` exports on purpose what other code may use; from outside the folder
+(another step, a component, a pipeline, ``python -m trainer``) only the folder itself is
+imported, never a module inside it, and inside the folder its modules import each other by
+module, never through the ``__init__`` that imports them. The steps use each other without
+circles (preprocess reads the gate's minimum rows from evaluate; evaluate and register read the
+files train writes into the model; tune runs train's worker config).
+
 Every import counts, the lazy ones inside functions too; only imports under
 ``if TYPE_CHECKING:`` are left out (they never run). ``trainer`` never imports kfp; the base and
 the launchers never import torch, and importing every module of ``trainer.launch`` and
@@ -26,6 +35,7 @@ the launchers never import torch, and importing every module of ``trainer.launch
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -196,4 +206,67 @@ def test_no_import_circles() -> None:
 def test_no_import_circles_even_for_types() -> None:
     """Two modules that need each other's types are one job split in two: no circles at all."""
     found = _cycle(TYPING_GRAPH)
+    assert found is None, " -> ".join(found or [])
+
+
+STEPS = "trainer.steps"
+STEP_FOLDERS = sorted(
+    m for m, p in MODULES.items() if m.startswith(f"{STEPS}.") and p.name == "__init__.py"
+)
+"""The steps with parts of their own: one folder each."""
+
+
+def step_folder(module: str) -> str | None:
+    """The step folder ``module`` is (or is inside), or ``None``."""
+    return next((f for f in STEP_FOLDERS if module == f or module.startswith(f"{f}.")), None)
+
+
+def test_the_step_folders_are_found() -> None:
+    steps = ("evaluate", "preprocess", "train", "tune")
+    assert [f"{STEPS}.{s}" for s in steps] == STEP_FOLDERS
+    assert f"{STEPS}.evaluate.gate" in MODULES and f"{STEPS}.register" in MODULES
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_step_folder_is_reached_only_through_its_exports(module: str) -> None:
+    """From outside a step folder, only the folder (its ``__init__``) is imported; inside it,
+    the modules import each other directly (the ``__init__`` imports them: no half-made
+    package). Imports for types count too."""
+    own = step_folder(module)
+    wrong = sorted(
+        f"{module} imports {m}"
+        for m in TYPING_GRAPH[module]
+        if (folder := step_folder(m)) is not None
+        and (m != folder if folder != own else m == folder and module != folder)
+    )
+    assert wrong == []
+
+
+@pytest.mark.parametrize("folder", STEP_FOLDERS)
+def test_a_step_folder_exports_on_purpose(folder: str) -> None:
+    """Each step folder names its exports in ``__all__``, and each of them is there."""
+    package = importlib.import_module(folder)
+    exported = getattr(package, "__all__", None)
+    assert exported, f"{folder}/__init__.py has no __all__"
+    assert sorted(n for n in exported if not hasattr(package, n)) == []
+
+
+def _step(module: str) -> str | None:
+    """The step a module belongs to: its folder, or a module directly in ``trainer.steps``."""
+    if (folder := step_folder(module)) is not None:
+        return folder
+    return module if module.startswith(f"{STEPS}.") else None
+
+
+def test_the_steps_use_each_other_without_circles() -> None:
+    """One graph node per step: a circle between two steps' folders would pass through their
+    ``__init__`` files, which the module-level check does not follow into their own modules."""
+    graph: dict[str, set[str]] = {}
+    for module, found in TYPING_GRAPH.items():
+        if (step := _step(module)) is not None:
+            graph.setdefault(step, set()).update(
+                s for m in found if (s := _step(m)) is not None and s != step
+            )
+    assert graph[f"{STEPS}.tune"] >= {f"{STEPS}.train"}, graph
+    found = _cycle(graph)
     assert found is None, " -> ".join(found or [])

@@ -33,10 +33,8 @@ from trainer.demo import make_table
 from trainer.launch import TrainingRun
 from trainer.models import ModelSpec, build_model
 from trainer.models.export import save_model
-from trainer.steps.demo_data import make_demo_table
 from trainer.steps.evaluate import EvaluateConfig, evaluate
-from trainer.steps.preprocess import preprocess
-from trainer.steps.preprocess_config import PreprocessConfig
+from trainer.steps.preprocess import PreprocessConfig, make_demo_table, preprocess
 from trainer.steps.train import TrainStepConfig, train_step
 
 REPO = Path(__file__).resolve().parents[2]

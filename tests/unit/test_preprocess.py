@@ -24,14 +24,9 @@ from trainer.base.errors import InputError
 from trainer.base.outputs import OUTPUT_MARKER
 from trainer.base.typedconfig import from_dict
 from trainer.data.datasets import TabularDataset
-from trainer.steps.demo_data import make_demo_table
-from trainer.steps.preprocess import (
-    PreprocessResult,
-    display_uri,
-    preprocess,
-)
-from trainer.steps.preprocess_config import PreprocessConfig
-from trainer.steps.tabular import split_indices
+from trainer.steps.preprocess import PreprocessConfig, PreprocessResult, make_demo_table, preprocess
+from trainer.steps.preprocess.step import display_uri
+from trainer.steps.preprocess.tabular import split_indices
 
 
 def from_params(**params: Any) -> PreprocessConfig:
@@ -627,7 +622,7 @@ BAD_INPUTS = [
         {},
         "E_SPLIT",
         # No advice to raise the shares: on 6 rows that leads to a test split of one row,
-        # too small to gate on (trainer.steps.gate.MIN_GATE_ROWS).
+        # too small to gate on (trainer.steps.evaluate.gate.MIN_GATE_ROWS).
         ["validation and test splits are empty", "add rows (", "data.parquet"],
     ),
     (

@@ -177,7 +177,7 @@ def test_registry_errors_redact_the_tracking_uri_and_mlflow_text() -> None:
 
 def test_report_shows_locations_without_credentials() -> None:
     from trainer.steps.evaluate import EvaluateResult
-    from trainer.steps.report import render_report
+    from trainer.steps.evaluate.report import render_report
 
     result = EvaluateResult(
         task="regression",

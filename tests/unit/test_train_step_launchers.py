@@ -22,7 +22,8 @@ from trainer.launch.jobspec import ClusterConfig, JobSpec, job_name
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.local import LocalLauncher
 from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
-from trainer.steps.train import TrainStepConfig, make_launcher, train_step
+from trainer.steps.train import TrainStepConfig, train_step
+from trainer.steps.train.step import make_launcher
 
 NS = "team-a"
 IMAGE = "ghcr.io/gpupipe/trainer-cuda:test"

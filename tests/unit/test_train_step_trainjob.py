@@ -19,7 +19,8 @@ from tests.helpers import needs_trainjob_crd as needs_crd
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
 from trainer.launch.trainjob import TrainJobLauncher
-from trainer.steps.train import TrainStepConfig, make_launcher
+from trainer.steps.train import TrainStepConfig
+from trainer.steps.train.step import make_launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-H200"}

@@ -20,8 +20,8 @@ from trainer.base import storage
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
 from trainer.models.export import META_FILE, WEIGHTS_FILE
-from trainer.steps.metrics import HIGHER_IS_BETTER
-from trainer.steps.train_cost import COST_FILE, cost_metrics
+from trainer.steps.evaluate import HIGHER_IS_BETTER
+from trainer.steps.train import COST_FILE, cost_metrics
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

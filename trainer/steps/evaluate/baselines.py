@@ -1,7 +1,7 @@
 """Reference models for the evaluate step: what a model must beat to be worth registering.
 
 Each baseline is fitted on the training split (the rows the model learned from) and scored on
-the evaluated split with the same metrics as the model (:func:`trainer.steps.metrics.
+the evaluated split with the same metrics as the model (:func:`trainer.steps.evaluate.metrics.
 score_predictions`), so the report and the gate compare like with like:
 
 - ``trivial``: the majority class with the training class frequencies as probabilities
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from trainer.steps.metrics import Scored, score_predictions
+from trainer.steps.evaluate.metrics import Scored, score_predictions
 
 __all__ = ["BASELINES", "MAX_FIT_ROWS", "baseline_label", "fit_and_score"]
 

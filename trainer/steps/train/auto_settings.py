@@ -81,7 +81,7 @@ MAX_PATIENCE = 20
 
 @dataclass(kw_only=True, slots=True)
 class AutoSettingsConfig:
-    """Settings from the data for the train step (see :mod:`trainer.steps.auto_settings`)."""
+    """Settings from the data for the train step (see :mod:`trainer.steps.train.auto_settings`)."""
 
     enabled: bool = True
     """Choose the batch, epochs, warmup, early stopping and evaluation period from the table

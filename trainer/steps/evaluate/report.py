@@ -12,8 +12,8 @@ import numpy as np
 from trainer.base.redact import redact
 from trainer.base.version import __version__
 from trainer.steps import figures
-from trainer.steps.baselines import baseline_label
-from trainer.steps.metrics import HIGHER_IS_BETTER, TASK_METRICS, EvaluateResult
+from trainer.steps.evaluate.baselines import baseline_label
+from trainer.steps.evaluate.metrics import HIGHER_IS_BETTER, TASK_METRICS, EvaluateResult
 
 __all__ = ["render_report"]
 

@@ -39,21 +39,17 @@ from trainer.config import (
 from trainer.launch import Launcher, TrainingRun, processes_per_node
 
 # Re-exported: the pipeline's pod settings use them (the in-step train pod is a training pod).
-from trainer.launch.jobspec import GPU_TOLERATION as GPU_TOLERATION
-from trainer.launch.jobspec import OBJECT_STORE_ENV as OBJECT_STORE_ENV
-from trainer.launch.jobspec import SHM_SIZE as SHM_SIZE
-from trainer.launch.jobspec import TRAIN_POD_RESOURCES as TRAIN_POD_RESOURCES
 from trainer.launch.jobspec import ClusterConfig
 from trainer.launch.local import LocalLauncher
-from trainer.steps import train_cost
-from trainer.steps.auto_settings import (
+from trainer.steps.train.auto_settings import (
     AUTO_FIELDS,
     AUTO_SETTINGS_FILE,
     AutoSettings,
     AutoSettingsConfig,
     choose_settings,
 )
-from trainer.steps.train_cost import WatchConfig
+from trainer.steps.train.cost import WatchConfig, estimate_before_launch
+from trainer.steps.train.cost import record as record_cost
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +366,7 @@ def plan_worker_config(
 
     Splits, schema and target come from the dataset; with ``cfg.auto`` on, the batch, epochs,
     warmup, early stopping and evaluation period the user left alone are chosen from the table
-    and model size (:func:`trainer.steps.auto_settings.choose_settings`), and a regression
+    and model size (:func:`trainer.steps.train.auto_settings.choose_settings`), and a regression
     target is standardised with the training split's mean and standard deviation.
     """
     schema = read_schema(dataset_uri)
@@ -458,7 +454,7 @@ def train_step(
     worker_cfg, auto = plan_worker_config(
         cfg, dataset_uri=dataset_uri, model_uri=model_uri, work_uri=work_uri
     )
-    estimate = train_cost.estimate_before_launch(
+    estimate = estimate_before_launch(
         cfg.watch,
         worker_cfg,
         port=cfg.watch.port_for(cfg.launcher in CLUSTER_LAUNCHERS),
@@ -485,7 +481,7 @@ def train_step(
         metrics={k: float(v) for k, v in metrics.items()},
         steps=steps,
         job_name=job_name,
-        cost=train_cost.record(model_uri, estimate),
+        cost=record_cost(model_uri, estimate),
     )
 
 

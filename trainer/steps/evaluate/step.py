@@ -1,9 +1,9 @@
 """The evaluate step: score a model on the test split, report it and decide the promotion gate.
 
 The step itself (loading the models and the split, comparing with the champion, writing the
-outputs) lives here; the metrics in :mod:`trainer.steps.metrics`, the gate in
-:mod:`trainer.steps.gate`, the HTML page in :mod:`trainer.steps.report`. Their public names
-are importable from here too.
+outputs) lives here; the metrics in :mod:`trainer.steps.evaluate.metrics`, the gate in
+:mod:`trainer.steps.evaluate.gate`, the HTML page in :mod:`trainer.steps.evaluate.report`.
+What other code may use is exported by :mod:`trainer.steps.evaluate`.
 """
 
 from __future__ import annotations
@@ -20,32 +20,20 @@ from trainer.base.typedconfig import from_dict
 from trainer.data.datasets import TabularDataset
 from trainer.models import validate_plugin_entries
 from trainer.models.export import LoadedModel, load_model
-from trainer.steps import report
-from trainer.steps.auto_settings import AUTO_SETTINGS_FILE
-from trainer.steps.baselines import BASELINES, baseline_label, fit_and_score
-from trainer.steps.gate import MIN_GATE_ROWS, GateConfig, decide_gate, stored_metric
-from trainer.steps.metrics import (
+from trainer.steps.evaluate.baselines import BASELINES, baseline_label, fit_and_score
+from trainer.steps.evaluate.gate import MIN_GATE_ROWS, GateConfig, decide_gate, stored_metric
+from trainer.steps.evaluate.metrics import (
     AUTO_METRIC,
-    HIGHER_IS_BETTER,
     TASK_METRICS,
     EvaluateResult,
     is_number,
     roc,
     score,
 )
-from trainer.steps.train_cost import COST_FILE
+from trainer.steps.evaluate.report import render_report
+from trainer.steps.train import AUTO_SETTINGS_FILE, COST_FILE
 
-__all__ = [
-    "AUTO_METRIC",
-    "HIGHER_IS_BETTER",
-    "TASK_METRICS",
-    "EvaluateConfig",
-    "EvaluateResult",
-    "GateConfig",
-    "decide_gate",
-    "evaluate",
-    "read_history",
-]
+__all__ = ["EvaluateConfig", "evaluate", "evaluate_config", "read_history"]
 
 MANY_CLASSES = 20
 """Above this many classes the baselines are not fitted on a split too small to gate on."""
@@ -431,7 +419,7 @@ def evaluate(
         result.labels = _labels(candidate)
         result.roc = roc(scored.y_true, scored.proba)
 
-    html = report.render_report(
+    html = render_report(
         result,
         model_uri=model_uri,
         dataset_uri=dataset_uri,

@@ -85,7 +85,7 @@ def data_fingerprint(data_uri: str) -> str:
     Raises:
         InputError: ``E_DATA`` for a dataset that is missing or unreadable (named).
     """
-    from trainer.steps.tabular import input_files
+    from trainer.steps.preprocess.tabular import input_files
 
     files = input_files(data_uri)
     digest = hashlib.sha256(FORMAT.encode())

@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 
 from trainer.base import storage
 from trainer.base.errors import InputError
-from trainer.steps.column_checks import DATE_PARTS, date_features
-from trainer.steps.columns import _comma_numbers_notice, target_column
-from trainer.steps.gate import MIN_GATE_ROWS
-from trainer.steps.preprocess_config import PreprocessConfig
-from trainer.steps.splits import check_splits
-from trainer.steps.tabular import (
+from trainer.steps.evaluate import MIN_GATE_ROWS
+from trainer.steps.preprocess.column_checks import DATE_PARTS, date_features
+from trainer.steps.preprocess.columns import _comma_numbers_notice, target_column
+from trainer.steps.preprocess.config import PreprocessConfig
+from trainer.steps.preprocess.splits import check_splits
+from trainer.steps.preprocess.tabular import (
     HEAD_BYTES,
     RawInput,
     _check_unique_names,
@@ -35,7 +35,7 @@ from trainer.steps.tabular import (
     split_indices,
     text_head,
 )
-from trainer.steps.text_values import Notice, is_temporal, looks_like_dates
+from trainer.steps.preprocess.text_values import Notice, is_temporal, looks_like_dates
 
 SAMPLE_ROWS = 10_000
 """Rows of the first file whose feature columns are inspected."""

@@ -24,7 +24,7 @@ from trainer.base.typedconfig import apply_overrides, config_fields, from_dict, 
 from trainer.config import WorkerConfig
 from trainer.launch import processes_per_node
 from trainer.steps.train import TrainStepConfig, build_worker_config, read_schema, record_fixed
-from trainer.steps.tune_report import TuneStepResult, disabled_report, render_tune_report
+from trainer.steps.tune.report import TuneStepResult, disabled_report, render_tune_report
 from trainer.tune.space import SearchSpace, example_space, load_space
 from trainer.tune.values import trial_overrides
 
@@ -370,8 +370,6 @@ def tune_disabled(*, output_uri: str, report_uri: str) -> None:
 __all__ = [
     "TUNABLE_SECTIONS",
     "TuneConfig",
-    "TuneStepResult",
-    "render_tune_report",
     "trial_worker_config",
     "tunable_fields",
     "tune",

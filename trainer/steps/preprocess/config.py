@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainer.base.typedconfig import apply_overrides, from_dict, json_object, require
-from trainer.steps.tabular import (
-    CsvOptions,
-)
+from trainer.steps.preprocess.tabular import CsvOptions
 
 COLUMN_KINDS = ("numeric", "categorical", "date", "keep", "drop")
 

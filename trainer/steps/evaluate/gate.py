@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainer.base.errors import InputError
-from trainer.steps.metrics import HIGHER_IS_BETTER, is_number
+from trainer.steps.evaluate.metrics import HIGHER_IS_BETTER, is_number
 
 __all__ = ["MIN_GATE_ROWS", "GateConfig", "decide_gate", "stored_metric"]
 

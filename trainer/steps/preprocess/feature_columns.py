@@ -1,8 +1,8 @@
 """Feature columns for preprocess: each typed (numeric, categorical, or a date as numbers) as
 declared or inferred, identifiers and constant columns left out, leakage named.
 
-The value checks behind the decisions are :mod:`trainer.steps.column_checks`; the typing of one
-column's values and the target are :mod:`trainer.steps.columns`.
+The value checks behind the decisions are :mod:`trainer.steps.preprocess.column_checks`; the
+typing of one column's values and the target are :mod:`trainer.steps.preprocess.columns`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import numpy as np
 import pyarrow as pa
 
 from trainer.base.errors import InputError
-from trainer.steps.column_checks import (
+from trainer.steps.preprocess.column_checks import (
     Decision,
     constant_reason,
     date_features,
     identifier_reason,
     leakage_reason,
 )
-from trainer.steps.columns import (
+from trainer.steps.preprocess.columns import (
     _check_range,
     _Column,
     _comma_numbers_notice,
@@ -28,8 +28,8 @@ from trainer.steps.columns import (
     _shown,
     _text_as_numbers,
 )
-from trainer.steps.preprocess_config import PreprocessConfig
-from trainer.steps.tabular import (
+from trainer.steps.preprocess.config import PreprocessConfig
+from trainer.steps.preprocess.tabular import (
     RawInput,
     dictionary_codes,
     dtype_name,
@@ -37,7 +37,7 @@ from trainer.steps.tabular import (
     is_text,
     role_param,
 )
-from trainer.steps.text_values import Notice, is_temporal, looks_like_dates
+from trainer.steps.preprocess.text_values import Notice, is_temporal, looks_like_dates
 
 
 def _date_columns(data: RawInput, name: str, col: pa.ChunkedArray, dtype: str) -> list[_Column]:

@@ -1,7 +1,8 @@
 """The preprocess step: raw Parquet/CSV to validated, encoded, standardised data splits.
 
-Its config is :mod:`trainer.steps.preprocess_config`; the column checks are
-:mod:`trainer.steps.columns`; reading, encoding and splitting are :mod:`trainer.steps.tabular`.
+Its config is :mod:`trainer.steps.preprocess.config`; the column checks are
+:mod:`trainer.steps.preprocess.columns`; reading, encoding and splitting are
+:mod:`trainer.steps.preprocess.tabular`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import pyarrow.parquet as pq
 from trainer.base import storage
 from trainer.base.errors import InputError
 from trainer.base.outputs import atomic_dir, check_output_location
-from trainer.steps.columns import target_column
-from trainer.steps.feature_columns import feature_columns, leakage_warnings
-from trainer.steps.fingerprint import data_fingerprint
-from trainer.steps.preprocess_config import PreprocessConfig
-from trainer.steps.splits import check_scaled, check_splits
-from trainer.steps.tabular import (
+from trainer.steps.preprocess.columns import target_column
+from trainer.steps.preprocess.config import PreprocessConfig
+from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
+from trainer.steps.preprocess.fingerprint import data_fingerprint
+from trainer.steps.preprocess.splits import check_scaled, check_splits
+from trainer.steps.preprocess.tabular import (
     CategoricalFit,
     NoTrainingValues,
     NumericFit,
@@ -36,7 +37,7 @@ from trainer.steps.tabular import (
     role_param,
     split_indices,
 )
-from trainer.steps.text_values import Notice
+from trainer.steps.preprocess.text_values import Notice
 
 SCHEMA_FORMAT = "gpupipe.schema/v1"
 

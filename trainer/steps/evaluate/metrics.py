@@ -79,7 +79,7 @@ class EvaluateResult:
     """Rows scored."""
     baselines: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     """Reference models fitted on the training split and scored on the same rows, by name
-    (``trivial``, ``linear``, ``hgb``): see :mod:`trainer.steps.baselines`."""
+    (``trivial``, ``linear``, ``hgb``): see :mod:`trainer.steps.evaluate.baselines`."""
     auto_settings: dict[str, Any] | None = None
     cost: dict[str, Any] | None = None
     """The train step's cost estimate and actual (``cost.json``), if recorded."""

@@ -1,7 +1,7 @@
 """Column typing and validation for preprocess: which columns are features (and of what kind),
 the target and its task, and value ranges that float32 holds (the checks after the split are
-:mod:`trainer.steps.splits`). Every rejection is an ``InputError`` naming the column, row or
-file, with advice.
+:mod:`trainer.steps.preprocess.splits`). Every rejection is an ``InputError`` naming the column,
+row or file, with advice.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trainer.base.errors import InputError
-from trainer.steps.preprocess_config import PreprocessConfig
-from trainer.steps.tabular import (
+from trainer.steps.preprocess.config import PreprocessConfig
+from trainer.steps.preprocess.tabular import (
     RawInput,
     dictionary_codes,
     dtype_name,
@@ -26,7 +26,7 @@ from trainer.steps.tabular import (
     param,
     role_param,
 )
-from trainer.steps.text_values import Notice, numbers_in_text
+from trainer.steps.preprocess.text_values import Notice, numbers_in_text
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 """Largest value training (float32) can hold; larger inputs or standardised values overflow."""

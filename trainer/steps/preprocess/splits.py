@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from trainer.base.errors import InputError
-from trainer.steps.columns import MAX_AUTO_CLASSES
-from trainer.steps.gate import MIN_GATE_ROWS
-from trainer.steps.preprocess_config import PreprocessConfig
-from trainer.steps.tabular import NumericFit, RawInput, param, role_param
+from trainer.steps.evaluate import MIN_GATE_ROWS
+from trainer.steps.preprocess.columns import MAX_AUTO_CLASSES
+from trainer.steps.preprocess.config import PreprocessConfig
+from trainer.steps.preprocess.tabular import NumericFit, RawInput, param, role_param
 
 MIN_SPLIT_ROWS = 1
 """Rows each split needs: train trains on it, train validates on val, evaluate scores test.

@@ -1,7 +1,7 @@
 """Tabular building blocks of preprocess: read Parquet/CSV and encode text columns.
 
-The split, imputation, standardisation and one-hot encoding are in :mod:`trainer.steps.encode`
-(re-exported here).
+The split, imputation, standardisation and one-hot encoding are in
+:mod:`trainer.steps.preprocess.encode` (re-exported here).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import pyarrow.parquet as pq
 from trainer.base import storage
 from trainer.base.errors import InputError
 
-# The split and the fitted transforms live in trainer.steps.encode; importable from here too.
-from trainer.steps.encode import (  # noqa: F401 - re-exported
+# The split and the fitted transforms live in trainer.steps.preprocess.encode; importable from
+# here too.
+from trainer.steps.preprocess.encode import (  # noqa: F401 - re-exported
     MISSING,
     OTHER,
     CategoricalFit,

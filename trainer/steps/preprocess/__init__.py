@@ -1,0 +1,40 @@
+"""The preprocess step: a raw Parquet/CSV table to validated, encoded, standardised splits.
+
+What other code may use is exported here; the rest is this step's own:
+
+- :mod:`~trainer.steps.preprocess.step`: :func:`preprocess` itself (read, decide, encode,
+  split, publish) and its :class:`PreprocessResult`;
+- :mod:`~trainer.steps.preprocess.config`: :class:`PreprocessConfig` and its mapping from the
+  pipeline's parameters;
+- :mod:`~trainer.steps.preprocess.tabular`: reading Parquet/CSV and text columns, over
+  :mod:`~trainer.steps.preprocess.encode` (the split and the fitted encoders);
+- :mod:`~trainer.steps.preprocess.columns`, :mod:`~trainer.steps.preprocess.feature_columns`,
+  :mod:`~trainer.steps.preprocess.column_checks`, :mod:`~trainer.steps.preprocess.text_values`:
+  which columns are features, of what kind, and which are left out and why;
+- :mod:`~trainer.steps.preprocess.splits`: the checks after the split;
+- :mod:`~trainer.steps.preprocess.preview`: the same decisions, found before any step runs
+  (``gpupipe run --local``);
+- :mod:`~trainer.steps.preprocess.fingerprint`: the input's content fingerprint, for caches;
+- :mod:`~trainer.steps.preprocess.demo_data`: the synthetic demo table.
+"""
+
+from __future__ import annotations
+
+from trainer.steps.preprocess.config import PreprocessConfig, config_from_parameters
+from trainer.steps.preprocess.demo_data import make_demo_table, write_demo_data
+from trainer.steps.preprocess.fingerprint import data_fingerprint
+from trainer.steps.preprocess.preview import inspect_data
+from trainer.steps.preprocess.step import PreprocessResult, preprocess
+from trainer.steps.preprocess.tabular import read_columns
+
+__all__ = [
+    "PreprocessConfig",
+    "PreprocessResult",
+    "config_from_parameters",
+    "data_fingerprint",
+    "inspect_data",
+    "make_demo_table",
+    "preprocess",
+    "read_columns",
+    "write_demo_data",
+]
