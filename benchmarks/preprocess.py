@@ -8,7 +8,7 @@ categories (missing -> ``__missing__``, the rest -> ``__other__``), standardise 
 mean and std, and write ``train/val/test.parquet``. Ours also validates every column and writes
 ``schema.json`` and ``stats.json``; the baseline does not.
 
-- **ours**: ``trainer.steps.preprocess.step.preprocess`` (pyarrow + numpy, column-wise).
+- **ours**: ``trainer.steps.preprocess.preprocess`` (pyarrow + numpy, column-wise).
 - **pandas**: ``pd.read_parquet``, ``fillna``, ``pd.get_dummies``, arithmetic on Series,
   ``DataFrame.to_parquet``, as one would write it by hand.
 

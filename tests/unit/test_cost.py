@@ -8,8 +8,7 @@ import pytest
 
 from trainer.base import cost
 from trainer.base.errors import InputError
-from trainer.steps.train import cost_metrics
-from trainer.steps.train.cost import WatchConfig
+from trainer.steps.train.cost import WatchConfig, cost_metrics
 
 
 @pytest.mark.parametrize(

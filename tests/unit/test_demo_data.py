@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer.base.errors import InputError
-from trainer.steps.preprocess import PreprocessConfig, make_demo_table, preprocess, write_demo_data
-from trainer.steps.preprocess.demo_data import REGIONS
+from trainer.steps.preprocess import PreprocessConfig, preprocess
+from trainer.steps.preprocess.demo_data import REGIONS, make_demo_table, write_demo_data
 
 
 @pytest.mark.parametrize(
