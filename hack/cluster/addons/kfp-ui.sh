@@ -154,10 +154,7 @@ frontend_image() {
   base="$("${REPO_ROOT}/hack/base-image.sh")" || cannot "${PIECE}: no Debian base image (hack/base-image.sh failed)"
   base_id="$(docker image inspect --format '{{.Id}}' "$base")"
   recipe="$(RECIPE_EXTRA="$(dist_key) ${base_id}" recipe_of "$df")"
-  if image_current "$FRONTEND_IMAGE" "$recipe"; then
-    say "${FRONTEND_IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$FRONTEND_IMAGE" "$recipe" && return 0
   build_frontend
   docker_build "$PIECE" "$FRONTEND_IMAGE" "$recipe" "$FE_DIST" -f "$df" --build-arg "BASE=${base}"
 }
@@ -166,16 +163,11 @@ grpcweb_image() {
   local df="${DF_DIR}/Dockerfile.grpcweb" bb_id recipe ctx
   bb_id="$(docker image inspect --format '{{.Id}}' "$BUSYBOX_IMAGE")"
   recipe="$(RECIPE_EXTRA="${GRPCWEBPROXY_VERSION} ${bb_id}" recipe_of "$df" "${DF_DIR}/metadata-grpcweb.sh")"
-  if image_current "$GRPCWEB_IMAGE" "$recipe"; then
-    say "${GRPCWEB_IMAGE} is built"
-    return 0
-  fi
+  image_is_built "$GRPCWEB_IMAGE" "$recipe" && return 0
   go_install "$PIECE" grpcwebproxy "$GRPCWEBPROXY_VERSION" "$GRPCWEB_PKG" grpcwebproxy
-  ctx="$(mktemp -d)"
-  cp "${BIN_DIR}/grpcwebproxy-${GRPCWEBPROXY_VERSION}/grpcwebproxy" "${DF_DIR}/metadata-grpcweb.sh" "$ctx/"
+  ctx="$(image_context "${BIN_DIR}/grpcwebproxy-${GRPCWEBPROXY_VERSION}/grpcwebproxy" "${DF_DIR}/metadata-grpcweb.sh")"
   chmod 0755 "${ctx}/metadata-grpcweb.sh"
-  docker_build "$PIECE" "$GRPCWEB_IMAGE" "$recipe" "$ctx" -f "$df" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}"
-  rm -rf "$ctx"
+  build_context "$PIECE" "$GRPCWEB_IMAGE" "$recipe" "$ctx" -f "$df" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}"
 }
 
 addon_image() {
@@ -226,12 +218,8 @@ kind: Kustomization
 resources:
   - upstream.yaml
 images:
-  - name: ${FRONTEND_UPSTREAM}
-    newName: ${FRONTEND_IMAGE%:*}
-    newTag: "${FRONTEND_IMAGE##*:}"
-  - name: ${GRPCWEB_UPSTREAM}
-    newName: ${GRPCWEB_IMAGE%:*}
-    newTag: "${GRPCWEB_IMAGE##*:}"
+$(image_map "$FRONTEND_UPSTREAM" "$FRONTEND_IMAGE")
+$(image_map "$GRPCWEB_UPSTREAM" "$GRPCWEB_IMAGE")
 patches:
   - target: {kind: Deployment}
     patch: |-
@@ -258,11 +246,8 @@ addon_install() {
   need_cluster "$PIECE"
   [[ -f "$(kfp_user_path)/kustomization.yaml" ]] ||
     cannot "${PIECE}: the kfp add-on is not installed ($(kfp_user_path) is missing): it comes first"
-  local tag dir d
-  for tag in $(addon_images); do import_image "$tag"; done
-  dir="$(addon_state "$PIECE")"
-  write_overlay "$dir"
-  apply_k "$PIECE" "$dir"
+  local d
+  apply_overlay "$PIECE"
   for d in "${KFP_UI_DEPLOYMENTS[@]}"; do rollout "$PIECE" "$NS" "$d" 300; done
   wait_for 120 ui_answers ||
     die "${PIECE}: the UI does not answer with the API server's state through Service ${NS}/ml-pipeline-ui within 120 s (kubectl -n ${NS} logs deploy/ml-pipeline-ui)"
