@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import kube
+from tests.cluster import kfp, kube
 from tests.cluster.kfp import api, gpupipe
 from tests.cluster.test_kfp import host, table  # noqa: F401  (fixtures: the API, the demo table)
 from tests.cluster.ui import browser, page, screenshot, ui  # noqa: F401  (fixtures)
@@ -32,6 +32,7 @@ pytestmark = [
     pytest.mark.ci_allowance(600),
 ]
 
+MLFLOW = "http://mlflow.kubeflow:5000"
 Shot = Callable[[Any, str], Path]
 DONE = "CheckCircleIcon"
 """The icon KFP's run graph puts on a node whose execution is COMPLETE (ExecutionNode.tsx)."""
@@ -83,7 +84,15 @@ def _node(pg: Any, task: str) -> Any:
     return pg.locator(f".react-flow__node[data-id='task.{task}']")
 
 
+def _close_panel(pg: Any) -> None:
+    """Close the side panel of the node opened before, if any: it covers part of the graph."""
+    close = pg.get_by_role("button", name="close", exact=True)
+    if close.count():
+        close.first.click()
+
+
 def _open_sub_dag(pg: Any, task: str) -> None:
+    _close_panel(pg)
     _node(pg, task).click()
     pg.get_by_role("button", name="OPEN SUB-DAG").click()
 
@@ -135,3 +144,148 @@ def test_upload_in_the_ui_draws_the_graph_and_the_cli_adds_a_version_the_ui_list
     assert sorted(options.all_inner_texts()) == sorted([name, added.group(1)])
     page.wait_for_timeout(500)  # the menu's opening transition
     screenshot(page, "ui-upload-versions")
+
+
+# -- 2. a run created in the UI ----------------------------------------------------------------
+
+
+def _create_run(
+    page: Any,  # noqa: F811
+    ui: str,  # noqa: F811
+    host: str,  # noqa: F811
+    uploaded: dict[str, str],
+    params: dict[str, str],
+    screenshot: Shot | None = None,  # noqa: F811
+) -> str:
+    """Create run on the pipeline's version page: an experiment chosen in the dialog, PARAMS
+    typed into the form's fields, Start; the run's id from the run page it opens."""
+    exp = api(host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui-exp")})
+    page.goto(
+        f"{ui}/#/pipelines/details/{uploaded['pipeline_id']}/version/{uploaded['version_id']}"
+    )
+    page.get_by_role("button", name="Create run").click()
+    page.locator("#chooseExperimentBtn").click()
+    page.get_by_role("dialog").get_by_text(exp["display_name"]).click()
+    page.locator("#useExperimentBtn").click()
+    for name, value in params.items():
+        page.locator(f"[id='{name}']").fill(value)
+    if screenshot is not None:
+        screenshot(page, "ui-create-run-form")
+    page.locator("#startNewRunBtn").click()
+    page.wait_for_url(re.compile(r"#/runs/details/[0-9a-f-]+$"))
+    return str(re.findall(r"#/runs/details/([0-9a-f-]+)$", page.url)[0])
+
+
+def _done_icon(pg: Any, task: str) -> Any:
+    return _node(pg, task).locator(f"svg[data-testid='{DONE}']")
+
+
+def _open_node(pg: Any, node: str, tab: str) -> Any:
+    """Click graph node NODE (``task.x`` or ``artifact.x.y``) and its side panel's TAB."""
+    _close_panel(pg)
+    pg.locator(f".react-flow__node[data-id='{node}']").click()
+    pg.get_by_role("button", name=tab, exact=True).click()
+    return pg
+
+
+def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
+    ui: str,  # noqa: F811
+    host: str,  # noqa: F811
+    table: str,  # noqa: F811
+    page: Any,  # noqa: F811
+    screenshot: Shot,  # noqa: F811
+    uploaded: dict[str, str],
+) -> None:
+    expect = _expect()
+    model = kube.unique("gpupipe-ui-model")
+    # What a person types for a run on this CPU node: the data, a short training, no GPU, and
+    # the in-cluster MLflow (its account comes from the default registry_secret).
+    params = {
+        "data_uri": table,
+        "epochs": "2",
+        "gpus_per_node": "0",
+        "registry_uri": MLFLOW,
+        "registered_model_name": model,
+    }
+    run_id = _create_run(page, ui, host, uploaded, params, screenshot)
+    done = kfp.wait_run(host, run_id)
+    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+    # The form sent each value with its parameter's type.
+    sent = done["runtime_config"]["parameters"]
+    assert sent["data_uri"] == table and sent["epochs"] == 2 and sent["gpus_per_node"] == 0, sent
+    # The graph, as ML Metadata tells the page through the grpc-web proxy: every step that ran is
+    # green, layer by layer; the other train branch (the cluster job's) did not run.
+    page.reload()
+    for task in ("exit-handler-1", "notify"):
+        expect(_done_icon(page, task)).to_be_visible()
+    screenshot(page, "ui-run-graph-root")
+    _open_sub_dag(page, "exit-handler-1")
+    steps = ("fingerprint", "preprocess", "tune", "condition-branches-2", "evaluate", "condition-5")
+    for task in steps:
+        expect(_done_icon(page, task)).to_be_visible()
+    _fit(page)
+    screenshot(page, "ui-run-graph")
+    # The evaluate step's outputs as KFP renders them: the confusion matrix and ROC curve of
+    # its ClassificationMetrics, the scalar metrics, and the HTML report.
+    _open_node(page, "artifact.evaluate.classification", "Visualization")
+    expect(page.get_by_text(re.compile(r"^Confusion Matrix: "))).to_be_visible()
+    roc = page.get_by_text(re.compile(r"^ROC Curve: "))
+    expect(roc).to_be_visible()
+    matrix = page.get_by_text(re.compile(r"^Confusion Matrix: "))
+    expect(matrix).to_be_visible()
+    page.wait_for_timeout(2000)  # the curve is drawn by an animation
+    screenshot(roc.locator("xpath=../.."), "ui-run-evaluate-roc")
+    screenshot(matrix.locator("xpath=../.."), "ui-run-evaluate-confusion-matrix")
+    _open_node(page, "artifact.evaluate.metrics", "Visualization")
+    expect(page.get_by_text(re.compile(r"^Scalar Metrics: "))).to_be_visible()
+    expect(page.get_by_text("accuracy", exact=True).first).to_be_visible()
+    screenshot(page, "ui-run-evaluate-metrics")
+    _open_node(page, "artifact.evaluate.report", "Visualization")
+    expect(page.frame_locator("iframe").first.locator("body")).to_contain_text(
+        "Model evaluation report"
+    )
+    screenshot(page, "ui-run-evaluate-report")
+    # The train step (the local launcher's branch) and its logs: the trainer's own lines.
+    _open_sub_dag(page, "condition-branches-2")
+    expect(_done_icon(page, "condition-4")).to_be_visible()
+    expect(_node(page, "condition-3").locator("svg[data-testid='CheckCircleIcon']")).to_have_count(
+        0
+    )
+    _open_sub_dag(page, "condition-4")
+    expect(_done_icon(page, "train-2")).to_be_visible()
+    _open_node(page, "task.train-2", "Logs")
+    expect(
+        page.get_by_text(re.compile(r"\[rank0\] INFO trainer\.training\.run: ")).first
+    ).to_be_visible()
+    screenshot(page, "ui-run-train-logs")
+
+
+# -- 6. a failed run ---------------------------------------------------------------------------
+
+
+def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(
+    ui: str,  # noqa: F811
+    host: str,  # noqa: F811
+    table: str,  # noqa: F811
+    page: Any,  # noqa: F811
+    screenshot: Shot,  # noqa: F811
+    uploaded: dict[str, str],
+) -> None:
+    expect = _expect()
+    params = {"data_uri": table, "target": "no_such_column", "gpus_per_node": "0"}
+    run_id = _create_run(page, ui, host, uploaded, params)
+    done = kfp.wait_run(host, run_id, timeout=600)
+    assert done["state"] == "FAILED", kfp.task_states(done)
+    page.reload()
+    expect(_node(page, "exit-handler-1").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
+    _open_sub_dag(page, "exit-handler-1")
+    expect(_node(page, "fingerprint").locator(f"svg[data-testid='{DONE}']")).to_be_visible()
+    expect(_node(page, "preprocess").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
+    # Nothing after the failed step ran: those nodes carry no state icon at all.
+    for task in ("tune", "evaluate"):
+        expect(_node(page, task).locator("[data-testid='execution-icon-default']")).to_be_visible()
+        expect(_node(page, task).locator("svg[data-testid$='Icon']")).to_have_count(0)
+    _open_node(page, "task.preprocess", "Logs")
+    line = "ERROR [preprocess] E_COLUMN: target column 'no_such_column'"
+    expect(page.get_by_text(line).first).to_be_visible()
+    screenshot(page, "ui-failed-run-preprocess-logs")

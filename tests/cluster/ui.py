@@ -24,7 +24,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 """Debian's chromium (`apt-get install chromium`; Playwright cannot download its own here)."""
 SCREENSHOTS_ENV = "GPUPIPE_UI_SCREENSHOTS"
 """A folder that also receives every screenshot (the docs' pictures come from there)."""
-VIEWPORT = {"width": 1440, "height": 900}
+VIEWPORT = {"width": 1920, "height": 1080}
+"""Wide enough for the run page's side panel and the graph beside it."""
 TIMEOUT_MS = 30_000
 """Playwright's wait for one element or navigation (the UI's pages load in about a second)."""
 
@@ -96,8 +97,8 @@ def _folder(request: pytest.FixtureRequest) -> Path:
 
 
 def shot(page: Any, name: str, request: pytest.FixtureRequest) -> Path:
-    """A full-window screenshot ``<name>.png`` in the session's tmp folder (and in
-    $GPUPIPE_UI_SCREENSHOTS when set); its path."""
+    """A screenshot ``<name>.png`` of the window (a page) or of one element (a locator) in the
+    session's tmp folder (and in $GPUPIPE_UI_SCREENSHOTS when set); its path."""
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
     path = _folder(request) / f"{safe}.png"
     page.screenshot(path=str(path))
