@@ -1,7 +1,8 @@
 """KFP 2.17's own UI (hack/cluster/addons/kfp-ui.sh) in headless chromium, used as a person uses
 it: the compiled training pipeline uploaded through "Upload pipeline" and its graph drawn; a run
 created from the pipeline's version with the form, followed on the run page to the end, where
-the train step's logs and the evaluate step's plots and metrics are read as KFP renders them.
+the train step's logs and the evaluate step's plots and metrics are read as KFP renders them; a
+run stopped with "Terminate" while its PyTorchJob trains; a failed run's step and its error line.
 
 The run page takes each node's state, artifacts and visualizations from ML Metadata through the
 grpc-web proxy (the UI server's /ml_metadata proxy): a green node here is that whole path working.
@@ -289,3 +290,49 @@ def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(
     line = "ERROR [preprocess] E_COLUMN: target column 'no_such_column'"
     expect(page.get_by_text(line).first).to_be_visible()
     screenshot(page, "ui-failed-run-preprocess-logs")
+
+
+# -- 5. terminate from the UI ------------------------------------------------------------------
+
+
+def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods(
+    ui: str,  # noqa: F811
+    host: str,  # noqa: F811
+    table: str,  # noqa: F811
+    page: Any,  # noqa: F811
+    screenshot: Shot,  # noqa: F811
+    uploaded: dict[str, str],
+) -> None:
+    import json
+
+    from tests.cluster.test_kfp import JOB_SETTINGS, _job_of, _running
+
+    expect = _expect()
+    # A 2-node PyTorchJob long enough to be stopped while it trains.
+    params = {
+        "data_uri": table,
+        "epochs": "40",
+        "gpus_per_node": "0",
+        "launcher": "pytorchjob",
+        "nodes": "2",
+        "train_config_json": json.dumps({f"cluster.{k}": v for k, v in JOB_SETTINGS.items()}),
+    }
+    run_id = _create_run(page, ui, host, uploaded, params)
+    job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
+    kube.wait_until("its pods to run", lambda: _running(kube.job_pods(kfp.NS, job)), 300, 2)
+    page.reload()
+    page.locator("#terminateRunBtn").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text("Terminate this run?")
+    dialog.get_by_role("button", name="Terminate").click()
+    kube.wait_until("the PyTorchJob to go", lambda: kube.job_gone(kfp.NS, job), 180, 2)
+    kube.wait_until("its pods to go", lambda: not kube.job_pods(kfp.NS, job), 180, 2)
+    done = kfp.wait_run(host, run_id, timeout=300)
+    # KFP 2.17 here ends a run terminated during a step FAILED, not CANCELED (as test_kfp.py's
+    # terminate through the API finds): the page then shows it failed, not "Terminated".
+    assert done["state"] in {"CANCELED", "FAILED"}, done["state"]
+    # The page shows a run that has ended: Terminate is off, Retry is on.
+    page.reload()
+    expect(page.locator("#terminateRunBtn")).to_be_disabled()
+    expect(page.get_by_role("button", name="Retry")).to_be_enabled()
+    screenshot(page, "ui-terminated-run")
