@@ -130,6 +130,8 @@ cluster-up: ## single-node Kubernetes as host processes, built from upstream, wi
 test-cluster: setup ## bring the test cluster up (hack/cluster-up.sh) and run tests/cluster
 	@# Exit 3: a piece cannot run on this machine; the tests skip with cluster-up's reason.
 	hack/cluster-up.sh || [ $$? -eq 3 ]
+	@# The browser of the UI tests (tests/cluster/test_kfp_ui.py); they skip, saying why, without it.
+	hack/chromium.sh || [ $$? -eq 3 ]
 	$(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS)
 
 .PHONY: cluster-down

@@ -48,6 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Each phase's report on the item (``item.rep_call``): the browser tests' ``page`` fixture
+    saves a screenshot of a failed test (tests/cluster/ui.py)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 CI_TEST_ALLOWANCE_S = 300
 """What one cluster test may take at most here (the longest, Katib's searches, take about 3 min)."""
 

@@ -5,9 +5,11 @@ Both are rendered here with the cluster's own kubectl (kustomize built in): the 
 its remote base pointed at the same tarball the cluster was built from, the test cluster's
 overlay as kfp.sh wrote it into the state folder. Image references (in `image:` fields, in the
 API server's driver and launcher variables, in Argo's executor argument) are compared by their
-upstream name; the rest must be equal, object by object. The only other differences allowed are
-named here: the test cluster's roll-out annotation (the ids of its locally built images) and the
-two Deployments it does not run yet (the UI and ML Metadata's grpc-web proxy, kfp.sh NOT_RUN).
+upstream name; the rest must be equal, object by object. The only other difference allowed is
+the test cluster's roll-out annotation (the ids of its locally built images). Two Deployments of
+the user path (the UI and ML Metadata's grpc-web proxy, KFP_UI_DEPLOYMENTS in hack/cluster/addons/
+common.sh) are applied by the UI's add-on (kfp-ui.sh) instead of kfp.sh: the test cluster's side is
+the two overlays together, or without them where that add-on is not installed.
 The object store's add-on, which applies KFP's SeaweedFS base earlier, must render the same
 objects as the KFP install does.
 """
@@ -30,10 +32,12 @@ from tests.cluster.renderings import (
 )
 
 SRC = kube.CACHE / "src" / f"kubeflow-pipelines-{kube.VERSIONS['KFP_VERSION']}"
-NOT_RUN = {
+UI = {
     ("Deployment", "kubeflow", "ml-pipeline-ui"),
     ("Deployment", "kubeflow", "metadata-envoy-deployment"),
 }
+"""What the UI's add-on applies (its own overlay) and kfp.sh leaves out."""
+UI_ADDON = ADDONS / "kfp-ui"
 REMOTE = r"github\.com/kubeflow/pipelines/manifests/kustomize/([^?\s]*)\?ref=" + kube.VERSIONS[
     "KFP_VERSION"
 ].replace(".", r"\.")
@@ -44,9 +48,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def ui_installed() -> bool:
+    return (UI_ADDON / "kustomization.yaml").is_file()
+
+
 def image_map() -> dict[str, frozenset[str]]:
-    """Local image name -> the upstream names it stands in for (the install's images block)."""
-    return image_names(ADDONS / "kfp" / "install" / "kustomization.yaml")
+    """Local image name -> the upstream names it stands in for (the overlays' images blocks)."""
+    overlays = [ADDONS / "kfp" / "install" / "kustomization.yaml"]
+    if ui_installed():
+        overlays.append(UI_ADDON / "kustomization.yaml")
+    return image_names(*overlays)
 
 
 @pytest.mark.parametrize("part", ["cluster-scoped-resources", "platform-agnostic"])
@@ -59,9 +70,15 @@ def test_the_test_cluster_applies_the_user_path_with_local_images_only(
     folder = ADDONS / "kfp" / ("install" if part == "platform-agnostic" else part)
     cluster = by_key(kustomize(folder), images)
     if part == "platform-agnostic":
-        assert set(user) >= NOT_RUN, "the user path has the Deployments the test cluster leaves out"
-        for key in NOT_RUN:
-            del user[key]
+        assert set(user) >= UI, "the user path has the UI's Deployments"
+        assert not set(cluster) & UI, "kfp.sh leaves the UI's Deployments to the UI's add-on"
+        if ui_installed():
+            ui = by_key(kustomize(UI_ADDON), images)
+            assert set(ui) == UI, sorted(ui)
+            cluster.update(ui)
+        else:
+            for key in UI:
+                del user[key]
     assert sorted(user) == sorted(cluster)
     differing = {key: d for key in user if (d := differences(user[key], cluster[key]))}
     assert differing == {}, differing

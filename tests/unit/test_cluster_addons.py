@@ -189,3 +189,57 @@ def test_katib_pins_every_python_service_it_builds() -> None:
     assert names and all(
         (CLUSTER / "addons" / "images" / "katib" / f"constraints-{n}.txt").is_file() for n in names
     ), names
+
+
+# --- KFP's UI (hack/cluster/addons/kfp-ui.sh) ----------------------------------------------------
+
+FRONTEND_TARBALL = KFP_TARBALL.with_name(
+    f"kubeflow-pipelines-{VERSIONS['KFP_VERSION']}-frontend.tar.gz"
+)
+
+
+def test_kfp_ui_comes_after_the_backend_it_fronts() -> None:
+    addons = _default_addons()
+    assert addons.index("kfp") < addons.index("kfp-ui"), addons
+
+
+def test_kfp_frontend_tarball_and_node_are_the_ones_versions_env_names() -> None:
+    if not FRONTEND_TARBALL.exists():
+        pytest.skip(f"KFP's frontend tarball is not here ({FRONTEND_TARBALL})")
+    assert (
+        hashlib.sha256(FRONTEND_TARBALL.read_bytes()).hexdigest() == VERSIONS["KFP_FRONTEND_SHA256"]
+    )
+    with tarfile.open(FRONTEND_TARBALL) as tar:
+        member = tar.extractfile(f"kubeflow-pipelines-{VERSIONS['KFP_VERSION']}/frontend/.nvmrc")
+        assert member is not None
+        assert member.read().decode().strip() == f"v{VERSIONS['NODE_VERSION']}"
+
+
+def test_the_grpc_web_proxy_serves_where_upstreams_envoy_config_says(tmp_path: Path) -> None:
+    """The proxy's start script reads the Envoy config of upstream's ConfigMap (the argument the
+    Deployment passes): its listener port and ML Metadata's address become grpcwebproxy's."""
+    import subprocess
+
+    import yaml
+
+    configmap = yaml.safe_load(
+        _kfp_file("manifests/kustomize/base/metadata/base/metadata-envoy-configmap.yaml")
+    )
+    config = tmp_path / "envoy-config.yaml"
+    config.write_text(configmap["data"]["envoy-config.yaml"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "grpcwebproxy").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "grpcwebproxy").chmod(0o755)
+    script = CLUSTER / "addons" / "images" / "kfp-ui" / "metadata-grpcweb.sh"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    out = subprocess.run(["sh", str(script), str(config)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    args = out.stdout.splitlines()[1:]
+    assert "--server_http_debug_port=9090" in args, args
+    assert "--backend_addr=metadata-grpc-service:8080" in args, args
+    assert "--run_tls_server=false" in args, args
+    config.write_text("admin: {}\n")
+    bad = subprocess.run(["sh", str(script), str(config)], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2, bad.stdout
+    assert "names no listener_0 port or no metadata-cluster address" in bad.stderr

@@ -32,6 +32,10 @@ SEAWEEDFS_IMAGE="gpupipe.local/seaweedfs:${SEAWEEDFS_VERSION}"
 KFP_TARBALL="${GPUPIPE_KFP_SRC:-${REPO_ROOT}/../shared/src}/kubeflow-pipelines-${KFP_VERSION}-backend.tar.gz"
 KFP_SRC="${CACHE}/src/kubeflow-pipelines-${KFP_VERSION}"
 ARGO_MODULE="github.com/argoproj/argo-workflows/v4"
+# The Deployments of KFP's install that its backend add-on (kfp.sh) leaves out and the UI's add-on
+# (kfp-ui.sh) applies with images of its own: the UI, and the grpc-web proxy in front of ML
+# Metadata that only the UI calls.
+KFP_UI_DEPLOYMENTS=(ml-pipeline-ui metadata-envoy-deployment)
 
 # kfp_source PIECE: the tarball extracted into KFP_SRC (its sha256 checked against versions.env),
 # with the one edit its README names (go.mod: third_party/ml-metadata from its own folder), and its

@@ -11,8 +11,10 @@
 #   install  the user path (manifests/kfp: upstream's manifests/kustomize, v2 parts) rendered with
 #            its upstream base from the extracted tarball and the local images, nothing else
 #            changed (tests/cluster/test_kfp_manifests.py holds the two renderings side by side)
-#            but the UI and its metadata proxy, which the test cluster does not run yet; waits
-#            for every Deployment and for the API server to answer through its Service
+#            but the Deployments of the UI and of its grpc-web proxy in front of ML Metadata
+#            (KFP_UI_DEPLOYMENTS), which hack/cluster/addons/kfp-ui.sh applies from the same
+#            rendering with its own images; waits for every Deployment and for the API server to
+#            answer through its Service
 #   verify   ML Metadata's service checked from a pod (images/kfp/mlmd_check.py: a put and a get
 #            of each kind of call the driver makes), and the API server's healthz and pipeline
 #            list through the Service `ml-pipeline.kubeflow:8888`, as a user's client reaches it
@@ -59,12 +61,6 @@ MLMD_IMAGE="gpupipe.local/kfp-metadata-grpc:${V}"
 MLMD_UPSTREAM="gcr.io/tfx-oss-public/ml_metadata_store_server"
 WAIT_IMAGE="gpupipe.local/kfp-wait:bookworm"
 WAIT_UPSTREAM="docker.io/alpine"
-# What the test cluster does not run yet: the UI (its npm build) and the grpc-web proxy in front
-# of ML Metadata that only the UI calls. The side-by-side test allows exactly these.
-NOT_RUN=(
-  "Deployment ml-pipeline-ui"
-  "Deployment metadata-envoy-deployment"
-)
 
 image_of() {
   case "$1" in
@@ -240,9 +236,9 @@ localize_user_path() {
 
 # The test cluster's overlays: the user path with the local base, the local images (also where
 # upstream names them in env and arguments: the driver and launcher images, Argo's executor),
-# without the parts it does not run yet (NOT_RUN).
+# without the UI's Deployments (KFP_UI_DEPLOYMENTS: the kfp-ui add-on's).
 write_overlay() {
-  local dir="$1" s kind name
+  local dir="$1" name
   localize_user_path cluster-scoped-resources "$dir"
   localize_user_path platform-agnostic "$dir"
   mkdir -p "${dir}/install"
@@ -280,10 +276,9 @@ patches:
       metadata: {name: any}
       spec: {template: {metadata: {annotations: {gpupipe.dev/images: "$(image_ids)"}}}}
 YAML
-    for s in "${NOT_RUN[@]}"; do
-      read -r kind name <<<"$s"
+    for name in "${KFP_UI_DEPLOYMENTS[@]}"; do
       # shellcheck disable=SC2016  # `$patch` is kustomize's word, not a variable
-      printf '  - patch: |-\n      $patch: delete\n      apiVersion: apps/v1\n      kind: %s\n      metadata: {name: %s}\n' "$kind" "$name"
+      printf '  - patch: |-\n      $patch: delete\n      apiVersion: apps/v1\n      kind: Deployment\n      metadata: {name: %s}\n' "$name"
     done
   } >"${dir}/install/kustomization.yaml"
 }
