@@ -308,6 +308,14 @@ spec:
 YAML
 }
 
+# roll_on_images TARGET: an overlay `patches:` entry stamping the add-on's image_ids on the pod
+# templates of TARGET's Deployments: an image rebuilt under the same tag rolls its Deployment (the
+# node holds images by tag; a running pod keeps the old one).
+roll_on_images() {
+  printf '  - target: %s\n    patch: |-\n      apiVersion: apps/v1\n      kind: Deployment\n      metadata: {name: any}\n      spec: {template: {metadata: {annotations: {gpupipe.dev/images: "%s"}}}}\n' \
+    "$1" "$(image_ids)"
+}
+
 # apply_overlay PIECE: the add-on's images (addon_images) imported into the node, and its
 # kustomize overlay (write_overlay DIR) written into its state folder and applied.
 apply_overlay() {

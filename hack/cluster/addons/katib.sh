@@ -228,14 +228,7 @@ secretGenerator:
     options:
       disableNameSuffixHash: true
 patches:
-  # The images' ids on the pod templates: an image rebuilt under the same tag rolls its
-  # Deployment (the node holds images by tag; a running pod keeps the old one).
-  - target: {kind: Deployment}
-    patch: |-
-      apiVersion: apps/v1
-      kind: Deployment
-      metadata: {name: any}
-      spec: {template: {metadata: {annotations: {gpupipe.dev/images: "$(image_ids)"}}}}
+$(roll_on_images '{kind: Deployment}')
   # The pod mutator (the metrics collector's injection) fails closed for every pod created in a
   # labelled namespace, Katib's own included: its controller's pod would wait for itself. Katib's
   # own pods (they all carry katib.kubeflow.org/component) are left out.

@@ -221,12 +221,7 @@ images:
 $(image_map "$FRONTEND_UPSTREAM" "$FRONTEND_IMAGE")
 $(image_map "$GRPCWEB_UPSTREAM" "$GRPCWEB_IMAGE")
 patches:
-  - target: {kind: Deployment}
-    patch: |-
-      apiVersion: apps/v1
-      kind: Deployment
-      metadata: {name: any}
-      spec: {template: {metadata: {annotations: {gpupipe.dev/images: "$(image_ids)"}}}}
+$(roll_on_images '{kind: Deployment}')
 YAML
 }
 

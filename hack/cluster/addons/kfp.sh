@@ -269,12 +269,7 @@ patches:
     patch: |-
       - {op: test, path: /spec/template/spec/containers/0/args/2, value: --executor-image}
       - {op: replace, path: /spec/template/spec/containers/0/args/3, value: "$(image_of argo-argoexec)"}
-  - target: {kind: Deployment, labelSelector: "app!=seaweedfs"}
-    patch: |-
-      apiVersion: apps/v1
-      kind: Deployment
-      metadata: {name: any}
-      spec: {template: {metadata: {annotations: {gpupipe.dev/images: "$(image_ids)"}}}}
+$(roll_on_images '{kind: Deployment, labelSelector: "app!=seaweedfs"}')
 YAML
     for name in "${KFP_UI_DEPLOYMENTS[@]}"; do
       # shellcheck disable=SC2016  # `$patch` is kustomize's word, not a variable
