@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import assert_valid_job, assert_valid_trainjob
+from tests.helpers import assert_valid_job, assert_valid_trainjob, needs_crd, needs_trainjob_crd
 from tests.unit.specs import job_spec
 from trainer.launch.jobspec import METRICS_PORT, ClusterConfig
 from trainer.launch.pytorchjob import build_pytorchjob
@@ -27,6 +27,7 @@ def _pytorchjob_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
     return [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
 
 
+@needs_crd
 def test_every_pytorchjob_pod_declares_the_port_and_carries_the_annotations() -> None:
     job = build_pytorchjob(job_spec(metrics_port=METRICS_PORT, nnodes=3, gpus_per_node=8))
     assert_valid_job(job)
@@ -41,6 +42,7 @@ def test_every_pytorchjob_pod_declares_the_port_and_carries_the_annotations() ->
         assert container["ports"][0]["name"] == "pytorchjob-port"  # the operator's, still first
 
 
+@needs_trainjob_crd
 def test_every_trainjob_pod_carries_the_annotations() -> None:
     job = build_trainjob(job_spec(metrics_port=METRICS_PORT, nnodes=2, gpus_per_node=4))
     assert_valid_trainjob(job)
