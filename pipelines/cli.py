@@ -222,7 +222,7 @@ def _cluster_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_on_cluster(args: argparse.Namespace) -> int:
-    from pipelines.cluster import compile_training_pipeline, failed_tasks
+    from pipelines.cluster import compile_training_pipeline
 
     params = _cluster_params(args)
     if args.compiled and args.version:
@@ -264,16 +264,26 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
     if run.state == "SUCCEEDED":
         print(f"run {run_id} SUCCEEDED")
         return 0
+    print(f"ERROR [gpupipe run] {_run_failure(run, summary)} ({cluster.run_link(run_id)})",
+          file=sys.stderr)  # fmt: skip
+    return 1
+
+
+def _run_failure(run: Any, summary: dict[str, Any]) -> str:
+    """``E_RUN_<STATE>: run <id> ...`` for a run that did not succeed. A run someone terminated
+    (in the UI or by the API) says so: KFP 2.17 passes it through CANCELING and may end it
+    FAILED, not CANCELED, when a step was running."""
+    from pipelines.cluster import failed_tasks
+
+    state = str(run.state)
+    if state == "CANCELED" or any(str(h.state) == "CANCELING" for h in run.state_history or []):
+        ended = "" if state == "CANCELED" else f" (KFP ended it {state})"
+        return f"E_RUN_CANCELED: run {run.run_id} was terminated{ended}"
     tasks = failed_tasks(run)
     detail = f"failed task: {'; '.join(tasks)}" if tasks else "no failed task reported"
     if summary.get("error"):  # the step's own line, from its archived log
         detail = f"failed step: {summary['error']}"
-    print(
-        f"ERROR [gpupipe run] E_RUN_{run.state}: run {run_id} {run.state}, {detail} "
-        f"({cluster.run_link(run_id)})",
-        file=sys.stderr,
-    )
-    return 1
+    return f"E_RUN_{state}: run {run.run_id} {state}, {detail}"
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:

@@ -85,19 +85,36 @@ def port_forward(service: str, port: int, namespace: str = NS) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, "GPUPIPE_STEP_RESOURCES": json.dumps(SMALL_STEPS), **(env or {})}
+
+
 def gpupipe(
     *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
     """`gpupipe ARGS` from the checkout, as a user runs it, with the small-node requests."""
-    full_env = {**os.environ, "GPUPIPE_STEP_RESOURCES": json.dumps(SMALL_STEPS), **(env or {})}
     return subprocess.run(
         [*GPUPIPE, *args],
         cwd=kube.ROOT,
-        env=full_env,
+        env=_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def gpupipe_popen(*args: str) -> subprocess.Popen[str]:
+    """`gpupipe ARGS` started as :func:`gpupipe` runs it, left running (line-buffered pipes): for
+    a command a test acts on while it waits, as `run --host --wait`."""
+    return subprocess.Popen(
+        [*GPUPIPE, *args],
+        cwd=kube.ROOT,
+        env={**_env(None), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
     )
 
 

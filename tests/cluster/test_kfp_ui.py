@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 from tests.cluster import kfp, kube
 from tests.cluster.kfp import api, gpupipe
 from tests.cluster.test_kfp import host, table  # noqa: F401  (fixtures: the API, the demo table)
-from tests.cluster.ui import browser, page, screenshot, ui  # noqa: F401  (fixtures)
+from tests.cluster.ui import VIEWPORT, browser, page, screenshot, ui  # noqa: F401  (fixtures)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -35,6 +36,8 @@ pytestmark = [
 
 MLFLOW = "http://mlflow.kubeflow:5000"
 Shot = Callable[[Any, str], Path]
+WIDE = {"width": 2880, "height": 1300}
+"""The window for the evaluate step's plots beside the graph (they overflow 1920 pixels)."""
 DONE = "CheckCircleIcon"
 """The icon KFP's run graph puts on a node whose execution is COMPLETE (ExecutionNode.tsx)."""
 
@@ -189,15 +192,20 @@ def _open_node(pg: Any, node: str, tab: str) -> Any:
     return pg
 
 
-def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
+@pytest.fixture(scope="module")
+def two_runs(
     ui: str,  # noqa: F811
     host: str,  # noqa: F811
     table: str,  # noqa: F811
-    page: Any,  # noqa: F811
-    screenshot: Shot,  # noqa: F811
+    browser: Any,  # noqa: F811
     uploaded: dict[str, str],
-) -> None:
-    expect = _expect()
+    request: pytest.FixtureRequest,
+) -> dict[str, Any]:
+    """Two finished runs of the uploaded pipeline, side by side on the node: one created with
+    the UI's form (``ui``), one started with `gpupipe run --host` (``cli``) with one more epoch.
+    Each must succeed."""
+    from tests.cluster.ui import shot
+
     model = kube.unique("gpupipe-ui-model")
     # What a person types for a run on this CPU node: the data, a short training, no GPU, and
     # the in-cluster MLflow (its account comes from the default registry_secret).
@@ -208,15 +216,41 @@ def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
         "registry_uri": MLFLOW,
         "registered_model_name": model,
     }
-    run_id = _create_run(page, ui, host, uploaded, params, screenshot)
-    done = kfp.wait_run(host, run_id)
-    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+    context = browser.new_context(viewport={"width": 1920, "height": 1080})
+    try:
+        pg = context.new_page()
+        ui_run = _create_run(pg, ui, host, uploaded, params, lambda p, n: shot(p, n, request))
+    finally:
+        context.close()
+    cli_params = {**params, "epochs": "3"}
+    flags = [f for k, v in cli_params.items() for f in ("--param", f"{k}={v}")]
+    out = gpupipe(
+        "run", "--host", host, "--pipeline", uploaded["name"], "--run-name",
+        kube.unique("gpupipe-ui-cli"), *flags,
+    )  # fmt: skip
+    found = re.search(r"started run (\S+)", out.stdout)
+    assert out.returncode == 0 and found, out.stdout + out.stderr
+    runs = {"ui": ui_run, "cli": found.group(1)}
+    done = {key: kfp.wait_run(host, run_id) for key, run_id in runs.items()}
+    for key, run in done.items():
+        assert run["state"] == "SUCCEEDED", (key, kfp.task_states(run))
+    return {"ids": runs, "runs": done, "table": table}
+
+
+def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
+    ui: str,  # noqa: F811
+    page: Any,  # noqa: F811
+    screenshot: Shot,  # noqa: F811
+    two_runs: dict[str, Any],
+) -> None:
+    expect = _expect()
+    run_id, done, data = two_runs["ids"]["ui"], two_runs["runs"]["ui"], two_runs["table"]
     # The form sent each value with its parameter's type.
     sent = done["runtime_config"]["parameters"]
-    assert sent["data_uri"] == table and sent["epochs"] == 2 and sent["gpus_per_node"] == 0, sent
+    assert sent["data_uri"] == data and sent["epochs"] == 2 and sent["gpus_per_node"] == 0, sent
+    page.goto(f"{ui}/#/runs/details/{run_id}")
     # The graph, as ML Metadata tells the page through the grpc-web proxy: every step that ran is
     # green, layer by layer; the other train branch (the cluster job's) did not run.
-    page.reload()
     for task in ("exit-handler-1", "notify"):
         expect(_done_icon(page, task)).to_be_visible()
     screenshot(page, "ui-run-graph-root")
@@ -234,9 +268,14 @@ def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
     expect(roc).to_be_visible()
     matrix = page.get_by_text(re.compile(r"^Confusion Matrix: "))
     expect(matrix).to_be_visible()
+    # The side panel takes part of the window, and the plots are wider than 1920's share of it:
+    # a wider window for their pictures.
+    page.set_viewport_size(WIDE)
     page.wait_for_timeout(2000)  # the curve is drawn by an animation
+    screenshot(page, "ui-run-evaluate-plots")
     screenshot(roc.locator("xpath=../.."), "ui-run-evaluate-roc")
     screenshot(matrix.locator("xpath=../.."), "ui-run-evaluate-confusion-matrix")
+    page.set_viewport_size(VIEWPORT)
     _open_node(page, "artifact.evaluate.metrics", "Visualization")
     expect(page.get_by_text(re.compile(r"^Scalar Metrics: "))).to_be_visible()
     expect(page.get_by_text("accuracy", exact=True).first).to_be_visible()
@@ -259,6 +298,144 @@ def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
         page.get_by_text(re.compile(r"\[rank0\] INFO trainer\.training\.run: ")).first
     ).to_be_visible()
     screenshot(page, "ui-run-train-logs")
+
+
+# -- 3. compare -------------------------------------------------------------------------------
+
+
+def _cells(grid: Any, row: str) -> list[str]:
+    """The texts of the cells right of the row header ROW in a compare table."""
+    cells = grid.locator("tr").filter(has=grid.page.get_by_text(row, exact=True)).first
+    texts = [t.strip() for t in cells.locator("td, th").all_inner_texts()]
+    assert texts[:1] == [row], texts
+    return texts[1:]
+
+
+def test_two_finished_runs_show_their_parameters_and_metrics_side_by_side(
+    ui: str,  # noqa: F811
+    page: Any,  # noqa: F811
+    screenshot: Shot,  # noqa: F811
+    two_runs: dict[str, Any],
+) -> None:
+    expect = _expect()
+    ids, runs = two_runs["ids"], two_runs["runs"]
+    names = [runs[key]["display_name"] for key in ("ui", "cli")]
+    # As a person gets there: the runs list, both ticked, "Compare runs".
+    page.goto(f"{ui}/#/runs")
+    for name in names:
+        # A row of KFP's run table is itself a checkbox (CustomTable); its box selects it.
+        row = page.locator("[role=checkbox]").filter(has_text=name)
+        row.locator("input[type=checkbox]").check()
+    page.locator("#compareBtn").click()
+    page.wait_for_url(re.compile(r"#/compare\?runlist="))
+    assert set(re.findall(r"runlist=([^&]+)", page.url)[0].split(",")) == set(ids.values())
+    expect(page.get_by_text("Compare runs").first).to_be_visible()
+    # Parameters: one column a run, the epochs each was given.
+    params = page.locator("table").filter(has_text="registry_uri").first
+    expect(params).to_contain_text(names[0])
+    assert _cells(params, "epochs") == ["2", "3"], _cells(params, "epochs")
+    # Scalar metrics: each run's own, by step; the train step's optimizer steps follow its
+    # epochs (3/2 as many), and evaluate's accuracy is the one ML Metadata holds for that run.
+    metrics = page.locator("table").filter(has_text="evaluate > metrics").first
+    expect(metrics).to_be_visible()
+    header = metrics.locator("tr").first.inner_text()
+    assert header.index(names[0]) < header.index(names[1]), header
+    steps = [float(c) for c in _cells(metrics, "steps") if c]
+    assert len(steps) == 2 and steps[1] == steps[0] * 3 / 2, steps
+    accuracy = [float(c) for c in _cells(metrics, "accuracy") if c]
+    assert len(accuracy) == 2 and all(0.5 < a <= 1 for a in accuracy), accuracy
+    screenshot(page, "ui-compare-metrics")
+    # The ROC curves of both runs' evaluate step, drawn together.
+    page.get_by_role("tab", name="ROC Curve").click()
+    for name in names:
+        expect(page.get_by_text(name).last).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^ROC Curve: ")).first).to_be_visible()
+    page.wait_for_timeout(2000)  # the curves' animation
+    screenshot(page, "ui-compare-roc")
+
+
+# -- 4. a recurring run created in the UI ------------------------------------------------------
+
+
+def _cron_ahead(now: datetime) -> str:
+    """KFP's six-field cron for the start of a minute at least a minute after NOW."""
+    at = now + timedelta(minutes=2 if now.second < 30 else 3)
+    return f"0 {at.minute} {at.hour} * * *"
+
+
+def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(
+    ui: str,  # noqa: F811
+    host: str,  # noqa: F811
+    table: str,  # noqa: F811
+    page: Any,  # noqa: F811
+    screenshot: Shot,  # noqa: F811
+    uploaded: dict[str, str],
+) -> None:
+    from tests.cluster.test_kfp import _runs_of_schedule
+
+    expect = _expect()
+    name = kube.unique("gpupipe-ui-every")
+    exp = api(host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui-exp")})
+    page.goto(
+        f"{ui}/#/pipelines/details/{uploaded['pipeline_id']}/version/{uploaded['version_id']}"
+    )
+    page.get_by_role("button", name="Create run").click()
+    page.locator("#chooseExperimentBtn").click()
+    page.get_by_role("dialog").get_by_text(exp["display_name"]).click()
+    page.locator("#useExperimentBtn").click()
+    page.get_by_role("radio", name="Recurring").check()
+    page.get_by_label("Recurring run config name").fill(name)
+    page.get_by_label("Trigger type").click()
+    page.get_by_role("option", name="Cron").click()
+    page.get_by_label("Maximum concurrent runs").fill("1")
+    page.get_by_label("Catchup").uncheck()
+    page.get_by_role("checkbox", name="Allow editing cron expression").check()
+    cron = _cron_ahead(datetime.now(UTC))
+    page.get_by_role("textbox", name="cron expression").fill(cron)
+    params = {
+        "data_uri": table,
+        "epochs": "2",
+        "gpus_per_node": "0",
+        "registry_uri": MLFLOW,
+        "registered_model_name": name,
+    }
+    for key, value in params.items():
+        page.locator(f"[id='{key}']").fill(value)
+    page.locator("#startNewRunBtn").click()
+    page.wait_for_url(re.compile(r"#/recurringrun/details/[0-9a-f-]+$"))
+    rid = re.findall(r"#/recurringrun/details/([0-9a-f-]+)$", page.url)[0]
+    try:
+        # The API holds what the form set: the cron, one run at a time, no catch-up.
+        made = api(host, "GET", f"/apis/v2beta1/recurringruns/{rid}")
+        assert made["display_name"] == name and made["mode"] == "ENABLE", made
+        assert made["trigger"]["cron_schedule"]["cron"] == cron, made["trigger"]
+        assert int(made["max_concurrency"]) == 1 and made["no_catchup"] is True, made
+        # Listed with its trigger.
+        page.goto(f"{ui}/#/recurringruns")
+        row = page.locator("[role=checkbox]").filter(has_text=name)
+        expect(row).to_contain_text(f"Cron: {cron}")
+        expect(row).to_contain_text("ENABLED")
+        screenshot(page, "ui-recurring-runs")
+        # Its tick starts a run, which succeeds.
+        started = kube.wait_until(
+            "the recurring run's first run", lambda: _runs_of_schedule(host, rid), 300, 10
+        )
+        done = kfp.wait_run(host, started[0]["run_id"])
+        assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+        # Disabled on its page in the UI: the API and `gpupipe schedule --list` say so.
+        page.goto(f"{ui}/#/recurringrun/details/{rid}")
+        page.locator("#disableBtn").click()
+        expect(page.locator("#enableBtn")).to_be_enabled()
+        expect(page.locator("#disableBtn")).to_be_disabled()
+        assert api(host, "GET", f"/apis/v2beta1/recurringruns/{rid}")["mode"] == "DISABLE"
+        screenshot(page, "ui-recurring-run-disabled")
+        listed = gpupipe("schedule", "--host", host, "--list")
+        assert listed.returncode == 0, listed.stderr
+        line = next(x for x in listed.stdout.splitlines() if x.startswith(name))
+        assert line.split()[1:3] == ["DISABLE", cron.split()[0]], line
+        assert "- (disabled)" in line and rid in line, line
+    finally:
+        gpupipe("schedule", "--host", host, "--delete", name)
 
 
 # -- 6. a failed run ---------------------------------------------------------------------------
@@ -295,7 +472,7 @@ def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(
 # -- 5. terminate from the UI ------------------------------------------------------------------
 
 
-def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods(
+def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_waiting_cli(
     ui: str,  # noqa: F811
     host: str,  # noqa: F811
     table: str,  # noqa: F811
@@ -308,7 +485,8 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods(
     from tests.cluster.test_kfp import JOB_SETTINGS, _job_of, _running
 
     expect = _expect()
-    # A 2-node PyTorchJob long enough to be stopped while it trains.
+    # A 2-node PyTorchJob long enough to be stopped while it trains, started by someone who
+    # waits on it with `gpupipe run --host --wait`.
     params = {
         "data_uri": table,
         "epochs": "40",
@@ -317,17 +495,34 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods(
         "nodes": "2",
         "train_config_json": json.dumps({f"cluster.{k}": v for k, v in JOB_SETTINGS.items()}),
     }
-    run_id = _create_run(page, ui, host, uploaded, params)
-    job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
-    kube.wait_until("its pods to run", lambda: _running(kube.job_pods(kfp.NS, job)), 300, 2)
-    page.reload()
-    page.locator("#terminateRunBtn").click()
-    dialog = page.get_by_role("dialog")
-    expect(dialog).to_contain_text("Terminate this run?")
-    dialog.get_by_role("button", name="Terminate").click()
-    kube.wait_until("the PyTorchJob to go", lambda: kube.job_gone(kfp.NS, job), 180, 2)
-    kube.wait_until("its pods to go", lambda: not kube.job_pods(kfp.NS, job), 180, 2)
-    done = kfp.wait_run(host, run_id, timeout=300)
+    flags = [f for k, v in params.items() for f in ("--param", f"{k}={v}")]
+    waiting = kfp.gpupipe_popen(
+        "run", "--host", host, "--pipeline", uploaded["name"], "--wait", *flags
+    )
+    try:
+        first = waiting.stdout.readline() if waiting.stdout else ""
+        found = re.search(r"started run (\S+)", first)
+        assert found, first
+        run_id = found.group(1)
+        job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
+        kube.wait_until("its pods to run", lambda: _running(kube.job_pods(kfp.NS, job)), 300, 2)
+        page.goto(f"{ui}/#/runs/details/{run_id}")
+        page.locator("#terminateRunBtn").click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog).to_contain_text("Terminate this run?")
+        dialog.get_by_role("button", name="Terminate").click()
+        kube.wait_until("the PyTorchJob to go", lambda: kube.job_gone(kfp.NS, job), 180, 2)
+        kube.wait_until("its pods to go", lambda: not kube.job_pods(kfp.NS, job), 180, 2)
+        out, err = waiting.communicate(timeout=300)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    # The waiting command ends non-zero, naming the run and that it was terminated.
+    assert waiting.returncode == 1, (out, err)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("ERROR [gpupipe run] E_RUN_") and run_id in last, last
+    assert "terminated" in last, last
+    done = kfp.wait_run(host, run_id, timeout=60)
     # KFP 2.17 here ends a run terminated during a step FAILED, not CANCELED (as test_kfp.py's
     # terminate through the API finds): the page then shows it failed, not "Terminated".
     assert done["state"] in {"CANCELED", "FAILED"}, done["state"]

@@ -421,8 +421,15 @@ class FakeKfp:
             raise ApiError(404, f"Failed to get run: ResourceNotFoundError: Run {run_id} not found")
         r = self.runs[run_id]
         states = self.run_script.states
-        r.state = states[min(self.run_polls[run_id], len(states) - 1)]
+        seen = states[: min(self.run_polls[run_id], len(states) - 1) + 1]
+        r.state = seen[-1]
         self.run_polls[run_id] += 1
+        # As the real server keeps it: each state the run went through, in order.
+        r.state_history = [
+            kapi.V2beta1RuntimeStatus(state=state, update_time=_now())
+            for i, state in enumerate(seen)
+            if i == 0 or state != seen[i - 1]
+        ]
         tasks = [
             kapi.V2beta1PipelineTaskDetail(
                 run_id=run_id,

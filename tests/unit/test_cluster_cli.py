@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -179,6 +180,27 @@ def test_run_wait_follows_the_run(
         assert err.startswith("ERROR [gpupipe run] E_RUN_FAILED:")
         assert "preprocess" not in err and "root" not in err
     assert len(uploaded.calls("GET", "/apis/v2beta1/runs/")) >= 3
+
+
+@pytest.mark.parametrize(
+    ("states", "ended"),
+    [(["RUNNING", "CANCELING", "FAILED"], " (KFP ended it FAILED)"), (["RUNNING", "CANCELED"], "")],
+    ids=["canceling-then-failed", "canceled"],
+)
+def test_run_wait_names_a_terminated_run_as_terminated(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], states: list[str], ended: str
+) -> None:
+    # KFP 2.17 ends a run terminated mid-step FAILED; its history shows it was CANCELING.
+    uploaded.run_script = RunScript(states=states, failed_task="train", error="terminated")
+    rc, out, err = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "30"
+    )
+    run_id = re.search(r"started run (\S+)", out).group(1)  # type: ignore[union-attr]
+    assert rc == 1
+    assert err.startswith(
+        f"ERROR [gpupipe run] E_RUN_CANCELED: run {run_id} was terminated{ended} (http"
+    ), err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_run_wait_timeout_is_one_line(

@@ -133,3 +133,24 @@ def test_the_registered_model_is_tagged_with_its_cost(tmp_path) -> None:  # type
     assert tags["gpupipe.cost_usd"] == "6" and tags["gpupipe.estimated_cost_usd"] == "3"
     assert tags["gpupipe.gpu_hours"] == "4"
     assert _cost_tags(str(tmp_path / "absent")) == {}
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "gpus_per_node", "line"),
+    [
+        (1, 0, "no GPU (gpus_per_node 0): 1 CPU process, each billed as one GPU"),
+        (2, 0, "no GPU (gpus_per_node 0): 2 CPU processes, each billed as one GPU"),
+        (1, 1, "1 GPU held (1 node x 1 per node)"),
+        (2, 8, "16 GPUs held (2 nodes x 8 per node)"),
+    ],
+)
+def test_the_estimate_says_what_the_job_holds_in_plain_words(
+    nnodes: int, gpus_per_node: int, line: str
+) -> None:
+    # The KFP UI showed "1 GPUs held (1 nodes x 1 per node)" for a CPU run.
+    est = cost.estimate(
+        rows=100, epochs=1, max_steps=None, global_batch_size=10, samples_per_s=10.0,
+        throughput_source="measured", nnodes=nnodes, gpus_per_node=gpus_per_node,
+        gpu_hour_usd=None,
+    )  # fmt: skip
+    assert line in est.assumptions

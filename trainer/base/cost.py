@@ -114,6 +114,15 @@ class CostEstimate:
         return out
 
 
+def _held(gpus: int, nnodes: int, gpus_per_node: int) -> str:
+    """What the job holds, as a person reads it (a CPU job's processes count as one GPU each)."""
+    nodes = f"{nnodes} node{'s' if nnodes != 1 else ''}"
+    if gpus_per_node < 1:
+        one = "process" if nnodes == 1 else "processes"
+        return f"no GPU (gpus_per_node 0): {nnodes} CPU {one}, each billed as one GPU"
+    return f"{gpus} GPU{'s' if gpus != 1 else ''} held ({nodes} x {gpus_per_node} per node)"
+
+
 def estimate(
     *,
     rows: int,
@@ -145,7 +154,7 @@ def estimate(
     assumptions = [
         f"{samples} samples ({how}); early stopping can only shorten the run",
         f"{samples_per_s:.1f} samples/s for the whole job ({throughput_source})",
-        f"{gpus} GPUs held ({nnodes} nodes x {max(gpus_per_node, 1)} per node)",
+        _held(gpus, nnodes, gpus_per_node),
         "optimizer steps only: the actual also counts the job's setup, evaluation and "
         "checkpoints (not scheduling or image pulls)",
     ]
