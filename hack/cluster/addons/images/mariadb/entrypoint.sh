@@ -2,8 +2,9 @@
 # The database on every start, as upstream's mysql image makes it on its first: a data folder,
 # the database MYSQL_DATABASE (when set), the account MYSQL_USER with MYSQL_PASSWORD granted that
 # database only (when set), root with MYSQL_ROOT_PASSWORD from MYSQL_ROOT_HOST (default '%', as
-# the image's; `localhost`: from inside the pod only, and a root@'%' left by an earlier start is
-# dropped), then the `.sql` files of /docker-entrypoint-initdb.d in name order; then the server in
+# the image's; `localhost`: from inside the pod only) and from nowhere else (a root@'%' left by an
+# earlier start, and mariadb-install-db's root@127.0.0.1, ::1 and host name, which have no
+# password, are dropped), then the `.sql` files of /docker-entrypoint-initdb.d in name order; then the server in
 # the foreground. The statements are idempotent and replayed on each start, so a changed Secret
 # takes effect at the next start. Unlike the image, an empty root password
 # (MYSQL_ALLOW_EMPTY_PASSWORD) is refused: the test cluster's Secrets are generated
@@ -53,9 +54,11 @@ umask 077
     printf "ALTER USER 'root'@'%s' IDENTIFIED BY '%s';\n" "$root_host" "$pw"
     printf "GRANT ALL PRIVILEGES ON *.* TO 'root'@'%s' WITH GRANT OPTION;\n" "$root_host"
   fi
-  if [ "${MYSQL_ROOT_HOST:-%}" != "%" ]; then
-    echo "DROP USER IF EXISTS 'root'@'%';"
-  fi
+  # mariadb-install-db also makes root@127.0.0.1, root@::1 and root@<the first pod's name>,
+  # without a password: root is left at localhost and MYSQL_ROOT_HOST only (a root@'%' from an
+  # earlier start goes too where MYSQL_ROOT_HOST is not '%'). FLUSH PRIVILEGES below reloads.
+  printf "DELETE FROM mysql.global_priv WHERE User = 'root' AND Host NOT IN ('localhost', '%s');\n" "$root_host"
+  printf "DELETE FROM mysql.proxies_priv WHERE User = 'root' AND Host NOT IN ('localhost', '%s');\n" "$root_host"
   if [ -n "${MYSQL_USER:-}" ]; then
     [ "$MYSQL_USER" != root ] || { echo "gpupipe-mariadb: MYSQL_USER must not be root" >&2; exit 2; }
     : "${MYSQL_PASSWORD:?gpupipe-mariadb: MYSQL_USER is set without MYSQL_PASSWORD}"
