@@ -46,6 +46,11 @@ kubectl config use-context "$context"
 step "installing Kubeflow Pipelines 2.17.0: cluster-scoped resources"
 kubectl apply -k manifests/kfp/cluster-scoped-resources
 kubectl wait --for condition=established --timeout=120s crd --all
+# Upstream's object-store keys (minio/minio123) and database passwords (KFP's empty root
+# password, Katib's "test") are left out of manifests/: this cluster's are generated here, once,
+# before anything that reads them (hack/credentials.sh; a rerun keeps them).
+step "generating this cluster's object-store keys and database accounts (kept when there)"
+hack/credentials.sh ensure object-store kfp-db katib-db
 step "installing Kubeflow Pipelines 2.17.0: standalone (platform-agnostic)"
 kubectl apply -k manifests/kfp/platform-agnostic
 

@@ -1,12 +1,14 @@
 """The kustomize manifests: every local resource renders and validates, RBAC matches the launcher.
 
 kubectl/kustomize are not available where the tests run, so `render` below is a deliberately tiny
-kustomize: it understands `resources` (files, folders, remote URLs), `namespace`, and `patches`
-that delete an object by kind and name (`$patch: delete`), and fails on any other kustomization
-field or patch. The manifests use nothing else, so what it renders is what
-`kubectl kustomize` renders; a manifest that starts using more kustomize features fails here
-first, on purpose. Remote bases (training operator, Katib, KFP) cannot be fetched: for them the
-tests check the pin and the shape only.
+kustomize: it understands `resources` (files, folders, remote URLs), `namespace`, `patches` that
+delete an object by kind and name (`$patch: delete`) or apply JSON 6902 operations to a target
+named by kind and name, and `configMapGenerator` literals (without the name's hash suffix), and
+fails on any other kustomization field or patch. The manifests use nothing else, so what it
+renders is what `kubectl kustomize` renders; a manifest that starts using more kustomize features
+fails here first, on purpose. Remote bases (training operator, Katib, KFP) cannot be fetched: for
+them the tests check the pin and the shape only (tests/unit/test_cluster_credentials.py applies
+the KFP and Katib patches to upstream's own files where those are on the machine).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ MANIFESTS = ROOT / "manifests"
 K8S_VERSION = "1.30"
 """Schema version the resources are validated against (the kind node image's minor version)."""
 
-SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "namespace", "patches"}
+SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "namespace", "patches", "configMapGenerator"}
 CLUSTER_SCOPED_KINDS = {
     "Namespace",
     "ClusterRole",
@@ -56,6 +58,49 @@ class Rendered:
     remote: list[str] = field(default_factory=list)
     deleted: list[tuple[str, str]] = field(default_factory=list)
     """(kind, name) of what `$patch: delete` patches remove (from remote bases too)."""
+    json_patches: list[tuple[str, str, list[dict[str, Any]]]] = field(default_factory=list)
+    """(kind, name, operations) of the JSON 6902 patches (applied to local objects; a remote
+    base's are kept here unapplied)."""
+
+
+def _pointer(doc: Any, path: str) -> tuple[Any, str | int]:
+    """The parent of JSON pointer ``path`` in ``doc`` and the last token (an int for a list)."""
+    tokens = [t.replace("~1", "/").replace("~0", "~") for t in path.lstrip("/").split("/")]
+    for token in tokens[:-1]:
+        doc = doc[int(token)] if isinstance(doc, list) else doc[token]
+    last = tokens[-1]
+    if isinstance(doc, list):
+        return doc, len(doc) if last == "-" else int(last)
+    return doc, last
+
+
+def json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """``obj`` with the JSON 6902 operations ``ops`` applied (test, add, replace, remove), as
+    kustomize applies a patch with a target: a failed ``test`` fails the whole patch.
+
+    Raises:
+        ValueError: If a ``test`` does not hold or an operation is not one of the four.
+    """
+    out = copy.deepcopy(obj)
+    for op in ops:
+        parent, key = _pointer(out, op["path"])
+        if op["op"] == "test":
+            if parent[key] != op["value"]:
+                raise ValueError(f"test failed at {op['path']}: {parent[key]!r} != {op['value']!r}")
+        elif op["op"] == "add":
+            if isinstance(parent, list):
+                parent.insert(key, copy.deepcopy(op["value"]))  # type: ignore[arg-type]
+            else:
+                parent[key] = copy.deepcopy(op["value"])
+        elif op["op"] == "replace":
+            if isinstance(parent, dict) and key not in parent:
+                raise ValueError(f"replace of {op['path']}, which is not there")
+            parent[key] = copy.deepcopy(op["value"])
+        elif op["op"] == "remove":
+            del parent[key]
+        else:
+            raise ValueError(f"JSON patch operation {op['op']!r} is not implemented here")
+    return out
 
 
 def render(directory: Path) -> Rendered:
@@ -82,9 +127,35 @@ def render(directory: Path) -> Rendered:
             sub = render(path)
             out.objects += sub.objects
             out.remote += sub.remote
+            out.deleted += sub.deleted
+            out.json_patches += sub.json_patches
         else:
             out.objects += [copy.deepcopy(d) for d in yaml.safe_load_all(path.read_text()) if d]
+    for entry in spec.get("configMapGenerator", []):
+        if set(entry) - {"name", "namespace", "literals"}:
+            raise ValueError(
+                f"{directory}: only configMapGenerator literals are implemented by the test "
+                f"renderer, got {entry!r}"
+            )
+        meta = {"name": entry["name"]}
+        if "namespace" in entry:
+            meta["namespace"] = entry["namespace"]
+        data = dict(lit.split("=", 1) for lit in entry["literals"])
+        out.objects.append(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+        )
     for entry in spec.get("patches", []):
+        if set(entry) == {"target", "patch"} and set(entry["target"]) == {"kind", "name"}:
+            ops = yaml.safe_load(entry["patch"])
+            if not isinstance(ops, list):
+                raise ValueError(f"{directory}: a targeted patch must be JSON 6902, got {entry!r}")
+            kind, name = entry["target"]["kind"], entry["target"]["name"]
+            out.json_patches.append((kind, name, ops))
+            out.objects = [
+                json_patch(o, ops) if (o["kind"], o["metadata"]["name"]) == (kind, name) else o
+                for o in out.objects
+            ]
+            continue
         doc = yaml.safe_load(entry.get("patch", "")) if set(entry) == {"patch"} else None
         if not isinstance(doc, dict) or doc.get("$patch") != "delete":
             raise ValueError(
@@ -219,7 +290,11 @@ def test_remote_base_is_pinned_to_a_release_tag(url: str) -> None:
 )
 def test_install_overlays_pin_the_expected_release(folder: str, repo: str, tag: str) -> None:
     rendered = RENDERED[MANIFESTS / folder]
-    assert rendered.objects == [], "install overlays only point at upstream"
+    # KFP's install adds one object of its own: the grant of ML Metadata's database to the
+    # generated account (hack/credentials.sh), which the database runs on its first start.
+    own = [(o["kind"], o["metadata"]["name"]) for o in rendered.objects]
+    expected = [("ConfigMap", "mysql-kfp-grants")] if folder == "kfp/platform-agnostic" else []
+    assert own == expected, "install overlays only point at upstream"
     assert len(rendered.remote) == 1
     assert rendered.remote[0].startswith(repo + "/")
     assert rendered.remote[0].endswith(f"?ref={tag}")
@@ -229,9 +304,13 @@ def test_kfp_install_leaves_out_only_the_v1_parts() -> None:
     """gpupipe compiles v2 pipelines: the install drops what only v1 pipelines use, nothing else
     (the API server, ML Metadata, the UI and its proxy, Argo, the database and the store stay)."""
     deleted = RENDERED[MANIFESTS / "kfp" / "platform-agnostic"].deleted
+    # The two Secrets that hold upstream's fixed credentials go too: hack/credentials.sh makes
+    # them (tests/unit/test_cluster_credentials.py).
+    secrets = {name for kind, name in deleted if kind == "Secret"}
+    assert secrets == {"mlpipeline-minio-artifact", "mysql-secret"}, deleted
     # Services stay: the API server reads their addresses from its environment at start.
-    assert {kind for kind, _ in deleted} == {"Deployment"}, deleted
-    names = {name for _, name in deleted}
+    assert {kind for kind, _ in deleted} == {"Deployment", "Secret"}, deleted
+    names = {name for kind, name in deleted if kind == "Deployment"}
     assert names == {
         "cache-server",
         "cache-deployer-deployment",

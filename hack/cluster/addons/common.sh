@@ -272,6 +272,27 @@ ensure_namespace() {
     die "cannot create namespace $1"
 }
 
+# ensure_credentials PIECE KIND...: the Secrets of hack/credentials.sh (the object store's keys,
+# a database's accounts) in `kubeflow`, generated here once per cluster, before the Deployments
+# that read them are applied; a Secret that holds an upstream default is replaced.
+ensure_credentials() {
+  local piece="$1"
+  shift
+  ensure_namespace kubeflow
+  KUBECTL="${BIN_DIR}/kubernetes-${K8S_VERSION}/kubectl" KUBECONFIG="$KUBECONFIG_ADMIN" \
+    "${REPO_ROOT}/hack/credentials.sh" ensure "$@" ||
+    die "${piece}: cannot make its Secrets (hack/credentials.sh ensure $*)"
+}
+
+# check_credentials PIECE KIND...: a verify step: each Secret holds generated values.
+check_credentials() {
+  local piece="$1" out
+  shift
+  out="$(KUBECTL="${BIN_DIR}/kubernetes-${K8S_VERSION}/kubectl" KUBECONFIG="$KUBECONFIG_ADMIN" \
+    "${REPO_ROOT}/hack/credentials.sh" check "$@" 2>&1)" || die "${piece}: ${out}"
+  say "$out"
+}
+
 # hostpath_pv PIECE NAMESPACE PVC SIZE: the cluster has no StorageClass and no provisioner, so each
 # add-on's PersistentVolumeClaim gets a PersistentVolume made here: a folder on the node under
 # ${STATE}/volumes/ (world-writable, as kind's local-path provisioner makes them: pods run as

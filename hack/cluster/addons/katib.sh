@@ -7,13 +7,18 @@
 #            suggestion service) from upstream's Dockerfiles over the local Debian Python base,
 #            their requirements from PyPI; the database: Debian's MariaDB (see
 #            images/mariadb/Dockerfile, shared with the KFP add-on)
-#   install  upstream's standalone install from the same module download (CRDs, RBAC, the
-#            controller and its webhooks, DB manager, database, in `kubeflow`) without its UI (a
-#            web front end built with npm: nothing here needs it), under a kustomize overlay in
+#   install  the Secret katib-mysql-secrets generated for this cluster (hack/credentials.sh: the
+#            DB manager's account `katib` limited to database katib, root from inside the
+#            database's pod only; upstream's password is "test"), then upstream's standalone
+#            install from the same module download (CRDs, RBAC, the controller and its webhooks,
+#            DB manager, database, in `kubeflow`) without its UI (a web front end built with npm:
+#            nothing here needs it), with the user path's patches (manifests/katib: no upstream
+#            Secret, the database accounts from the generated one), under a kustomize overlay in
 #            the state folder that names the local images, with a `katib-config` whose
 #            suggestions and collectors are the images built here (SUGGESTIONS below)
-#   verify   an Experiment of two trials (busybox Jobs printing `loss=<x>`, goptuna's sobol
-#            search, the StdOut collector injected): it succeeds with a best trial; deleted after
+#   verify   the Secret holds generated values; an Experiment of two trials (busybox Jobs printing
+#            `loss=<x>`, goptuna's sobol search, the StdOut collector injected): it succeeds with a
+#            best trial (its observations pass through the DB manager's account); deleted after
 #   images   the tags it needs
 # The version is KATIB_VERSION (versions.env); the user path (manifests/katib) must pin the same
 # tag, or this refuses to run.
@@ -196,9 +201,20 @@ image_ids() {
   done | sha256sum | cut -c1-16
 }
 
+# The user path's patches (manifests/katib/kustomization.yaml from its `patches:` line, its last
+# section, to the end): the database's accounts from the generated Secret. One copy of them, so
+# the two paths cannot drift (tests/cluster/test_addon_manifests.py compares the renderings).
+user_path_patches() {
+  local k="${REPO_ROOT}/manifests/katib/kustomization.yaml" out
+  out="$(sed -n '/^patches:$/,$p' "$k" | tail -n +2)"
+  grep -q 'name: katib-mysql-secrets' <<<"$out" ||
+    die "${PIECE}: ${k} has no patches for the Secret katib-mysql-secrets after its 'patches:' line"
+  printf '%s\n' "$out"
+}
+
 # The overlay in the state folder: upstream's v1beta1 manifests (a copy: the module cache is
 # read-only and kustomize wants the files under its root) as katib-standalone composes them,
-# without the UI, with the local images and our katib-config.
+# without the UI, with the local images, our katib-config and the user path's patches.
 write_overlay() {
   local dir="$1"
   upstream_copy "$PIECE" "$dir" "${MODULE}@v${V}" manifests/v1beta1
@@ -239,6 +255,7 @@ $(roll_on_images '{kind: Deployment}')
         value:
           matchExpressions:
             - {key: katib.kubeflow.org/component, operator: DoesNotExist}
+$(user_path_patches)
 YAML
   grep -q 'name: mutator.pod.katib.kubeflow.org' "${dir}/upstream/components/webhook/webhooks.yaml" ||
     die "${PIECE}: upstream's webhooks.yaml has no pod mutator (its layout changed?)"
@@ -302,6 +319,7 @@ addon_install() {
   need_cluster "$PIECE"
   local d
   ensure_namespace "$NS"
+  ensure_credentials "$PIECE" katib-db
   hostpath_pv "$PIECE" "$NS" katib-mysql 10Gi
   apply_overlay "$PIECE"
   crds_established "$PIECE" {experiments,suggestions,trials}.kubeflow.org
@@ -312,6 +330,7 @@ addon_install() {
 
 addon_verify() {
   need_cluster "$PIECE"
+  check_credentials "$PIECE" katib-db
   local exp=gpupipe-verify-katib out
   if ! check_object "$PIECE" "$NS" experiment "$exp" Succeeded 240 experiment; then
     kubectl_ -n "$NS" get experiment,suggestion,trial,pods -o wide >&2 || true

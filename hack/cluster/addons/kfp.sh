@@ -8,16 +8,21 @@
 #            over PyPI's ml-metadata wheel (images/kfp/mlmd_server.py: upstream's server is C++
 #            with no package here); the init containers' `nc -z` (upstream: alpine) from Debian's
 #            netcat-openbsd; the database is the shared MariaDB image (images/mariadb)
-#   install  the user path (manifests/kfp: upstream's manifests/kustomize, v2 parts) rendered with
+#   install  the Secrets mlpipeline-minio-artifact (kept when the object-store add-on made it) and
+#            mysql-secret generated for this cluster (hack/credentials.sh: the database account
+#            `kfp` limited to KFP's two databases, root from inside its pod only), then
+#            the user path (manifests/kfp: upstream's manifests/kustomize, v2 parts) rendered with
 #            its upstream base from the extracted tarball and the local images, nothing else
 #            changed (tests/cluster/test_kfp_manifests.py holds the two renderings side by side)
 #            but the Deployments of the UI and of its grpc-web proxy in front of ML Metadata
 #            (KFP_UI_DEPLOYMENTS), which hack/cluster/addons/kfp-ui.sh applies from the same
 #            rendering with its own images; waits for every Deployment and for the API server to
 #            answer through its Service
-#   verify   ML Metadata's service checked from a pod (images/kfp/mlmd_check.py: a put and a get
-#            of each kind of call the driver makes), and the API server's healthz and pipeline
-#            list through the Service `ml-pipeline.kubeflow:8888`, as a user's client reaches it
+#   verify   the Secrets hold generated values (no upstream default); ML Metadata's service
+#            checked from a pod (images/kfp/mlmd_check.py: a put and a get of each kind of call the
+#            driver makes), and the API server's healthz and pipeline list through the Service
+#            `ml-pipeline.kubeflow:8888`, as a user's client reaches it (both log in to the database
+#            with mysql-secret's account)
 #   images   the tags it needs
 # The versions are KFP_VERSION and ARGO_VERSION (versions.env); the user path (manifests/kfp)
 # must pin the same tag, or this refuses to run.
@@ -314,6 +319,9 @@ addon_install() {
   hostpath_pv "$PIECE" "$NS" mysql-pv-claim 20Gi
   hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
   apply_k "$PIECE" "${dir}/cluster-scoped-resources"
+  # The user path leaves both Secrets out (upstream's hold minio/minio123 and root with no
+  # password): they are made before anything that reads them.
+  ensure_credentials "$PIECE" object-store kfp-db
   crds_established "$PIECE" {workflows,workflowtaskresults,workflowartifactgctasks}.argoproj.io \
     scheduledworkflows.kubeflow.org
   apply_k "$PIECE" "${dir}/install"
@@ -329,6 +337,7 @@ addon_install() {
 
 addon_verify() {
   need_cluster "$PIECE"
+  check_credentials "$PIECE" object-store kfp-db
   local pod=gpupipe-verify-mlmd out overrides
   overrides="$(printf '{"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["python","/opt/mlmd/mlmd_check.py","metadata-grpc-service.%s","8080"],%s}]}}' \
     "$RESTRICTED_POD" "$pod" "$MLMD_IMAGE" "$NS" "$RESTRICTED_CONTAINER")"

@@ -5,13 +5,17 @@
 #   image    `weed` from the SeaweedFS Go module through hack/cluster/gomod/seaweedfs (its go.mod
 #            has a replace line), with upstream's entrypoint and filer.toml from the same module
 #            download, over the local busybox image
-#   install  KFP's own third-party/seaweedfs base from its source tarball (kfp_source in
-#            common.sh), labelled as KFP's platform-agnostic install labels it, under an overlay in
-#            the state folder that swaps in the local image: the same objects the KFP add-on
-#            applies later (tests/cluster/test_kfp_manifests.py checks it); its PVC gets a
-#            hostPath PersistentVolume; waits for the pod, the bucket and the admin identity
+#   install  the Secret `mlpipeline-minio-artifact` with keys generated for this cluster
+#            (hack/credentials.sh: upstream's minio/minio123 never reaches it), then KFP's own
+#            third-party/seaweedfs base from its source tarball (kfp_source in common.sh), without
+#            that upstream Secret, labelled as KFP's platform-agnostic install labels it, under an
+#            overlay in the state folder that swaps in the local image: the same objects the KFP
+#            add-on applies later (tests/cluster/test_kfp_manifests.py checks it); its PVC gets a
+#            hostPath PersistentVolume; waits for the pod, the bucket and the admin identity (with
+#            the Secret's key, and no other: a key left from an earlier Secret is removed)
 #   verify   from a pod (the MLflow image: Python with boto3), with the Secret's keys: an unsigned
-#            request is refused, a signed put and get of an object in `mlpipeline` round-trips
+#            request and upstream's default keys (minio/minio123) are refused, a signed put and get
+#            of an object in `mlpipeline` round-trips
 #   images   the tag it needs
 set -euo pipefail
 # shellcheck source=hack/cluster/addons/common.sh
@@ -58,7 +62,9 @@ addon_image() {
 
 # KFP's SeaweedFS base from the extracted tarball, with the namespace and the labels KFP's
 # platform-agnostic install gives it (selectors too: a Deployment's selector cannot change later,
-# when the KFP add-on applies the same objects), and the local image.
+# when the KFP add-on applies the same objects), and the local image; without upstream's Secret
+# (its keys are minio/minio123), as manifests/kfp/platform-agnostic leaves it out:
+# hack/credentials.sh makes it.
 write_overlay() {
   local dir="$1" base
   mkdir -p "$dir"
@@ -78,6 +84,12 @@ images:
   - name: ${UPSTREAM_IMAGE}
     newName: ${IMAGE%:*}
     newTag: "${IMAGE##*:}"
+patches:
+  - patch: |-
+      \$patch: delete
+      apiVersion: v1
+      kind: Secret
+      metadata: {name: mlpipeline-minio-artifact}
 YAML
 }
 
@@ -85,12 +97,35 @@ weed_shell() {
   kubectl_ -n "$NS" exec deploy/seaweedfs -c seaweedfs -- sh -c "echo '$1' | /usr/bin/weed shell" 2>/dev/null
 }
 
+store_key() {
+  kubectl_ -n "$NS" get secret mlpipeline-minio-artifact -o jsonpath='{.data.accesskey}' | base64 -d
+}
+
+# The access keys SeaweedFS's S3 identities hold (`s3.configure` prints them as JSON).
+store_keys() {
+  weed_shell "s3.configure" | sed -n 's/.*"accessKey": *"\([^"]*\)".*/\1/p'
+}
+
 # The start-up hook has run: the bucket exists and the admin identity has the Secret's key.
 store_configured() {
   local key
-  key="$(kubectl_ -n "$NS" get secret mlpipeline-minio-artifact -o jsonpath='{.data.accesskey}' | base64 -d)"
+  key="$(store_key)"
   weed_shell "s3.bucket.list" | grep -q "^  ${BUCKET}" &&
-    weed_shell "s3.configure" | grep -q "\"${key}\""
+    store_keys | grep -qxF "$key"
+}
+
+# Upstream's start-up hook adds the Secret's key to its admin identity and removes none: a store
+# that ran with an earlier Secret (upstream's minio/minio123, before hack/credentials.sh replaced
+# it) would still take the old key. Every other key of that identity is removed.
+drop_stale_keys() {
+  local key old
+  key="$(store_key)"
+  for old in $(store_keys); do
+    [[ "$old" == "$key" ]] && continue
+    weed_shell "s3.configure -user kubeflow-admin -access_key ${old} -delete -apply" >/dev/null ||
+      die "${PIECE}: cannot remove an earlier access key from SeaweedFS's kubeflow-admin identity"
+    say "removed an earlier access key from SeaweedFS's kubeflow-admin identity"
+  done
 }
 
 addon_install() {
@@ -99,6 +134,7 @@ addon_install() {
   import_image "$IMAGE"
   kfp_source "$PIECE"
   ensure_namespace "$NS"
+  ensure_credentials "$PIECE" object-store
   hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
   local dir
   dir="$(addon_state "$PIECE")"
@@ -107,7 +143,8 @@ addon_install() {
   rollout "$PIECE" "$NS" seaweedfs 300
   wait_for 120 store_configured ||
     die "${PIECE}: bucket ${BUCKET} or the admin identity missing 120 s after start (kubectl -n ${NS} describe pod -l app=seaweedfs)"
-  say "bucket ${BUCKET} and the admin identity are there; S3 at seaweedfs.${NS}:9000"
+  drop_stale_keys
+  say "bucket ${BUCKET} and the admin identity (the Secret's generated key only) are there; S3 at seaweedfs.${NS}:9000"
 }
 
 # What a pipeline step does: boto3 with the Secret's keys against seaweedfs.kubeflow:9000.
@@ -127,6 +164,15 @@ try:
     raise SystemExit("an unsigned put was accepted: the store has no identity configured")
 except botocore.exceptions.ClientError as e:
     print("unsigned put refused:", e.response["Error"]["Code"])
+if os.environ["secretkey"] in ("minio123", "minioadmin") or os.environ["accesskey"] == "minio":
+    raise SystemExit("the Secret holds upstream's default keys, not keys generated for this cluster")
+default = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                       aws_access_key_id="minio", aws_secret_access_key="minio123")
+try:
+    default.put_object(Bucket="mlpipeline", Key=key, Body=body)
+    raise SystemExit("upstream's default keys minio/minio123 were accepted")
+except botocore.exceptions.ClientError as e:
+    print("upstream's default keys refused:", e.response["Error"]["Code"])
 s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                   aws_access_key_id=os.environ["accesskey"],
                   aws_secret_access_key=os.environ["secretkey"])
@@ -140,6 +186,7 @@ PY
 
 addon_verify() {
   need_cluster "$PIECE"
+  check_credentials "$PIECE" object-store
   local client="gpupipe.local/mlflow:v${MLFLOW_VERSION}" pod=gpupipe-verify-s3 overrides out
   # Its client is the MLflow image (Python with boto3), imported by hack/cluster/addons/mlflow.sh.
   import_image "$client"
@@ -148,7 +195,7 @@ addon_verify() {
   out="$(run_pod "$NS" "$pod" "$client" "$overrides" 300)" ||
     die "${PIECE}: the S3 round trip from a pod failed: ${out}"
   printf '%s\n' "$out" | sed 's/^/      /'
-  say "a pod put and got an object in s3://${BUCKET} at seaweedfs.${NS}:9000 with the Secret's keys"
+  say "a pod put and got an object in s3://${BUCKET} at seaweedfs.${NS}:9000 with the Secret's generated keys; minio/minio123 refused"
 }
 
 case "${1:-}" in
