@@ -512,7 +512,7 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
 
     import kfp_server_api as kapi
 
-    from pipelines.cli import _print_summary
+    from pipelines.cli.run import print_summary
     from pipelines.cluster_summary import run_summary
 
     run_dir = tmp_path / "gpupipe-training" / "r-1"
@@ -549,7 +549,7 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
     assert s["metrics"] == {"accuracy": 0.91, "baseline_trivial_accuracy": 0.6}
     assert s["gate_passed"] is True and s["gate_reason"].startswith("accuracy 0.910")
     assert s["model_uri"] == str(model) and s["report"].endswith("/123/report")
-    _print_summary(s)
+    print_summary(s)
     out = capsys.readouterr().out
     assert "pipeline run http://kfp/#/runs/details/r-1: SUCCEEDED" in out
     assert "accuracy       0.9100" in out and "vs trivial" in out
