@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 def connect(args: argparse.Namespace) -> KfpCluster:
     """The KFP client for ``--host``, ``--token``, ``--namespace`` and ``--insecure``."""
-    from pipelines.cluster import KfpCluster, resolve_auth
+    from pipelines.cluster import KfpCluster
+    from pipelines.cluster_auth import resolve_auth
 
     return KfpCluster(
         args.host,

@@ -144,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_on_cluster(args: argparse.Namespace) -> int:
-    from pipelines.cluster import compile_training_pipeline, failed_tasks
+    from pipelines.cluster import failed_tasks
+    from pipelines.cluster_package import compile_training_pipeline
 
     params = cluster_params(args)
     if args.compiled and args.version:

@@ -10,7 +10,7 @@ from pipelines.cli.host import add_cluster_args, connect
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    from pipelines.cluster import compile_training_pipeline, read_package
+    from pipelines.cluster_package import compile_training_pipeline, read_package
 
     compiled = read_package(Path(args.package)) if args.package else compile_training_pipeline()
     cluster = connect(args)

@@ -1,5 +1,6 @@
 """Odd tables a new user tries (issue 39, item 1): the pre-check of ``gpupipe run --local``
-(:func:`pipelines.local_checks.check_data`) and the preprocess step say one line about each, or read it.
+(:func:`pipelines.local_checks.check_data`) and the preprocess step say one line about each, or
+read it.
 
 Each case goes through both, as a run does: the pre-check first, then the step itself.
 """

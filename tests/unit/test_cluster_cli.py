@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cluster, cron
+from pipelines import cluster, cluster_auth, cluster_package, cron
 from pipelines.cli import main
 from tests.fakes.kfp_api import FakeKfp, RunScript, check_model, serve
 
@@ -22,7 +22,7 @@ TOKEN = "s3cr3t-token-value"
 def kfp(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKfp]:
     monkeypatch.setattr(cluster, "BACKOFF_S", 0.01)
     monkeypatch.setattr(cluster, "MAX_POLL_S", 0.02)
-    monkeypatch.delenv(cluster.TOKEN_PATH_ENV, raising=False)
+    monkeypatch.delenv(cluster_auth.TOKEN_PATH_ENV, raising=False)
     yield from serve()
 
 
@@ -52,7 +52,7 @@ def test_upload_creates_pipeline_and_content_named_version(
     assert code == 0
     (pipeline,) = kfp.pipelines.values()
     (version,) = kfp.versions[pipeline.pipeline_id]
-    digest = cluster.compile_training_pipeline().digest
+    digest = cluster_package.compile_training_pipeline().digest
     assert version.name == f"v-{digest[:12]}"
     assert version.description.startswith(f"sha256:{digest}")
     assert "created pipeline and version" in out
@@ -73,20 +73,20 @@ def test_upload_same_yaml_twice_is_a_no_op(
     assert sum(len(v) for v in uploaded.versions.values()) == 1
 
 
-def _changed() -> cluster.Compiled:
+def _changed() -> cluster_package.Compiled:
     c = _real_compile()
     text = c.yaml_text.replace("sdkVersion: kfp-", "sdkVersion: kfp-changed-", 1)
     assert text != c.yaml_text
-    return dataclasses.replace(c, yaml_text=text, digest=cluster.content_digest(text))
+    return dataclasses.replace(c, yaml_text=text, digest=cluster_package.content_digest(text))
 
 
-_real_compile = cluster.compile_training_pipeline
+_real_compile = cluster_package.compile_training_pipeline
 
 
 def test_upload_changed_content_adds_a_version(
     uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cluster, "compile_training_pipeline", _changed)
+    monkeypatch.setattr(cluster_package, "compile_training_pipeline", _changed)
     code, out, _ = _gp(capsys, "upload", "--host", uploaded.url)
     assert code == 0
     assert out.startswith("added version")
@@ -98,7 +98,7 @@ def test_upload_explicit_version_with_other_content_is_refused(
     uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert _gp(capsys, "upload", "--host", uploaded.url, "--version", "prod")[0] == 0
-    monkeypatch.setattr(cluster, "compile_training_pipeline", _changed)
+    monkeypatch.setattr(cluster_package, "compile_training_pipeline", _changed)
     code, _, err = _gp(capsys, "upload", "--host", uploaded.url, "--version", "prod")
     assert code == 2
     assert err.startswith("ERROR [gpupipe upload] E_CONFLICT: version 'prod'")
@@ -406,7 +406,7 @@ def test_token_is_sent_as_bearer_and_never_printed(
     else:
         path = tmp_path / "token"
         path.write_text(TOKEN + "\n")
-        monkeypatch.setenv(cluster.TOKEN_PATH_ENV, str(path))
+        monkeypatch.setenv(cluster_auth.TOKEN_PATH_ENV, str(path))
     code, out, err = _gp(capsys, "upload", "--host", kfp.url, *extra)
     assert code == 0, err
     assert {r.headers.get("authorization") for r in kfp.requests} == {f"Bearer {TOKEN}"}
@@ -605,12 +605,12 @@ def test_a_token_over_plain_http_to_another_host_is_refused_before_any_request(
     ids=["https", "localhost", "loopback", "loopback-v6"],
 )
 def test_a_token_goes_over_https_or_to_this_machine(host: str) -> None:
-    auth = cluster.Auth(source="--token", token=TOKEN)
+    auth = cluster_auth.Auth(source="--token", token=TOKEN)
     assert cluster.KfpCluster(host, auth=auth).host == host
 
 
 def test_insecure_allows_plain_http_and_no_token_needs_nothing() -> None:
     host = "http://kfp.example.com:8080"
-    token = cluster.Auth(source="--token", token=TOKEN)
+    token = cluster_auth.Auth(source="--token", token=TOKEN)
     assert cluster.KfpCluster(host, auth=token, insecure=True).host == host
-    assert cluster.KfpCluster(host, auth=cluster.Auth(source="none")).host == host
+    assert cluster.KfpCluster(host, auth=cluster_auth.Auth(source="none")).host == host
