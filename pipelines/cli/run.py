@@ -200,6 +200,7 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
 
 
 def print_summary(s: dict[str, Any]) -> None:
+    """A run's summary as a person reads it, for a local and a cluster run alike."""
     from trainer.base.cost import summary_lines
 
     print()
