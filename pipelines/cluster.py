@@ -5,33 +5,27 @@ The calls go through ``kfp_server_api`` (the client that ``kfp.Client`` wraps) r
 for 25 s on an unreachable host and has no hook for one-line errors. Here every call is one
 typed function; :meth:`KfpCluster._call` turns transport and HTTP errors into a
 :class:`ClusterError` a person can act on (with credentials redacted) and retries 5xx answers a
-bounded number of times.
+bounded number of times. Who is calling is :mod:`pipelines.cluster_auth`'s; what is uploaded,
+:mod:`pipelines.cluster_package`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import ipaddress
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import kfp_server_api as kapi
 import urllib3
-import yaml
 
+from pipelines.cluster_auth import Auth, redact_url, token_safe_over
+from pipelines.cluster_package import Compiled
 from trainer.base.errors import InputError
 
-TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
-"""Env var naming a token file (what ``kfp.Client`` reads too)."""
-IN_CLUSTER_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
-"""The projected service-account token KFP mounts into pods (audience pipelines.kubeflow.org)."""
 PORT_FORWARD_HINT = (
     "is the port-forward running? kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80"
 )
@@ -54,121 +48,6 @@ class ClusterError(RuntimeError):
         self.code = code
         self.status = status
         self.exit_code = exit_code
-
-
-@dataclass(frozen=True, slots=True)
-class Auth:
-    """Where the bearer token comes from; the token itself never appears in ``repr``."""
-
-    source: str
-    token: str | None = None
-    path: str | None = None
-
-    def __repr__(self) -> str:
-        return f"Auth(source={self.source!r}, path={self.path!r})"
-
-    def read(self) -> str | None:
-        """The current token: a file is re-read on every call (projected tokens rotate)."""
-        if self.path is not None:
-            return Path(self.path).read_text().strip() or None
-        return self.token
-
-
-def resolve_auth(token: str | None, env: dict[str, str] | None = None) -> Auth:
-    """Pick the credentials as KFP users have them, first match wins.
-
-    ``--token``, then the file named by ``KF_PIPELINES_SA_TOKEN_PATH``, then the in-cluster
-    token KFP mounts into pipeline pods, else no token (a port-forward to a single-user KFP).
-
-    Raises:
-        InputError: ``KF_PIPELINES_SA_TOKEN_PATH`` names a file that does not exist.
-    """
-    env = dict(os.environ) if env is None else env
-    if token:
-        return Auth(source="--token", token=token)
-    if path := env.get(TOKEN_PATH_ENV):
-        if not Path(path).is_file():
-            raise InputError("E_AUTH", f"token file {path} does not exist", TOKEN_PATH_ENV)
-        return Auth(source=TOKEN_PATH_ENV, path=path)
-    if Path(IN_CLUSTER_TOKEN_PATH).is_file():
-        return Auth(source="in-cluster service account", path=IN_CLUSTER_TOKEN_PATH)
-    return Auth(source="none")
-
-
-@dataclass(frozen=True, slots=True)
-class Compiled:
-    """The training pipeline compiled to YAML, with the digest of its canonical form."""
-
-    name: str
-    yaml_text: str
-    digest: str
-    description: str
-
-    @property
-    def version_name(self) -> str:
-        """The default version name: the same YAML always gets the same name."""
-        return f"v-{self.digest[:12]}"
-
-    def pipeline_spec(self) -> dict[str, Any]:
-        """The ``pipeline_spec`` of a run body, as ``kfp.Client`` builds it from a package."""
-        docs = [d for d in yaml.safe_load_all(self.yaml_text) if d]
-        platform: dict[str, Any] = {}
-        for doc in docs[1:]:
-            platform.update(doc)
-        return {"pipeline_spec": docs[0], "platform_spec": platform} if platform else docs[0]
-
-
-def content_digest(yaml_text: str) -> str:
-    """sha256 of the YAML's documents as sorted JSON: formatting and key order do not count."""
-    docs = list(yaml.safe_load_all(yaml_text))
-    canonical = json.dumps(docs, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def compile_training_pipeline() -> Compiled:
-    """Compile ``pipelines.training.training_pipeline`` (the cluster build) in a temp folder."""
-    from kfp import compiler
-
-    from pipelines.training import PIPELINE_NAME, training_pipeline
-
-    with tempfile.TemporaryDirectory(prefix="gpupipe-") as tmp:
-        path = Path(tmp) / f"{PIPELINE_NAME}.yaml"
-        compiler.Compiler().compile(training_pipeline, str(path))
-        text = path.read_text()
-    info = (next(yaml.safe_load_all(text)) or {}).get("pipelineInfo", {})
-    return Compiled(
-        name=PIPELINE_NAME,
-        yaml_text=text,
-        digest=content_digest(text),
-        description=str(info.get("description", "")),
-    )
-
-
-def read_package(path: Path) -> Compiled:
-    """A compiled pipeline YAML file, as ``gpupipe upload --package`` sends it.
-
-    Only what must hold for the request to make sense is checked here (a readable YAML
-    mapping); whether it is a valid pipeline is the API server's call, and its reason is what
-    the user sees.
-
-    Raises:
-        InputError: ``E_PACKAGE`` naming the file when it cannot be read or is not YAML.
-    """
-    try:
-        text = path.read_text()
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        reason = " ".join(str(e).split())[:200]
-        raise InputError("E_PACKAGE", f"cannot read {path} as YAML: {reason}", "--package") from e
-    if not docs or not isinstance(docs[0], dict):
-        raise InputError("E_PACKAGE", f"{path} holds no YAML mapping", "--package")
-    info = docs[0].get("pipelineInfo") or {}
-    return Compiled(
-        name=str(info.get("name") or path.stem) if isinstance(info, dict) else path.stem,
-        yaml_text=text,
-        digest=content_digest(text),
-        description=str(info.get("description", "")) if isinstance(info, dict) else "",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,28 +75,6 @@ def _error_text(e: kapi.ApiException) -> str:
     except (ValueError, AttributeError):
         text = body or (e.reason or "")
     return " ".join(str(text).split())[:300]
-
-
-def _token_safe_over(host: str) -> bool:
-    """Whether a bearer token may go to ``host``: over https, or plain http to this machine."""
-    parts = urlsplit(host)
-    if parts.scheme == "https":
-        return True
-    name = (parts.hostname or "").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def redact_url(url: str) -> str:
-    """``url`` without a ``user:password@`` part."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
 
 
 class KfpCluster:
@@ -251,7 +108,7 @@ class KfpCluster:
             raise InputError(
                 "E_HOST", f"host must start with http:// or https://, got {host!r}", "--host"
             )
-        if auth.source != "none" and not insecure and not _token_safe_over(host):
+        if auth.source != "none" and not insecure and not token_safe_over(host):
             raise InputError(
                 "E_INSECURE",
                 f"refusing to send the bearer token (from {auth.source}) in clear text over "

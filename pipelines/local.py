@@ -3,20 +3,17 @@
 The run's outcome is kfp.local's own verdict, never a guess from the files that exist: a run
 whose evaluate or register step failed is ``FAILED``, names the step, and carries the step's
 one-line error. Everything a person can get wrong (parameters, the data, the target column, the
-registry, the root folder) is checked before the first step starts.
+registry, the root folder) is checked before the first step starts
+(:mod:`pipelines.local_checks`); what the run printed and left is read by
+:mod:`pipelines.local_report`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
-import io
-import json
 import logging
 import os
-import re
 import secrets
-import shlex
 import signal
 import sys
 import time
@@ -25,80 +22,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pipelines.local_checks import (
+    REGISTRY_TIMEOUT_S,
+    check_data,
+    check_registry,
+    prepare_root,
+)
+from pipelines.local_report import StepLog, failed_task, failure_details, summarize
 from pipelines.params import check_parameters, parameter_types
-from trainer.base.errors import NOT_INPUT_CODES, InputError, parse_error_line
+from trainer.base.errors import InputError
 from trainer.base.redact import redact as _redact
 
 log = logging.getLogger(__name__)
 
 DEMO_TARGET = "churned"
-ROOT_MARKER = ".gpupipe-root.json"
-"""Written into a ``--root`` the suite created; a folder without it is never written into."""
-REGISTRY_TIMEOUT_S = 5.0
-"""How long the pre-flight check waits for a registry server to answer."""
-EXTERNAL_CODES = NOT_INPUT_CODES
-"""Codes of failures that are not the user's input (a registry or object store, a training run
-that cannot go on, a full disk): the run then exits 1, not 2."""
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_KFP_FAILURE = re.compile(r"finished with status FAILURE\. Inner task failed: (?P<chain>.*)\.$")
-_EXCEPTION_LINE = re.compile(
-    r"^\s*(?:[\w.]+\.)?(?P<type>[A-Z]\w*(?:Error|Exception|Interrupt))(?::|$)"
-)
-
-
-def pipeline_parameters() -> dict[str, Any]:
-    """Names and defaults of the training pipeline's parameters (``None``: required)."""
-    from pipelines.params import pipeline_parameters as names
-
-    return names()
-
-
-# --- the root folder -----------------------------------------------------------------------
-
-
-def prepare_root(root: Path) -> Path:
-    """Make ``root`` ready for runs, refusing any folder the suite did not create.
-
-    ``root`` must be absent, an empty directory, or a directory holding :data:`ROOT_MARKER`
-    (an earlier ``gpupipe run --local``). Anything else, such as a folder of the user's own
-    files, or one holding an unrelated ``mlflow.db``, is refused: runs write and replace files
-    under the root, and those must never be someone else's.
-
-    Raises:
-        InputError: ``E_ROOT`` naming the path: a file, a foreign folder, or not writable.
-    """
-    root = root.expanduser().absolute()
-    if root.exists() and not root.is_dir():
-        raise InputError("E_ROOT", "--root must be a folder, but a file is there", str(root))
-    marker = root / ROOT_MARKER
-    if root.is_dir() and not marker.is_file():
-        try:
-            entries = sorted(p.name for p in root.iterdir())
-        except OSError as e:
-            raise InputError("E_ROOT", f"cannot read --root: {e.strerror}", str(root)) from None
-        if entries:
-            shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-            raise InputError(
-                "E_ROOT",
-                f"--root holds files gpupipe did not create ({shown}); use an empty or new folder",
-                str(root),
-            )
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        if not marker.is_file():
-            tmp = root / f"{ROOT_MARKER}.tmp-{secrets.token_hex(4)}"
-            tmp.write_text(json.dumps({"created_by": "gpupipe", "purpose": "gpupipe run --local"}))
-            os.replace(tmp, marker)
-        probe = root / f".write-test-{secrets.token_hex(4)}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        reason = e.strerror or type(e).__name__
-        raise InputError(
-            "E_ROOT", f"--root is not a writable folder: {reason}", str(root)
-        ) from None
-    return root
 
 
 def new_run_id() -> str:
@@ -106,159 +43,7 @@ def new_run_id() -> str:
     return f"{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-# --- pre-flight checks of the data and the registry ----------------------------------------
-
-
-def check_data(data: str, target: str, params: dict[str, Any]) -> None:
-    """The data URI exists and is readable, ``target`` is one of its columns, and preprocess
-    will accept them (:func:`trainer.steps.preprocess.inspect_data`); prints its decisions.
-
-    The columns are read the way preprocess reads them (CSV delimiter, header, encoding from
-    the pipeline parameters), from the first file's schema or header only.
-
-    Raises:
-        InputError: ``E_DATA`` naming the URI, or ``E_TARGET`` naming the column.
-    """
-    from pipelines.params import preprocess_config
-    from trainer.steps.preprocess import read_columns
-
-    cfg = preprocess_config({**params, "target": target})
-    try:
-        columns = read_columns(data, cfg.csv_options())
-    except (OSError, RuntimeError) as e:
-        reason = " ".join(str(e).split())[:200]
-        raise InputError("E_DATA", f"cannot read the data: {reason}", data) from None
-    if target not in columns:
-        shown = ", ".join(columns[:20]) + (", ..." if len(columns) > 20 else "")
-        same_case = [c for c in columns if c.casefold() == target.casefold()]
-        close = same_case or difflib.get_close_matches(target, columns, n=1)
-        hint = f"; did you mean {close[0]!r}? set --target {shlex.quote(close[0])}" if close else ""
-        raise InputError(
-            "E_TARGET",
-            f"target column {target!r} is not in the data (columns: {shown}){hint}",
-            data,
-        )
-    from trainer.steps.preprocess import inspect_data
-
-    # What preprocess will decide (the task and why) and refuse (dates, a target that cannot
-    # work, a split it cannot make), said before any step starts.
-    for note in inspect_data(data, cfg):
-        print(note.line("gpupipe run"), file=sys.stderr, flush=True)
-
-
-def check_registry(uri: str, timeout_s: float = REGISTRY_TIMEOUT_S) -> None:
-    """The registry at ``uri`` answers, within ``timeout_s`` (a refused connection at once).
-
-    A tracking server (``http(s)://``) must answer MLflow's ``/health`` or its REST API; a
-    SQLite store must be an MLflow database or not exist yet (it is never migrated).
-
-    Raises:
-        InputError: ``E_REGISTRY`` naming the (redacted) URI and what went wrong.
-    """
-    from trainer import registry
-
-    if uri.startswith("sqlite:"):
-        registry.check_sqlite_store(uri)
-        return
-    if not uri.startswith(("http://", "https://")):
-        return  # databricks, file stores ...: MLflow's own client decides
-    import base64
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    shown = _redact(uri)
-    parts = urllib.parse.urlsplit(uri)
-    headers = {}
-    if parts.username is not None:  # user:password@host, as requests (and so MLflow) reads it
-        token = (
-            f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        )
-        headers["Authorization"] = "Basic " + base64.b64encode(token.encode()).decode()
-        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
-    base = urllib.parse.urlunsplit(parts).rstrip("/")
-    last = ""
-    for path in ("/health", "/api/2.0/mlflow/experiments/search?max_results=1"):
-        request = urllib.request.Request(base + path, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                if resp.status < 400:
-                    return
-        except urllib.error.HTTPError as e:
-            if e.code in (401, 403):
-                raise InputError(
-                    "E_REGISTRY", f"the registry refused the credentials (HTTP {e.code})", shown
-                ) from None
-            last = f"HTTP {e.code}"
-            continue
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", e)
-            raise InputError(
-                "E_REGISTRY",
-                f"the registry does not answer within {timeout_s:g} s: {reason} "
-                "(check registry_uri, or --registry-timeout)",
-                shown,
-            ) from None
-    raise InputError("E_REGISTRY", f"not an MLflow tracking server ({last})", shown)
-
-
-# --- watching the run ----------------------------------------------------------------------
-
-
-class _StepLog(io.TextIOBase):
-    """Forwards kfp.local's output line by line with credentials masked, and remembers each
-    step's error line and last exception.
-
-    kfp.local prints every task's executor input, parameters included, so a registry URI with
-    ``user:password@`` in it would otherwise reach the terminal.
-    """
-
-    def __init__(self, out: Any) -> None:
-        super().__init__()
-        self._out = out
-        self._partial = ""
-        self.error_lines: list[tuple[str, str]] = []
-        """``(step, line)`` of every ``ERROR [step] E_...`` line, in order."""
-        self.exceptions: list[str] = []
-        """The last line of each traceback printed by a step (``RuntimeError: ...``)."""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        self._partial += text
-        *lines, self._partial = self._partial.split("\n")
-        for line in lines:
-            line = _redact(line)
-            self._out.write(line + "\n")
-            self._scan(_ANSI.sub("", line))
-        return len(text)
-
-    def flush(self) -> None:
-        self._out.flush()
-
-    def close_line(self) -> None:
-        """Forward a last line that had no newline."""
-        if self._partial:
-            self.write("\n")
-        self.flush()
-
-    def _scan(self, line: str) -> None:
-        stripped = line.strip()
-        m = re.search(r"ERROR \[(?P<step>[\w -]+)\] (?P<code>E_[A-Z_]+): ", stripped)
-        if m is not None:
-            self.error_lines.append((m.group("step"), stripped[m.start() :]))
-        elif _EXCEPTION_LINE.match(stripped) and not stripped.startswith("Traceback"):
-            self.exceptions.append(stripped)
-
-
-def _failed_task(message: str) -> tuple[str, list[str]] | None:
-    """The innermost failed task and the chain, from kfp.local's failure message."""
-    m = _KFP_FAILURE.search(_ANSI.sub("", message).strip())
-    if m is None:
-        return None
-    chain = re.findall(r"'([^']+)'", m.group("chain"))
-    return (chain[0] if chain else "", chain)
+# --- the processes the run started ---------------------------------------------------------
 
 
 def _descendants(pid: int) -> list[int]:
@@ -431,7 +216,7 @@ def run_local(
         enable_caching=True,
         raise_on_error=True,
     )
-    step_log = _StepLog(sys.stderr if quiet else sys.stdout)
+    step_log = StepLog(sys.stderr if quiet else sys.stdout)
     failure: tuple[str, list[str]] | None = None
     try:
         with (
@@ -447,7 +232,7 @@ def run_local(
         stop_children()
         raise RunInterrupted(_interrupted_summary(pipeline_root, run_id)) from None
     except RuntimeError as e:
-        failure = _failed_task(str(e))
+        failure = failed_task(str(e))
         if failure is None:
             raise
     runs = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*"))
@@ -461,7 +246,7 @@ def run_local(
         summary["state"] = "SUCCEEDED"
         summary["exit_code"] = 0
     else:
-        summary.update(_failure_details(failure, step_log))
+        summary.update(failure_details(failure, step_log))
     return summary
 
 
@@ -534,70 +319,3 @@ def _prepare_registry(uri: str) -> None:
 
     if uri.startswith("sqlite:"):
         registry.prepare_store(uri)
-
-
-def _failure_details(failure: tuple[str, list[str]], step_log: _StepLog) -> dict[str, Any]:
-    """``state``, ``failed_step``, ``error`` and ``exit_code`` of a failed run."""
-    step, chain = failure
-    lines = [line for s, line in step_log.error_lines if s == step] or [
-        line for _, line in step_log.error_lines
-    ]
-    if lines:
-        error = lines[-1]
-        parsed = parse_error_line(error, error[error.index("[") + 1 : error.index("]")])
-        code = parsed.code if parsed is not None else "E_FAILED"
-    else:
-        last = step_log.exceptions[-1] if step_log.exceptions else "see the step's log above"
-        code = "E_FAILED"
-        error = f"ERROR [{step}] E_FAILED: the step failed: {' '.join(last.split())}"
-    return {
-        "state": "FAILED",
-        "failed_step": step,
-        "failed_chain": chain,
-        "error": _redact(error),
-        "exit_code": 1 if code in EXTERNAL_CODES else 2,
-    }
-
-
-def _executor_output(task_dir: Path) -> dict[str, Any]:
-    path = task_dir / "executor_output.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def summarize(run_dir: Path) -> dict[str, Any]:
-    """Read a kfp.local run folder: each task's ``executor_output.json`` and artifacts."""
-    out: dict[str, Any] = {"run_dir": str(run_dir)}
-    pre = _executor_output(run_dir / "preprocess")
-    for artifact in pre.get("artifacts", {}).get("dataset", {}).get("artifacts", []):
-        warnings = artifact.get("metadata", {}).get("warnings")
-        if warnings:
-            out["data_warnings"] = list(warnings)
-    ev = _executor_output(run_dir / "evaluate")
-    params = ev.get("parameterValues", {})
-    if "Output" in params:
-        out["gate_passed"] = bool(params["Output"])
-    for artifact in ev.get("artifacts", {}).get("report", {}).get("artifacts", []):
-        out["gate_reason"] = artifact.get("metadata", {}).get("gate_reason", "")
-    for artifact in ev.get("artifacts", {}).get("metrics", {}).get("artifacts", []):
-        out["metrics"] = {
-            k: v
-            for k, v in artifact.get("metadata", {}).items()
-            if k != "gate_passed" and isinstance(v, int | float)
-        }
-    report = run_dir / "evaluate" / "report"
-    if report.exists():
-        out["report"] = str(report)
-    model = run_dir / "train" / "model"
-    if (model / "model.json").exists():
-        out["model_uri"] = str(model)
-    if (model / "cost.json").exists():  # the estimate before launch and the actual
-        out["cost"] = json.loads((model / "cost.json").read_text())
-    tuned = _executor_output(run_dir / "tune").get("parameterValues", {})
-    if tuned.get("best_hyperparams"):
-        out["tuned_hyperparams"] = tuned["best_hyperparams"]
-    reg = _executor_output(run_dir / "register").get("parameterValues", {})
-    if reg:
-        out["registered_version"] = reg.get("version")
-        out["registered_model_uri"] = reg.get("model_uri")
-        out["champion"] = reg.get("champion")
-    return out

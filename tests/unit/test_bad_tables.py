@@ -1,5 +1,6 @@
 """Odd tables a new user tries (issue 39, item 1): the pre-check of ``gpupipe run --local``
-(:func:`pipelines.local.check_data`) and the preprocess step say one line about each, or read it.
+(:func:`pipelines.local_checks.check_data`) and the preprocess step say one line about each, or
+read it.
 
 Each case goes through both, as a run does: the pre-check first, then the step itself.
 """
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
-from pipelines.local import check_data
+from pipelines.local_checks import check_data
 from pipelines.params import preprocess_config, with_defaults
 from trainer.base.errors import InputError, error_line
 from trainer.steps.preprocess import PreprocessResult, preprocess

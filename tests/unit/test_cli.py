@@ -163,7 +163,7 @@ def test_compile_onto_a_file_is_one_line_and_leaves_it(
 
 
 def test_summary_shows_each_baseline_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelines.cli import _print_summary
+    from pipelines.cli.run import print_summary
 
     metrics = {
         "accuracy": 0.8167,
@@ -171,7 +171,7 @@ def test_summary_shows_each_baseline_on_one_line(capsys: pytest.CaptureFixture[s
         "baseline_linear_accuracy": 0.818,
         "baseline_linear_roc_auc": 0.88,
     }
-    _print_summary({"run_dir": "r", "state": "SUCCEEDED", "metrics": metrics, "gate_passed": True})
+    print_summary({"run_dir": "r", "state": "SUCCEEDED", "metrics": metrics, "gate_passed": True})
     lines = capsys.readouterr().out.splitlines()
     assert "  accuracy       0.8167" in lines
     assert lines.index("  vs trivial     accuracy 0.6273") < lines.index(
@@ -389,6 +389,6 @@ def test_help_reads_as_plain_text(command: str, capsys: pytest.CaptureFixture[st
     ids=["double", "single", "roles", "untouched"],
 )
 def test_plain_text_strips_docstring_markup(text: str, plain: str) -> None:
-    from pipelines.cli import plain_text
+    from pipelines.cli.help import plain_text
 
     assert plain_text(text) == plain

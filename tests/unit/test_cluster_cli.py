@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cluster, cron
+from pipelines import cluster, cluster_auth, cluster_package, cron
 from pipelines.cli import main
 from tests.fakes.kfp_api import FakeKfp, RunScript, check_model, serve
 
@@ -23,7 +23,7 @@ TOKEN = "s3cr3t-token-value"
 def kfp(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKfp]:
     monkeypatch.setattr(cluster, "BACKOFF_S", 0.01)
     monkeypatch.setattr(cluster, "MAX_POLL_S", 0.02)
-    monkeypatch.delenv(cluster.TOKEN_PATH_ENV, raising=False)
+    monkeypatch.delenv(cluster_auth.TOKEN_PATH_ENV, raising=False)
     yield from serve()
 
 
@@ -53,7 +53,7 @@ def test_upload_creates_pipeline_and_content_named_version(
     assert code == 0
     (pipeline,) = kfp.pipelines.values()
     (version,) = kfp.versions[pipeline.pipeline_id]
-    digest = cluster.compile_training_pipeline().digest
+    digest = cluster_package.compile_training_pipeline().digest
     assert version.name == f"v-{digest[:12]}"
     assert version.description.startswith(f"sha256:{digest}")
     assert "created pipeline and version" in out
@@ -74,20 +74,20 @@ def test_upload_same_yaml_twice_is_a_no_op(
     assert sum(len(v) for v in uploaded.versions.values()) == 1
 
 
-def _changed() -> cluster.Compiled:
+def _changed() -> cluster_package.Compiled:
     c = _real_compile()
     text = c.yaml_text.replace("sdkVersion: kfp-", "sdkVersion: kfp-changed-", 1)
     assert text != c.yaml_text
-    return dataclasses.replace(c, yaml_text=text, digest=cluster.content_digest(text))
+    return dataclasses.replace(c, yaml_text=text, digest=cluster_package.content_digest(text))
 
 
-_real_compile = cluster.compile_training_pipeline
+_real_compile = cluster_package.compile_training_pipeline
 
 
 def test_upload_changed_content_adds_a_version(
     uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cluster, "compile_training_pipeline", _changed)
+    monkeypatch.setattr(cluster_package, "compile_training_pipeline", _changed)
     code, out, _ = _gp(capsys, "upload", "--host", uploaded.url)
     assert code == 0
     assert out.startswith("added version")
@@ -99,7 +99,7 @@ def test_upload_explicit_version_with_other_content_is_refused(
     uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert _gp(capsys, "upload", "--host", uploaded.url, "--version", "prod")[0] == 0
-    monkeypatch.setattr(cluster, "compile_training_pipeline", _changed)
+    monkeypatch.setattr(cluster_package, "compile_training_pipeline", _changed)
     code, _, err = _gp(capsys, "upload", "--host", uploaded.url, "--version", "prod")
     assert code == 2
     assert err.startswith("ERROR [gpupipe upload] E_CONFLICT: version 'prod'")
@@ -428,7 +428,7 @@ def test_token_is_sent_as_bearer_and_never_printed(
     else:
         path = tmp_path / "token"
         path.write_text(TOKEN + "\n")
-        monkeypatch.setenv(cluster.TOKEN_PATH_ENV, str(path))
+        monkeypatch.setenv(cluster_auth.TOKEN_PATH_ENV, str(path))
     code, out, err = _gp(capsys, "upload", "--host", kfp.url, *extra)
     assert code == 0, err
     assert {r.headers.get("authorization") for r in kfp.requests} == {f"Bearer {TOKEN}"}
@@ -534,7 +534,7 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
 
     import kfp_server_api as kapi
 
-    from pipelines.cli import _print_summary
+    from pipelines.cli.run import print_summary
     from pipelines.cluster_summary import run_summary
 
     run_dir = tmp_path / "gpupipe-training" / "r-1"
@@ -571,7 +571,7 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
     assert s["metrics"] == {"accuracy": 0.91, "baseline_trivial_accuracy": 0.6}
     assert s["gate_passed"] is True and s["gate_reason"].startswith("accuracy 0.910")
     assert s["model_uri"] == str(model) and s["report"].endswith("/123/report")
-    _print_summary(s)
+    print_summary(s)
     out = capsys.readouterr().out
     assert "pipeline run http://kfp/#/runs/details/r-1: SUCCEEDED" in out
     assert "accuracy       0.9100" in out and "vs trivial" in out
@@ -627,12 +627,12 @@ def test_a_token_over_plain_http_to_another_host_is_refused_before_any_request(
     ids=["https", "localhost", "loopback", "loopback-v6"],
 )
 def test_a_token_goes_over_https_or_to_this_machine(host: str) -> None:
-    auth = cluster.Auth(source="--token", token=TOKEN)
+    auth = cluster_auth.Auth(source="--token", token=TOKEN)
     assert cluster.KfpCluster(host, auth=auth).host == host
 
 
 def test_insecure_allows_plain_http_and_no_token_needs_nothing() -> None:
     host = "http://kfp.example.com:8080"
-    token = cluster.Auth(source="--token", token=TOKEN)
+    token = cluster_auth.Auth(source="--token", token=TOKEN)
     assert cluster.KfpCluster(host, auth=token, insecure=True).host == host
-    assert cluster.KfpCluster(host, auth=cluster.Auth(source="none")).host == host
+    assert cluster.KfpCluster(host, auth=cluster_auth.Auth(source="none")).host == host

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -141,6 +142,94 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     copies = [a for k, a in final if k == "COPY"]
     assert copies == ["--from=deps /opt/venv /opt/venv", "--from=package /opt/package /opt/venv"]
     assert not any(k == "RUN" and re.search(r"pip |conda ", a) for k, a in final)
+
+
+# --- the two Dockerfiles share every stage but where the flavour differs ----------------------
+#
+# They stay two files: Dockerfiles have no include, and a single file choosing its stages by a
+# build argument (FROM deps-${FLAVOUR}) needs BuildKit to skip the other flavour's stages: the
+# classic builder (a Docker engine without buildx, as on the project's machines) builds every
+# stage, so the CPU image would pull and build over the CUDA base. The shared part is held
+# together here instead: an instruction changed in one file only fails until both agree.
+
+FLAVOURED = (
+    (
+        "(args)",
+        "ARG",
+        r"(PYTHON_IMAGE|CUDA_VERSION|TORCH_IMAGE)=",
+        "the base: Python, or CUDA torch",
+    ),
+    ("deps", "ARG", r"TORCH_INDEX_URL=", "torch from PyTorch's CPU index, or the base's own"),
+    ("deps", "RUN", r"python -m venv ", "the CUDA venv sees the base's site-packages (its torch)"),
+    ("deps", "RUN", r"(pip install .*--index-url \S+ torch$|if \[ -n )", "how torch comes in"),
+    (
+        "deps",
+        "RUN",
+        r"pip install --no-cache-dir -c constraints\.txt -r requirements\.txt setuptools "
+        r"+&& python -c ",
+        "the requirements, then a check of the flavour's torch (version; CUDA and NCCL)",
+    ),
+    ("final", "ARG", r"CUDA_VERSION$", "the CUDA version the description names"),
+    ("final", "LABEL", r"org\.opencontainers\.image\.title=", "each image's title, description"),
+    ("final", "USER", r"0$", "PyTorch's base may name another user; the runtime installs as root"),
+    ("final", "RUN", r".*groupadd --gid 1000 gpupipe", "uid 1000 freed first on Ubuntu's base"),
+)
+"""(stage, instruction, pattern of its arguments, why): where the two Dockerfiles may differ."""
+
+
+def _flavour(flavour: str) -> list[tuple[str, str, str]]:
+    """``(stage, INSTRUCTION, arguments)`` of ``images/trainer-<flavour>/Dockerfile``, the base
+    image's argument named alike (``${BASE}``); ``(args)`` is the stage before the first FROM."""
+    out, stage = [], "(args)"
+    for kind, rest in _instructions(ROOT / f"images/trainer-{flavour}/Dockerfile"):
+        rest = re.sub(r"\$\{(PYTHON|TORCH)_IMAGE\}", "${BASE}", rest)
+        if kind == "FROM":
+            words = rest.split()
+            stage = words[2] if len(words) > 2 else "final"
+        out.append((stage, kind, " ".join(rest.split())))
+    return out
+
+
+def _labels(steps: list[tuple[str, str, str]]) -> dict[str, str]:
+    (label,) = [rest for _, kind, rest in steps if kind == "LABEL"]
+    return dict(re.findall(r'([\w.]+)="([^"]*)"', label))
+
+
+def test_the_two_dockerfiles_differ_only_where_the_flavour_does() -> None:
+    cpu, cuda = _flavour("cpu"), _flavour("cuda")
+    blocks = difflib.SequenceMatcher(a=cpu, b=cuda, autojunk=False).get_opcodes()
+    differing = [
+        (name, step)
+        for op, i1, i2, j1, j2 in blocks
+        if op != "equal"
+        for name, step in [*(("cpu", s) for s in cpu[i1:i2]), *(("cuda", s) for s in cuda[j1:j2])]
+    ]
+
+    def why(step: tuple[str, str, str]) -> str | None:
+        stage, kind, rest = step
+        return next(
+            (w for s, k, p, w in FLAVOURED if (s, k) == (stage, kind) and re.match(p, rest)), None
+        )
+
+    unexplained = [
+        f"{name}: {s} {k} {r[:90]}" for name, (s, k, r) in differing if why((s, k, r)) is None
+    ]
+    assert unexplained == [], (
+        "an instruction the two Dockerfiles share changed in one of them: change both alike "
+        "(or, if the flavours must differ there, add it to FLAVOURED saying why)"
+    )
+    stale = sorted({w for *_, w in FLAVOURED} - {why(step) for _, step in differing})
+    assert stale == [], "FLAVOURED lists a difference the Dockerfiles no longer have"
+    # Within the differing instructions, what is shared stays shared too.
+    cpu_labels, cuda_labels = _labels(cpu), _labels(cuda)
+    for key in ("org.opencontainers.image.title", "org.opencontainers.image.description"):
+        assert cpu_labels.pop(key) != cuda_labels.pop(key)
+    assert cpu_labels == cuda_labels
+    (cpu_user,) = [r for s, k, r in cpu if s == "final" and "groupadd" in r]
+    (cuda_user,) = [r for s, k, r in cuda if s == "final" and "groupadd" in r]
+    assert cuda_user.endswith(f"&& {cpu_user}"), "the CUDA image frees uid 1000, then does the same"
+    installs = [r for s, k, r in cpu + cuda if "-r requirements.txt" in r]
+    assert len({r.split(" && ")[0] for r in installs}) == 1, installs
 
 
 def test_cuda_version_is_a_build_argument() -> None:

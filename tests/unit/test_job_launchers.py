@@ -32,9 +32,10 @@ from trainer.launch.kube import (
     KubeApiError,
     RetryPolicy,
 )
+from trainer.launch.owners import PodRef
 from trainer.launch.pytorchjob import PyTorchJobLauncher, job_state
 from trainer.launch.trainjob import MANAGER, TrainJobLauncher, trainjob_state
-from trainer.launch.watch import LaunchCancelled, PodRef
+from trainer.launch.watch import LaunchCancelled
 
 NS = "team-a"
 JOB = job_name("run-0f3c9a", "train")

@@ -21,8 +21,9 @@ from trainer.config import WorkerConfig
 from trainer.launch import TrainingRun
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi, RetryPolicy
+from trainer.launch.owners import PodRef
 from trainer.launch.pytorchjob import build_pytorchjob
-from trainer.launch.watch import LaunchCancelled, PodRef
+from trainer.launch.watch import LaunchCancelled
 from trainer.tune.katib import (
     KATIB_API_CALLS,
     KatibLauncher,

@@ -26,6 +26,10 @@ module, never through the ``__init__`` that imports them. The steps use each oth
 circles (preprocess reads the gate's minimum rows from evaluate; evaluate and register read the
 files train writes into the model; tune runs train's worker config).
 
+In layer 9, the ``gpupipe`` command is a folder too (``pipelines.cli``): a module a subcommand,
+its flags beside its handler, over the two shared ones (``help``, ``host``); from outside the
+folder only the package itself is imported.
+
 Every import counts, the lazy ones inside functions too; only imports under
 ``if TYPE_CHECKING:`` are left out (they never run). ``trainer`` never imports kfp; the base and
 the launchers never import torch, and importing every module of ``trainer.launch`` and
@@ -112,6 +116,8 @@ def imports(module: str, *, typing_too: bool = False) -> set[str]:
                 base = ".".join([*head, base] if base else head)
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES}
+    # ``from pipelines.cli import run`` in pipelines/cli/__init__.py names its own submodule.
+    found.discard(module)
     return {m for m in found if m.split(".")[0] in (*PACKAGES, "kfp", "torch")}
 
 
@@ -270,3 +276,29 @@ def test_the_steps_use_each_other_without_circles() -> None:
     assert graph[f"{STEPS}.tune"] >= {f"{STEPS}.train"}, graph
     found = _cycle(graph)
     assert found is None, " -> ".join(found or [])
+
+
+CLI = "pipelines.cli"
+CLI_SHARED = {f"{CLI}.help", f"{CLI}.host"}
+"""What the ``gpupipe`` subcommands share: help formatting, the ``--host`` flags and client."""
+
+
+def test_the_cli_commands_are_found() -> None:
+    commands = ("files", "run", "upload", "schedule")
+    assert {f"{CLI}.{c}" for c in commands} | CLI_SHARED <= set(MODULES)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_the_cli_is_reached_only_through_its_package(module: str) -> None:
+    """Each ``gpupipe`` subcommand is a module of ``pipelines/cli/`` (its flags beside its
+    handler). From outside the folder only the package (``main``, ``build_parser``) is
+    imported; inside it, a command uses the shared modules only, never another command nor the
+    package that puts them together. Imports for types count too."""
+    found = {m for m in TYPING_GRAPH[module] if m == CLI or m.startswith(f"{CLI}.")}
+    if module in (CLI, f"{CLI}.__main__"):
+        wrong: set[str] = set()
+    elif module.startswith(f"{CLI}."):
+        wrong = found - CLI_SHARED
+    else:
+        wrong = found - {CLI}
+    assert sorted(f"{module} imports {m}" for m in wrong) == []

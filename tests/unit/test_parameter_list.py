@@ -146,3 +146,45 @@ def test_the_parameter_check_names_pipeline_parameters_only() -> None:
     assert plain - {"launcher"} - set(params._TRAIN_FIELDS) == set(), (
         "a train parameter whose bad values the check cannot name"
     )
+
+
+TRAIN_ONLY = {
+    "model": "the trained model (tune outputs parameters)",
+    "epochs": "tune's trials take trial_epochs instead",
+    "nnodes": "trials run on one node",
+    "launcher": "tune's engine decides where trials run",
+    "trainer_runtime": "trials are PyTorchJobs or processes, never TrainJobs",
+    "tuned_hyperparams_json": "tune's own output",
+}
+"""Inputs of the train component that the tune component does not take, and why."""
+SAME_INPUT = {"train_config_json": "config_json"}
+"""A tune input and the train input it is (tune's ``config_json`` configures the search)."""
+DIFFERENT_DEFAULT = {"task_name": "each step's own task, which names its jobs"}
+"""Inputs both take whose defaults differ on purpose."""
+
+
+def test_train_and_tune_take_the_train_settings_alike() -> None:
+    """The train and tune components both list the train step's settings, with literal
+    defaults. They stay two written signatures: KFP runs each function's own source in the pod
+    and compiles its signature into the component's YAML, so a default must be a literal in
+    that source; generating the lists into the two hand-written modules at ``make compile``
+    would leave half of each file generated, and the lists are not one list (tune adds its
+    search's inputs, train its launcher, nodes and the tuned parameters). Instead they are held
+    together here: every train setting is a tune input too (or named in ``TRAIN_ONLY``), of the
+    same type and default; ``test_every_parameter_reaches_a_component_with_its_type_and_default``
+    holds both to the pipeline's parameters."""
+    from components import train, tune
+
+    train_args = inspect.signature(train.python_func).parameters
+    tune_args = inspect.signature(tune.python_func).parameters
+    pairs = {SAME_INPUT.get(name, name): name for name in tune_args}
+    assert set(train_args) - set(pairs) == set(TRAIN_ONLY)
+    drifted = []
+    for name, a in train_args.items():
+        if name not in pairs or name in DIFFERENT_DEFAULT:
+            continue
+        b = tune_args[pairs[name]]
+        if (a.annotation, a.default) != (b.annotation, b.default):
+            drifted.append(f"train.{name} {a.default!r} vs tune.{pairs[name]} {b.default!r}")
+    assert drifted == []
+    assert all(train_args[n].default != tune_args[n].default for n in DIFFERENT_DEFAULT)

@@ -4,10 +4,10 @@ Hypothesis generates small tables (0 to 5 rows; a few wide ones), of many Arrow 
 floats with NaN, inf and extremes, booleans, text, binary, dates, time-zone-aware timestamps,
 decimals, nulls, lists), with duplicate, empty and non-ASCII column names, as Parquet or as CSV
 (mixed-type cells, other encodings, gzip or bz2, with or without the suffix). Each goes through
-the pre-check of ``gpupipe run --local`` (:func:`pipelines.local.check_data`) and the preprocess
-step, as a run does. The promise for each: it succeeds, or it raises an ``InputError`` whose
-one line is ``ERROR [<step>] E_<CODE>: what (where)`` (exit 2 at the entry points), and nothing
-is written. Any other exception is a bug, found here before a user finds it.
+the pre-check of ``gpupipe run --local`` (:func:`pipelines.local_checks.check_data`) and the
+preprocess step, as a run does. The promise for each: it succeeds, or it raises an
+``InputError`` whose one line is ``ERROR [<step>] E_<CODE>: what (where)`` (exit 2 at the entry
+points), and nothing is written. Any other exception is a bug, found here before a user finds it.
 
 The search is derandomised (the same cases every run, inside ``make test``'s budget); set
 ``GPUPIPE_HYPOTHESIS_SEED`` to another number to search elsewhere, and
@@ -35,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from pipelines.local import check_data
+from pipelines.local_checks import check_data
 from pipelines.params import preprocess_config, with_defaults
 from trainer.base.errors import InputError, error_line
 from trainer.steps.preprocess import preprocess

@@ -14,7 +14,9 @@ The job is always ``python -m trainer.launch ... -m trainer.worker --config <uri
 - :mod:`~trainer.launch.kube`: the Kubernetes calls, typed, retried and named;
 - :mod:`~trainer.launch.watch`: the one create-or-adopt / wait / deadline / cancel / diagnose
   loop for any custom resource (a PyTorchJob, a Katib Experiment), with a small adapter each;
-  a failure's message is put together in :mod:`~trainer.launch.diagnosis`;
+  a failure's message is put together in :mod:`~trainer.launch.diagnosis`, who owns the
+  object (the launcher's pod, its KFP run) is :mod:`~trainer.launch.owners`'s, and what every
+  launcher of such a resource has is :mod:`~trainer.launch.resourcelauncher`'s;
 - :mod:`~trainer.launch.joblauncher`: what the PyTorchJob and TrainJob launchers share;
 - :mod:`~trainer.launch.podlog`: a pod's log, followed by polling, streamed into the step's log;
 - :mod:`~trainer.launch.pytorchjob`: a :class:`JobSpec` as a Training Operator PyTorchJob, and

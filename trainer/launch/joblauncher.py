@@ -10,8 +10,10 @@ from typing import Any
 from trainer.launch import TrainingRun
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi
+from trainer.launch.owners import PodRef
 from trainer.launch.podlog import PodLog
-from trainer.launch.watch import TERMINAL, OnExit, PodRef, Resource, ResourceLauncher
+from trainer.launch.resourcelauncher import ResourceLauncher
+from trainer.launch.watch import TERMINAL, OnExit, Resource
 
 log = logging.getLogger(__name__)
 

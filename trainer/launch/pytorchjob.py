@@ -12,7 +12,8 @@ from trainer.launch.joblauncher import ClusterJobLauncher, JobResource
 from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
 from trainer.launch.kube import PLURAL, VERSION
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
-from trainer.launch.watch import LaunchCancelled, PodRef, job_state
+from trainer.launch.owners import PodRef
+from trainer.launch.watch import LaunchCancelled, job_state
 
 __all__ = [
     "API_CALLS",

@@ -29,7 +29,8 @@ from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
 from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS
 from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
 from trainer.launch.kubefields import RuntimeRef
-from trainer.launch.watch import LaunchCancelled, PodRef
+from trainer.launch.owners import PodRef
+from trainer.launch.watch import LaunchCancelled
 
 __all__ = [
     "API_CALLS",

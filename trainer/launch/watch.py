@@ -17,7 +17,8 @@ state, what to print while it runs, how to resume and suspend it. The loop is th
 - **a KFP run's step**: when an Argo Workflow (a KFP run) owns the launcher's pod, the object is
   owned by that Workflow too. A SIGTERM while the run goes on (the pod alone was deleted or
   evicted: Argo retries the step) keeps the object running for the retry to re-attach to; a
-  SIGTERM of a run being terminated, deleted or finished applies ``on_exit`` as always;
+  SIGTERM of a run being terminated, deleted or finished applies ``on_exit`` as always (who
+  owns what, and whether the run goes on: :mod:`trainer.launch.owners`);
 - **diagnose**: a failed object's conditions, recent events, a container's exit code and the
   last log lines of its main pod, in one message (:mod:`trainer.launch.diagnosis`).
 """
@@ -25,25 +26,17 @@ state, what to print while it runs, how to resume and suspend it. The loop is th
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from trainer.base.errors import InputError
 from trainer.launch.diagnosis import diagnose, event_time
-from trainer.launch.kube import (
-    GROUP,
-    WORKFLOW_GROUP,
-    WORKFLOW_VERSION,
-    WORKFLOWS,
-    KubeApi,
-    KubeApiError,
-)
+from trainer.launch.kube import GROUP, KubeApi, KubeApiError
+from trainer.launch.owners import PodRef, missing_owners, run_goes_on, run_owner, workflow
 from trainer.launch.podlog import PodLog
 
 log = logging.getLogger(__name__)
@@ -55,41 +48,6 @@ REFUSAL_CHECK_POLLS = 5
 """Every this many polls the wait looks for a Pod Security refusal of the object's pods."""
 GONE_WAIT_S = 600.0
 """Longest wait for an earlier attempt's object to finish being deleted (a stuck finalizer)."""
-WORKFLOW_DONE = ("Succeeded", "Failed", "Error")
-"""Phases of a Workflow that has ended."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PodRef:
-    """The launcher's own pod, as the downward API tells it (POD_NAME, POD_NAMESPACE, POD_UID)."""
-
-    name: str
-    namespace: str
-    uid: str
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> PodRef | None:
-        """The pod from the downward API's variables, or ``None`` when any of them is unset."""
-        env = os.environ if env is None else env
-        name, namespace, uid = (env.get(k, "") for k in ("POD_NAME", "POD_NAMESPACE", "POD_UID"))
-        if not (name and namespace and uid):
-            return None
-        return cls(name=name, namespace=namespace, uid=uid)
-
-    def owner_reference(self) -> dict[str, Any]:
-        """An ownerReference to this pod: deleting the pod (with the run) deletes the object.
-
-        Neither controller (the pod does not reconcile the object) nor blocking (that would need
-        ``update`` on ``pods/finalizers``); the garbage collector deletes it either way.
-        """
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": self.name,
-            "uid": self.uid,
-            "controller": False,
-            "blockOwnerDeletion": False,
-        }
 
 
 class LaunchCancelled(RuntimeError):
@@ -181,7 +139,7 @@ class Watch:
         poll_s: float,
         on_exit: OnExit,
         own_pod: PodRef | None,
-        report: Callable[[str], None],
+        report: Callable[[str], None] | None = None,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -194,7 +152,8 @@ class Watch:
         self.poll_s = poll_s
         self.on_exit: OnExit = on_exit
         self.own_pod = own_pod
-        self.report = report
+        self.report: Callable[[str], None] = report or log.info
+        """Where progress lines go (default: this module's log, as the step shows them)."""
         self.cancelled = False
         self.have = False
         self.state = "Pending"
@@ -266,26 +225,11 @@ class Watch:
             raise
 
     def _find_run_owner(self, pod: PodRef) -> dict[str, Any] | None:
-        """An ownerReference to the Argo Workflow that owns ``pod`` (a KFP run's step), or
-        ``None``: no such owner, or the pod or the run cannot be read (then only the pod owns
-        the object, and a SIGTERM applies ``on_exit``). The run is read here too, so that a
-        missing permission shows at the start, not only when a SIGTERM needs it."""
+        """The run that owns this launcher's pod (:func:`~trainer.launch.owners.run_owner`);
+        ``None`` also when the pod or the run cannot be read: then only the pod owns the
+        object, and a SIGTERM applies ``on_exit``."""
         try:
-            found = self.api.get_pod(pod.namespace, pod.name)
-            for ref in ((found or {}).get("metadata") or {}).get("ownerReferences") or []:
-                version = str(ref.get("apiVersion") or "")
-                if ref.get("kind") != "Workflow" or not version.startswith(f"{WORKFLOW_GROUP}/"):
-                    continue
-                if self._workflow(str(ref["name"])) is None:
-                    return None
-                return {
-                    "apiVersion": version,
-                    "kind": "Workflow",
-                    "name": ref["name"],
-                    "uid": ref["uid"],
-                    "controller": False,
-                    "blockOwnerDeletion": False,
-                }
+            return run_owner(self.api, pod, self.ns)
         except KubeApiError as e:
             log.warning(
                 "%s: which run owns this step cannot be read (%s): a SIGTERM applies on_exit=%s",
@@ -295,36 +239,21 @@ class Watch:
 
     def _missing_owners(self, owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """This launcher's pod and its run, as ownerReferences, that ``owners`` lacks."""
-        refs = [] if self.own_pod is None else [self.own_pod.owner_reference(), self.run_owner]
-        return [r for r in refs if r is not None and all(o.get("uid") != r["uid"] for o in owners)]
-
-    def _workflow(self, name: str) -> dict[str, Any] | None:
-        return self.api.get_object(WORKFLOW_VERSION, WORKFLOWS, self.ns, name, group=WORKFLOW_GROUP)
+        return missing_owners(owners, self.own_pod, self.run_owner)
 
     def _run_going_on(self) -> str | None:
         """The name of the Workflow (KFP run) that owns the launcher's pod when that run goes on
-        after this SIGTERM (so Argo retries the step); ``None`` when there is no such run, or it
-        is being terminated (KFP sets ``activeDeadlineSeconds: 0``, Argo's own stop and
-        terminate set ``shutdown``), deleted or has ended, or cannot be read."""
+        after this SIGTERM (so Argo retries the step); ``None`` when there is no such run, it
+        ends (:func:`~trainer.launch.owners.run_goes_on`), or it cannot be read."""
         if self.run_owner is None:
             return None
         name = str(self.run_owner["name"])
         try:
-            wf = self._workflow(name)
+            wf = workflow(self.api, self.ns, name)
         except KubeApiError as e:
             log.warning("%s: run %s cannot be read (%s); applying on_exit", self.what, name, e)
             return None
-        if wf is None:
-            return None
-        meta, spec = wf.get("metadata") or {}, wf.get("spec") or {}
-        ending = (
-            meta.get("uid") != self.run_owner["uid"]
-            or meta.get("deletionTimestamp")
-            or spec.get("shutdown")
-            or spec.get("activeDeadlineSeconds") == 0
-            or (wf.get("status") or {}).get("phase") in WORKFLOW_DONE
-        )
-        return None if ending else name
+        return name if run_goes_on(wf, self.run_owner) else None
 
     def _keep_for_retry(self, run: str) -> str:
         """Leave the object running for the step's next attempt: only this pod stops owning it
@@ -511,97 +440,3 @@ class Watch:
             self.check()
             time.sleep(min(left, 0.1))
         self.check()
-
-
-class ResourceLauncher:
-    """What every launcher of a custom resource has: namespace, own pod, API, poll, on_exit.
-
-    Args:
-        namespace: namespace of the object (the launcher pod's, for the ownerReference).
-        api: the Kubernetes API; ``None``: in-cluster config, else the kubeconfig, on first use.
-        own_pod: the launcher's pod; the object gets an ownerReference to it when it is in the
-            same namespace, so deleting the run's pods deletes the object.
-        poll_s: seconds between looks at the object.
-        on_exit: what to do with the object on failure, deadline and cancellation.
-
-    Raises:
-        ValueError: an argument is out of range.
-    """
-
-    on_exit_choices: tuple[str, ...] = ("delete", "keep", "suspend")
-
-    def __init__(
-        self,
-        *,
-        namespace: str,
-        api: KubeApi | None,
-        own_pod: PodRef | None,
-        poll_s: float,
-        on_exit: OnExit,
-    ) -> None:
-        if not namespace:
-            raise ValueError("namespace must be set, got ''")
-        if on_exit not in self.on_exit_choices:
-            raise ValueError(
-                f"on_exit must be {', '.join(self.on_exit_choices[:-1])} or "
-                f"{self.on_exit_choices[-1]}, got {on_exit!r}"
-            )
-        if poll_s <= 0:
-            raise ValueError(f"poll_s must be > 0, got {poll_s}")
-        if own_pod is not None and own_pod.namespace != namespace:
-            # Owner references cannot cross namespaces: the garbage collector would delete the
-            # object at once, believing its owner gone.
-            log.warning(
-                "launcher pod %s/%s is not in the namespace %s: no ownerReference",
-                own_pod.namespace,
-                own_pod.name,
-                namespace,
-            )
-            own_pod = None
-        self.namespace = namespace
-        self.own_pod = own_pod
-        self.poll_s = poll_s
-        self.on_exit: OnExit = on_exit
-        self._api = api
-
-    @classmethod
-    def from_environment(
-        cls, *, namespace: str | None = None, env: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> Self:
-        """A launcher that knows its own pod from the downward API (POD_NAME, POD_NAMESPACE,
-        POD_UID), creating its objects in the pod's namespace unless ``namespace`` is given.
-
-        Raises:
-            ValueError: no namespace given and POD_NAMESPACE is unset.
-        """
-        env = os.environ if env is None else env
-        namespace = namespace or env.get("POD_NAMESPACE")
-        if not namespace:
-            raise ValueError("namespace must be given or POD_NAMESPACE set (downward API)")
-        return cls(namespace=namespace, own_pod=PodRef.from_env(env), **kwargs)
-
-    @property
-    def api(self) -> KubeApi:
-        if self._api is None:
-            self._api = KubeApi.from_config()
-        return self._api
-
-    def watch(
-        self,
-        resource: Resource,
-        name: str,
-        timeout_s: float | None,
-        report: Callable[[str], None] = log.info,
-    ) -> Watch:
-        """A :class:`Watch` of the object ``name`` with this launcher's settings."""
-        return Watch(
-            self.api,
-            resource,
-            namespace=self.namespace,
-            name=name,
-            timeout_s=timeout_s,
-            poll_s=self.poll_s,
-            on_exit=self.on_exit,
-            own_pod=self.own_pod,
-            report=report,
-        )

@@ -18,13 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainer.launch.kube import EXPERIMENTS, KATIB_API_CALLS, KATIB_VERSION, KubeApi, KubeApiError
-from trainer.launch.watch import (
-    TERMINAL,
-    PodRef,
-    Resource,
-    ResourceLauncher,
-    Watch,
-)
+from trainer.launch.owners import PodRef
+from trainer.launch.resourcelauncher import ResourceLauncher
+from trainer.launch.watch import TERMINAL, Resource, Watch
 from trainer.tune.experiment import (
     build_experiment,
     experiment_name,

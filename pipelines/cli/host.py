@@ -1,0 +1,67 @@
+"""What every command that talks to a KFP cluster shares: the ``--host`` flags, the client they
+make, and the ``--param`` values, typed and checked before any request."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipelines.cluster import KfpCluster
+
+
+def connect(args: argparse.Namespace) -> KfpCluster:
+    """The KFP client for ``--host``, ``--token``, ``--namespace`` and ``--insecure``."""
+    from pipelines.cluster import KfpCluster
+    from pipelines.cluster_auth import resolve_auth
+
+    return KfpCluster(
+        args.host,
+        auth=resolve_auth(args.token),
+        namespace=args.namespace,
+        insecure=bool(args.insecure),
+    )
+
+
+def default_pipeline() -> str:
+    """The training pipeline's name, what ``--pipeline`` defaults to."""
+    from pipelines.training import PIPELINE_NAME
+
+    return PIPELINE_NAME
+
+
+def cluster_params(args: argparse.Namespace) -> dict[str, Any]:
+    """``--param`` (plus ``--data``/``--target``), typed and checked before any API call."""
+    from pipelines.params import check_cluster_parameters, check_parameters, typed_parameters
+
+    pairs = list(args.param)
+    if getattr(args, "data", None):
+        pairs.append(f"data_uri={args.data}")
+    if getattr(args, "target", None):
+        pairs.append(f"target={args.target}")
+    params = typed_parameters(pairs)
+    # Every step's config, and what KFP must not store, before any request is sent.
+    check_cluster_parameters(check_parameters(params))
+    return params
+
+
+def add_cluster_args(p: argparse.ArgumentParser, *, required: bool) -> None:
+    """The flags that say which KFP to talk to, and how; ``--host`` ``required`` or not."""
+    p.add_argument(
+        "--host",
+        required=required,
+        help="KFP endpoint, e.g. http://localhost:8080 (a port-forward of svc/ml-pipeline-ui)",
+    )
+    p.add_argument(
+        "--token",
+        help="bearer token (default: $KF_PIPELINES_SA_TOKEN_PATH, then the in-cluster token)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow sending the token over plain http:// to a host other than localhost "
+        "(refused otherwise)",
+    )
+    p.add_argument("--namespace", help="profile namespace (multi-user KFP)")
+    p.add_argument("--pipeline", help="pipeline name (default: gpupipe-training)")

@@ -1,0 +1,41 @@
+"""``gpupipe upload``: the training pipeline (or a compiled package) to KFP, idempotent."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from pipelines.cli.host import add_cluster_args, connect
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from pipelines.cluster_package import compile_training_pipeline, read_package
+
+    compiled = read_package(Path(args.package)) if args.package else compile_training_pipeline()
+    cluster = connect(args)
+    pipeline = args.pipeline or compiled.name
+    up = cluster.upload(compiled, pipeline=pipeline, version=args.version)
+    if up.version_created:
+        what = "created pipeline and version" if up.pipeline_created else "added version"
+    else:
+        what = "unchanged: this YAML is already uploaded as version"
+    print(f"{what} {up.version_name!r} of pipeline {pipeline!r}")
+    print(f"  pipeline id  {up.pipeline_id}")
+    print(f"  version id   {up.version_id}")
+    print(f"  {cluster.pipeline_link(up.pipeline_id, up.version_id)}")
+    return 0
+
+
+def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """The ``upload`` subcommand, through ``add`` (a subparser maker)."""
+    p = add("upload", help="upload the training pipeline to KFP (idempotent)")
+    add_cluster_args(p, required=True)
+    p.add_argument("--version", help="version name (default: v-<sha256 of the YAML>[:12])")
+    p.add_argument(
+        "--package",
+        metavar="FILE",
+        help="upload this compiled pipeline YAML (e.g. from `gpupipe compile`) instead of "
+        "compiling the training pipeline now",
+    )
+    p.set_defaults(func=cmd_upload)
