@@ -345,11 +345,15 @@ def test_two_finished_runs_show_their_parameters_and_metrics_side_by_side(
     accuracy = [float(c) for c in _cells(metrics, "accuracy") if c]
     assert len(accuracy) == 2 and all(0.5 < a <= 1 for a in accuracy), accuracy
     screenshot(page, "ui-compare-metrics")
-    # The ROC curves of both runs' evaluate step, drawn together.
-    page.get_by_role("tab", name="ROC Curve").click()
-    for name in names:
-        expect(page.get_by_text(name).last).to_be_visible()
-    expect(page.get_by_text(re.compile(r"^ROC Curve: ")).first).to_be_visible()
+    # The ROC curves of both runs' evaluate step, drawn together, each run in the legend.
+    page.get_by_role("button", name="ROC Curve", exact=True).click()
+    title = page.get_by_text("ROC Curve: multiple artifacts")
+    expect(title).to_be_visible()
+    expect(page.get_by_text("Series #2")).to_be_attached()
+    legend = page.locator("[role=checkbox]").filter(has_text="evaluate > classification")
+    expect(legend).to_have_count(2)
+    assert sorted(t.split("\n")[-1].strip() for t in legend.all_inner_texts()) == sorted(names)
+    title.scroll_into_view_if_needed()
     page.wait_for_timeout(2000)  # the curves' animation
     screenshot(page, "ui-compare-roc")
 
