@@ -160,6 +160,7 @@ class _Gpu:
 
     type: Any
     per_node: Any
+    """The GPU limit: text (an upstream step's output), as KFP's driver reads it."""
     node_selector: Any
     object_store_secret: Any
 
@@ -408,10 +409,16 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                     tuned_hyperparams_json=tn.outputs["best_hyperparams_json"],
                     config_json=train_config_json,
                     trainer_runtime=trainer_runtime,
+                    gpu_limit=tn.outputs["train_gpu_limit"],
                     **train_settings,
                 )
 
-            gpu = _Gpu(gpu_type, gpus_per_node, gpu_node_selector, object_store_secret)
+            # The GPU limit as tune's text output: KFP 2.17's driver reads an accelerator count
+            # from a channel only as a string (resolvePodSpecInputRuntimeParameter), and the int
+            # pipeline parameter gpus_per_node resolved to nothing, so no limit was set.
+            # It is also the train step's input, so that it reaches the step's sub-DAG.
+            gpu_limit = tn.outputs["train_gpu_limit"]
+            gpu = _Gpu(gpu_type, gpu_limit, gpu_node_selector, object_store_secret)
             if not cluster:
                 model = _train_in_step(train_task(), gpu, retries=retries).outputs["model"]
             else:

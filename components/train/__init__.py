@@ -39,6 +39,7 @@ def train(
     gang_priority_class: str = "",
     gpu_hour_usd: float = 0.0,
     gpu_prices: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
+    gpu_limit: str = "",
 ):
     """Train on the preprocessed dataset (see trainer.steps.train).
 
@@ -51,6 +52,8 @@ def train(
     step is retried.
     ``gpu_type`` is the accelerator the pipeline asked for; it is recorded in the model's
     metadata (and, being an input, it reaches the step's sub-DAG on every backend).
+    ``gpu_limit`` is the GPU limit the pipeline sets on this pod, as text (tune's
+    ``train_gpu_limit``): an input for the same reason, read by KFP's driver, not by the step.
     ``gpu_hour_usd`` or ``gpu_prices`` (per ``gpu_type``) price a GPU-hour: the estimate before
     launch and the actual cost go into the metrics and the model's metadata.
 

@@ -42,7 +42,10 @@ def tune(
     gang_priority_class: str = "",
     gpu_hour_usd: float = 0.0,
     gpu_prices: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
-) -> NamedTuple("Outputs", [("best_hyperparams", dict), ("best_hyperparams_json", str)]):
+) -> NamedTuple(
+    "Outputs",
+    [("best_hyperparams", dict), ("best_hyperparams_json", str), ("train_gpu_limit", str)],
+):
     """Search hyperparameters over the preprocessed dataset (see trainer.steps.tune).
 
     ``enabled=False`` skips the search and outputs no parameters (``{}``), so a pipeline can
@@ -58,7 +61,10 @@ def tune(
     differ. ``config_json`` takes further dotted TuneConfig overrides
     (``{"train.optim.warmup_steps": 10}``). Outputs: the best parameters as a JSON artifact,
     as a dict and as a JSON string (the train step's ``hyperparams_json``), a Metrics artifact
-    (best objective, trial counts) and an HTML report.
+    (best objective, trial counts) and an HTML report; and ``train_gpu_limit``, the train
+    pod's GPU limit as text (``gpus_per_node``, empty for none): KFP 2.17's driver reads an
+    accelerator count given by a channel only as a string, and drops an int pipeline
+    parameter's.
 
     ``engine="local"`` runs the trials in this pod (torchrun per trial); its study journal and
     trial folders live in ``work_uri`` (default: next to the output artifact), so a retried
@@ -125,14 +131,17 @@ def tune(
             task_name=task_name,
         )
 
-    outputs = namedtuple("Outputs", ["best_hyperparams", "best_hyperparams_json"])
+    outputs = namedtuple(
+        "Outputs", ["best_hyperparams", "best_hyperparams_json", "train_gpu_limit"]
+    )
+    gpu_limit = str(gpus_per_node) if gpus_per_node > 0 else ""
     if not enabled:
         run_guarded(
             "tune", lambda: tune_disabled(output_uri=best_params.path, report_uri=report.path)
         )
         metrics.log_metric("enabled", 0.0)
         write_metadata_file(metrics.path, dict(metrics.metadata))
-        return outputs({}, "{}")
+        return outputs({}, "{}", gpu_limit)
 
     result = run_guarded("tune", body)
     for key, value in sorted(result.metrics().items()):
@@ -148,4 +157,5 @@ def tune(
     )
     report.metadata.update({"stopped_reason": result.stopped_reason})
     write_metadata_file(metrics.path, dict(metrics.metadata))
-    return outputs(dict(result.best_params), json.dumps(result.best_params, sort_keys=True))
+    best = dict(result.best_params)
+    return outputs(best, json.dumps(best, sort_keys=True), gpu_limit)

@@ -142,6 +142,19 @@ class Compiled:
         assert "componentInputParameter" in source, f"{step}.{name} is {source}"
         return self.root_parameter(self.owner(step), source["componentInputParameter"])
 
+    def parameter_origin(self, step: str, name: str) -> tuple[str, str]:
+        """Where an input parameter of a task comes from: ``("", <pipeline parameter>)`` or
+        ``(<producer task>, <its output key>)``, followed up through the DAGs."""
+        dag, source = self.owner(step), self.task(step)["inputs"]["parameters"][name]
+        while "componentInputParameter" in source:
+            channel = source["componentInputParameter"]
+            if dag == ROOT:
+                return "", channel
+            dag, parent_task = self.parent(dag)
+            source = self._dags()[dag]["tasks"][parent_task]["inputs"]["parameters"][channel]
+        out = source["taskOutputParameter"]
+        return out["producerTask"], out["outputParameterKey"]
+
     def artifact_producers(self, step: str, name: str) -> tuple[set[str], set[tuple[str, str]]]:
         """Where input artifact ``name`` of a task comes from.
 
@@ -278,17 +291,28 @@ def test_evaluate_waits_for_the_train_branches(compiled: Compiled) -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "parameter"),
-    [("resourceType", "gpu_type"), ("resourceCount", "gpus_per_node")],
+    ("field", "origin"),
+    [("resourceType", ("", "gpu_type")), ("resourceCount", ("tune", "train_gpu_limit"))],
     ids=["accelerator-type", "gpu-limit"],
 )
-def test_train_accelerator_comes_from_pipeline_parameters(
-    compiled: Compiled, field: str, parameter: str
+def test_train_accelerator_comes_from_a_text_channel(
+    compiled: Compiled, field: str, origin: tuple[str, str]
 ) -> None:
+    # KFP 2.17's driver reads a channel's accelerator type and count only as strings
+    # (resolvePodSpecInputRuntimeParameter: GetStringValue): the int pipeline parameter
+    # gpus_per_node resolved to nothing and the limit was dropped, so the count is tune's
+    # text output of gpus_per_node.
     accelerator = compiled.container(TRAIN_IN_STEP)["resources"]["accelerator"]
     match = _PLACEHOLDER.match(str(accelerator[field]))
-    assert match, f"accelerator {field} is a constant ({accelerator[field]!r}), not a parameter"
-    assert compiled.task_input_source(TRAIN_IN_STEP, match.group(1)) == parameter
+    assert match, f"accelerator {field} is a constant ({accelerator[field]!r}), not a channel"
+    assert compiled.parameter_origin(TRAIN_IN_STEP, match.group(1)) == origin
+    producer, key = origin
+    if producer:
+        outputs = compiled.spec["components"]["comp-tune"]["outputDefinitions"]["parameters"]
+        assert outputs[key]["parameterType"] == "STRING"
+    else:
+        root = compiled.spec["root"]["inputDefinitions"]["parameters"][key]
+        assert root["parameterType"] == "STRING"
 
 
 PREPROCESS_PARAMETERS = {

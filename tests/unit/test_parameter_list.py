@@ -155,6 +155,7 @@ TRAIN_ONLY = {
     "launcher": "tune's engine decides where trials run",
     "trainer_runtime": "trials are PyTorchJobs or processes, never TrainJobs",
     "tuned_hyperparams_json": "tune's own output",
+    "gpu_limit": "tune's own output (train_gpu_limit), the train pod's GPU limit as text",
 }
 """Inputs of the train component that the tune component does not take, and why."""
 SAME_INPUT = {"train_config_json": "config_json"}

@@ -4,6 +4,7 @@ import copy
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,6 +164,7 @@ def test_component_compiles_with_typed_outputs(tmp_path: Path) -> None:
     assert outputs["parameters"] == {
         "best_hyperparams": {"parameterType": "STRUCT"},
         "best_hyperparams_json": {"parameterType": "STRING"},
+        "train_gpu_limit": {"parameterType": "STRING"},
     }
     kinds = {k: v["artifactType"]["schemaTitle"] for k, v in outputs["artifacts"].items()}
     assert kinds == {
@@ -191,3 +193,28 @@ def test_disabled_search_refuses_a_users_file(tmp_path: Path) -> None:
         tune_disabled(output_uri=str(mine), report_uri=str(tmp_path / "report.html"))
     assert e.value.code == "E_OUTPUT"
     assert mine.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(("gpus", "limit"), [(0, ""), (1, "1"), (8, "8")])
+def test_the_component_passes_the_train_pods_gpu_limit_on_as_text(
+    tmp_path: Path, gpus: int, limit: str
+) -> None:
+    # KFP 2.17's driver reads an accelerator count from a channel only as a string: the train
+    # step's limit is this text (empty: no GPU limit at all).
+    from kfp.dsl import HTML, Artifact, Dataset, Metrics
+
+    from components.tune import tune as component
+
+    def art(kind: type, name: str) -> Any:
+        return kind(name=name, uri=str(tmp_path / name), metadata={})
+
+    out = component.python_func(
+        dataset=art(Dataset, "dataset"),
+        best_params=art(Artifact, "best"),
+        metrics=art(Metrics, "metrics"),
+        report=art(HTML, "report"),
+        enabled=False,
+        gpus_per_node=gpus,
+    )
+    assert out.train_gpu_limit == limit
+    assert out.best_hyperparams_json == "{}"
