@@ -153,6 +153,24 @@ def test_upload_in_the_ui_draws_the_graph_and_the_cli_adds_a_version_the_ui_list
 # -- 2. a run created in the UI ----------------------------------------------------------------
 
 
+def _open_run_form(page: Any, ui: str, host: str, uploaded: dict[str, str]) -> None:  # noqa: F811
+    """The version page's Create run form, with a new experiment chosen in its dialog."""
+    exp = api(host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui-exp")})
+    page.goto(
+        f"{ui}/#/pipelines/details/{uploaded['pipeline_id']}/version/{uploaded['version_id']}"
+    )
+    page.get_by_role("button", name="Create run").click()
+    page.locator("#chooseExperimentBtn").click()
+    page.get_by_role("dialog").get_by_text(exp["display_name"]).click()
+    page.locator("#useExperimentBtn").click()
+
+
+def _fill_parameters(page: Any, params: dict[str, str]) -> None:  # noqa: F811
+    """PARAMS typed into the form's run parameter fields (each field's id is its name)."""
+    for name, value in params.items():
+        page.locator(f"[id='{name}']").fill(value)
+
+
 def _create_run(
     page: Any,  # noqa: F811
     ui: str,  # noqa: F811
@@ -163,16 +181,8 @@ def _create_run(
 ) -> str:
     """Create run on the pipeline's version page: an experiment chosen in the dialog, PARAMS
     typed into the form's fields, Start; the run's id from the run page it opens."""
-    exp = api(host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui-exp")})
-    page.goto(
-        f"{ui}/#/pipelines/details/{uploaded['pipeline_id']}/version/{uploaded['version_id']}"
-    )
-    page.get_by_role("button", name="Create run").click()
-    page.locator("#chooseExperimentBtn").click()
-    page.get_by_role("dialog").get_by_text(exp["display_name"]).click()
-    page.locator("#useExperimentBtn").click()
-    for name, value in params.items():
-        page.locator(f"[id='{name}']").fill(value)
+    _open_run_form(page, ui, host, uploaded)
+    _fill_parameters(page, params)
     if screenshot is not None:
         screenshot(page, "ui-create-run-form")
     page.locator("#startNewRunBtn").click()
@@ -379,14 +389,7 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(
 
     expect = _expect()
     name = kube.unique("gpupipe-ui-every")
-    exp = api(host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui-exp")})
-    page.goto(
-        f"{ui}/#/pipelines/details/{uploaded['pipeline_id']}/version/{uploaded['version_id']}"
-    )
-    page.get_by_role("button", name="Create run").click()
-    page.locator("#chooseExperimentBtn").click()
-    page.get_by_role("dialog").get_by_text(exp["display_name"]).click()
-    page.locator("#useExperimentBtn").click()
+    _open_run_form(page, ui, host, uploaded)
     page.get_by_role("radio", name="Recurring").check()
     page.get_by_label("Recurring run config name").fill(name)
     page.get_by_label("Trigger type").click()
@@ -403,8 +406,7 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(
         "registry_uri": MLFLOW,
         "registered_model_name": name,
     }
-    for key, value in params.items():
-        page.locator(f"[id='{key}']").fill(value)
+    _fill_parameters(page, params)
     page.locator("#startNewRunBtn").click()
     page.wait_for_url(re.compile(r"#/recurringrun/details/[0-9a-f-]+$"))
     rid = re.findall(r"#/recurringrun/details/([0-9a-f-]+)$", page.url)[0]
