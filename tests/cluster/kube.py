@@ -123,13 +123,16 @@ def service_address(namespace: str, name: str, port: int) -> str:
 
 JOB_POD_SETTINGS = {
     "object_store_secret": STORE_SECRET,
-    "cpu_request": "250m",
+    "cpu_request": "100m",
     "cpu_limit": "1",
     "memory_request": "512Mi",
     "memory_limit": "3Gi",
     "shm_size": "256Mi",
 }
-"""The train step's ``cluster`` settings for a job whose two replicas fit this 2-core node."""
+"""The train step's ``cluster`` settings for a job whose two replicas fit this 2-core node: a
+tenth of a CPU asked for each pod (up to one used), so that two job tests side by side (Katib's two
+trials of two pods beside a TrainJob's two nodes, .ci/run's two streams) fit the node's requests
+beside the add-ons' services (about one CPU)."""
 
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,

@@ -50,5 +50,5 @@ def test_ci_sets_the_deadline_inside_its_budget() -> None:
     run = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     assert "export GPUPIPE_CI_DEADLINE=$((start_epoch + 88 * 60))" in run
     # Exported before the background job that runs the cluster tests is started.
-    assert run.index("export GPUPIPE_CI_DEADLINE") < run.index("-m cluster tests/cluster")
+    assert run.index("export GPUPIPE_CI_DEADLINE") < run.index(".venv/bin/pytest -m cluster")
     assert run.index("export GPUPIPE_CI_DEADLINE") < run.index('; cluster_job"')
