@@ -26,10 +26,20 @@ case "${1:-}" in
 esac
 addons="${GPUPIPE_CLUSTER_ADDONS-training-operator jobset trainer object-store mlflow katib kfp kfp-ui}"
 total_start=$SECONDS
+MIN_FREE_GIB="${GPUPIPE_MIN_FREE_GIB:-12}"
 K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
 
 stage "preflight"
 refuse_foreign_state
+# The object store (SeaweedFS) sizes its volume count by the free space of this filesystem and
+# stops taking writes when it runs short ("No writable volumes and no free volumes left", seen
+# with 8 GB free while other builds wrote beside it); the node's images and pods' logs live here
+# too. Refuse, saying so, rather than fail the cluster tests one upload at a time.
+disk="$STATE"
+while [[ ! -d "$disk" ]]; do disk="$(dirname "$disk")"; done
+free_gib="$(df --output=avail -BG "$disk" | tail -n 1 | tr -dc '0-9')"
+((free_gib >= MIN_FREE_GIB)) ||
+  cannot "only ${free_gib} GiB free under ${STATE}: the test cluster needs ${MIN_FREE_GIB} GiB (GPUPIPE_MIN_FREE_GIB; its object store stops taking writes when the disk runs short)"
 [[ "$(id -u)" == 0 ]] || cannot "not root: kubelet and containerd need root (mounts, cgroups, network namespaces)"
 for c in cpu memory pids; do
   [[ -d "/sys/fs/cgroup/${c}" || -f /sys/fs/cgroup/cgroup.controllers ]] ||

@@ -43,3 +43,24 @@ def test_an_absent_folder_is_nothing_to_take_down(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0 and "nothing to do" in out.stdout, out.stdout + out.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_cluster_up_refuses_a_disk_too_full_for_its_object_store(tmp_path: Path) -> None:
+    """SeaweedFS sizes its volumes by the free space and stops taking writes when it runs short:
+    cluster-up says so first (exit 3, which the cluster tests turn into a skip with the line)."""
+    state = tmp_path / "state" / "not-yet"
+    env = {
+        **os.environ,
+        "GPUPIPE_CLUSTER_DIR": str(state),
+        "GPUPIPE_MIN_FREE_GIB": "999999999",
+        "TMPDIR": str(tmp_path),  # where `cannot` keeps its line: not the real cluster's
+    }
+    out = subprocess.run(
+        [str(ROOT / "hack" / "cluster-up.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert f"GiB free under {state}: the test cluster needs 999999999 GiB" in last, last
+    assert "GPUPIPE_MIN_FREE_GIB" in last
+    assert not state.exists() and not state.parent.exists()
+    assert (tmp_path / "gpupipe-cluster.unavailable").read_text().strip() in last
