@@ -165,7 +165,7 @@ def test_the_runtime_patch_reaches_the_pods_and_they_pass_restricted(
     namespace: str, reference: Launch
 ) -> None:
     launchers.check_restricted_is_enforced_and_admitted(namespace, reference)
-    # ... both nodes of the reference TrainJob, with the runtime patch merged in.
+    # Both nodes of the reference TrainJob were admitted with the runtime patch merged in.
     job = trainjob(namespace, reference.job)
     (patch,) = job["spec"]["runtimePatches"]
     assert patch["manager"] == "gpupipe.dev/launcher" and patch["time"]  # the defaulter's stamp
