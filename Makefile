@@ -114,6 +114,7 @@ lint: setup ## ruff (lint + format check), mypy on trainer/, hadolint, shellchec
 	$(BIN)/mypy
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/shellcheck -x hack/*.sh hack/cluster/*.sh $(wildcard hack/cluster/addons/*.sh)
+	$(BIN)/shellcheck --shell=sh images/*.sh
 	$(MKDOCS) build --strict --quiet
 
 .PHONY: fmt

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -77,6 +78,35 @@ def run_params(table: str, model: str, **over: Any) -> list[str]:
     return out
 
 
+def start_run(
+    host: str, pipeline: str, model: str, params: list[str], *, wait: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`gpupipe run --host HOST --pipeline PIPELINE --run-name MODEL PARAMS`; with ``wait``, also
+    `--wait` (followed to its end)."""
+    follow = ["--wait"] if wait else []
+    return gpupipe(
+        "run", "--host", host, "--pipeline", pipeline, *follow, "--run-name", model, *params
+    )
+
+
+def run_id_of(out: subprocess.CompletedProcess[str]) -> str:
+    """The id of the run `gpupipe run` started (its line ``started run ID``)."""
+    found = re.search(r"started run (\S+)", out.stdout)
+    assert found, out.stdout + out.stderr
+    return found.group(1)
+
+
+def start_training(host: str, pipeline: str, table: str, prefix: str) -> tuple[str, str]:
+    """A run long enough to be stopped mid-training (40 epochs, no tuning), started: its id and,
+    once it is made, the name of its train step's PyTorchJob."""
+    model = kube.unique(prefix)
+    out = start_run(host, pipeline, model, run_params(table, model, tune_enabled=False, epochs=40))
+    assert out.returncode == 0, out.stderr
+    run_id = run_id_of(out)
+    job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
+    return run_id, job
+
+
 @pytest.fixture(scope="module")
 def host() -> Iterator[str]:
     with kfp.port_forward("ml-pipeline", 8888) as url:
@@ -106,20 +136,8 @@ def pipeline(host: str) -> str:
 def finished(host: str, pipeline: str, table: str) -> dict[str, Any]:
     """One whole run, started and followed with `gpupipe run --host --wait`."""
     model = kube.unique("gpupipe-kfp-model")
-    out = gpupipe(
-        "run",
-        "--host",
-        host,
-        "--pipeline",
-        pipeline,
-        "--wait",
-        "--run-name",
-        model,
-        *run_params(table, model),
-    )
-    found = re.search(r"started run (\S+)", out.stdout)
-    assert found, out.stdout + out.stderr
-    return {"out": out, "run_id": found.group(1), "model": model}
+    out = start_run(host, pipeline, model, run_params(table, model), wait=True)
+    return {"out": out, "run_id": run_id_of(out), "model": model}
 
 
 # -- 1. upload ---------------------------------------------------------------------------------
@@ -269,25 +287,17 @@ def gpu_run(
     other = kfp.upload_table(path, f"{kube.unique('gpupipe-kfp')}/other.parquet")
     model = kube.unique("gpupipe-gpu")
     selector = json.dumps({"gpupipe.dev/gpu": "h100"})
-    out = gpupipe(
-        "run",
-        "--host",
-        host,
-        "--pipeline",
-        pipeline,
-        "--run-name",
+    params = run_params(
+        other,
         model,
-        *run_params(
-            other,
-            model,
-            launcher="local",
-            gpus_per_node=1,
-            tune_enabled=False,
-            gpu_node_selector=selector,
-        ),
+        launcher="local",
+        gpus_per_node=1,
+        tune_enabled=False,
+        gpu_node_selector=selector,
     )
+    out = start_run(host, pipeline, model, params)
     assert out.returncode == 0, out.stderr
-    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    run_id = run_id_of(out)
     try:
         pod = kube.wait_until("the GPU train pod", lambda: _executor_pod(run_id, "train-2"), 600, 3)
         yield run_id, pod
@@ -332,23 +342,14 @@ def test_a_bad_target_fails_the_run_with_the_steps_one_line(
     host: str, pipeline: str, table: str
 ) -> None:
     model = kube.unique("gpupipe-bad")
-    out = gpupipe(
-        "run",
-        "--host",
-        host,
-        "--pipeline",
-        pipeline,
-        "--wait",
-        "--run-name",
-        model,
-        *run_params(table, model, target="no_such_column", tune_enabled=False),
-    )
+    params = run_params(table, model, target="no_such_column", tune_enabled=False)
+    out = start_run(host, pipeline, model, params, wait=True)
     assert out.returncode == 1, out.stdout + out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("ERROR [gpupipe run] E_RUN_FAILED: run "), last
     assert "failed step: ERROR [preprocess] E_COLUMN: target column 'no_such_column'" in last, last
     assert "failed step     preprocess" in out.stdout or "failed step    preprocess" in out.stdout
-    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    run_id = run_id_of(out)
     assert api(host, "GET", f"/apis/v2beta1/runs/{run_id}")["state"] == "FAILED"
     # The run's details as the API gives them to the UI (v1beta1: the Workflow, whose failed
     # node's message is the step's termination message: its one line).
@@ -406,21 +407,7 @@ def test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_dele
 def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
     host: str, pipeline: str, table: str
 ) -> None:
-    model = kube.unique("gpupipe-stop")
-    # Long enough to be stopped mid-training.
-    out = gpupipe(
-        "run",
-        "--host",
-        host,
-        "--pipeline",
-        pipeline,
-        "--run-name",
-        model,
-        *run_params(table, model, tune_enabled=False, epochs=40),
-    )
-    assert out.returncode == 0, out.stderr
-    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
-    job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
+    run_id, job = start_training(host, pipeline, table, "gpupipe-stop")
     kube.wait_until("its pods to run", lambda: _running(kube.job_pods(NS, job)), 300, 2)
     api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")  # the UI's Terminate button
     kube.wait_until("the PyTorchJob to go", lambda: kube.job_gone(NS, job), 180, 2)
@@ -436,20 +423,7 @@ def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
 def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     host: str, pipeline: str, table: str
 ) -> None:
-    model = kube.unique("gpupipe-retry")
-    out = gpupipe(
-        "run",
-        "--host",
-        host,
-        "--pipeline",
-        pipeline,
-        "--run-name",
-        model,
-        *run_params(table, model, tune_enabled=False, epochs=40),
-    )
-    assert out.returncode == 0, out.stderr
-    run_id = re.search(r"started run (\S+)", out.stdout).group(1)  # type: ignore[union-attr]
-    job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
+    run_id, job = start_training(host, pipeline, table, "gpupipe-retry")
     uid = kube.get_json("pytorchjob", "-n", NS, job)["metadata"]["uid"]
     launcher = _launcher_pod(run_id)
     # Delete the step's pod while the job trains (its pods running, the job not finished).

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import kfp, kube
+from tests.cluster import kfp, kube, test_kfp
 from tests.cluster.kfp import api, gpupipe
 from tests.cluster.test_kfp import host, table  # noqa: F401  (fixtures: the API, the demo table)
 from tests.cluster.ui import VIEWPORT, browser, page, screenshot, ui  # noqa: F401  (fixtures)
@@ -234,13 +234,9 @@ def two_runs(
         context.close()
     cli_params = {**params, "epochs": "3"}
     flags = [f for k, v in cli_params.items() for f in ("--param", f"{k}={v}")]
-    out = gpupipe(
-        "run", "--host", host, "--pipeline", uploaded["name"], "--run-name",
-        kube.unique("gpupipe-ui-cli"), *flags,
-    )  # fmt: skip
-    found = re.search(r"started run (\S+)", out.stdout)
-    assert out.returncode == 0 and found, out.stdout + out.stderr
-    runs = {"ui": ui_run, "cli": found.group(1)}
+    out = test_kfp.start_run(host, uploaded["name"], kube.unique("gpupipe-ui-cli"), flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    runs = {"ui": ui_run, "cli": test_kfp.run_id_of(out)}
     done = {key: kfp.wait_run(host, run_id) for key, run_id in runs.items()}
     for key, run in done.items():
         assert run["state"] == "SUCCEEDED", (key, kfp.task_states(run))

@@ -8,24 +8,12 @@ writes the in-cluster object store.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 import pytest
-import torch
 
-from tests.cluster import kube
-from tests.cluster.kube import (
-    GPUPIPE_RUNTIME,
-    JOB_TIMEOUT_S,
-    Launch,
-    kill_container,
-    launch,
-    weights,
-)
-from trainer.base import storage
-from trainer.models.export import load_model
+from tests.cluster import kube, launchers
+from tests.cluster.kube import GPUPIPE_RUNTIME, JOB_TIMEOUT_S, Launch, launch
 
 KIND = "trainjob"
 NODE = "node"
@@ -74,8 +62,9 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
 
 
-def job_gone(namespace: str, job: str) -> bool:
-    return kube.job_gone(namespace, job, KIND)
+TRAINJOB = launchers.JobKind(
+    kind=KIND, title="TrainJob", lead="node 0", lead_steps=node0_steps, config=train_config
+)
 
 
 @pytest.fixture(scope="module")
@@ -85,22 +74,14 @@ def reference(namespace: str, image: str, dataset: str) -> Launch:
     objects the runtime-patch test reads."""
     cfg = train_config(image, runtime="torch-distributed")
     cfg["cluster"]["on_exit"] = "keep"
-    run = launch(namespace, image, dataset, cfg)
-    run.exit = run.done()
-    return run
+    return launchers.run_to_the_end(namespace, image, dataset, cfg)
 
 
 def test_two_node_trainjob_trains_streams_node_0s_log_and_stores_the_model(
     reference: Launch,
 ) -> None:
-    log = reference.log()
-    assert reference.exit is not None
-    assert reference.exit["exitCode"] == 0, f"launcher failed:\n{log[-3000:]}"
     # Node 0's JSON log lines (loss per step) reached the launcher's own log.
-    assert re.search(r'"step": \d+.*"loss"', log), log[-3000:]
-    loaded = load_model(reference.model)
-    assert sum(p.numel() for p in loaded.module.parameters()) > 0
-    assert storage.exists(storage.join(reference.model, "metrics.json"))
+    launchers.check_trained_and_stored(reference)
     job = trainjob(reference.namespace, reference.job)
     complete = conditions(job)["Complete"]
     assert (complete["status"], complete["reason"]) == ("True", "AllJobsCompleted"), job["status"]
@@ -109,31 +90,13 @@ def test_two_node_trainjob_trains_streams_node_0s_log_and_stores_the_model(
 def test_bad_input_fails_the_step_with_the_workers_line_and_the_trainjobs_conditions(
     namespace: str, image: str, dataset: str
 ) -> None:
-    # A dataset whose record is fine (the launcher accepts it) but whose training split is not
-    # Parquet: the workers refuse it with exit 2, which must not be retried.
-    bad = f"minio://{kube.BUCKET}/{namespace}/bad-dataset"
-    for name in ("schema.json", "stats.json", "val.parquet", "test.parquet"):
-        storage.write_bytes(f"{bad}/{name}", storage.read_bytes(f"{dataset}/{name}"))
-    storage.write_bytes(f"{bad}/train.parquet", b"not parquet")
-    cfg = train_config(image)
-    cfg["cluster"]["on_exit"] = "keep"
-    run = launch(namespace, image, bad, cfg)
-    done = run.done()
-    log = run.log()
-    assert done["exitCode"] == 2, log[-3000:]
-    last = log.strip().splitlines()[-1]
-    assert last.startswith("ERROR [train] E_"), last
-    assert "train.parquet" in log
+    run, log = launchers.launch_on_bad_input(TRAINJOB, namespace, image, dataset)
     # The TrainJob's conditions are in the message.
     assert f"TrainJob {namespace}/{run.job} failed" in log, log[-3000:]
     assert "conditions: " in log and "Failed=True" in log, log[-3000:]
     failed = conditions(trainjob(namespace, run.job))["Failed"]
     assert failed["status"] == "True"
-    for pod in node_pods(namespace, run.job):
-        for cs in pod["status"].get("containerStatuses", []):
-            assert cs["restartCount"] == 0, f"{pod['metadata']['name']} was restarted"
-            assert cs["state"]["terminated"]["exitCode"] == 2
-    kube.kubectl("delete", "trainjob", "-n", namespace, run.job)
+    launchers.check_failed_once_and_delete(TRAINJOB, run)
 
 
 def test_a_deleted_node_pod_restarts_the_jobset_and_training_resumes_to_the_same_weights(
@@ -148,10 +111,8 @@ def test_a_deleted_node_pod_restarts_the_jobset_and_training_resumes_to_the_same
     )
     node1 = node_pod(namespace, run.job, 1)
     assert node1 is not None
-    kube.kubectl("delete", "pod", "-n", namespace, node1, "--grace-period=0", "--force")
-    done = run.done()
-    log = run.log()
-    assert done["exitCode"] == 0, log[-3000:]
+    launchers.force_delete_pod(namespace, node1)
+    log = launchers.finished(run)
     # gpupipe's runtime: the lost pod failed its Job (backoffLimit 0), and JobSet restarted every
     # node together (its failurePolicy), which resumed from the last checkpoint.
     jobset = kube.get_json("jobset", "-n", namespace, run.job)
@@ -160,26 +121,13 @@ def test_a_deleted_node_pod_restarts_the_jobset_and_training_resumes_to_the_same
         p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] != "0"
         for p in node_pods(namespace, run.job)
     )
-    assert re.search(r"resum", log, re.IGNORECASE), log[-3000:]
-    ours, theirs = weights(run.model), weights(reference.model)
-    assert ours.keys() == theirs.keys()
-    for name in ours:
-        assert torch.equal(ours[name], theirs[name]), f"{name} differs from the uninterrupted run"
+    launchers.check_resumed_to_the_reference(run, log, reference)
 
 
 def test_deadline_deletes_the_trainjob_and_names_the_deadline(
     namespace: str, image: str, dataset: str
 ) -> None:
-    cfg = train_config(image, train__epochs=500)
-    cfg["timeout_s"] = 45
-    run = launch(namespace, image, dataset, cfg)
-    done = run.done()
-    log = run.log()
-    assert done["exitCode"] != 0, log[-3000:]
-    assert re.search(r"deadline|timed out|timeout", log.strip().splitlines()[-1], re.I), log[-2000:]
-    kube.wait_until(
-        f"TrainJob {run.job} and its pods to be deleted", lambda: job_gone(namespace, run.job), 120
-    )
+    launchers.check_deadline_deletes_the_job(TRAINJOB, namespace, image, dataset)
 
 
 @pytest.mark.parametrize("on_exit", ["delete", "suspend"])
@@ -189,16 +137,9 @@ def test_sigterm_to_the_launcher_deletes_or_suspends_the_trainjob(
     cfg = train_config(image, train__epochs=500)
     cfg["cluster"]["on_exit"] = on_exit
     run = launch(namespace, image, dataset, cfg)
-    kube.wait_until(
-        "node 0 to train", lambda: node0_steps(namespace, run.job) >= 1, JOB_TIMEOUT_S, interval=2
-    )
-    kube.kubectl("delete", "pod", "-n", namespace, run.pod, "--wait=false")  # SIGTERM
+    launchers.sigterm_while_training(TRAINJOB, run)
     if on_exit == "delete":
-        kube.wait_until(
-            f"TrainJob {run.job} and its pods to be deleted",
-            lambda: job_gone(namespace, run.job),
-            120,
-        )
+        TRAINJOB.wait_gone(run)
         return
     # Suspended: the TrainJob stays with spec.suspend and Trainer's Suspended condition, and
     # JobSet removes the pods.
@@ -213,38 +154,18 @@ def test_sigterm_to_the_launcher_deletes_or_suspends_the_trainjob(
         120,
         interval=2,
     )
-    kube.kubectl("delete", "trainjob", "-n", namespace, run.job)
+    TRAINJOB.delete(namespace, run.job)
 
 
 def test_a_restarted_launcher_adopts_its_trainjob(namespace: str, image: str, dataset: str) -> None:
-    cfg = train_config(image, train__epochs=12)
-    first = launch(namespace, image, dataset, cfg)
-    kube.wait_until(
-        "node 0 to train", lambda: node0_steps(namespace, first.job) >= 1, JOB_TIMEOUT_S, interval=2
-    )
-    uid = trainjob(namespace, first.job)["metadata"]["uid"]
-    kill_container(namespace, first.pod)
-    assert first.done(60)["exitCode"] == 137
-    second = launch(namespace, image, dataset, cfg, job=first.job, base=first.base)
-    done = second.done()
-    log = second.log()
-    assert done["exitCode"] == 0, log[-3000:]
-    assert trainjob(namespace, first.job)["metadata"]["uid"] == uid
-    assert [j["metadata"]["name"] for j in kube.jobs(namespace, KIND)].count(first.job) == 1
-    assert storage.exists(storage.join(second.model, "model.safetensors"))
+    launchers.check_a_restarted_launcher_adopts_its_job(TRAINJOB, namespace, image, dataset)
 
 
 def test_the_runtime_patch_reaches_the_pods_and_they_pass_restricted(
     namespace: str, reference: Launch
 ) -> None:
-    # The namespace really refuses what restricted forbids ...
-    bad = kube.launcher_pod("privileged-probe", namespace, kube.BUSYBOX_IMAGE, [])
-    bad["spec"]["securityContext"] = {}
-    bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
-    proc = kube.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
-    assert proc.returncode != 0 and "violates PodSecurity" in proc.stderr, proc.stderr
-    # ... and admitted both nodes of the reference TrainJob, with the runtime patch merged in.
-    assert reference.exit is not None and reference.exit["exitCode"] == 0
+    launchers.check_restricted_is_enforced_and_admitted(namespace, reference)
+    # Both nodes of the reference TrainJob were admitted with the runtime patch merged in.
     job = trainjob(namespace, reference.job)
     (patch,) = job["spec"]["runtimePatches"]
     assert patch["manager"] == "gpupipe.dev/launcher" and patch["time"]  # the defaulter's stamp
@@ -268,4 +189,4 @@ def test_the_runtime_patch_reaches_the_pods_and_they_pass_restricted(
         assert {"PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR"} <= env.keys()
         assert node["resources"]["limits"]["cpu"] == kube.JOB_POD_SETTINGS["cpu_limit"]
         assert pod["metadata"]["annotations"].get("sidecar.istio.io/inject") == "false"
-    kube.kubectl("delete", "trainjob", "-n", namespace, reference.job)
+    TRAINJOB.delete(namespace, reference.job)

