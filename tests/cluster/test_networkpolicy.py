@@ -121,7 +121,7 @@ def _outcomes(name: str, namespace: str) -> dict[str, list[str]]:
     assert done["exitCode"] == 0, kube.logs(namespace, name)
     found: dict[str, list[str]] = {}
     for line in kube.logs(namespace, name).splitlines():
-        target, _, outcome, _ = (line.split(" ", 3) + ["", "", "", ""])[:4]
+        target, _, outcome, _ = [*line.split(" ", 3), "", "", ""][:4]
         found.setdefault(target, []).append(outcome)
     return found
 

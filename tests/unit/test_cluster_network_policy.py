@@ -121,7 +121,7 @@ def _module_dir() -> Path:
         pytest.skip(f"no Go here to find kube-router's module download: {e}")
     found = Path(cache) / f"{MODULE}@v{VERSIONS['KUBE_ROUTER_VERSION']}"
     if not found.is_dir():
-        pytest.skip(f"kube-router's module is not downloaded here ({found}): the add-on's image step does it")
+        pytest.skip(f"kube-router's module is not downloaded here: {found}")
     return found
 
 
@@ -162,8 +162,10 @@ def test_cluster_down_takes_kube_routers_policy_chains_only(chain: str, ours: bo
 
 
 def test_cluster_down_knows_the_chain_and_ipset_names_kube_router_makes() -> None:
-    source = (_module_dir() / "pkg" / "controllers" / "netpol" / "network_policy_controller.go").read_text()
-    prefixes = dict(re.findall(r'^\s+(kube\w+(?:Prefix|ChainName|Chain))\s+= "([A-Z-]+)"$', source, re.M))
+    netpol = _module_dir() / "pkg" / "controllers" / "netpol"
+    source = (netpol / "network_policy_controller.go").read_text()
+    names = r'^\s+(kube\w+(?:Prefix|ChainName|Chain))\s+= "([A-Z-]+)"$'
+    prefixes = dict(re.findall(names, source, re.M))
     assert prefixes["kubePodFirewallChainPrefix"] == "KUBE-POD-FW-"
     assert prefixes["kubeNetworkPolicyChainPrefix"] == "KUBE-NWPLCY-"
     for name in ("kubeInputChainName", "kubeForwardChainName", "kubeOutputChainName"):

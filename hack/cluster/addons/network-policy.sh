@@ -68,8 +68,9 @@ addon_image() {
 }
 
 # flags: kube-router's command line, one argument a line. The firewall alone; the node's name and
-# the service network as the cluster's other pieces have them; iptables resynced every minute as
-# well as on every pod, namespace and policy change.
+# the service network as the cluster's other pieces have them. It syncs on every pod, namespace and
+# policy change and every 5 minutes (its default): each sync rewrites the whole filter table
+# (iptables-restore without --noflush), so no shorter period.
 flags() {
   printf '%s\n' "$BIN" \
     --kubeconfig "${PKI}/kube-router.kubeconfig" \
@@ -77,7 +78,6 @@ flags() {
     --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
     --enable-cni=false --enable-ipv4=true --enable-ipv6=false \
     --service-cluster-ip-range "${SERVICE_CIDR}" \
-    --iptables-sync-period 1m0s \
     --health-port 0 --metrics-port 0 \
     --v 0
 }
