@@ -176,7 +176,10 @@ def test_cluster_down_knows_the_chain_and_ipset_names_kube_router_makes() -> Non
     assert "grep -E '^KUBE-(SRC|DST)-[A-Z0-9]+$'" in down
 
 
-def test_the_default_cluster_enforces_network_policy() -> None:
+def test_network_policy_is_an_add_on_to_name_not_yet_a_default() -> None:
+    """Out of the default list until the steps' first store reads survive kube-router's admission
+    lag (docs/test-cluster.md, NetworkPolicy); named, it must come first."""
     text = (ROOT / "hack" / "cluster-up.sh").read_text()
     (found,) = re.findall(r'^addons="\$\{GPUPIPE_CLUSTER_ADDONS-([^}]*)\}"$', text, re.M)
-    assert "network-policy" in found.split()
+    assert "network-policy" not in found.split()
+    assert '"network-policy" first enforces NetworkPolicy' in text
