@@ -28,7 +28,9 @@ if running kube-apiserver && running kubelet; then
 fi
 
 stage "processes"
-for p in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$p"; done
+for p in kube-router kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  stop "$p"
+done
 # The image store outlives the cluster, its containers must not: a containerd that died with the
 # session is started again to remove them (its config is still in the state folder).
 if ! running containerd && [[ -f "${STATE}/containerd/config.toml" && -d "$IMAGE_STORE" ]]; then
@@ -92,6 +94,11 @@ ip link delete gpupipe0 2>/dev/null || true
 #   address; its shared CNI-FORWARD and CNI-ADMIN chains go only when nothing else is left in them.
 # - Kubernetes': kube-proxy --cleanup removes the proxy's; the kubelet's and proxy's fixed chains
 #   and the proxy's per-service chains are removed unless another kubelet runs on this host.
+# - kube-router's (the network-policy add-on): its KUBE-ROUTER-INPUT/FORWARD/OUTPUT chains and
+#   their jumps, its per-pod KUBE-POD-FW-* and per-policy KUBE-NWPLCY-* chains, then its KUBE-SRC-*
+#   and KUBE-DST-* ipsets, when this cluster ran it (its add-on folder is in the state folder) and
+#   no other kube-router runs on this host. Not `kube-router --cleanup-config`: that also flushes
+#   every IPVS service and removes what its router would have made.
 #   Another tool's KUBE-* or CNI-* chains stay.
 if [[ -x "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" ]] && ! pgrep -x kube-proxy >/dev/null; then
   "${BIN_DIR}/kubernetes-${K8S_VERSION}/kube-proxy" --cleanup >/dev/null 2>&1 || true
@@ -99,7 +106,13 @@ fi
 KUBE_CHAINS=" KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT KUBE-PROXY-CANARY KUBE-MARK-MASQ \
 KUBE-MARK-DROP KUBE-POSTROUTING KUBE-FORWARD KUBE-SERVICES KUBE-EXTERNAL-SERVICES KUBE-NODEPORTS \
 KUBE-PROXY-FIREWALL "
+ran_kube_router=0
+[[ -d "${STATE}/addons/network-policy" ]] && ! pgrep -x kube-router >/dev/null && ran_kube_router=1
+kube_router_chain() {
+  [[ "$1" =~ ^KUBE-(ROUTER-(INPUT|FORWARD|OUTPUT)|POD-FW-[A-Z0-9]+|NWPLCY-[A-Z0-9]+)$ ]]
+}
 kube_chain_ours() {
+  if kube_router_chain "$1"; then ((ran_kube_router)); return; fi
   if pgrep -x kubelet >/dev/null; then return 1; fi
   [[ "$KUBE_CHAINS" == *" $1 "* || "$1" =~ ^KUBE-(SVC|SEP|FW|XLB|EXT|SVL)-[A-Z0-9]{16}$ ]]
 }
@@ -144,6 +157,12 @@ for ipt in iptables ip6tables; do
     ipt_cleanup "$ipt" "$table"
   done
 done
+# kube-router's ipsets, once no rule refers to them.
+if ((ran_kube_router)) && command -v ipset >/dev/null 2>&1; then
+  while read -r set; do
+    ipset destroy "$set" 2>/dev/null || true
+  done < <(ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-[A-Z0-9]+$' || true)
+fi
 while read -r cg; do
   find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
 done < <(pod_cgroups)

@@ -11,7 +11,8 @@
 # Environment: GPUPIPE_CLUSTER_DIR, GPUPIPE_CLUSTER_CACHE (hack/cluster/lib.sh),
 #   GPUPIPE_CLUSTER_ADDONS (default "training-operator jobset trainer object-store mlflow katib kfp
 #   kfp-ui": both operators, PyTorchJob and TrainJob, Katib, KFP's backend and its UI; "" for none;
-#   trainer needs jobset before it, the store comes before what uses it, and kfp before kfp-ui).
+#   trainer needs jobset before it, the store comes before what uses it, and kfp before kfp-ui;
+#   "network-policy" first enforces NetworkPolicy, not yet by default: docs/test-cluster.md).
 set -euo pipefail
 # shellcheck source=hack/cluster/lib.sh
 source "$(dirname "$0")/cluster/lib.sh"

@@ -3,8 +3,9 @@
 # a CA; etcd's serving and the API server's client certificate; the API server's serving
 # certificate (the node address, the service IP, the kubernetes.default names); client
 # certificates for the admin (system:masters), the controller manager, the scheduler, the node
-# (system:node:<name>, as the Node authorizer expects), kube-proxy and the API server's calls to
-# the kubelet; the kubelet's serving certificate; the service-account signing key pair.
+# (system:node:<name>, as the Node authorizer expects), kube-proxy, kube-router and the API
+# server's calls to the kubelet; the kubelet's serving certificate; the service-account signing
+# key pair.
 # Usage: hack/cluster/pki.sh NODE_NAME NODE_IP
 set -euo pipefail
 # shellcheck source=hack/cluster/lib.sh
@@ -48,6 +49,8 @@ cert admin "/O=system:masters/CN=gpupipe-admin" clientAuth
 cert controller-manager "/CN=system:kube-controller-manager" clientAuth
 cert scheduler "/CN=system:kube-scheduler" clientAuth
 cert kube-proxy "/CN=system:kube-proxy" clientAuth
+# kube-router's policy controller (hack/cluster/addons/network-policy.sh binds its ClusterRole).
+cert kube-router "/CN=gpupipe:kube-router" clientAuth
 cert node "/O=system:nodes/CN=system:node:${node_name}" clientAuth
 cert kubelet "/CN=${node_name}" serverAuth "IP:${node_ip},IP:127.0.0.1,DNS:${node_name}"
 [[ -f sa.key ]] || openssl genrsa -out sa.key 2048 2>/dev/null
@@ -77,6 +80,6 @@ current-context: gpupipe
 KC
 }
 kubeconfig "${KUBECONFIG_ADMIN}" admin
-for who in controller-manager scheduler kube-proxy node; do
+for who in controller-manager scheduler kube-proxy kube-router node; do
   kubeconfig "${PKI}/${who}.kubeconfig" "$who"
 done

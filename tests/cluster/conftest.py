@@ -127,7 +127,13 @@ def make_namespace(
 ) -> None:
     """A namespace that enforces ``enforce`` Pod Security (and warns of restricted), with the
     ``pipeline-runner`` account bound by our Role (``manifests/rbac``'s binding, its subject
-    moved here) and the store's secret; ``labels`` are added to the namespace's."""
+    moved here) and the store's secret; ``labels`` are added to the namespace's.
+
+    It carries the label Kubeflow's profile controller puts on a user's profile namespace
+    (``app.kubernetes.io/part-of: kubeflow-profile``, its ``namespace-labels.yaml``), as a
+    multi-user KFP's runs have it: KFP's SeaweedFS NetworkPolicy admits the object store's
+    clients by that label (and ``kubeflow`` itself), and the test cluster enforces it
+    (tests/cluster/test_networkpolicy.py)."""
     kube.apply(
         {
             "apiVersion": "v1",
@@ -139,6 +145,7 @@ def make_namespace(
                     "pod-security.kubernetes.io/enforce-version": "latest",
                     "pod-security.kubernetes.io/warn": "restricted",
                     "gpupipe.dev/test": "cluster",
+                    "app.kubernetes.io/part-of": "kubeflow-profile",
                     **(labels or {}),
                 },
             },

@@ -58,6 +58,7 @@ def foreign(tmp_path: Path) -> Iterator[Path]:
 
 def test_cluster_down_removes_only_what_its_cluster_made(foreign: Path) -> None:
     netns_before = sh("ip", "netns", "list").stdout
+    ran_kube_router = (kube.STATE / "addons" / "network-policy").is_dir()
     assert "cni-" in netns_before.replace(NETNS, ""), "the cluster's pods have no namespaces?"
     down = kube.run_script("cluster-down.sh")
     assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
@@ -73,6 +74,11 @@ def test_cluster_down_removes_only_what_its_cluster_made(foreign: Path) -> None:
     rules = "".join(sh(cmd, "-t", t, "-S").stdout for cmd in ("iptables",) for t in CHAINS)
     assert 'name: \\"gpupipe\\"' not in rules
     assert "KUBE-SERVICES" not in rules and "KUBE-KUBELET-CANARY" not in rules
+    if ran_kube_router:  # the network-policy add-on's chains and ipsets
+        for prefix in ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-"):
+            assert prefix not in rules, prefix
+        sets = sh("ipset", "list", "-n").stdout.split()
+        assert not [s for s in sets if s.startswith(("KUBE-SRC-", "KUBE-DST-"))], sets
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{CGROUP_ROOT}"))
     assert not kube.STATE.exists()
     assert sh("ip", "link", "show", "gpupipe0", check=False).returncode != 0

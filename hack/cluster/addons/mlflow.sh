@@ -102,6 +102,12 @@ addon_verify() {
   overrides="$(printf '{"metadata":{"labels":{"pipelines.kubeflow.org/v2_component":"true"}},"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["sh","-c",%s],%s,%s}]}}' \
     "$RESTRICTED_POD" "$pod" "$BUSYBOX_IMAGE" "$(json_string <<'SH'
 api="http://mlflow.kubeflow:5000/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+# MLflow's NetworkPolicy admits this pod once kube-router has synced its address, a moment after it
+# starts (the network-policy add-on): wait for an answer of any status first, at most 20 s.
+for i in $(seq 20); do
+  case "$(wget -q -O /dev/null http://mlflow.kubeflow:5000/health 2>&1)" in "" | *HTTP/*) break ;; esac
+  sleep 1
+done
 if refused="$(wget -qO- "$api" 2>&1)"; then echo "an unauthenticated request was answered: $refused"; exit 1; fi
 case "$refused" in *401*) echo "unauthenticated: refused (401)" ;; *) echo "unauthenticated: $refused"; exit 1 ;; esac
 auth="Authorization: Basic $(printf '%s:%s' "$USER_NAME" "$USER_PASSWORD" | base64 -w0)"

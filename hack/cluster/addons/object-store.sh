@@ -150,11 +150,19 @@ addon_install() {
 # What a pipeline step does: boto3 with the Secret's keys against seaweedfs.kubeflow:9000.
 verify_script() {
   cat <<'PY'
-import os, uuid
+import os, socket, time, uuid
 import boto3, botocore
 from botocore.config import Config
 
 endpoint = "http://seaweedfs.kubeflow:9000"
+# The store's NetworkPolicy admits this pod once kube-router has synced its address, a moment
+# after it starts (the network-policy add-on): wait for a connection first, at most 20 s.
+for _ in range(40):
+    try:
+        socket.create_connection(("seaweedfs.kubeflow", 9000), timeout=5).close()
+        break
+    except OSError:
+        time.sleep(0.5)
 key = f"gpupipe-verify/{uuid.uuid4().hex}.txt"
 body = b"hello from a pod\n"
 anon = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",

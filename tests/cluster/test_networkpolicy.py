@@ -1,0 +1,182 @@
+"""The test cluster enforces NetworkPolicy (issue 39): MLflow and the object store refuse a pod
+outside their policies.
+
+kube-router's network policy controller (hack/cluster/addons/network-policy.sh) keeps the node's
+iptables in step with the policies: manifests/mlflow's admits only pods with KFP's run label
+(``pipelines.kubeflow.org/v2_component``), KFP's own SeaweedFS policy only pods of ``kubeflow`` and
+of namespaces labelled as Kubeflow labels a user's profile namespace
+(``app.kubernetes.io/part-of=kubeflow-profile``). Each refusal here has its positive control, a
+pod that differs only in what the policy admits and reaches the same service, so that neither a
+dead service nor a broken pod network can pass for a policy. The node itself is not a pod: the
+tests' host-side reads through the services' cluster IPs still work.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster import kube
+
+NS = "kubeflow"
+MLFLOW = "mlflow.kubeflow:5000"
+STORE = "seaweedfs.kubeflow:9000"
+KFP_LABEL = {"pipelines.kubeflow.org/v2_component": "true"}
+PROFILE_LABEL = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+TRIES = 5
+"""Connections each probe makes to each address, a second apart (after 3 s: kube-router adds a
+new pod's address to the policies' ipsets on the sync its start triggers)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _enforced() -> None:
+    if not (kube.STATE / "addons" / "network-policy").is_dir():
+        pytest.skip(
+            "the network-policy add-on is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS)"
+        )
+    for name in ("mlflow", "seaweedfs"):
+        if kube.kubectl("get", "service", "-n", NS, name, check=False).returncode != 0:
+            pytest.skip(f"Service {NS}/{name} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+
+
+def _namespace(labels: dict[str, str]) -> Iterator[str]:
+    name = kube.unique("gpupipe-np")
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "gpupipe.dev/test": "cluster",
+                    **labels,
+                },
+            },
+        }
+    )
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def outside() -> Iterator[str]:
+    """A namespace that neither policy admits (no profile label)."""
+    yield from _namespace({})
+
+
+@pytest.fixture(scope="module")
+def profile() -> Iterator[str]:
+    """A namespace labelled as Kubeflow's profile controller labels a user's namespace."""
+    yield from _namespace(PROFILE_LABEL)
+
+
+def _probe_pod(name: str, namespace: str, labels: dict[str, str], targets: list[str]) -> None:
+    """A restricted busybox pod that tries each target TRIES times and prints one line a try:
+    ``<target> <try> reached|refused <wget's words>`` (reached: any HTTP answer, 401 and 403
+    included; refused: none within 10 s)."""
+    script = f"""
+sleep 3
+for target in {" ".join(targets)}; do
+  for i in $(seq {TRIES}); do
+    out="$(timeout 10 wget -q -O /dev/null "http://$target/" 2>&1)" && got=reached || got=refused
+    case "$out" in *HTTP/*) got=reached ;; esac
+    echo "$target $i $got ${{out:-200 OK}}"
+    sleep 1
+  done
+done
+"""
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": kube.RESTRICTED_POD,
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": kube.BUSYBOX_IMAGE,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", script],
+                        "resources": {
+                            "requests": {"cpu": "10m", "memory": "16Mi"},
+                            "limits": {"cpu": "200m", "memory": "64Mi"},
+                        },
+                        "securityContext": kube.RESTRICTED_CONTAINER,
+                    }
+                ],
+            },
+        }
+    )
+
+
+def _outcomes(name: str, namespace: str) -> dict[str, list[str]]:
+    """The probe pod's outcomes per target, in order; its lines stay in the assertion messages."""
+    done = kube.wait_pod_done(namespace, name, timeout=180)
+    assert done["exitCode"] == 0, kube.logs(namespace, name)
+    found: dict[str, list[str]] = {}
+    for line in kube.logs(namespace, name).splitlines():
+        target, _, outcome, _ = [*line.split(" ", 3), "", "", ""][:4]
+        found.setdefault(target, []).append(outcome)
+    return found
+
+
+Probes = dict[str, tuple[str, dict[str, str], list[str]]]
+
+
+def _probe(probes: Probes) -> dict[str, dict[str, list[str]]]:
+    """Run the probe pods side by side, {role: (namespace, labels, targets)}; each role's
+    outcomes per target."""
+    pods = {role: (kube.unique(role), namespace) for role, (namespace, _, _) in probes.items()}
+    for role, (namespace, labels, targets) in probes.items():
+        _probe_pod(pods[role][0], namespace, labels, targets)
+    return {role: _outcomes(name, namespace) for role, (name, namespace) in pods.items()}
+
+
+def test_a_pod_outside_the_policy_cannot_reach_mlflow(outside: str) -> None:
+    got = _probe(
+        {
+            "plain": (outside, {}, [MLFLOW]),
+            "kfp-step": (outside, KFP_LABEL, [MLFLOW]),
+        }
+    )
+    # Refused on every try; the same namespace's pod with KFP's run label reaches it.
+    assert got["plain"][MLFLOW] == ["refused"] * TRIES, got
+    assert got["kfp-step"][MLFLOW][-1] == "reached", got
+
+
+def test_a_namespace_outside_the_policy_cannot_reach_the_object_store(
+    outside: str, profile: str
+) -> None:
+    got = _probe(
+        {
+            "plain": (outside, {}, [STORE]),
+            "kfp-step": (outside, KFP_LABEL, [STORE]),
+            "profile": (profile, {}, [STORE, MLFLOW]),
+        }
+    )
+    # SeaweedFS admits by namespace: not even a KFP-labelled pod of an unlabelled namespace...
+    assert got["plain"][STORE] == ["refused"] * TRIES, got
+    assert got["kfp-step"][STORE] == ["refused"] * TRIES, got
+    # ...while any pod of a profile namespace reaches it; MLflow admits by pod label, not by
+    # namespace, so that pod is still refused there.
+    assert got["profile"][STORE][-1] == "reached", got
+    assert got["profile"][MLFLOW] == ["refused"] * TRIES, got
+
+
+@pytest.mark.parametrize(("service", "port"), [("mlflow", 5000), ("seaweedfs", 9000)])
+def test_the_node_reaches_them_through_their_cluster_ips(service: str, port: int) -> None:
+    """kube-router accepts what comes from the node's own addresses (the kubelet's probes, and
+    these tests' reads through kube-proxy), as upstream's controller does on every node."""
+    url = f"http://{kube.service_address(NS, service, port)}/"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as e:  # unauthenticated: 401 (MLflow), 403 (SeaweedFS)
+        status = e.code
+    assert status in (200, 401, 403), (url, status)
