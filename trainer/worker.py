@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import threading
 
 from trainer.base import exitcodes
 from trainer.base.errors import (
@@ -27,6 +29,12 @@ from trainer.training.loop import train
 from trainer.training.stop import Preempted, StopSignal
 
 log = logging.getLogger("trainer.worker")
+
+CLOSE_TIMEOUT_S = 10.0
+"""How long tearing the process group down may take. After a SIGTERM the job's other ranks and
+the rendezvous store (hosted with rank 0) may already be gone, and gloo's teardown can then block
+for as long as the platform's grace period: seen once in a container test under load, where the
+stopped worker was killed (137) instead of exiting 143 after its peers had checkpointed."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,12 +73,46 @@ def main(argv: list[str] | None = None) -> int:
         try:
             exit_code = _train(cfg, ctx, stop)
         finally:
-            dist.close(ctx)
+            closed = _close_within(ctx, CLOSE_TIMEOUT_S)
+        if not closed:
+            # The exit code is decided and its checkpoint (if any) written: leave now, without the
+            # interpreter's teardown, which would wait on the same process group again.
+            log.warning(
+                "the process group did not close within %g s (its peers are gone); exit %d",
+                CLOSE_TIMEOUT_S,
+                exit_code,
+            )
+            stop.uninstall()
+            exitcodes.record_exit_code(exit_code, rank)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exit_code)
         return exit_code
     finally:
         stop.uninstall()
         # torchrun reports every failure as 1: tell the trainer.launch wrapper what really happened.
         exitcodes.record_exit_code(exit_code, rank)
+
+
+def _close_within(ctx: dist.DistContext, timeout_s: float) -> bool:
+    """:func:`dist.close` in a daemon thread, waited for ``timeout_s``: False when it hangs."""
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            dist.close(ctx)
+        except BaseException as e:  # re-raised in the caller's thread below
+            errors.append(e)
+
+    closer = threading.Thread(target=close, name="close-process-group", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        return False
+    if errors:
+        raise errors[0]
+    return True
 
 
 def _peer_lost(e: BaseException) -> int:

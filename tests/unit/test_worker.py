@@ -233,3 +233,63 @@ def test_unreachable_rendezvous_store_is_a_retryable_lost_peer(
     codes = sorted(p.read_text().strip() for p in exit_dir.glob("rank-*.code"))
     assert codes == [str(EXIT_PEER_LOST)]
     assert not list(exit_dir.glob("started-*"))  # it said how it ended: not "vanished"
+
+
+def test_closing_the_process_group_is_waited_for_a_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+    monkeypatch.setattr(worker.dist, "close", lambda ctx: release.wait(30))
+    t0 = time.monotonic()
+    assert worker._close_within(None, 0.3) is False  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 5
+    release.set()
+    monkeypatch.setattr(worker.dist, "close", lambda ctx: None)
+    assert worker._close_within(None, 5) is True  # type: ignore[arg-type]
+
+    def broken(ctx: object) -> None:
+        raise RuntimeError("store went away")
+
+    monkeypatch.setattr(worker.dist, "close", broken)
+    with pytest.raises(RuntimeError, match="store went away"):
+        worker._close_within(None, 5)  # type: ignore[arg-type]
+
+
+HANGING_TEARDOWN = """
+import sys, threading
+from trainer import worker
+from trainer.base import exitcodes
+worker.CLOSE_TIMEOUT_S = 0.5
+worker.dist.close = lambda ctx: threading.Event().wait()  # peers gone: never returns
+worker._train = lambda cfg, ctx, stop: 143  # checkpointed after SIGTERM
+recorded = []
+exitcodes.record_exit_code = lambda code, rank: recorded.append(code) or print("recorded", code)
+sys.exit(worker.main(sys.argv[1:]))
+"""
+
+
+def test_a_worker_whose_peers_are_gone_still_exits_with_its_code(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    """After a SIGTERM the other ranks and the rendezvous store may be gone, and gloo's teardown
+    can then block for the whole grace period (seen: a stopped container worker killed, 137,
+    instead of exiting 143): the worker leaves with its decided code once the wait is over."""
+    cfg = write_config(tmp_path, data)
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", HANGING_TEARDOWN, "--config", str(cfg)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "recorded 143"
+    assert "the process group did not close within 0.5 s (its peers are gone); exit 143" in (
+        proc.stderr
+    )
