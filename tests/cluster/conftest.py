@@ -118,6 +118,15 @@ def role(rules_without: tuple[str, str, str] | None = None) -> dict[str, Any]:
     return doc
 
 
+def namespace_doc(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A test Namespace, labelled ``gpupipe.dev/test: cluster`` and with ``labels``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"gpupipe.dev/test": "cluster", **labels}},
+    }
+
+
 def make_namespace(
     name: str,
     role_doc: dict[str, Any],
@@ -135,21 +144,16 @@ def make_namespace(
     clients by that label (and ``kubeflow`` itself), and the test cluster enforces it
     (tests/cluster/test_networkpolicy.py)."""
     kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "pod-security.kubernetes.io/enforce": enforce,
-                    "pod-security.kubernetes.io/enforce-version": "latest",
-                    "pod-security.kubernetes.io/warn": "restricted",
-                    "gpupipe.dev/test": "cluster",
-                    "app.kubernetes.io/part-of": "kubeflow-profile",
-                    **(labels or {}),
-                },
+        namespace_doc(
+            name,
+            {
+                "pod-security.kubernetes.io/enforce": enforce,
+                "pod-security.kubernetes.io/enforce-version": "latest",
+                "pod-security.kubernetes.io/warn": "restricted",
+                "app.kubernetes.io/part-of": "kubeflow-profile",
+                **(labels or {}),
             },
-        }
+        )
     )
     kube.kubectl("create", "serviceaccount", "pipeline-runner", "-n", name)
     kube.apply({**role_doc, "metadata": {**role_doc["metadata"], "namespace": name}})

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cluster import kube
+from tests.cluster.conftest import namespace_doc
 
 NS = "kubeflow"
 MLFLOW = "mlflow.kubeflow:5000"
@@ -44,20 +45,7 @@ def _enforced() -> None:
 
 def _namespace(labels: dict[str, str]) -> Iterator[str]:
     name = kube.unique("gpupipe-np")
-    kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "pod-security.kubernetes.io/enforce": "restricted",
-                    "gpupipe.dev/test": "cluster",
-                    **labels,
-                },
-            },
-        }
-    )
+    kube.apply(namespace_doc(name, {"pod-security.kubernetes.io/enforce": "restricted", **labels}))
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
