@@ -96,11 +96,15 @@ def run_id_of(out: subprocess.CompletedProcess[str]) -> str:
     return found.group(1)
 
 
-def start_training(host: str, pipeline: str, table: str, prefix: str) -> tuple[str, str]:
-    """A run long enough to be stopped mid-training (40 epochs, no tuning), started: its id and,
-    once it is made, the name of its train step's PyTorchJob."""
+def start_training(
+    host: str, pipeline: str, table: str, prefix: str, epochs: int = 40
+) -> tuple[str, str]:
+    """A run long enough to be stopped mid-training (40 epochs, no tuning: about 25 s of training
+    on an idle node), started: its id and, once it is made, the name of its train step's
+    PyTorchJob."""
     model = kube.unique(prefix)
-    out = start_run(host, pipeline, model, run_params(table, model, tune_enabled=False, epochs=40))
+    params = run_params(table, model, tune_enabled=False, epochs=epochs)
+    out = start_run(host, pipeline, model, params)
     assert out.returncode == 0, out.stderr
     run_id = run_id_of(out)
     job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
@@ -428,15 +432,18 @@ def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
 def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     host: str, pipeline: str, table: str
 ) -> None:
-    run_id, job = start_training(host, pipeline, table, "gpupipe-retry")
+    # 80 epochs: the job must outlast the deleted pod's way out (up to its 30 s grace period). With
+    # 40 (about 25 s of training) it once finished first on an idle node: the step then succeeded
+    # on its first attempt, and nothing was retried.
+    run_id, job = start_training(host, pipeline, table, "gpupipe-retry", epochs=80)
     uid = kube.get_json("pytorchjob", "-n", NS, job)["metadata"]["uid"]
     launcher = _launcher_pod(run_id)
     # Delete the step's pod while the job trains (its pods running, the job not finished).
     kube.wait_until("the job's pods running", lambda: _running(kube.job_pods(NS, job)), 300, 2)
-    kube.kubectl("-n", NS, "delete", "pod", launcher, "--wait=false")
+    kube.kubectl("-n", NS, "delete", "pod", launcher, "--wait=true", "--timeout=100s")
     state = kube.get_json("pytorchjob", "-n", NS, job)["status"]["conditions"][-1]["type"]
     assert state not in ("Succeeded", "Failed"), (
-        f"the job ended before the pod was deleted: {state}"
+        f"the job ended before the step's deleted pod was gone: {state}"
     )
     done = kfp.wait_run(host, run_id)
     assert done["state"] == "SUCCEEDED", kfp.task_states(done)
