@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 import pytest
@@ -268,6 +274,59 @@ def test_unreachable_endpoint(s3_server: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:1")
     with pytest.raises(RuntimeError, match=r"s3://b/k: .*(connect|NETWORK)"):
         storage.exists("s3://b/k")
+
+
+@contextmanager
+def _refused_then_forwarded(refused_s: float, to: str) -> Iterator[str]:
+    """An endpoint on 127.0.0.1 whose port refuses connections for ``refused_s`` seconds (no
+    listener yet, as a NetworkPolicy agent refuses a new pod's first connections), then forwards
+    each connection to the server at ``to``; yields its ``http://host:port``."""
+    target = urlsplit(to)
+    with socket.socket() as probe:  # a free port, listened on only after the refusal
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    stop = threading.Event()
+
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        if stop.wait(refused_s):
+            return
+        with socket.create_server(("127.0.0.1", port)) as server:
+            server.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    client, _ = server.accept()
+                except TimeoutError:
+                    continue
+                upstream = socket.create_connection((target.hostname, target.port))
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def test_a_store_that_refuses_connections_for_a_few_seconds_is_read_once_it_answers(
+    s3_client: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new pod's first reads under an enforcing NetworkPolicy agent (kube-router) were refused
+    for a moment, and the step failed (E_EXTERNAL ... curlCode: 7): each request is now tried
+    S3_REQUEST_ATTEMPTS times (10 to 20 s), where the SDK's default 3 gave up within 2.5 s."""
+    s3_client.put_object(Bucket=s3_bucket, Key="config.json", Body=b'{"epochs": 2}')
+    with _refused_then_forwarded(4.0, s3_client.meta.endpoint_url) as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+        assert storage.read_json(f"s3://{s3_bucket}/config.json") == {"epochs": 2}
 
 
 # --- issue 39, item 4: a publish on an object store is never half-done ---------------------

@@ -399,6 +399,8 @@ def test_kfp_user_path_keeps_no_upstream_credential() -> None:
         "manifests/kustomize/base/pipeline/ml-pipeline-apiserver-deployment.yaml",
         "manifests/kustomize/base/metadata/base/metadata-grpc-deployment.yaml",
         "manifests/kustomize/third-party/seaweedfs/base/seaweedfs/seaweedfs-deployment.yaml",
+        # (patched for Argo's requeue time, not for a credential)
+        "manifests/kustomize/third-party/argo/base/workflow-controller-deployment-patch.yaml",
     )
     assert {"minio123", ""} <= {
         v for o in upstream if o["kind"] == "Secret" for v in o["stringData"].values()
