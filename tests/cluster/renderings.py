@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,9 @@ def user_path(part: str, remote: str, local: Path, tmp: Path) -> list[dict[str, 
     text = (kube.ROOT / "manifests" / part / "kustomization.yaml").read_text()
     folder = tmp / part
     folder.mkdir(parents=True)
+    for own in (kube.ROOT / "manifests" / part).glob("*.yaml"):  # the files it lists
+        if own.name != "kustomization.yaml":
+            shutil.copy(own, folder / own.name)
     relative = os.path.relpath(local, folder)  # kustomize wants a relative path
     localized, n = re.subn(remote, rf"{relative}/\1", text)
     assert n == 1, f"manifests/{part} should name its upstream base once, at the release tag"

@@ -1,5 +1,5 @@
-"""The test cluster enforces NetworkPolicy (issue 39): MLflow and the object store refuse a pod
-outside their policies.
+"""The test cluster enforces NetworkPolicy (issue 39): MLflow, the object store and the two
+databases refuse a pod outside their policies.
 
 kube-router's network policy controller (hack/cluster/addons/network-policy.sh) keeps the node's
 iptables in step with the policies: manifests/mlflow's admits only pods with KFP's run label
@@ -8,7 +8,9 @@ of namespaces labelled as Kubeflow labels a user's profile namespace
 (``app.kubernetes.io/part-of=kubeflow-profile``). Each refusal here has its positive control, a
 pod that differs only in what the policy admits and reaches the same service, so that neither a
 dead service nor a broken pod network can pass for a policy. The node itself is not a pod: the
-tests' host-side reads through the services' cluster IPs still work.
+tests' host-side reads through the services' cluster IPs still work. The databases' policies
+(manifests/kfp and manifests/katib) admit their own servers' pods only, by their labels: a probe
+pod with those labels stands for the server (never Ready, so no Service sends it anything).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ MLFLOW = "mlflow.kubeflow:5000"
 STORE = "seaweedfs.kubeflow:9000"
 KFP_LABEL = {"pipelines.kubeflow.org/v2_component": "true"}
 PROFILE_LABEL = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+KFP_DB = "tcp:mysql.kubeflow:3306"
+KATIB_DB = "tcp:katib-mysql.kubeflow:3306"
 TRIES = 5
 """Connections each probe makes to each address, a second apart (after 3 s: kube-router adds a
 new pod's address to the policies' ipsets on the sync its start triggers)."""
@@ -64,14 +68,24 @@ def profile() -> Iterator[str]:
 
 def _probe_pod(name: str, namespace: str, labels: dict[str, str], targets: list[str]) -> None:
     """A restricted busybox pod that tries each target TRIES times and prints one line a try:
-    ``<target> <try> reached|refused <wget's words>`` (reached: any HTTP answer, 401 and 403
-    included; refused: none within 10 s)."""
+    ``<target> <try> reached|refused <words>``. A ``host:port`` target is asked over HTTP
+    (reached: any HTTP answer, 401 and 403 included; refused: none within 10 s); a
+    ``tcp:host:port`` target is connected to (reached: the connection opened; busybox's nc then
+    runs ``true`` on it and leaves, where the server would keep it waiting). The pod is never
+    Ready: with a server's labels it must not become one of that server's Service endpoints."""
     script = f"""
 sleep 3
 for target in {" ".join(targets)}; do
   for i in $(seq {TRIES}); do
-    out="$(timeout 10 wget -q -O /dev/null "http://$target/" 2>&1)" && got=reached || got=refused
-    case "$out" in *HTTP/*) got=reached ;; esac
+    case "$target" in
+    tcp:*)
+      hp="${{target#tcp:}}"
+      out="$(timeout 10 nc -w 5 "${{hp%:*}}" "${{hp##*:}}" -e true 2>&1 >/dev/null)" &&
+        got=reached || got=refused ;;
+    *)
+      out="$(timeout 10 wget -q -O /dev/null "http://$target/" 2>&1)" && got=reached || got=refused
+      case "$out" in *HTTP/*) got=reached ;; esac ;;
+    esac
     echo "$target $i $got ${{out:-200 OK}}"
     sleep 1
   done
@@ -96,6 +110,7 @@ done
                             "limits": {"cpu": "200m", "memory": "64Mi"},
                         },
                         "securityContext": kube.RESTRICTED_CONTAINER,
+                        "readinessProbe": {"exec": {"command": ["false"]}, "periodSeconds": 60},
                     }
                 ],
             },
@@ -155,6 +170,28 @@ def test_a_namespace_outside_the_policy_cannot_reach_the_object_store(
     # namespace, so that pod is still refused there.
     assert got["profile"][STORE][-1] == "reached", got
     assert got["profile"][MLFLOW] == ["refused"] * TRIES, got
+
+
+def test_only_their_own_servers_reach_the_databases() -> None:
+    for name in ("mysql", "katib-mysql"):
+        if kube.kubectl("get", "service", "-n", NS, name, check=False).returncode != 0:
+            pytest.skip(f"Service {NS}/{name} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+    got = _probe(
+        {
+            # A run's step pod: in a standalone install it shares the databases' namespace.
+            "kfp-step": (NS, KFP_LABEL, [KFP_DB, KATIB_DB]),
+            "kfp-api-server": (NS, {"app": "ml-pipeline"}, [KFP_DB, KATIB_DB]),
+            "ml-metadata": (NS, {"component": "metadata-grpc-server"}, [KFP_DB]),
+            "katib-db-manager": (NS, {"katib.kubeflow.org/component": "db-manager"}, [KATIB_DB]),
+        }
+    )
+    assert got["kfp-step"][KFP_DB] == ["refused"] * TRIES, got
+    assert got["kfp-step"][KATIB_DB] == ["refused"] * TRIES, got
+    # Each database reached by the pods its policy admits, and by those only.
+    assert got["kfp-api-server"][KFP_DB][-1] == "reached", got
+    assert got["ml-metadata"][KFP_DB][-1] == "reached", got
+    assert got["kfp-api-server"][KATIB_DB] == ["refused"] * TRIES, got
+    assert got["katib-db-manager"][KATIB_DB][-1] == "reached", got
 
 
 @pytest.mark.parametrize(("service", "port"), [("mlflow", 5000), ("seaweedfs", 9000)])

@@ -481,3 +481,61 @@ def test_kind_up_makes_the_secrets_before_kfp_and_katib() -> None:
     assert made < text.index("kubectl apply -k manifests/kfp/platform-agnostic")
     assert made < text.index("-k manifests/katib")
     assert text.index("kubectl apply -k manifests/kfp/cluster-scoped-resources") < made
+
+
+def _pod_labels(objects: dict[tuple[str, str], Any], deployment: str) -> dict[str, str]:
+    return dict(objects[("Deployment", deployment)]["spec"]["template"]["metadata"]["labels"])
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) == {"podSelector"}, f"only same-namespace pod selectors: {selector}"
+    return selector["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+@pytest.mark.parametrize(
+    ("folder", "policy", "database", "servers", "others"),
+    [
+        (
+            "kfp/platform-agnostic",
+            "mysql",
+            "mysql",
+            ["ml-pipeline", "metadata-grpc-deployment"],
+            ["ml-pipeline-persistenceagent", "ml-pipeline-scheduledworkflow", "seaweedfs"],
+        ),
+        ("katib", "katib-mysql", "katib-mysql", ["katib-db-manager"], ["katib-controller"]),
+    ],
+)
+def test_each_database_admits_its_own_servers_only(
+    folder: str, policy: str, database: str, servers: list[str], others: list[str]
+) -> None:
+    """The databases' NetworkPolicies select upstream's pods by the labels upstream gives them:
+    the database itself, the servers that log in to it, and no other pod of the install (a run's
+    step pod has KFP's run label and none of these)."""
+    if folder == "katib":
+        upstream = _katib_objects(
+            "manifests/v1beta1/components/mysql/mysql.yaml",
+            "manifests/v1beta1/components/db-manager/db-manager.yaml",
+            "manifests/v1beta1/components/controller/controller.yaml",
+        )
+    else:
+        upstream = _kfp_objects(
+            "manifests/kustomize/third-party/mysql/base/mysql-deployment.yaml",
+            "manifests/kustomize/base/pipeline/ml-pipeline-apiserver-deployment.yaml",
+            "manifests/kustomize/base/metadata/base/metadata-grpc-deployment.yaml",
+            "manifests/kustomize/base/pipeline/ml-pipeline-persistenceagent-deployment.yaml",
+            "manifests/kustomize/base/pipeline/ml-pipeline-scheduledworkflow-deployment.yaml",
+            "manifests/kustomize/third-party/seaweedfs/base/seaweedfs/seaweedfs-deployment.yaml",
+            "manifests/kustomize/third-party/argo/base/workflow-controller-deployment-patch.yaml",
+        )
+    objects = _user_path(folder, upstream)
+    spec = objects[("NetworkPolicy", policy)]["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"]["matchLabels"].items() <= _pod_labels(objects, database).items()
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"port": 3306}]
+    for name in servers:
+        assert any(_selects(s, _pod_labels(objects, name)) for s in rule["from"]), name
+    for name in [*others, database]:
+        assert not any(_selects(s, _pod_labels(objects, name)) for s in rule["from"]), name
+    step = {"pipelines.kubeflow.org/v2_component": "true"}
+    assert not any(_selects(s, step) for s in rule["from"])

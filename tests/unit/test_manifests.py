@@ -290,10 +290,14 @@ def test_remote_base_is_pinned_to_a_release_tag(url: str) -> None:
 )
 def test_install_overlays_pin_the_expected_release(folder: str, repo: str, tag: str) -> None:
     rendered = RENDERED[MANIFESTS / folder]
-    # KFP's install adds one object of its own: the grant of ML Metadata's database to the
-    # generated account (hack/credentials.sh), which the database runs on its first start.
-    own = [(o["kind"], o["metadata"]["name"]) for o in rendered.objects]
-    expected = [("ConfigMap", "mysql-kfp-grants")] if folder == "kfp/platform-agnostic" else []
+    # Objects of our own: KFP's grant of ML Metadata's database to the generated account
+    # (hack/credentials.sh), which the database runs on its first start, and each database's
+    # NetworkPolicy (only its own servers reach it).
+    own = sorted((o["kind"], o["metadata"]["name"]) for o in rendered.objects)
+    expected = {
+        "kfp/platform-agnostic": [("ConfigMap", "mysql-kfp-grants"), ("NetworkPolicy", "mysql")],
+        "katib": [("NetworkPolicy", "katib-mysql")],
+    }.get(folder, [])
     assert own == expected, "install overlays only point at upstream"
     assert len(rendered.remote) == 1
     assert rendered.remote[0].startswith(repo + "/")

@@ -212,14 +212,31 @@ user_path_patches() {
   printf '%s\n' "$out"
 }
 
+# The user path's own files (manifests/katib/*.yaml beside its kustomization: the database's
+# NetworkPolicy), copied into DIR/user; their `resources:` lines for the overlay.
+user_path_resources() {
+  local dir="$1" f
+  rm -rf "${dir}/user"
+  mkdir -p "${dir}/user"
+  for f in "${REPO_ROOT}/manifests/katib"/*.yaml; do
+    [[ "${f##*/}" == kustomization.yaml ]] && continue
+    grep -q "^  - ${f##*/}\$" "${REPO_ROOT}/manifests/katib/kustomization.yaml" ||
+      die "${PIECE}: manifests/katib/${f##*/} is not in its kustomization's resources"
+    cp "$f" "${dir}/user/"
+    printf '  - user/%s\n' "${f##*/}"
+  done
+}
+
 # The overlay in the state folder: upstream's v1beta1 manifests (a copy: the module cache is
 # read-only and kustomize wants the files under its root) as katib-standalone composes them,
-# without the UI, with the local images, our katib-config and the user path's patches.
+# without the UI, with the local images, our katib-config and the user path's own files and
+# patches.
 write_overlay() {
   local dir="$1"
   upstream_copy "$PIECE" "$dir" "${MODULE}@v${V}" manifests/v1beta1
   write_config "${dir}/katib-config.yaml"
-  local c
+  local c own
+  own="$(user_path_resources "$dir")" || exit 1
   cat >"${dir}/kustomization.yaml" <<YAML
 # Written by hack/cluster/addons/katib.sh: Katib v${V}, upstream's katib-standalone (from the Go
 # module download in ./upstream) without the UI, with the locally built images.
@@ -228,6 +245,7 @@ kind: Kustomization
 namespace: ${NS}
 resources:
 $(for c in namespace controller crd db-manager mysql webhook; do echo "  - upstream/components/${c}"; done)
+${own}
 images:
 $(image_map ghcr.io/kubeflow/katib/katib-controller "$(image_of katib-controller)")
 $(image_map ghcr.io/kubeflow/katib/katib-db-manager "$(image_of katib-db-manager)")

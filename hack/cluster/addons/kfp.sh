@@ -227,11 +227,14 @@ image_ids() {
   for t in $(addon_images); do docker image inspect --format '{{.Id}}' "$t"; done | sha256sum | cut -c1-16
 }
 
-# The user path's kustomization (manifests/kfp/PART) copied into the state folder with its remote
-# base pointing at the extracted tarball: the only change to it.
+# The user path (manifests/kfp/PART: its kustomization and the files it lists) copied into the
+# state folder with its remote base pointing at the extracted tarball: the only change to it.
 localize_user_path() {
-  local part="$1" dir="$2" up
+  local part="$1" dir="$2" up f
   mkdir -p "${dir}/${part}"
+  for f in "${REPO_ROOT}/manifests/kfp/${part}"/*.yaml; do
+    [[ "${f##*/}" == kustomization.yaml ]] || cp "$f" "${dir}/${part}/"
+  done
   up="$(realpath --relative-to "${dir}/${part}" "${SRC}/manifests/kustomize")"
   sed -E "s#github.com/kubeflow/pipelines/manifests/kustomize/([^?]*)\?ref=${V}#${up}/\1#" \
     "${REPO_ROOT}/manifests/kfp/${part}/kustomization.yaml" >"${dir}/${part}/kustomization.yaml"
