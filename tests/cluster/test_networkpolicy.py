@@ -136,9 +136,13 @@ def _probe(probes: Probes) -> dict[str, dict[str, list[str]]]:
     """Run the probe pods side by side, {role: (namespace, labels, targets)}; each role's
     outcomes per target."""
     pods = {role: (kube.unique(role), namespace) for role, (namespace, _, _) in probes.items()}
-    for role, (namespace, labels, targets) in probes.items():
-        _probe_pod(pods[role][0], namespace, labels, targets)
-    return {role: _outcomes(name, namespace) for role, (name, namespace) in pods.items()}
+    try:
+        for role, (namespace, labels, targets) in probes.items():
+            _probe_pod(pods[role][0], namespace, labels, targets)
+        return {role: _outcomes(name, namespace) for role, (name, namespace) in pods.items()}
+    finally:  # some stand in kubeflow's own namespace, which outlives the test
+        for name, namespace in pods.values():
+            kube.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
 
 
 def test_a_pod_outside_the_policy_cannot_reach_mlflow(outside: str) -> None:
