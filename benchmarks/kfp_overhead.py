@@ -82,7 +82,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gpupipe-kfp-bench-"))
     table = work / "churn.parquet"
     write_demo_data(str(table), rows=ROWS, task="classification", seed=0)
-    params = {"target": "churned", "epochs": EPOCHS, "tune_enabled": "false"}
+    # No GPU on this node: the train step asks for gpus_per_node (default 1), and without this
+    # its pod stayed Pending (Insufficient nvidia.com/gpu) until the run's wait timed out.
+    params = {"target": "churned", "epochs": EPOCHS, "tune_enabled": "false", "gpus_per_node": 0}
     flags = [x for k, v in params.items() for x in ("--param", f"{k}={v}")]
     with kfp.port_forward("ml-pipeline", 8888) as host, kfp.port_forward("seaweedfs", 9000) as s3:
         os.environ.update(
