@@ -223,6 +223,18 @@ go_module_dir() {
   printf '%s' "$dir"
 }
 
+# user_files FOLDER DEST: the user path's own files (FOLDER/*.yaml beside its kustomization, which
+# it lists as resources) copied into DEST; their names, one a line.
+user_files() {
+  local f
+  mkdir -p "$2"
+  for f in "$1"/*.yaml; do
+    [[ "${f##*/}" == kustomization.yaml ]] && continue
+    cp "$f" "$2/"
+    printf '%s\n' "${f##*/}"
+  done
+}
+
 # upstream_copy PIECE DIR MODULE@VERSION FOLDER [FIXUP]: the module's FOLDER copied to
 # DIR/upstream for a kustomize overlay (the module cache is read-only, and kustomize wants the
 # files under its root), once per module version; FIXUP, a function, edits the copy first.

@@ -215,15 +215,13 @@ user_path_patches() {
 # The user path's own files (manifests/katib/*.yaml beside its kustomization: the database's
 # NetworkPolicy), copied into DIR/user; their `resources:` lines for the overlay.
 user_path_resources() {
-  local dir="$1" f
+  local dir="$1" name names
   rm -rf "${dir}/user"
-  mkdir -p "${dir}/user"
-  for f in "${REPO_ROOT}/manifests/katib"/*.yaml; do
-    [[ "${f##*/}" == kustomization.yaml ]] && continue
-    grep -q "^  - ${f##*/}\$" "${REPO_ROOT}/manifests/katib/kustomization.yaml" ||
-      die "${PIECE}: manifests/katib/${f##*/} is not in its kustomization's resources"
-    cp "$f" "${dir}/user/"
-    printf '  - user/%s\n' "${f##*/}"
+  names="$(user_files "${REPO_ROOT}/manifests/katib" "${dir}/user")"
+  for name in $names; do
+    grep -q "^  - ${name}\$" "${REPO_ROOT}/manifests/katib/kustomization.yaml" ||
+      die "${PIECE}: manifests/katib/${name} is not in its kustomization's resources"
+    printf '  - user/%s\n' "$name"
   done
 }
 

@@ -230,11 +230,8 @@ image_ids() {
 # The user path (manifests/kfp/PART: its kustomization and the files it lists) copied into the
 # state folder with its remote base pointing at the extracted tarball: the only change to it.
 localize_user_path() {
-  local part="$1" dir="$2" up f
-  mkdir -p "${dir}/${part}"
-  for f in "${REPO_ROOT}/manifests/kfp/${part}"/*.yaml; do
-    [[ "${f##*/}" == kustomization.yaml ]] || cp "$f" "${dir}/${part}/"
-  done
+  local part="$1" dir="$2" up
+  user_files "${REPO_ROOT}/manifests/kfp/${part}" "${dir}/${part}" >/dev/null
   up="$(realpath --relative-to "${dir}/${part}" "${SRC}/manifests/kustomize")"
   sed -E "s#github.com/kubeflow/pipelines/manifests/kustomize/([^?]*)\?ref=${V}#${up}/\1#" \
     "${REPO_ROOT}/manifests/kfp/${part}/kustomization.yaml" >"${dir}/${part}/kustomization.yaml"
