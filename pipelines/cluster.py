@@ -12,6 +12,7 @@ bounded number of times. Who is calling is :mod:`pipelines.cluster_auth`'s; what
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -130,6 +131,7 @@ class KfpCluster:
             config.api_key["authorization"] = "unset"
             config.refresh_api_key_hook = self._refresh_token
         client = kapi.ApiClient(config)
+        self.client = client
         self.pipelines = kapi.PipelineServiceApi(client)
         self.uploads = kapi.PipelineUploadServiceApi(client)
         self.experiments = kapi.ExperimentServiceApi(client)
@@ -398,16 +400,61 @@ class KfpCluster:
         """The run with its state and task details."""
         return self._call(f"get run {run_id}", self.runs.run_service_get_run, run_id)
 
+    def waiting_pods(self, run_id: str) -> dict[str, str]:
+        """Step -> why its pod has not started, for each of the run's pods that waits with a
+        reason (Argo's, from the pod: ``Unschedulable: 0/1 nodes are available: 1 Insufficient
+        nvidia.com/gpu.``, ``ImagePullBackOff: ...``); the ordinary wait of a pod being
+        created is left out.
+
+        Read from the run's Workflow, which only KFP's v1beta1 API returns (v2beta1's task
+        details carry no message). A diagnosis aid: empty, never an error, when it cannot be read.
+        """
+        try:
+            got = self._call(
+                f"get run {run_id} (v1beta1)",
+                self.client.call_api,
+                "/apis/v1beta1/runs/{run_id}",
+                "GET",
+                path_params={"run_id": run_id},
+                header_params={"Accept": "application/json"},
+                response_type="object",
+                auth_settings=["Bearer"],
+                _return_http_data_only=True,
+            )
+            manifest = ((got or {}).get("pipeline_runtime") or {}).get("workflow_manifest")
+            nodes = (json.loads(manifest or "{}").get("status") or {}).get("nodes") or {}
+        except (ClusterError, ValueError, AttributeError):
+            return {}
+        out: dict[str, str] = {}
+        for node in nodes.values() if isinstance(nodes, dict) else ():
+            message = " ".join(str(node.get("message") or "").split())
+            if node.get("type") != "Pod" or node.get("phase") != "Pending" or not message:
+                continue
+            if message.split(":")[0] in _PENDING_AS_USUAL:
+                continue
+            out[_step_of(str(node.get("name") or node.get("displayName") or "?"))] = message
+        return out
+
     def wait(
-        self, run_id: str, *, timeout_s: float, on_state: Callable[[str], None] | None = None
+        self,
+        run_id: str,
+        *,
+        timeout_s: float,
+        on_state: Callable[[str], None] | None = None,
+        on_waiting: Callable[[str, str], None] | None = None,
     ) -> kapi.V2beta1Run:
         """Poll a run (backoff from ``backoff_s`` to ``max_poll_s``) until it finishes.
+
+        ``on_state`` hears each new state; ``on_waiting`` each new (step, reason) for a pod of
+        the run that waits with a reason (:meth:`waiting_pods`): a GPU step on a cluster without
+        a free GPU would otherwise wait in silence until ``timeout_s``.
 
         Raises:
             ClusterError: ``E_TIMEOUT`` when it is still going after ``timeout_s`` seconds.
         """
         deadline = time.monotonic() + timeout_s
         delay, last = self.backoff_s, None
+        told: dict[str, str] = {}
         while True:
             run = self.get_run(run_id)
             state = str(run.state or "PENDING")
@@ -416,6 +463,11 @@ class KfpCluster:
             last = state
             if state in TERMINAL_STATES:
                 return run
+            if on_waiting is not None:
+                for step, why in self.waiting_pods(run_id).items():
+                    if told.get(step) != why:
+                        on_waiting(step, why)
+                        told[step] = why
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ClusterError(
@@ -468,6 +520,21 @@ class KfpCluster:
             "delete": self.recurring.recurring_run_service_delete_recurring_run,
         }[action]
         self._call(f"{action} recurring run {recurring_run_id}", fn, recurring_run_id)
+
+
+_PENDING_AS_USUAL = frozenset({"ContainerCreating", "PodInitializing"})
+"""Reasons of a Pending pod that are its ordinary start, not a wait worth a word."""
+
+
+def _step_of(node_name: str) -> str:
+    """The task of an Argo node name: ``run.exit-handler-1.train(0).executor(0)`` -> ``train``,
+    ``run.exit-handler-1.train-driver(0)`` -> ``train (driver)``."""
+    parts = [re.sub(r"\(\d+\)$", "", p) for p in node_name.split(".")]
+    if len(parts) >= 2 and parts[-1] == "executor":
+        return parts[-2]
+    if parts[-1].endswith("-driver"):
+        return f"{parts[-1].removesuffix('-driver')} (driver)"
+    return parts[-1]
 
 
 def _short(reason: object) -> str:

@@ -174,7 +174,10 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     run = cluster.wait(
-        run_id, timeout_s=timeout_s, on_state=lambda s: print(f"  run {run_id}: {s}", flush=True)
+        run_id,
+        timeout_s=timeout_s,
+        on_state=lambda s: print(f"  run {run_id}: {s}", flush=True),
+        on_waiting=lambda step, why: print(f"  step {step} waits: {why}", flush=True),
     )
     from pipelines.cluster_summary import run_summary
 

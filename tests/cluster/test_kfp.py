@@ -11,13 +11,14 @@ see tests/cluster/kfp.py), their limits as compiled.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -299,18 +300,39 @@ def gpu_run(
         tune_enabled=False,
         gpu_node_selector=selector,
     )
-    out = start_run(host, pipeline, model, params)
-    assert out.returncode == 0, out.stderr
-    run_id = run_id_of(out)
+    # Started as a user waits on it: `run --host --wait`, its lines collected as they come.
+    waiting = kfp.gpupipe_popen(
+        "run", "--host", host, "--pipeline", pipeline, "--wait", "--run-name", model, *params
+    )
+    lines: list[str] = []
+
+    def collect() -> None:
+        for line in waiting.stdout or ():
+            lines.append(line.rstrip("\n"))
+
+    threading.Thread(target=collect, daemon=True).start()
+    run_id = ""
     try:
+        started = kube.wait_until(
+            "`run --wait` to start the run",
+            lambda: next((m for x in lines if (m := re.search(r"started run (\S+)", x))), None),
+            120,
+            1,
+        )
+        run_id = started.group(1)
         pod = kube.wait_until("the GPU train pod", lambda: _executor_pod(run_id, "train-2"), 600, 3)
-        yield run_id, pod
+        yield run_id, pod, lines
     finally:
-        api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")
+        if run_id:
+            api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")
+        try:
+            waiting.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            waiting.kill()
 
 
 def test_a_gpu_train_pod_gets_its_placement_shm_and_store_secret(gpu_run: Any) -> None:
-    run_id, pod = gpu_run
+    run_id, pod, _ = gpu_run
     spec = pod["spec"]
     main = next(c for c in spec["containers"] if c["name"] == "main")
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in [
@@ -337,6 +359,21 @@ def test_a_gpu_train_pod_asks_for_its_gpus(gpu_run: Any) -> None:
     _, pod = gpu_run
     main = next(c for c in pod["spec"]["containers"] if c["name"] == "main")
     assert main["resources"]["limits"].get("nvidia.com/gpu") in ("1", 1), main["resources"]
+
+
+def test_run_wait_says_why_the_gpu_train_pod_waits(gpu_run: Any) -> None:
+    # No GPU and not the selected label on this node: the pod stays Pending, and the waiting
+    # command says so with the scheduler's reason (read from the run's Workflow, v1beta1 API),
+    # once, instead of printing nothing until its timeout.
+    _, _, lines = gpu_run
+    said = kube.wait_until(
+        "`run --wait` to say why train-2 waits",
+        lambda: [x for x in lines if x.startswith("  step train-2 waits: ")] or None,
+        120,
+        2,
+    )
+    assert said[0].startswith("  step train-2 waits: Unschedulable: 0/1 nodes are available"), said
+    assert all(a != b for a, b in itertools.pairwise(said)), said  # each news once
 
 
 # -- 4. a failing step -------------------------------------------------------------------------
@@ -386,7 +423,7 @@ def test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_dele
     again = gpupipe(*base, "--cron", idle, *params)
     assert again.returncode == 0 and "unchanged" in again.stdout, again
     # The same name with another cron replaces it: never two of that name.
-    cron = _utc_cron_in(2)
+    cron = kfp.cron_in(45)  # the call below takes a few seconds (imports, three API calls)
     assert cron != idle
     replaced = gpupipe(*base, "--cron", cron, *params)
     assert replaced.returncode == 0 and "replaced recurring run" in replaced.stdout, replaced
@@ -499,11 +536,6 @@ def _artifact_uris(run_id: str) -> list[str]:
 
     outputs = outputs_of(storage.join(DEFAULT_PIPELINE_ROOT, PIPELINE_NAME, run_id))
     return [uri for outs in outputs.values() for uri in outs.values()]
-
-
-def _utc_cron_in(minutes: int) -> str:
-    at = datetime.now(UTC) + timedelta(minutes=minutes)
-    return f"0 {at.minute} {at.hour} * * *"
 
 
 def _recurring(host: str) -> list[dict[str, Any]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -367,12 +366,6 @@ def test_two_finished_runs_show_their_parameters_and_metrics_side_by_side(
 # -- 4. a recurring run created in the UI ------------------------------------------------------
 
 
-def _cron_ahead(now: datetime) -> str:
-    """KFP's six-field cron for the start of a minute at least a minute after NOW."""
-    at = now + timedelta(minutes=2 if now.second < 30 else 3)
-    return f"0 {at.minute} {at.hour} * * *"
-
-
 def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(
     ui: str,  # noqa: F811
     host: str,  # noqa: F811
@@ -393,7 +386,7 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(
     page.get_by_label("Maximum concurrent runs").fill("1")
     page.get_by_label("Catchup").uncheck()
     page.get_by_role("checkbox", name="Allow editing cron expression").check()
-    cron = _cron_ahead(datetime.now(UTC))
+    cron = kfp.cron_in(60)  # the form's last fields and its submission take a few seconds
     page.get_by_role("textbox", name="cron expression").fill(cron)
     params = {
         "data_uri": table,

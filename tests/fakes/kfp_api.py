@@ -131,6 +131,9 @@ class RunScript:
     states: list[str] = field(default_factory=lambda: ["PENDING", "RUNNING", "SUCCEEDED"])
     failed_task: str | None = None
     error: str = "exit status 2"
+    pending: dict[str, str] = field(default_factory=dict)
+    """Argo node name -> message of a pod node shown Pending while the run is not finished (in
+    the Workflow that the v1beta1 API returns)."""
 
 
 def _now() -> datetime:
@@ -201,6 +204,8 @@ class FakeKfp:
     def _route(
         self, method: str, path: str, q: dict[str, str], headers: dict[str, str], body: bytes
     ) -> tuple[int, Any]:
+        if method == "GET" and (v1 := re.fullmatch(r"/apis/v1beta1/runs/([^/:]+)", path)):
+            return 200, self._get_run_v1(v1.group(1))
         if not path.startswith(API):
             raise ApiError(404, f"Not Found: {path}")
         rest = path[len(API) :]
@@ -456,6 +461,31 @@ class FakeKfp:
             )
         r.run_details = kapi.V2beta1RunDetails(task_details=tasks)
         return to_json(r)
+
+    def _get_run_v1(self, run_id: str) -> Any:
+        """As KFP's v1beta1 API: the run and its Argo Workflow as a JSON string, whose pod nodes
+        are the script's ``pending`` ones (while the run goes on) beside a finished one and one
+        being created."""
+        if run_id not in self.runs:
+            raise ApiError(404, f"Failed to get run: ResourceNotFoundError: Run {run_id} not found")
+        r = self.runs[run_id]
+        wf = f"gpupipe-training-{run_id[:5]}"
+        nodes = {
+            f"{wf}-1": {"name": f"{wf}.preprocess(0).executor(0)", "type": "Pod",
+                        "phase": "Succeeded", "message": ""},
+            f"{wf}-2": {"name": f"{wf}.tune-driver(0)", "type": "Pod", "phase": "Pending",
+                        "message": "ContainerCreating"},
+        }  # fmt: skip
+        if r.state not in ("SUCCEEDED", "FAILED", "CANCELED"):
+            for i, (name, message) in enumerate(self.run_script.pending.items()):
+                nodes[f"{wf}-p{i}"] = {
+                    "name": f"{wf}.{name}", "type": "Pod", "phase": "Pending", "message": message
+                }  # fmt: skip
+        manifest = {"metadata": {"name": wf}, "status": {"phase": "Running", "nodes": nodes}}
+        return {
+            "run": {"id": run_id, "status": r.state},
+            "pipeline_runtime": {"workflow_manifest": json.dumps(manifest)},
+        }
 
     # -- recurring runs --------------------------------------------------------------------------
     def _recurring_runs(self, q: dict[str, str]) -> list[kapi.V2beta1RecurringRun]:

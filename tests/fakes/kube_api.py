@@ -77,6 +77,8 @@ class Scenario:
 
     pending_s: float = 0.05
     """The master pod is Pending (container creating, no log) until then, then Running."""
+    unschedulable: str | None = None
+    """While Pending, the master pod has no node, for this reason of the scheduler's."""
     lines: list[str] = field(default_factory=lambda: [f"step {i} loss {1 / i:.3f}" for i in (1, 2)])
     """The master's log, one line per ``line_every_s`` once Running."""
     line_every_s: float = 0.03
@@ -710,7 +712,8 @@ class FakeKubeApi:
             }
             pod["metadata"]["annotations"] = dict(jobset)
             pod["spec"]["containers"][0]["name"] = NODE
-            pod["status"]["containerStatuses"][0]["name"] = NODE
+            for container in pod["status"].get("containerStatuses") or []:
+                container["name"] = NODE
             pods.append(pod)
         return pods
 
@@ -728,6 +731,32 @@ class FakeKubeApi:
             phase, state = "Running", {"running": {"startedAt": rfc3339(job.created)}}
         else:
             phase, state = "Pending", {"waiting": {"reason": "ContainerCreating"}}
+        status: dict[str, Any] = {
+            "phase": phase,
+            "containerStatuses": [
+                {
+                    "name": "pytorch",
+                    "image": "gpupipe:test",
+                    "imageID": "",
+                    "ready": phase == "Running",
+                    "restartCount": 0,
+                    "state": state,
+                }
+            ],
+        }
+        if phase == "Pending" and sc.unschedulable:
+            # No node yet: no container statuses, the scheduler's condition instead.
+            status = {
+                "phase": phase,
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": sc.unschedulable,
+                    }
+                ],
+            }
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -745,19 +774,7 @@ class FakeKubeApi:
                 },
             },
             "spec": {"containers": [{"name": "pytorch", "image": "gpupipe:test"}]},
-            "status": {
-                "phase": phase,
-                "containerStatuses": [
-                    {
-                        "name": "pytorch",
-                        "image": "gpupipe:test",
-                        "imageID": "",
-                        "ready": phase == "Running",
-                        "restartCount": 0,
-                        "state": state,
-                    }
-                ],
-            },
+            "status": status,
         }
 
     def _pods(self, ns: str, query: dict[str, list[str]], now: float) -> dict[str, Any]:

@@ -203,6 +203,48 @@ def test_run_wait_names_a_terminated_run_as_terminated(
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_run_wait_says_once_why_a_steps_pod_waits(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A GPU step on a cluster without a free GPU: its pod waits for a node. Without a word the
+    # user would watch "RUNNING" until the timeout; the ordinary "ContainerCreating" is no news.
+    why = "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    uploaded.run_script = RunScript(
+        states=["PENDING", "RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"],
+        pending={"exit-handler-1.train(0).executor(0)": why},
+    )
+    rc, out, _ = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "30"
+    )
+    assert rc == 0
+    said = [line for line in out.splitlines() if "waits" in line]
+    assert said == [f"  step train waits: {why}"], out
+    assert len(uploaded.calls("GET", "/apis/v1beta1/runs/")) >= 3
+
+
+def test_run_wait_goes_on_when_the_workflow_cannot_be_read(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uploaded.fail("GET", r"/apis/v1beta1/runs/", 404, times=100)
+    rc, out, _ = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "30"
+    )
+    assert rc == 0 and "SUCCEEDED" in out and "waits" not in out
+
+
+@pytest.mark.parametrize(
+    ("node", "step"),
+    [
+        ("wf.exit-handler-1.train(0).executor(0)", "train"),
+        ("wf.exit-handler-1.train(1).executor(0)", "train"),
+        ("wf.exit-handler-1.evaluate-driver(0)", "evaluate (driver)"),
+        ("wf.root-driver(0)", "root (driver)"),
+    ],
+)
+def test_a_workflow_node_is_named_by_its_step(node: str, step: str) -> None:
+    assert cluster._step_of(node) == step
+
+
 def test_run_wait_timeout_is_one_line(
     uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -315,6 +315,27 @@ def test_deadline_stops_the_job_and_raises_timeout(
     assert capsys.readouterr().out.splitlines() == LINES
 
 
+def test_a_pod_without_a_node_is_named_with_the_schedulers_reason_once(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A GPU the cluster does not have: the job sits Created while its pod waits for a node. The
+    # step says why as soon as it sees it (once, not every poll), and the deadline repeats it.
+    why = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes"
+    fake.scenario = Scenario(lines=LINES, outcome=None, pending_s=60, unschedulable=why)
+
+    with pytest.raises(TimeoutError, match=rf"its pod unscheduled: {why}.*deleted"):
+        launch(launcher(), timeout_s=1)
+
+    said = [r.getMessage() for r in caplog.records if "cannot be scheduled" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"{kind.name} {REF}: its pod {JOB}-")
+    assert said[0].endswith(f"cannot be scheduled yet: {why}")
+    assert kind.get(fake) is None
+
+
 @pytest.fixture
 def sigterm_guard() -> Iterator[Callable[[int, Any], None]]:
     """A SIGTERM handler of the test's own, so a stray signal cannot kill pytest."""

@@ -28,11 +28,23 @@ _DEFAULT_MINIO_ENDPOINT = "seaweedfs.kubeflow:9000"
 # Spool remote writes in memory up to this size, then on local disk, until the upload on success.
 _SPOOL_MAX_BYTES = 64 * 1024 * 1024
 # Attempts of each S3 request (the AWS SDK's standard retry: jittered, growing backoff), a refused
-# connection included: 6 span about 10 to 20 s (measured), where the SDK's default 3 span under
-# 2 s. A pod's first connections can be refused for a few seconds while a NetworkPolicy agent
-# (kube-router, measured on the test cluster) adds the new pod's address to what it admits; a
-# store that stays unreachable fails after that span, naming it.
-S3_REQUEST_ATTEMPTS = 6
+# connection included: in a pod 6, which span about 10 to 20 s (measured), where the SDK's
+# default 3 span under 2 s. A pod's first connections can be refused for a few seconds while a
+# NetworkPolicy agent (kube-router, measured on the test cluster) adds the new pod's address to
+# what it admits; a store that stays unreachable fails after that span, naming it. Outside a pod
+# (the CLI reading a run's outputs, a local run) nothing delays a first connection: the default
+# 3 says "unreachable" in about 2 s, not 20.
+S3_REQUEST_ATTEMPTS_IN_POD = 6
+S3_REQUEST_ATTEMPTS = 3
+
+
+def s3_request_attempts() -> int:
+    """:data:`S3_REQUEST_ATTEMPTS_IN_POD` in a Kubernetes pod (``KUBERNETES_SERVICE_HOST``, which
+    the kubelet sets in every container), else :data:`S3_REQUEST_ATTEMPTS`."""
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    return S3_REQUEST_ATTEMPTS_IN_POD if in_pod else S3_REQUEST_ATTEMPTS
+
+
 # Where each object store takes its credentials from, for the refusal of credentials in a URI.
 _CREDENTIALS_FROM = {
     "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the pod's role)",
@@ -86,7 +98,7 @@ def _s3_filesystem(
         scheme=scheme,
         endpoint_override=endpoint,
         force_virtual_addressing=False,
-        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_REQUEST_ATTEMPTS),
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=s3_request_attempts()),
     )
 
 

@@ -86,6 +86,19 @@ def _exit_code(pod: Mapping[str, Any] | None, container: str, role: str) -> str 
     return None
 
 
+def unscheduled(pod: Mapping[str, Any] | None) -> str | None:
+    """Why a Pending pod has no node yet, as the scheduler says it (``0/1 nodes are available:
+    1 Insufficient nvidia.com/gpu. ...``), or ``None`` when it is scheduled or not Pending."""
+    status = (pod or {}).get("status") or {}
+    if status.get("phase") != "Pending":
+        return None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            text = " ".join(str(cond.get("message") or "").split())
+            return redact(text) or str(cond.get("reason") or "not scheduled")
+    return None
+
+
 def event_time(event: Mapping[str, Any]) -> str:
     """When an event last happened, as a string that sorts by time."""
     meta = event.get("metadata") or {}

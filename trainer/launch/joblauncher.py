@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from trainer.launch import TrainingRun
+from trainer.launch.diagnosis import unscheduled
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi
 from trainer.launch.owners import PodRef
@@ -34,6 +35,8 @@ class JobResource(Resource, abc.ABC):
         self.name = name
         self.log_tail = log_tail
         self.reported: str | None = None
+        self.unscheduled: str | None = None
+        """The scheduler's last reason, already logged, why the main pod has no node."""
         self.pod: dict[str, Any] | None = None
         self.pod_log = self._log(reattached=False)
 
@@ -51,15 +54,29 @@ class JobResource(Resource, abc.ABC):
             log.info("%s %s/%s: %s", self.kind, self.namespace, self.name, state)
             self.reported = state
         self.pod = self.main_pod()
+        self._say_why_unscheduled(self.pod)
         self.pod_log.pump(self.pod)
         return state in TERMINAL
+
+    def _say_why_unscheduled(self, pod: dict[str, Any] | None) -> None:
+        """Log, once per reason, why the main pod waits for a node (a GPU the cluster lacks, a
+        taint, a node selector): the job would otherwise sit Created, silent, until its
+        deadline."""
+        why = unscheduled(pod)
+        if why and why != self.unscheduled and pod is not None:
+            log.warning(
+                "%s %s/%s: its pod %s cannot be scheduled yet: %s",
+                self.kind, self.namespace, self.name, pod["metadata"]["name"], why,
+            )  # fmt: skip
+        self.unscheduled = why
 
     def on_adopt(self) -> None:
         # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
         self.pod_log = self._log(reattached=True)
 
     def describe(self, state: str) -> str:
-        return f"train.timeout_s; it was {state}"
+        why = f", its pod unscheduled: {self.unscheduled}" if self.unscheduled else ""
+        return f"train.timeout_s; it was {state}{why}"
 
     def main_pod(self) -> dict[str, Any] | None:
         """The live main pod (the newest, while a controller replaces one)."""
