@@ -356,7 +356,7 @@ def test_a_gpu_train_pod_gets_its_placement_shm_and_store_secret(gpu_run: Any) -
 def test_a_gpu_train_pod_asks_for_its_gpus(gpu_run: Any) -> None:
     # KFP 2.17's driver reads an accelerator count from a channel only as a string: the int
     # pipeline parameter gave no limit at all; tune's text output train_gpu_limit does.
-    _, pod = gpu_run
+    _, pod, _ = gpu_run
     main = next(c for c in pod["spec"]["containers"] if c["name"] == "main")
     assert main["resources"]["limits"].get("nvidia.com/gpu") in ("1", 1), main["resources"]
 
