@@ -526,15 +526,22 @@ _PENDING_AS_USUAL = frozenset({"ContainerCreating", "PodInitializing"})
 """Reasons of a Pending pod that are its ordinary start, not a wait worth a word."""
 
 
-def _step_of(node_name: str) -> str:
-    """The task of an Argo node name: ``run.exit-handler-1.train(0).executor(0)`` -> ``train``,
-    ``run.exit-handler-1.train-driver(0)`` -> ``train (driver)``."""
+def node_task(node_name: str) -> tuple[str, str]:
+    """(task, role) of an Argo node of a KFP run: ``run.exit-handler-1.train(0).executor(0)`` is
+    the train task's ``executor`` (the step's own pod), ``run.exit-handler-1.train-driver(0)``
+    its ``driver``; anything else ``other``."""
     parts = [re.sub(r"\(\d+\)$", "", p) for p in node_name.split(".")]
     if len(parts) >= 2 and parts[-1] == "executor":
-        return parts[-2]
+        return parts[-2], "executor"
     if parts[-1].endswith("-driver"):
-        return f"{parts[-1].removesuffix('-driver')} (driver)"
-    return parts[-1]
+        return parts[-1].removesuffix("-driver"), "driver"
+    return parts[-1], "other"
+
+
+def _step_of(node_name: str) -> str:
+    """The step a node belongs to, as ``run --wait`` names it: ``train``, ``train (driver)``."""
+    task, role = node_task(node_name)
+    return f"{task} (driver)" if role == "driver" else task
 
 
 def _short(reason: object) -> str:

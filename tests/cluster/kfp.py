@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -172,13 +171,10 @@ def cron_in(seconds: int) -> str:
 def task_of(pod: dict[str, Any]) -> tuple[str, str]:
     """(task, role) of a run's pod from Argo's node name: ``...train(0).executor(0)`` is the
     train task's executor (the step's own pod), ``...train-driver(0)`` its driver."""
+    from pipelines.cluster import node_task
+
     node = (pod["metadata"].get("annotations") or {}).get("workflows.argoproj.io/node-name", "")
-    parts = [re.sub(r"\(\d+\)$", "", p) for p in node.split(".")]
-    if len(parts) >= 2 and parts[-1] == "executor":
-        return parts[-2], "executor"
-    if parts and parts[-1].endswith("-driver"):
-        return parts[-1].removesuffix("-driver"), "driver"
-    return (parts[-1] if parts else ""), "other"
+    return node_task(node)
 
 
 def templates_of(wf: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
