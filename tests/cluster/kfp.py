@@ -196,3 +196,53 @@ def upload_table(path: Path, key: str) -> str:
     uri = f"minio://{kube.BUCKET}/{key}"
     storage.write_bytes(uri, path.read_bytes())
     return uri
+
+
+def wait_stopped(run_id: str, job: str, timeout: float = 180) -> None:
+    """Wait until a terminated run's PyTorchJob and its pods are gone; at the deadline, fail with
+    what the cluster holds (the job, its pods, the run's Workflow, the step's log), so that a
+    failure in CI says where the stop got stuck."""
+    try:
+        kube.wait_until(
+            "the PyTorchJob and its pods to go", lambda: kube.job_gone(NS, job), timeout, 2
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{stop_state(run_id, job)}") from None
+
+
+def stop_state(run_id: str, job: str) -> str:
+    """What the cluster holds of a run being stopped, in a few lines for a failure message."""
+    lines = []
+    for j in kube.jobs(NS):
+        if j["metadata"]["name"] == job:
+            meta, status = j["metadata"], j.get("status") or {}
+            conditions = [c.get("type") for c in status.get("conditions") or []]
+            lines.append(
+                f"job {job}: deletionTimestamp={meta.get('deletionTimestamp')} "
+                f"finalizers={meta.get('finalizers')} conditions={conditions} "
+                f"owners={[(o['kind'], o['name']) for o in meta.get('ownerReferences') or []]}"
+            )
+    for p in kube.job_pods(NS, job):
+        meta, status = p["metadata"], p.get("status") or {}
+        containers = status.get("containerStatuses") or []
+        states = [list((c.get("state") or {}).keys()) for c in containers]
+        lines.append(
+            f"job pod {meta['name']}: phase={status.get('phase')} "
+            f"deletionTimestamp={meta.get('deletionTimestamp')} containers={states}"
+        )
+    try:
+        wf = workflow_of(run_id)
+    except AssertionError as e:
+        return "\n".join([*lines, str(e)])
+    spec, status = wf.get("spec") or {}, wf.get("status") or {}
+    lines.append(
+        f"workflow {wf['metadata']['name']}: phase={status.get('phase')} "
+        f"activeDeadlineSeconds={spec.get('activeDeadlineSeconds')} shutdown={spec.get('shutdown')}"
+    )
+    for pod in run_pods(run_id):
+        if task_of(pod) != ("train", "executor"):
+            continue
+        name = pod["metadata"]["name"]
+        lines.append(f"train step pod {name}: phase={(pod.get('status') or {}).get('phase')}")
+        lines += ["  " + line for line in kube.logs(NS, name, "main").splitlines()[-25:]]
+    return "\n".join(lines)

@@ -459,8 +459,7 @@ def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
     run_id, job = start_training(host, pipeline, table, "gpupipe-stop")
     kube.wait_until("its pods to run", lambda: _running(kube.job_pods(NS, job)), 300, 2)
     api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")  # the UI's Terminate button
-    kube.wait_until("the PyTorchJob to go", lambda: kube.job_gone(NS, job), 180, 2)
-    kube.wait_until("its pods to go", lambda: not kube.job_pods(NS, job), 180, 2)
+    kfp.wait_stopped(run_id, job)
     done = kfp.wait_run(host, run_id, timeout=300)
     assert done["state"] in {"CANCELED", "FAILED"}, done["state"]
     assert not [j for j in kube.jobs(NS) if run_id[:8] in j["metadata"]["name"]]

@@ -506,8 +506,7 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
         dialog = page.get_by_role("dialog")
         expect(dialog).to_contain_text("Terminate this run?")
         dialog.get_by_role("button", name="Terminate").click()
-        kube.wait_until("the PyTorchJob to go", lambda: kube.job_gone(kfp.NS, job), 180, 2)
-        kube.wait_until("its pods to go", lambda: not kube.job_pods(kfp.NS, job), 180, 2)
+        kfp.wait_stopped(run_id, job)
         out, err = waiting.communicate(timeout=300)
     finally:
         if waiting.poll() is None:
