@@ -22,6 +22,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +42,7 @@ _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 _LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
 _WORKFLOW = re.compile(r"^/apis/argoproj\.io/v1alpha1/namespaces/([^/]+)/workflows/([^/]+)$")
+_WORKFLOWS = re.compile(r"^/apis/argoproj\.io/v1alpha1/namespaces/([^/]+)/workflows$")
 _EXPS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments$")
 _EXP = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments/([^/]+)$")
 _TRIALS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials$")
@@ -294,6 +296,7 @@ class FakeKubeApi:
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._stopping = threading.Event()
 
     # Life cycle
 
@@ -312,6 +315,7 @@ class FakeKubeApi:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()  # ends the watches being served
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -452,8 +456,9 @@ class FakeKubeApi:
 
     def handle(
         self, method: str, raw_path: str, headers: dict[str, str], raw: bytes
-    ) -> tuple[int, str, bytes, dict[str, str]]:
-        """One request -> (status, content type, body, extra headers)."""
+    ) -> tuple[int, str, bytes | Iterator[bytes], dict[str, str]]:
+        """One request -> (status, content type, body, extra headers); a watch's body is an
+        iterator of its events, one JSON line each, sent as they come."""
         url = urlsplit(raw_path)
         query = parse_qs(url.query)
         body: Any = None
@@ -479,6 +484,9 @@ class FakeKubeApi:
                     raise _HttpError(
                         fault.status, fault.message or f"injected {fault.status}", extra
                     )
+            watch = query.get("watch", [""])[0].lower() in ("true", "1")
+            if method == "GET" and watch and (m := _WORKFLOWS.match(url.path)):
+                return 200, "application/json", self._watch_workflow(m.group(1), query), {}
             with self._lock:
                 return self._route(method, url.path, query, headers, body)
         except _HttpError as e:
@@ -539,6 +547,30 @@ class FakeKubeApi:
         if _EXPS.match(path) or _EXP.match(path) or _TRIALS.match(path) or _TRIAL.match(path):
             return self._katib(method, path, query, headers, body, now)
         raise _HttpError(404, "the server could not find the requested resource")
+
+    def _watch_workflow(self, ns: str, query: dict[str, list[str]]) -> Iterator[bytes]:
+        """A watch of one Workflow (``fieldSelector=metadata.name=...``), as the API server
+        serves it: the Workflow now (ADDED), then each change (MODIFIED, DELETED), until
+        ``timeoutSeconds`` or the fake stops. Tests change :attr:`workflows` in place."""
+        selector = query.get("fieldSelector", [""])[0]
+        assert selector.startswith("metadata.name="), f"a watch of one Workflow, not {selector!r}"
+        key = (ns, selector.removeprefix("metadata.name="))
+        end = time.monotonic() + float(query.get("timeoutSeconds", ["300"])[0])
+        last: dict[str, Any] | None = None
+        while not self._stopping.is_set() and time.monotonic() < end:
+            try:
+                with self._lock:
+                    now = copy.deepcopy(self.workflows.get(key))
+            except RuntimeError:  # a test changing it at that moment: look again
+                continue
+            if now != last:
+                if now is None:
+                    yield json.dumps({"type": "DELETED", "object": last}).encode() + b"\n"
+                else:
+                    kind = "ADDED" if last is None else "MODIFIED"
+                    yield json.dumps({"type": kind, "object": now}).encode() + b"\n"
+                last = now
+            time.sleep(0.02)
 
     @staticmethod
     def _json(status: int, obj: Any) -> tuple[int, str, bytes, dict[str, str]]:
@@ -1121,11 +1153,20 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
+            if isinstance(body, bytes):
+                self.send_header("Content-Length", str(len(body)))
+            else:
+                self.send_header("Transfer-Encoding", "chunked")
             for k, v in extra.items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(body)
+            if isinstance(body, bytes):
+                self.wfile.write(body)
+                return
+            for chunk in body:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass  # The client gave up (a request timeout): as on a real server, no matter.
 
@@ -1189,11 +1230,13 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = copy.deepcopy(value)
 
 
-def rbac_call(method: str, path: str) -> tuple[str, str, str]:
+def rbac_call(method: str, path: str, query: dict[str, list[str]]) -> tuple[str, str, str]:
     """(API group, resource, verb) that RBAC must grant for a request the fake recorded."""
     m = re.match(r"^/apis/([^/]+)/", path)
     group = m.group(1) if m else ""
     parts = path.split("/namespaces/", 1)[1].split("?", 1)[0].split("/")[1:]
     resource = "/".join(parts[::2])
     verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method)
+    if query.get("watch", [""])[0].lower() in ("true", "1"):
+        verb = "watch"
     return group, resource, verb or ("get" if len(parts) >= 2 else "list")

@@ -406,7 +406,10 @@ def test_a_kfp_step_keeps_its_job_for_the_retry_only_while_its_run_goes_on(
 ) -> None:
     # Seen on the test cluster's KFP: the step's pod deleted, KFP retried the step, and the retry
     # made a second job because the first had been deleted on SIGTERM (and owned by the pod).
+    # The SIGTERM path alone: this run cannot be followed (a Role without `watch`), which the
+    # step says; the test below has the run followed.
     workflow = fake.add_kfp_step_pod(POD.name, "run-wf")
+    fake.fail("GET", r"/workflows$", 403)
     fake.scenario = Scenario(lines=LINES, outcome=None)
     _sigterm_once_streaming(fake)
     if run is None:
@@ -447,6 +450,96 @@ def test_a_kfp_step_keeps_its_job_for_the_retry_only_while_its_run_goes_on(
     assert job is not None and job["metadata"]["uid"] == uid
     adopted = fake.calls("PATCH")[-2].body["metadata"]["ownerReferences"]  # then the release
     assert {o["uid"] for o in adopted} == {workflow["metadata"]["uid"], retry.uid}
+
+
+@pytest.mark.parametrize(
+    ("stop", "why"),
+    [
+        ({"spec": {"activeDeadlineSeconds": 0}}, "is being terminated"),  # KFP's terminate
+        ({"spec": {"shutdown": "Stop"}}, "is being terminated"),  # Argo's own stop
+        ({"metadata": {"deletionTimestamp": "2026-11-27T15:00:00Z"}}, "is being deleted"),
+        ({"status": {"phase": "Failed"}}, "has ended (Failed)"),
+        (None, "was deleted"),
+    ],
+    ids=["terminated", "argo-stop", "being-deleted", "ended", "deleted"],
+)
+def test_a_kfp_step_stops_its_job_as_soon_as_its_run_stops_without_waiting_for_a_sigterm(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+    stop: dict[str, dict[str, Any]] | None,
+    why: str,
+) -> None:
+    # CI (4d2d602): a terminated run's PyTorchJob trained on. Argo's SIGTERM to the step's pod
+    # also ends KFP's launcher, the container's command, and with it the container, within a
+    # second: too soon, on a busy node, for the step to delete its job. The step follows its run
+    # instead and stops the job once KFP marks the run terminated, with no SIGTERM at all here.
+    workflow = fake.add_kfp_step_pod(POD.name, "run-wf")
+    fake.scenario = Scenario(lines=LINES, outcome=None)
+
+    def stop_the_run() -> None:
+        end = time.monotonic() + 10
+        while not fake.calls("GET", "/log$") and time.monotonic() < end:
+            time.sleep(0.02)  # the job runs, its log streams
+        with fake._lock:
+            if stop is None:
+                fake.workflows.clear()
+            for part, values in (stop or {}).items():
+                workflow.setdefault(part, {}).update(values)
+
+    threading.Thread(target=stop_the_run, daemon=True).start()
+    with pytest.raises(LaunchCancelled) as stopped:
+        launch(launcher(own_pod=POD), timeout_s=None)
+
+    assert str(stopped.value) == (
+        f"{kind.name} {REF}: the step was stopped: its run run-wf {why}; "
+        "it was deleted (on_exit=delete)"
+    )
+    assert kind.get(fake) is None
+    assert "cannot be followed" not in caplog.text
+    (watch,) = fake.calls("GET", r"/workflows$")
+    assert watch.query["fieldSelector"] == ["metadata.name=run-wf"]
+
+
+def test_a_run_that_goes_on_is_followed_across_ended_watches_until_it_stops(
+    api: KubeApi, fake: FakeKubeApi
+) -> None:
+    from trainer.launch.owners import RunFollower, run_owner
+
+    workflow = fake.add_kfp_step_pod(POD.name, "run-wf")
+    owner = run_owner(api, POD, NS)
+    assert owner is not None
+    follower = RunFollower(api, NS, owner, timeout_s=1)  # the server ends each watch after 1 s
+    follower.start()
+    try:
+        time.sleep(0.3)
+        workflow["status"] = {"phase": "Running", "progress": "3/7"}  # a change; it goes on
+        assert not follower.stopped.wait(1.5)  # past the end of the first watch
+        workflow["spec"]["activeDeadlineSeconds"] = 0
+        assert follower.stopped.wait(5)
+    finally:
+        follower.close()
+    assert follower.why == "its run run-wf is being terminated"
+    assert len(fake.calls("GET", r"/workflows$")) >= 2
+
+
+def test_a_run_that_cannot_be_watched_is_said_and_the_sigterm_path_remains(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake.add_kfp_step_pod(POD.name, "run-wf")
+    fake.fail("GET", r"/workflows$", 403, message="workflows.argoproj.io is forbidden")
+    launch(launcher(own_pod=POD))
+
+    assert (
+        f"{kind.name} {REF}: run run-wf cannot be followed (Kubernetes API: watch "
+        "workflows.argoproj.io team-a/run-wf failed: 403 Forbidden"
+    ) in caplog.text
+    assert "needs RBAC verb 'watch' on 'workflows'" in caplog.text
+    assert "only the step's SIGTERM stops the" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -573,7 +666,7 @@ def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
     fake.add_kfp_step_pod(POD.name, "run-wf")  # its own pod, then the run that owns it
     launch(launcher(own_pod=POD))  # adopt: patch the ownerReference
 
-    assert {rbac_call(r.method, r.path) for r in fake.requests} == set(kind.api_calls)
+    assert {rbac_call(r.method, r.path, r.query) for r in fake.requests} == set(kind.api_calls)
 
 
 @pytest.mark.parametrize("module", ["pytorchjob", "trainjob"])

@@ -385,7 +385,7 @@ def test_katib_api_calls_lists_exactly_the_calls_the_launcher_makes(
     launcher(api, own_pod=POD).run(experiment(space), space, timeout_s=10)  # patch
     # get on a trial: the launcher reads the best trial from it when the status lacks values
     api.get_trial(NS, "nope")
-    assert {rbac_call(r.method, r.path) for r in fake.requests} == set(KATIB_API_CALLS)
+    assert {rbac_call(r.method, r.path, r.query) for r in fake.requests} == set(KATIB_API_CALLS)
 
 
 def test_importing_the_engine_does_not_import_kubernetes_or_kfp() -> None:

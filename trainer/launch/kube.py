@@ -7,7 +7,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,8 +35,13 @@ EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
 
 WORKFLOW_GROUP, WORKFLOW_VERSION, WORKFLOWS = "argoproj.io", "v1alpha1", "workflows"
 """Argo's Workflow, which a KFP run is: the owner of a KFP step's pod."""
-RUN_CALLS: list[tuple[str, str, str]] = [("", "pods", "list"), (WORKFLOW_GROUP, WORKFLOWS, "get")]
-"""Every launcher's: its own pod (by name), and the KFP run (Argo Workflow) that owns it."""
+RUN_CALLS: list[tuple[str, str, str]] = [
+    ("", "pods", "list"),
+    (WORKFLOW_GROUP, WORKFLOWS, "get"),
+    (WORKFLOW_GROUP, WORKFLOWS, "watch"),
+]
+"""Every launcher's: its own pod (by name), and the KFP run (Argo Workflow) that owns it, read
+and followed (:class:`~trainer.launch.owners.RunFollower`)."""
 
 KATIB_API_CALLS: list[tuple[str, str, str]] = [
     (GROUP, EXPERIMENTS, "create"),
@@ -250,6 +255,43 @@ class KubeApi:
         )  # fmt: skip
         return deleted is not False
 
+    def watch_object(
+        self,
+        version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        *,
+        group: str = GROUP,
+        timeout_s: int = 300,
+    ) -> Watched:
+        """Follow the object ``namespace/name`` through the API's watch: its state now (when it
+        exists), then each change. The request is made here, so that a refusal (a missing
+        ``watch`` permission) raises now; the server ends the watch after ``timeout_s``.
+
+        Raises:
+            KubeApiError: the watch could not be opened.
+        """
+        what = (group, plural, "watch")
+        resp = self._call(
+            what,
+            namespace,
+            name,
+            lambda: self._custom.list_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                field_selector=f"metadata.name={name}",
+                watch=True,
+                timeout_seconds=timeout_s,
+                _preload_content=False,
+                # Read timeout: the server's end of the watch, and a margin.
+                _request_timeout=(self.request_timeout_s, timeout_s + self.request_timeout_s),
+            ),
+        )
+        return Watched(resp, f"watch {plural}.{group} {namespace}/{name}")
+
     def list_trials(self, namespace: str, experiment: str) -> list[dict[str, Any]]:
         """The Trials of ``experiment`` (by Katib's experiment label)."""
         out = self._call(
@@ -409,6 +451,68 @@ class KubeApi:
                 log.warning("%s: %s, retrying in %.1f s", what, type(e).__name__, wait)
             self._sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class Watched:
+    """An open watch of one object (:meth:`KubeApi.watch_object`); iterating yields the object
+    on each ADDED or MODIFIED event and ``None`` once it is DELETED, and ends when the server
+    ends the watch. :meth:`close` (from any thread) ends it early."""
+
+    def __init__(self, resp: Any, what: str) -> None:
+        self._resp = resp
+        self.what = what
+        self._closed = False
+
+    def __iter__(self) -> Iterator[dict[str, Any] | None]:
+        import urllib3
+
+        pending = b""
+        try:
+            for chunk in self._resp.stream(4096, decode_content=True):
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if line.strip():
+                        yield self._event(line)
+        except KubeApiError:
+            raise
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            # The connection dropped, or the server sent half a line: the watch has ended.
+            log.debug("%s ended: %s", self.what, e)
+        except Exception:
+            if not self._closed:
+                raise
+            # Closed from another thread (close()): reading a closed response fails variously.
+        finally:
+            # Not reused: a watch's connection ends with the watch (closed by this thread, the
+            # one that reads: close() from another would wait for the read to return).
+            self._resp.close()
+            self._resp.release_conn()
+
+    def _event(self, line: bytes) -> dict[str, Any] | None:
+        event = json.loads(line)
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            # A Status: most often 410 Gone (the version the watch resumed from is too old).
+            raise KubeApiError(
+                f"Kubernetes API: {self.what}: {obj.get('code')} {obj.get('message')}",
+                status=obj.get("code"),
+            )
+        return None if kind == "DELETED" else dict(obj)
+
+    def close(self) -> None:
+        """End the watch from another thread: shut its socket down, which ends the read that
+        waits on it (closing the response would wait for that read instead)."""
+        import socket
+
+        self._closed = True
+        sock = getattr(getattr(self._resp, "connection", None), "sock", None)
+        if sock is None:
+            return
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError as e:  # already closed by the reader
+            log.debug("closing %s: %s", self.what, e)
 
 
 def _status_message(e: Any) -> str:

@@ -15,10 +15,12 @@ state, what to print while it runs, how to resume and suspend it. The loop is th
 - **on_exit**: when the step fails, times out or is cancelled, ``delete`` the object, ``keep`` it
   for inspection, or ``suspend`` it (where the resource can be suspended);
 - **a KFP run's step**: when an Argo Workflow (a KFP run) owns the launcher's pod, the object is
-  owned by that Workflow too. A SIGTERM while the run goes on (the pod alone was deleted or
-  evicted: Argo retries the step) keeps the object running for the retry to re-attach to; a
-  SIGTERM of a run being terminated, deleted or finished applies ``on_exit`` as always (who
-  owns what, and whether the run goes on: :mod:`trainer.launch.owners`);
+  owned by that Workflow too, and the launcher follows the run while it waits: once the run is
+  terminated, deleted or ended, ``on_exit`` is applied at once, before the step's own SIGTERM
+  (which may leave it too little time). A SIGTERM while the run goes on (the pod alone was
+  deleted or evicted: Argo retries the step) keeps the object running for the retry to
+  re-attach to; a SIGTERM of a run that stops applies ``on_exit`` as always (who owns what, and
+  whether the run goes on: :mod:`trainer.launch.owners`);
 - **diagnose**: a failed object's conditions, recent events, a container's exit code and the
   last log lines of its main pod, in one message (:mod:`trainer.launch.diagnosis`).
 """
@@ -36,7 +38,14 @@ from typing import Any, Literal
 from trainer.base.errors import InputError
 from trainer.launch.diagnosis import diagnose, event_time
 from trainer.launch.kube import GROUP, KubeApi, KubeApiError
-from trainer.launch.owners import PodRef, missing_owners, run_goes_on, run_owner, workflow
+from trainer.launch.owners import (
+    PodRef,
+    RunFollower,
+    missing_owners,
+    run_goes_on,
+    run_owner,
+    workflow,
+)
 from trainer.launch.podlog import PodLog
 
 log = logging.getLogger(__name__)
@@ -51,13 +60,14 @@ GONE_WAIT_S = 600.0
 
 
 class LaunchCancelled(RuntimeError):
-    """The step was cancelled (SIGTERM) while its object ran; ``on_exit`` has been applied."""
+    """The step was cancelled (SIGTERM), or its KFP run stopped, while its object ran;
+    ``on_exit`` has been applied."""
 
 
 class _Stop(Exception):
-    """Internal: leave the wait loop because of a deadline or a cancellation."""
+    """Internal: leave the wait loop because of a deadline, a cancellation or the run's stop."""
 
-    def __init__(self, why: Literal["deadline", "cancelled"]) -> None:
+    def __init__(self, why: Literal["deadline", "cancelled", "run stopped"]) -> None:
         super().__init__(why)
         self.why = why
 
@@ -159,6 +169,8 @@ class Watch:
         self.state = "Pending"
         self.run_owner: dict[str, Any] | None = None
         """An ownerReference to the Argo Workflow (KFP run) that owns the launcher's pod."""
+        self.follower: RunFollower | None = None
+        """Follows that run while the object runs: its stop stops the object."""
 
     def run(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create (or adopt) ``body``'s object and wait until the resource says it is done.
@@ -194,9 +206,12 @@ class Watch:
                 self.cancelled = True
 
             previous = signal.signal(signal.SIGTERM, on_sigterm)
+        self.follower = self._follow_run()
         try:
             return self._run(body)
         finally:
+            if self.follower is not None:
+                self.follower.close()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
 
@@ -214,6 +229,10 @@ class Watch:
                 raise TimeoutError(
                     f"{self.what} did not finish within {self.timeout_s} s "
                     f"({self.resource.describe(self.state)}); {done}"
+                ) from None
+            if stop.why == "run stopped" and self.follower is not None:
+                raise LaunchCancelled(
+                    f"{self.what}: the step was stopped: {self.follower.why}; {done}"
                 ) from None
             raise LaunchCancelled(
                 f"{self.what}: the step was cancelled (SIGTERM); {done}"
@@ -236,6 +255,23 @@ class Watch:
                 self.what, e, self.on_exit,
             )  # fmt: skip
         return None
+
+    def _follow_run(self) -> RunFollower | None:
+        """A follower of the run that owns this launcher's pod, started; ``None`` when there is
+        no such run, or it cannot be watched (then only the step's SIGTERM stops the object)."""
+        if self.run_owner is None:
+            return None
+        follower = RunFollower(self.api, self.ns, self.run_owner)
+        try:
+            follower.start()
+        except KubeApiError as e:
+            log.warning(
+                "%s: run %s cannot be followed (%s): only the step's SIGTERM stops the %s "
+                "when the run is terminated",
+                self.what, self.run_owner["name"], e, self.resource.noun,
+            )  # fmt: skip
+            return None
+        return follower
 
     def _missing_owners(self, owners: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """This launcher's pod and its run, as ownerReferences, that ``owners`` lacks."""
@@ -430,6 +466,9 @@ class Watch:
         if self.cancelled:
             log.warning("SIGTERM: stopping %s (on_exit=%s)", self.what, self.on_exit)
             raise _Stop("cancelled")
+        if self.follower is not None and self.follower.stopped.is_set():
+            log.warning("%s: stopping %s (on_exit=%s)", self.follower.why, self.what, self.on_exit)
+            raise _Stop("run stopped")
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise _Stop("deadline")
 
