@@ -562,7 +562,7 @@ class FakeKubeApi:
                 with self._lock:
                     now = copy.deepcopy(self.workflows.get(key))
             except RuntimeError:  # a test changing it at that moment: look again
-                continue
+                now = last
             if now != last:
                 if now is None:
                     yield json.dumps({"type": "DELETED", "object": last}).encode() + b"\n"

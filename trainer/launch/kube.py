@@ -461,7 +461,6 @@ class Watched:
     def __init__(self, resp: Any, what: str) -> None:
         self._resp = resp
         self.what = what
-        self._closed = False
 
     def __iter__(self) -> Iterator[dict[str, Any] | None]:
         import urllib3
@@ -474,15 +473,10 @@ class Watched:
                     line, pending = pending.split(b"\n", 1)
                     if line.strip():
                         yield self._event(line)
-        except KubeApiError:
-            raise
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as e:
-            # The connection dropped, or the server sent half a line: the watch has ended.
+            # The connection dropped or was shut down (close()), or the server sent half a
+            # line: the watch has ended.
             log.debug("%s ended: %s", self.what, e)
-        except Exception:
-            if not self._closed:
-                raise
-            # Closed from another thread (close()): reading a closed response fails variously.
         finally:
             # Not reused: a watch's connection ends with the watch (closed by this thread, the
             # one that reads: close() from another would wait for the read to return).
@@ -505,7 +499,6 @@ class Watched:
         waits on it (closing the response would wait for that read instead)."""
         import socket
 
-        self._closed = True
         sock = getattr(getattr(self._resp, "connection", None), "sock", None)
         if sock is None:
             return
