@@ -21,7 +21,7 @@ from kubernetes import client
 
 from tests.fakes.kube_api import FakeKubeApi, Scenario, rbac_call
 from tests.unit.specs import job_spec
-from trainer.base.errors import InputError
+from trainer.base.errors import InputError, error_line
 from trainer.launch import TrainingRun
 from trainer.launch.joblauncher import ClusterJobLauncher
 from trainer.launch.jobspec import ClusterConfig, job_name
@@ -496,6 +496,7 @@ def test_a_kfp_step_stops_its_job_as_soon_as_its_run_stops_without_waiting_for_a
         f"{kind.name} {REF}: the step was stopped: its run run-wf {why}; "
         "it was deleted (on_exit=delete)"
     )
+    assert error_line("train", stopped.value).split(":")[0] == "ERROR [train] E_STOPPED"
     assert kind.get(fake) is None
     assert "cannot be followed" not in caplog.text
     (watch,) = fake.calls("GET", r"/workflows$")

@@ -324,6 +324,17 @@ CODES: dict[str, Code] = {
         "The message names the resource (`namespace/name`, the URI); check that system and run "
         "again.",
     ),
+    "E_STOPPED": Code(
+        _SYSTEM,
+        "A train or tune step that launches a cluster job (a PyTorchJob, a TrainJob, a Katib "
+        "Experiment) was stopped while the job ran: its KFP run was terminated, stopped or "
+        "deleted, or its pod was sent SIGTERM. The step applied its `on_exit` (deleting the "
+        "job by default) and says so; nothing in the job failed.",
+        "Nothing, if the run was stopped on purpose; otherwise start it again. The message "
+        "says what became of the job (`on_exit`: deleted, kept for inspection, or suspended). "
+        "A pod deleted while its run goes on leaves the job running for KFP's retry, which "
+        "re-attaches to it.",
+    ),
     "E_FAILED": Code(
         _SYSTEM,
         "A step of `gpupipe run --local` failed without printing its own error line (it "

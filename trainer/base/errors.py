@@ -31,7 +31,9 @@ class InputError(ValueError):
         self.where = where
 
 
-NOT_INPUT_CODES = frozenset({"E_TRAIN", "E_EXTERNAL", "E_FAILED", "E_INTERNAL", "E_DISK_FULL"})
+NOT_INPUT_CODES = frozenset(
+    {"E_TRAIN", "E_EXTERNAL", "E_STOPPED", "E_FAILED", "E_INTERNAL", "E_DISK_FULL"}
+)
 """Codes of failures that are not the user's input (a run that cannot go on, a failing
 registry or object store): exit 1, never 2."""
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, Literal
 
-from trainer.base.errors import InputError
+from trainer.base.errors import InputError, StepFailure
 from trainer.launch.diagnosis import diagnose, event_time
 from trainer.launch.kube import GROUP, KubeApi, KubeApiError
 from trainer.launch.owners import (
@@ -59,9 +59,12 @@ GONE_WAIT_S = 600.0
 """Longest wait for an earlier attempt's object to finish being deleted (a stuck finalizer)."""
 
 
-class LaunchCancelled(RuntimeError):
+class LaunchCancelled(StepFailure):
     """The step was cancelled (SIGTERM), or its KFP run stopped, while its object ran;
-    ``on_exit`` has been applied."""
+    ``on_exit`` has been applied. Its error line reads ``E_STOPPED``: nothing failed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("E_STOPPED", message)
 
 
 class _Stop(Exception):
