@@ -234,6 +234,15 @@ GLOO_RESET = (
             True,
         ),
         (RuntimeError("[gloo] Timed out waiting 1800000ms for recv operation to complete"), True),
+        (
+            RuntimeError(
+                "Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+                "transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: No route to host, "
+                "remote=[10.88.0.18]:62350"
+            ),
+            True,
+        ),
+        (RuntimeError("[pair.cc:152] connect: SO_ERROR: Network is unreachable"), True),
         (_caused_by(RuntimeError("eval failed"), RuntimeError(GLOO_CLOSED)), True),
         # Bugs and bad input stay what they are.
         (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x8)"), False),
@@ -251,6 +260,8 @@ GLOO_RESET = (
         "nccl-aborted",
         "nccl-remote-error",
         "gloo-recv-timeout",
+        "gloo-mesh-peer-gone",
+        "gloo-network-unreachable",
         "wrapped-collective-error",
         "shape-bug",
         "nan-give-up",

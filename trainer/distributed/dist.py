@@ -157,12 +157,16 @@ def init(backend: str = "auto", timeout_s: int = 1800) -> DistContext:
 # "[.../pair.cc:537] Read error [127.0.0.1]:22177: Connection reset by peer". The store and the
 # rendezvous raise DistNetworkError / DistStoreError (a subclass of RuntimeError); NCCL raises
 # DistBackendError with the texts below. A message is only trusted from a RuntimeError: an
-# OSError from user code (an HTTP download, say) is not the job losing a member.
+# OSError from user code (an HTTP download, say) is not the job losing a member. A peer can also
+# vanish inside the rendezvous: a force-deleted pod's container still runs for a moment, joins the
+# restarted master's round, and is gone when gloo connects its mesh ("Gloo connectFullMesh failed
+# with [...pair.cc:152] timed out connecting: SO_ERROR: No route to host", CI a504495): retryable.
 _PEER_LOST_TYPES: tuple[type[BaseException], ...] = (tdist.DistNetworkError, tdist.DistStoreError)
 _PEER_LOST_TEXT = re.compile(
     r"connection (closed|reset) by peer|broken pipe|connection refused"
     r"|timed out waiting .* for (recv|send)|socket timeout|failed to recv"
     r"|remote process exited or there was a network error"
+    r"|no route to host|host is unreachable|network is unreachable|timed out connecting"
     r"|communicator was aborted|watchdog caught collective operation timeout"
     r"|rendezvous(closed|timeout|connection)error|rendezvous is closed",
     re.IGNORECASE,
