@@ -148,8 +148,11 @@ test-cluster: setup ## bring the test cluster up (hack/cluster-up.sh) and run te
 	hack/chromium.sh || [ $$? -eq 3 ]
 	@# With PYTEST_ARGS, one pytest over tests/cluster with them; without, every cluster test in
 	@# .ci/run's order and streams (KFP's in two: hack/cluster-tests.sh).
-	if [ -n "$(PYTEST_ARGS)" ]; then $(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS); \
-	else hack/cluster-tests.sh; fi
+ifneq ($(strip $(PYTEST_ARGS)),)
+	$(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS)
+else
+	hack/cluster-tests.sh
+endif
 
 .PHONY: cluster-down
 cluster-down: ## stop the test cluster's processes and remove its state (keeps the build cache)
