@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -187,6 +188,42 @@ def task_states(run: dict[str, Any]) -> dict[str, str]:
         t.get("display_name", ""): t.get("state", "")
         for t in (run.get("run_details") or {}).get("task_details") or []
     }
+
+
+def failure_report(run: dict[str, Any]) -> str:
+    """Why a run ended as it did, for a test's assertion message (pytest cuts a long dict short):
+    its state; each task that neither succeeded nor was skipped, with KFP's error; each Argo node
+    that failed or errored, with Argo's message (a deleted pod, an exit code, a retry's end); the
+    last log lines of each failed pod's main container, and of each train step pod's."""
+    lines = [f"run {run.get('run_id')}: {run.get('state')}"]
+    for t in (run.get("run_details") or {}).get("task_details") or []:
+        if t.get("state") not in (None, "", "SUCCEEDED", "SKIPPED"):
+            error = (t.get("error") or {}).get("message", "")
+            lines.append(f"task {t.get('display_name')}: {t.get('state')} {error}".rstrip())
+    try:
+        wf = workflow_of(run.get("run_id", ""))
+        pods = run_pods(run.get("run_id", ""))
+    except (AssertionError, subprocess.CalledProcessError) as e:
+        return "\n".join([*lines, f"(no Workflow to read: {e})"])
+    for node in ((wf.get("status") or {}).get("nodes") or {}).values():
+        if node.get("phase") in ("Failed", "Error"):
+            lines.append(
+                f"node {node.get('displayName')} ({node.get('type')}): {node.get('phase')}"
+                f" {node.get('message', '')}".rstrip()
+            )
+    for pod in pods:
+        failed = (pod.get("status") or {}).get("phase") == "Failed"
+        if failed or task_of(pod) == ("train", "executor"):
+            name = pod["metadata"]["name"]
+            out = kube.kubectl("logs", "-n", NS, name, "-c", "main", "--tail=500", check=False)
+            said = (out.stdout or out.stderr).splitlines()
+            # The step's own lines: not KFP launcher's (glog) or Argo's (time=...), nor the
+            # executor's input and output (indented JSON).
+            noise = r"^([IWEF]\d{4} |time=|\s|[\[\]{},]*$)"
+            own = [x for x in said if not re.match(noise, x)] or said
+            lines.append(f"pod {name} ({pod['status'].get('phase')}), its last own lines:")
+            lines += ["  " + x for x in own[-25:]]
+    return "\n".join(lines)
 
 
 def upload_table(path: Path, key: str) -> str:

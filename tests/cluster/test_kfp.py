@@ -254,8 +254,7 @@ def test_a_run_started_as_the_ui_starts_it_succeeds_with_preprocess_from_the_cac
         },
     )
     done = kfp.wait_run(host, run["run_id"])
-    states = kfp.task_states(done)
-    assert done["state"] == "SUCCEEDED", states
+    assert done["state"] == "SUCCEEDED", kfp.failure_report(done)
     assert _executor_pod(run["run_id"], "preprocess") is None, "preprocess ran: not from the cache"
     # Never cached: it reads the data, and its output is preprocess's cache key.
     assert _executor_pod(run["run_id"], "fingerprint") is not None
@@ -438,7 +437,7 @@ def test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_dele
         "the schedule's first run", lambda: _runs_of_schedule(host, rid), 300, 10
     )
     done = kfp.wait_run(host, started[0]["run_id"])
-    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+    assert done["state"] == "SUCCEEDED", kfp.failure_report(done)
     for action, mode in (("--disable", "DISABLE"), ("--enable", "ENABLE")):
         out = gpupipe("schedule", "--host", host, action, name)
         assert out.returncode == 0, out.stderr
@@ -485,7 +484,16 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
         f"the job ended before the step's deleted pod was gone: {state}"
     )
     done = kfp.wait_run(host, run_id)
-    assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+    if done["state"] != "SUCCEEDED":  # what the job says too, when it is still there
+        job_now = kube.kubectl("get", "pytorchjob", "-n", NS, job, "-o", "json", check=False)
+        conditions = [
+            (c["type"], c.get("reason", ""), c.get("message", ""))
+            for c in (json.loads(job_now.stdout).get("status", {}) if job_now.stdout else {}).get(
+                "conditions", []
+            )
+        ]
+        said = conditions or job_now.stderr
+        raise AssertionError(f"{kfp.failure_report(done)}\njob {job}: {said}")
     # A second attempt of the step ran, and found the same job (one job, never two).
     attempts = [p["metadata"]["name"] for p in kfp.run_pods(run_id) if _is_launcher(p)]
     assert [a for a in attempts if a != launcher], attempts

@@ -238,7 +238,7 @@ def two_runs(
     runs = {"ui": ui_run, "cli": test_kfp.run_id_of(out)}
     done = {key: kfp.wait_run(host, run_id) for key, run_id in runs.items()}
     for key, run in done.items():
-        assert run["state"] == "SUCCEEDED", (key, kfp.task_states(run))
+        assert run["state"] == "SUCCEEDED", (key, kfp.failure_report(run))
     return {"ids": runs, "runs": done, "table": table}
 
 
@@ -416,7 +416,7 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(
             "the recurring run's first run", lambda: _runs_of_schedule(host, rid), 300, 10
         )
         done = kfp.wait_run(host, started[0]["run_id"])
-        assert done["state"] == "SUCCEEDED", kfp.task_states(done)
+        assert done["state"] == "SUCCEEDED", kfp.failure_report(done)
         # Disabled on its page in the UI: the API and `gpupipe schedule --list` say so.
         page.goto(f"{ui}/#/recurringrun/details/{rid}")
         page.locator("#disableBtn").click()
@@ -448,7 +448,7 @@ def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(
     params = {"data_uri": table, "target": "no_such_column", "gpus_per_node": "0"}
     run_id = _create_run(page, ui, host, uploaded, params)
     done = kfp.wait_run(host, run_id, timeout=600)
-    assert done["state"] == "FAILED", kfp.task_states(done)
+    assert done["state"] == "FAILED", kfp.failure_report(done)
     page.reload()
     expect(_node(page, "exit-handler-1").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
     _open_sub_dag(page, "exit-handler-1")
