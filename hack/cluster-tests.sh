@@ -10,7 +10,9 @@
 # the other took 1760 s. Their step pods ask for a tenth of a CPU, so two runs fit this 2-core
 # node's requests. The other tests stay in one stream: their job pods ask for a quarter CPU each,
 # and two streams of them (Katib's trials beside a TrainJob's nodes) do not fit (tried: pods stayed
-# Pending on "Insufficient cpu" and the tests timed out).
+# Pending on "Insufficient cpu" and the tests timed out). With a tenth of a CPU each they fit, but
+# their CPU shares then lose to the host's processes beside them (tried 2026-11-27 in CI: a Katib
+# trial's master failed and the median-rule test ran past its 600 s).
 #
 # The UI stream's output goes to ${GPUPIPE_TEST_LOGS}/kfp-ui-tests.log (default a temporary
 # folder) and is printed when both streams are done. Exit 1 when any test failed.
@@ -33,7 +35,7 @@ t0=$SECONDS
 
 if [[ "$what" == all ]]; then
   "${pytest[@]}" tests/cluster -k "not kfp" --durations=15 || rc=1
-  printf '>> the cluster tests but KFP'"'"'s done in %d s\n' "$((SECONDS - t0))"
+  printf ">> the cluster tests but KFP's done in %d s\n" "$((SECONDS - t0))"
 fi
 
 t1=$SECONDS
@@ -49,5 +51,5 @@ wait "$ui_tests" || rc=1
 trap - EXIT
 echo ">> the KFP UI's tests and the schedule's (beside the above; ${logs}/kfp-ui-tests.log):"
 cat "${logs}/kfp-ui-tests.log"
-printf '>> KFP'"'"'s tests (two streams) done in %d s (total %d s)\n' "$((SECONDS - t1))" "$((SECONDS - t0))"
+printf ">> KFP's tests (two streams) done in %d s (total %d s)\n" "$((SECONDS - t1))" "$((SECONDS - t0))"
 exit "$rc"

@@ -486,11 +486,10 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     done = kfp.wait_run(host, run_id)
     if done["state"] != "SUCCEEDED":  # what the job says too, when it is still there
         job_now = kube.kubectl("get", "pytorchjob", "-n", NS, job, "-o", "json", check=False)
+        status = json.loads(job_now.stdout).get("status", {}) if job_now.returncode == 0 else {}
         conditions = [
             (c["type"], c.get("reason", ""), c.get("message", ""))
-            for c in (json.loads(job_now.stdout).get("status", {}) if job_now.stdout else {}).get(
-                "conditions", []
-            )
+            for c in status.get("conditions", [])
         ]
         said = conditions or job_now.stderr
         raise AssertionError(f"{kfp.failure_report(done)}\njob {job}: {said}")
