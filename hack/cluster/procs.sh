@@ -18,14 +18,51 @@ ours() {
 }
 
 # start NAME COMMAND...: run it in its own session (it outlives this shell), log to logs/NAME.log.
-# Does nothing when NAME already runs.
+# Does nothing when NAME already runs. Returns once the child runs COMMAND (until its exec, its
+# command line is this shell's, which `running` would not take for NAME), or has ended.
 start() {
-  local name="$1"
+  local name="$1" pid i
   shift
   running "$name" && return 0
   mkdir -p "$RUN_DIR" "$LOG_DIR"
   setsid "$@" >>"${LOG_DIR}/${name}.log" 2>&1 </dev/null &
-  echo $! >"${RUN_DIR}/${name}.pid"
+  pid=$!
+  echo "$pid" >"${RUN_DIR}/${name}.pid"
+  for ((i = 0; i < 200; i++)); do
+    ours "$pid" && return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.05
+  done
+}
+
+# why_not_running NAME: what became of NAME's process, for must_run's line: its exit status or
+# signal (`wait` knows it when this shell started it), or what runs under its pid instead.
+why_not_running() {
+  local pid pstate status=0
+  pid="$(cat "${RUN_DIR}/$1.pid" 2>/dev/null)" || { printf 'no pid file'; return 0; }
+  pstate="$(awk '{print $3}' "/proc/${pid}/stat" 2>/dev/null)" || pstate=""
+  if [[ -n "$pstate" && "$pstate" != Z ]]; then
+    printf 'pid %s runs: %.120s' "$pid" "$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null)"
+    return 0
+  fi
+  wait "$pid" 2>/dev/null || status=$?
+  if ((status == 127)); then
+    printf 'pid %s ended (not a child of this shell: no exit status)' "$pid"
+  elif ((status > 128)); then
+    printf 'killed by signal %d (%s)' "$((status - 128))" "$(kill -l "$((status - 128))" 2>/dev/null)"
+  else
+    printf 'exit status %d' "$status"
+  fi
+}
+
+# log_tail NAME: the last lines of NAME's log on stderr, or a line saying it is empty.
+log_tail() {
+  local log="${LOG_DIR}/$1.log"
+  if [[ -s "$log" ]]; then
+    tail -n 5 "$log" >&2
+  else
+    echo "    (${log} is empty)" >&2
+  fi
 }
 
 # stop NAME: SIGTERM, then SIGKILL after 15 s; removes the pid file.
@@ -49,11 +86,12 @@ must_run() {
   shift 2
   until "$@" >/dev/null 2>&1; do
     if ! running "$name"; then
-      tail -n 5 "${LOG_DIR}/${name}.log" >&2 || true
-      die "${name} exited at start (log: ${LOG_DIR}/${name}.log)"
+      sleep 0.5 # what it wrote as it ended
+      log_tail "$name"
+      die "${name} exited at start, $(why_not_running "$name") (log: ${LOG_DIR}/${name}.log)"
     fi
     if ((SECONDS - start_s > limit)); then
-      tail -n 5 "${LOG_DIR}/${name}.log" >&2 || true
+      log_tail "$name"
       die "${name} not ready within ${limit} s (log: ${LOG_DIR}/${name}.log)"
     fi
     sleep 0.5
