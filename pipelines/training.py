@@ -8,14 +8,19 @@ GPU tolerations and node selector, and object-store credentials from a Kubernete
 
 Retries (:data:`RETRIED`): KFP 2.17's ``set_retry`` takes only a count and a backoff, and the
 compiled ``retryPolicy`` (``maxRetryCount``, ``backoffDuration``, ``backoffFactor``,
-``backoffMaxDuration``) retries a task on *any* failure of its main container: the DSL cannot
-reach Argo's ``retryStrategy.expression``, so no retry can be limited to retryable exit codes.
-A step that rejects its input exits 2 (permanent by our own rules) and would run three times.
-So only the steps where a retry pays are retried: train (it resumes from its newest checkpoint,
-and a killed or preempted training pod is the common failure), the train launcher (it
-re-attaches to its job by name), tune (it resumes its study) and register (network calls to the
-registry; idempotent per pipeline run). Preprocess and evaluate read only the pipeline's own
-inputs and artifacts: their failures are bad input or a bug, which a retry repeats.
+``backoffMaxDuration``) becomes an Argo ``retryStrategy`` with no policy: the DSL cannot reach
+Argo's ``retryPolicy`` or ``expression``, so no retry can be limited to retryable exit codes.
+The policy is then the cluster's: upstream KFP's Argo defaults give every template ``OnError``,
+which retries a step whose pod errs (deleted, lost with its node) and never one whose container
+exits non-zero (docs/kfp.md#retries; tests/cluster/test_kfp.py pins both); an Argo configured
+``Always`` or without those defaults retries any failure, where a step that rejects its input
+(exit 2, permanent by our own rules) would run three times: Argo sees only the exit code of
+KFP's launcher (1 for any failure of the step), so no policy could tell the two apart. So only
+the steps where a retry pays are retried: train (it resumes from its newest checkpoint, and a
+killed or preempted training pod is the common failure), the train launcher (it re-attaches to
+its job by name), tune (it resumes its study) and register (network calls to the registry;
+idempotent per pipeline run). Preprocess and evaluate read only the pipeline's own inputs and
+artifacts: their failures are bad input or a bug, which a retry repeats.
 """
 
 import json
