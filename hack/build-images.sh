@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Build the gpupipe images and tag them with the package version from pyproject.toml:
-#   <registry>/trainer-cpu:<version>   images/trainer-cpu/Dockerfile
-#   <registry>/trainer-cuda:<version>  images/trainer-cuda/Dockerfile
+# Build the gpupipe images from images/trainer/Dockerfile and tag them with the package version
+# from pyproject.toml:
+#   <registry>/trainer-cpu:<version>   FLAVOUR=cpu, over a Python base
+#   <registry>/trainer-cuda:<version>  FLAVOUR=cuda, over PyTorch's CUDA runtime image
 # Usage: hack/build-images.sh [--print] [cpu|cuda|all]   (default: all)
 #   --print  only print the image references, build nothing
-# Works with the public registries (the defaults of the Dockerfiles) and without any:
+# Works with the public registries (the Dockerfile's defaults) and without any:
 #   - PYTHON_IMAGE unset: hack/base-image.sh picks python:3.11.14-slim-bookworm, or builds a
 #     local Debian bookworm base with debootstrap when that cannot be pulled;
 #   - TORCH_INDEX_URL unset and PyTorch's CPU index unreachable: the torch==<pin>+cpu wheel from
@@ -17,7 +18,7 @@
 #   DOCKER (default docker), PYTHON_IMAGE, TORCH_INDEX_URL, CUDA_VERSION (default 12.6),
 #   TORCH_IMAGE, GPUPIPE_WHEEL_PORT (default 38741), CUDA_TORCH_INDEX_URL (default https://pypi.org/simple, for the stand-in),
 #   DOCKER_BUILD_ARGS (extra arguments for `docker build`, e.g.
-#   "--build-arg PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:...").
+#   "--no-cache"; pin a base by digest with PYTHON_IMAGE or TORCH_IMAGE, which may carry one).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -146,34 +147,34 @@ cpu_args() {
       step "PyTorch's CPU index is unreachable: serving ${wheel} at ${index}"
     fi
   fi
-  flavour_args=(--build-arg "PYTHON_IMAGE=${python_image}" --build-arg "TORCH_INDEX_URL=${index}")
+  flavour_args=(--build-arg "BASE_IMAGE=${python_image}" --build-arg "TORCH_INDEX_URL=${index}")
   [[ "$index" != http://127.0.0.1:* ]] || flavour_args+=(--network host)
 }
 
 cuda_args() {
   local cuda="${CUDA_VERSION:-12.6}" base="${TORCH_IMAGE:-}"
-  flavour_args=(--build-arg "CUDA_VERSION=${cuda}")
+  flavour_args=(--build-arg FLAVOUR=cuda --build-arg "TORCH_BUILD=CUDA ${cuda}")
   if [[ -z "$base" ]]; then
     base="pytorch/pytorch:${torch_version}-cuda${cuda}-cudnn9-runtime"
     if ! "$docker_cmd" image inspect "$base" >/dev/null 2>&1 \
       && ! timeout "${GPUPIPE_PULL_TIMEOUT:-60}" "$docker_cmd" pull -q "$base" >/dev/null 2>&1; then
       step "${base} cannot be pulled: stand-in over ${python_image} with torch from ${CUDA_TORCH_INDEX_URL:-https://pypi.org/simple} (CUDA 13.0 build)"
-      flavour_args=(--build-arg "TORCH_IMAGE=${python_image}"
+      flavour_args=(--build-arg FLAVOUR=cuda --build-arg "BASE_IMAGE=${python_image}"
         --build-arg "TORCH_INDEX_URL=${CUDA_TORCH_INDEX_URL:-https://pypi.org/simple}"
-        --build-arg "CUDA_VERSION=13.0 (stand-in: PyPI torch)")
+        --build-arg "TORCH_BUILD=CUDA 13.0 (stand-in: PyPI torch)")
       return 0
     fi
   fi
-  flavour_args+=(--build-arg "TORCH_IMAGE=${base}")
+  flavour_args+=(--build-arg "BASE_IMAGE=${base}")
 }
 
 for flavour in "${flavours[@]}"; do
   image="${registry}/trainer-${flavour}:${version}"
   "${flavour}_args"
-  step "building ${image} from images/trainer-${flavour}/Dockerfile"
+  step "building ${image} from images/trainer/Dockerfile (FLAVOUR=${flavour})"
   start=$SECONDS
   "$docker_cmd" build \
-    --file "images/trainer-${flavour}/Dockerfile" \
+    --file images/trainer/Dockerfile \
     --build-arg "VERSION=${version}" \
     --tag "$image" \
     "${flavour_args[@]}" \

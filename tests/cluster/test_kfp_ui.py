@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,31 @@ def uploaded(ui: str, browser: Any, compiled: Path) -> dict[str, str]:  # noqa: 
     return {"name": name, "pipeline_id": pid, "version_id": vid}
 
 
+@dataclass(frozen=True)
+class InTheUI:
+    """What a test in the UI works with: the UI's address, the API's, the demo table, a fresh
+    page, the screenshot taker, and the pipeline uploaded through the UI."""
+
+    url: str
+    host: str
+    table: str
+    page: Any
+    shot: Shot
+    uploaded: dict[str, str]
+
+
+@pytest.fixture
+def at(
+    ui: str,  # noqa: F811
+    host: str,  # noqa: F811
+    table: str,  # noqa: F811
+    page: Any,  # noqa: F811
+    screenshot: Shot,  # noqa: F811
+    uploaded: dict[str, str],
+) -> InTheUI:
+    return InTheUI(ui, host, table, page, screenshot, uploaded)
+
+
 def _nodes(pg: Any) -> Any:
     return pg.locator(".react-flow__node")
 
@@ -108,85 +134,73 @@ def _fit(pg: Any) -> None:
 
 
 def test_upload_in_the_ui_draws_the_graph_and_the_cli_adds_a_version_the_ui_lists(
-    ui: str,  # noqa: F811
-    host: str,  # noqa: F811
-    page: Any,  # noqa: F811
-    screenshot: Shot,  # noqa: F811
-    uploaded: dict[str, str],
+    at: InTheUI,
 ) -> None:
     expect = _expect()
-    pid, vid, name = uploaded["pipeline_id"], uploaded["version_id"], uploaded["name"]
+    pid, vid, name = at.uploaded["pipeline_id"], at.uploaded["version_id"], at.uploaded["name"]
     # The API server holds what the form sent: the pipeline under its name, one version.
-    assert api(host, "GET", f"/apis/v2beta1/pipelines/{pid}")["display_name"] == name
-    versions = api(host, "GET", f"/apis/v2beta1/pipelines/{pid}/versions")["pipeline_versions"]
+    assert api(at.host, "GET", f"/apis/v2beta1/pipelines/{pid}")["display_name"] == name
+    versions = api(at.host, "GET", f"/apis/v2beta1/pipelines/{pid}/versions")["pipeline_versions"]
     assert [v["pipeline_version_id"] for v in versions] == [vid]
-    page.goto(f"{ui}/#/pipelines/details/{pid}/version/{vid}")
-    expect(page.get_by_text(f"{name} ({name})")).to_be_visible()
+    at.page.goto(f"{at.url}/#/pipelines/details/{pid}/version/{vid}")
+    expect(at.page.get_by_text(f"{name} ({name})")).to_be_visible()
     # The root: the training steps' exit handler and the notify step that always runs.
-    expect(_node(page, "exit-handler-1")).to_contain_text("training")
-    expect(_node(page, "notify")).to_be_visible()
-    screenshot(page, "ui-upload-graph-root")
+    expect(_node(at.page, "exit-handler-1")).to_contain_text("training")
+    expect(_node(at.page, "notify")).to_be_visible()
+    at.shot(at.page, "ui-upload-graph-root")
     # One level down: the steps.
-    _open_sub_dag(page, "exit-handler-1")
+    _open_sub_dag(at.page, "exit-handler-1")
     for task in ("fingerprint", "preprocess", "tune", "evaluate"):
-        expect(_node(page, task)).to_contain_text(task)
-    _fit(page)
-    screenshot(page, "ui-upload-graph-training")
+        expect(_node(at.page, task)).to_contain_text(task)
+    _fit(at.page)
+    at.shot(at.page, "ui-upload-graph-training")
     # `gpupipe upload` of the same pipeline afterwards adds a version (named by the YAML's hash),
     # and the UI lists it beside the one the form made, and shows it as the newest.
-    out = gpupipe("upload", "--host", host, "--pipeline", name)
+    out = gpupipe("upload", "--host", at.host, "--pipeline", name)
     assert out.returncode == 0, out.stderr
     added = re.search(r"added version '([^']+)'", out.stdout)
     assert added, out.stdout
-    page.goto(f"{ui}/#/pipelines/details/{pid}")
-    expect(page.get_by_text(f"{name} ({added.group(1)})")).to_be_visible()
-    page.get_by_text("Show Summary").click()
-    page.get_by_role("combobox").first.click()
-    options = page.get_by_role("option")
+    at.page.goto(f"{at.url}/#/pipelines/details/{pid}")
+    expect(at.page.get_by_text(f"{name} ({added.group(1)})")).to_be_visible()
+    at.page.get_by_text("Show Summary").click()
+    at.page.get_by_role("combobox").first.click()
+    options = at.page.get_by_role("option")
     expect(options).to_have_count(2)
     assert sorted(options.all_inner_texts()) == sorted([name, added.group(1)])
-    page.wait_for_timeout(500)  # the menu's opening transition
-    screenshot(page, "ui-upload-versions")
+    at.page.wait_for_timeout(500)  # the menu's opening transition
+    at.shot(at.page, "ui-upload-versions")
 
 
 # -- 2. a run created in the UI ----------------------------------------------------------------
 
 
-def _open_run_form(page: Any, ui: str, host: str, uploaded: dict[str, str]) -> None:  # noqa: F811
+def _open_run_form(at: InTheUI) -> None:
     """The version page's Create run form, with a new experiment chosen in its dialog."""
-    exp = api(host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui-exp")})
-    page.goto(
-        f"{ui}/#/pipelines/details/{uploaded['pipeline_id']}/version/{uploaded['version_id']}"
-    )
-    page.get_by_role("button", name="Create run").click()
-    page.locator("#chooseExperimentBtn").click()
-    page.get_by_role("dialog").get_by_text(exp["display_name"]).click()
-    page.locator("#useExperimentBtn").click()
+    exp = api(at.host, "POST", "/apis/v2beta1/experiments", {"display_name": kube.unique("ui-exp")})
+    version = f"{at.uploaded['pipeline_id']}/version/{at.uploaded['version_id']}"
+    at.page.goto(f"{at.url}/#/pipelines/details/{version}")
+    at.page.get_by_role("button", name="Create run").click()
+    at.page.locator("#chooseExperimentBtn").click()
+    at.page.get_by_role("dialog").get_by_text(exp["display_name"]).click()
+    at.page.locator("#useExperimentBtn").click()
 
 
-def _fill_parameters(page: Any, params: dict[str, str]) -> None:  # noqa: F811
+def _fill_parameters(pg: Any, params: dict[str, str]) -> None:
     """PARAMS typed into the form's run parameter fields (each field's id is its name)."""
     for name, value in params.items():
-        page.locator(f"[id='{name}']").fill(value)
+        pg.locator(f"[id='{name}']").fill(value)
 
 
-def _create_run(
-    page: Any,  # noqa: F811
-    ui: str,  # noqa: F811
-    host: str,  # noqa: F811
-    uploaded: dict[str, str],
-    params: dict[str, str],
-    screenshot: Shot | None = None,  # noqa: F811
-) -> str:
+def _create_run(at: InTheUI, params: dict[str, str], form_shot: bool = False) -> str:
     """Create run on the pipeline's version page: an experiment chosen in the dialog, PARAMS
     typed into the form's fields, Start; the run's id from the run page it opens."""
-    _open_run_form(page, ui, host, uploaded)
-    _fill_parameters(page, params)
-    if screenshot is not None:
-        screenshot(page, "ui-create-run-form")
-    page.locator("#startNewRunBtn").click()
-    page.wait_for_url(re.compile(r"#/runs/details/[0-9a-f-]+$"))
-    return str(re.findall(r"#/runs/details/([0-9a-f-]+)$", page.url)[0])
+    _open_run_form(at)
+    _fill_parameters(at.page, params)
+    if form_shot:
+        at.shot(at.page, "ui-create-run-form")
+    at.page.locator("#startNewRunBtn").click()
+    at.page.wait_for_url(re.compile(r"#/runs/details/[0-9a-f-]+$"))
+    return str(re.findall(r"#/runs/details/([0-9a-f-]+)$", at.page.url)[0])
 
 
 def _done_icon(pg: Any, task: str) -> Any:
@@ -228,7 +242,8 @@ def two_runs(
     context = browser.new_context(viewport={"width": 1920, "height": 1080})
     try:
         pg = context.new_page()
-        ui_run = _create_run(pg, ui, host, uploaded, params, lambda p, n: shot(p, n, request))
+        form = InTheUI(ui, host, table, pg, lambda p, n: shot(p, n, request), uploaded)
+        ui_run = _create_run(form, params, form_shot=True)
     finally:
         context.close()
     cli_params = {**params, "epochs": "3"}
@@ -243,66 +258,63 @@ def two_runs(
 
 
 def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
-    ui: str,  # noqa: F811
-    page: Any,  # noqa: F811
-    screenshot: Shot,  # noqa: F811
-    two_runs: dict[str, Any],
+    at: InTheUI, two_runs: dict[str, Any]
 ) -> None:
     expect = _expect()
     run_id, done, data = two_runs["ids"]["ui"], two_runs["runs"]["ui"], two_runs["table"]
     # The form sent each value with its parameter's type.
     sent = done["runtime_config"]["parameters"]
     assert sent["data_uri"] == data and sent["epochs"] == 2 and sent["gpus_per_node"] == 0, sent
-    page.goto(f"{ui}/#/runs/details/{run_id}")
+    at.page.goto(f"{at.url}/#/runs/details/{run_id}")
     # The graph, as ML Metadata tells the page through the grpc-web proxy: every step that ran is
     # green, layer by layer; the other train branch (the cluster job's) did not run.
     for task in ("exit-handler-1", "notify"):
-        expect(_done_icon(page, task)).to_be_visible()
-    screenshot(page, "ui-run-graph-root")
-    _open_sub_dag(page, "exit-handler-1")
+        expect(_done_icon(at.page, task)).to_be_visible()
+    at.shot(at.page, "ui-run-graph-root")
+    _open_sub_dag(at.page, "exit-handler-1")
     steps = ("fingerprint", "preprocess", "tune", "condition-branches-2", "evaluate", "condition-5")
     for task in steps:
-        expect(_done_icon(page, task)).to_be_visible()
-    _fit(page)
-    screenshot(page, "ui-run-graph")
+        expect(_done_icon(at.page, task)).to_be_visible()
+    _fit(at.page)
+    at.shot(at.page, "ui-run-graph")
     # The evaluate step's outputs as KFP renders them: the confusion matrix and ROC curve of
     # its ClassificationMetrics, the scalar metrics, and the HTML report.
-    _open_node(page, "artifact.evaluate.classification", "Visualization")
-    expect(page.get_by_text(re.compile(r"^Confusion Matrix: "))).to_be_visible()
-    roc = page.get_by_text(re.compile(r"^ROC Curve: "))
+    _open_node(at.page, "artifact.evaluate.classification", "Visualization")
+    expect(at.page.get_by_text(re.compile(r"^Confusion Matrix: "))).to_be_visible()
+    roc = at.page.get_by_text(re.compile(r"^ROC Curve: "))
     expect(roc).to_be_visible()
-    matrix = page.get_by_text(re.compile(r"^Confusion Matrix: "))
+    matrix = at.page.get_by_text(re.compile(r"^Confusion Matrix: "))
     expect(matrix).to_be_visible()
     # The side panel takes part of the window, and the plots are wider than 1920's share of it:
     # a wider window for their pictures.
-    page.set_viewport_size(WIDE)
-    page.wait_for_timeout(2000)  # the curve is drawn by an animation
-    screenshot(page, "ui-run-evaluate-plots")
-    screenshot(roc.locator("xpath=../.."), "ui-run-evaluate-roc")
-    screenshot(matrix.locator("xpath=../.."), "ui-run-evaluate-confusion-matrix")
-    page.set_viewport_size(VIEWPORT)
-    _open_node(page, "artifact.evaluate.metrics", "Visualization")
-    expect(page.get_by_text(re.compile(r"^Scalar Metrics: "))).to_be_visible()
-    expect(page.get_by_text("accuracy", exact=True).first).to_be_visible()
-    screenshot(page, "ui-run-evaluate-metrics")
-    _open_node(page, "artifact.evaluate.report", "Visualization")
-    expect(page.frame_locator("iframe").first.locator("body")).to_contain_text(
+    at.page.set_viewport_size(WIDE)
+    at.page.wait_for_timeout(2000)  # the curve is drawn by an animation
+    at.shot(at.page, "ui-run-evaluate-plots")
+    at.shot(roc.locator("xpath=../.."), "ui-run-evaluate-roc")
+    at.shot(matrix.locator("xpath=../.."), "ui-run-evaluate-confusion-matrix")
+    at.page.set_viewport_size(VIEWPORT)
+    _open_node(at.page, "artifact.evaluate.metrics", "Visualization")
+    expect(at.page.get_by_text(re.compile(r"^Scalar Metrics: "))).to_be_visible()
+    expect(at.page.get_by_text("accuracy", exact=True).first).to_be_visible()
+    at.shot(at.page, "ui-run-evaluate-metrics")
+    _open_node(at.page, "artifact.evaluate.report", "Visualization")
+    expect(at.page.frame_locator("iframe").first.locator("body")).to_contain_text(
         "Model evaluation report"
     )
-    screenshot(page, "ui-run-evaluate-report")
+    at.shot(at.page, "ui-run-evaluate-report")
     # The train step (the local launcher's branch) and its logs: the trainer's own lines.
-    _open_sub_dag(page, "condition-branches-2")
-    expect(_done_icon(page, "condition-4")).to_be_visible()
-    expect(_node(page, "condition-3").locator("svg[data-testid='CheckCircleIcon']")).to_have_count(
-        0
-    )
-    _open_sub_dag(page, "condition-4")
-    expect(_done_icon(page, "train-2")).to_be_visible()
-    _open_node(page, "task.train-2", "Logs")
+    _open_sub_dag(at.page, "condition-branches-2")
+    expect(_done_icon(at.page, "condition-4")).to_be_visible()
     expect(
-        page.get_by_text(re.compile(r"\[rank0\] INFO trainer\.training\.run: ")).first
+        _node(at.page, "condition-3").locator("svg[data-testid='CheckCircleIcon']")
+    ).to_have_count(0)
+    _open_sub_dag(at.page, "condition-4")
+    expect(_done_icon(at.page, "train-2")).to_be_visible()
+    _open_node(at.page, "task.train-2", "Logs")
+    expect(
+        at.page.get_by_text(re.compile(r"\[rank0\] INFO trainer\.training\.run: ")).first
     ).to_be_visible()
-    screenshot(page, "ui-run-train-logs")
+    at.shot(at.page, "ui-run-train-logs")
 
 
 # -- 3. compare -------------------------------------------------------------------------------
@@ -317,31 +329,28 @@ def _cells(grid: Any, row: str) -> list[str]:
 
 
 def test_two_finished_runs_show_their_parameters_and_metrics_side_by_side(
-    ui: str,  # noqa: F811
-    page: Any,  # noqa: F811
-    screenshot: Shot,  # noqa: F811
-    two_runs: dict[str, Any],
+    at: InTheUI, two_runs: dict[str, Any]
 ) -> None:
     expect = _expect()
     ids, runs = two_runs["ids"], two_runs["runs"]
     names = [runs[key]["display_name"] for key in ("ui", "cli")]
     # As a person gets there: the runs list, both ticked, "Compare runs".
-    page.goto(f"{ui}/#/runs")
+    at.page.goto(f"{at.url}/#/runs")
     for name in names:
         # A row of KFP's run table is itself a checkbox (CustomTable); its box selects it.
-        row = page.locator("[role=checkbox]").filter(has_text=name)
+        row = at.page.locator("[role=checkbox]").filter(has_text=name)
         row.locator("input[type=checkbox]").check()
-    page.locator("#compareBtn").click()
-    page.wait_for_url(re.compile(r"#/compare\?runlist="))
-    assert set(re.findall(r"runlist=([^&]+)", page.url)[0].split(",")) == set(ids.values())
-    expect(page.get_by_text("Compare runs").first).to_be_visible()
+    at.page.locator("#compareBtn").click()
+    at.page.wait_for_url(re.compile(r"#/compare\?runlist="))
+    assert set(re.findall(r"runlist=([^&]+)", at.page.url)[0].split(",")) == set(ids.values())
+    expect(at.page.get_by_text("Compare runs").first).to_be_visible()
     # Parameters: one column a run, the epochs each was given.
-    params = page.locator("table").filter(has_text="registry_uri").first
+    params = at.page.locator("table").filter(has_text="registry_uri").first
     expect(params).to_contain_text(names[0])
     assert _cells(params, "epochs") == ["2", "3"], _cells(params, "epochs")
     # Scalar metrics: each run's own, by step; the train step's optimizer steps follow its
     # epochs (3/2 as many), and evaluate's accuracy is the one ML Metadata holds for that run.
-    metrics = page.locator("table").filter(has_text="evaluate > metrics").first
+    metrics = at.page.locator("table").filter(has_text="evaluate > metrics").first
     expect(metrics).to_be_visible()
     header = metrics.locator("tr").first.inner_text()
     assert header.index(names[0]) < header.index(names[1]), header
@@ -349,131 +358,114 @@ def test_two_finished_runs_show_their_parameters_and_metrics_side_by_side(
     assert len(steps) == 2 and steps[1] == steps[0] * 3 / 2, steps
     accuracy = [float(c) for c in _cells(metrics, "accuracy") if c]
     assert len(accuracy) == 2 and all(0.5 < a <= 1 for a in accuracy), accuracy
-    screenshot(page, "ui-compare-metrics")
+    at.shot(at.page, "ui-compare-metrics")
     # The ROC curves of both runs' evaluate step, drawn together, each run in the legend.
-    page.get_by_role("button", name="ROC Curve", exact=True).click()
-    title = page.get_by_text("ROC Curve: multiple artifacts")
+    at.page.get_by_role("button", name="ROC Curve", exact=True).click()
+    title = at.page.get_by_text("ROC Curve: multiple artifacts")
     expect(title).to_be_visible()
-    expect(page.get_by_text("Series #2")).to_be_attached()
-    legend = page.locator("[role=checkbox]").filter(has_text="evaluate > classification")
+    expect(at.page.get_by_text("Series #2")).to_be_attached()
+    legend = at.page.locator("[role=checkbox]").filter(has_text="evaluate > classification")
     expect(legend).to_have_count(2)
     assert sorted(t.split("\n")[-1].strip() for t in legend.all_inner_texts()) == sorted(names)
     title.scroll_into_view_if_needed()
-    page.wait_for_timeout(2000)  # the curves' animation
-    screenshot(page, "ui-compare-roc")
+    at.page.wait_for_timeout(2000)  # the curves' animation
+    at.shot(at.page, "ui-compare-roc")
 
 
 # -- 4. a recurring run created in the UI ------------------------------------------------------
 
 
-def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(
-    ui: str,  # noqa: F811
-    host: str,  # noqa: F811
-    table: str,  # noqa: F811
-    page: Any,  # noqa: F811
-    screenshot: Shot,  # noqa: F811
-    uploaded: dict[str, str],
-) -> None:
+def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(at: InTheUI) -> None:
     from tests.cluster.test_kfp import _runs_of_schedule
 
     expect = _expect()
     name = kube.unique("gpupipe-ui-every")
-    _open_run_form(page, ui, host, uploaded)
-    page.get_by_role("radio", name="Recurring").check()
-    page.get_by_label("Recurring run config name").fill(name)
-    page.get_by_label("Trigger type").click()
-    page.get_by_role("option", name="Cron").click()
-    page.get_by_label("Maximum concurrent runs").fill("1")
-    page.get_by_label("Catchup").uncheck()
-    page.get_by_role("checkbox", name="Allow editing cron expression").check()
+    _open_run_form(at)
+    at.page.get_by_role("radio", name="Recurring").check()
+    at.page.get_by_label("Recurring run config name").fill(name)
+    at.page.get_by_label("Trigger type").click()
+    at.page.get_by_role("option", name="Cron").click()
+    at.page.get_by_label("Maximum concurrent runs").fill("1")
+    at.page.get_by_label("Catchup").uncheck()
+    at.page.get_by_role("checkbox", name="Allow editing cron expression").check()
     cron = kfp.cron_in(60)  # the form's last fields and its submission take a few seconds
-    page.get_by_role("textbox", name="cron expression").fill(cron)
+    at.page.get_by_role("textbox", name="cron expression").fill(cron)
     params = {
-        "data_uri": table,
+        "data_uri": at.table,
         "epochs": "2",
         "gpus_per_node": "0",
         "registry_uri": MLFLOW,
         "registered_model_name": name,
     }
-    _fill_parameters(page, params)
-    page.locator("#startNewRunBtn").click()
-    page.wait_for_url(re.compile(r"#/recurringrun/details/[0-9a-f-]+$"))
-    rid = re.findall(r"#/recurringrun/details/([0-9a-f-]+)$", page.url)[0]
+    _fill_parameters(at.page, params)
+    at.page.locator("#startNewRunBtn").click()
+    at.page.wait_for_url(re.compile(r"#/recurringrun/details/[0-9a-f-]+$"))
+    rid = re.findall(r"#/recurringrun/details/([0-9a-f-]+)$", at.page.url)[0]
     try:
         # The API holds what the form set: the cron, one run at a time, no catch-up.
-        made = api(host, "GET", f"/apis/v2beta1/recurringruns/{rid}")
+        made = api(at.host, "GET", f"/apis/v2beta1/recurringruns/{rid}")
         assert made["display_name"] == name and made["mode"] == "ENABLE", made
         assert made["trigger"]["cron_schedule"]["cron"] == cron, made["trigger"]
         assert int(made["max_concurrency"]) == 1 and made["no_catchup"] is True, made
         # Listed with its trigger.
-        page.goto(f"{ui}/#/recurringruns")
-        row = page.locator("[role=checkbox]").filter(has_text=name)
+        at.page.goto(f"{at.url}/#/recurringruns")
+        row = at.page.locator("[role=checkbox]").filter(has_text=name)
         expect(row).to_contain_text(f"Cron: {cron}")
         expect(row).to_contain_text("ENABLED")
-        screenshot(page, "ui-recurring-runs")
+        at.shot(at.page, "ui-recurring-runs")
         # Its tick starts a run, which succeeds.
         started = kube.wait_until(
-            "the recurring run's first run", lambda: _runs_of_schedule(host, rid), 300, 10
+            "the recurring run's first run", lambda: _runs_of_schedule(at.host, rid), 300, 10
         )
-        done = kfp.wait_run(host, started[0]["run_id"])
+        done = kfp.wait_run(at.host, started[0]["run_id"])
         assert done["state"] == "SUCCEEDED", kfp.failure_report(done)
         # Disabled on its page in the UI: the API and `gpupipe schedule --list` say so.
-        page.goto(f"{ui}/#/recurringrun/details/{rid}")
-        page.locator("#disableBtn").click()
-        expect(page.locator("#enableBtn")).to_be_enabled()
-        expect(page.locator("#disableBtn")).to_be_disabled()
-        assert api(host, "GET", f"/apis/v2beta1/recurringruns/{rid}")["mode"] == "DISABLE"
-        screenshot(page, "ui-recurring-run-disabled")
-        listed = gpupipe("schedule", "--host", host, "--list")
+        at.page.goto(f"{at.url}/#/recurringrun/details/{rid}")
+        at.page.locator("#disableBtn").click()
+        expect(at.page.locator("#enableBtn")).to_be_enabled()
+        expect(at.page.locator("#disableBtn")).to_be_disabled()
+        assert api(at.host, "GET", f"/apis/v2beta1/recurringruns/{rid}")["mode"] == "DISABLE"
+        at.shot(at.page, "ui-recurring-run-disabled")
+        listed = gpupipe("schedule", "--host", at.host, "--list")
         assert listed.returncode == 0, listed.stderr
         line = next(x for x in listed.stdout.splitlines() if x.startswith(name))
         assert line.split()[1:3] == ["DISABLE", cron.split()[0]], line
         assert "- (disabled)" in line and rid in line, line
     finally:
-        gpupipe("schedule", "--host", host, "--delete", name)
+        gpupipe("schedule", "--host", at.host, "--delete", name)
 
 
 # -- 6. a failed run ---------------------------------------------------------------------------
 
 
-def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(
-    ui: str,  # noqa: F811
-    host: str,  # noqa: F811
-    table: str,  # noqa: F811
-    page: Any,  # noqa: F811
-    screenshot: Shot,  # noqa: F811
-    uploaded: dict[str, str],
-) -> None:
+def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(at: InTheUI) -> None:
     expect = _expect()
-    params = {"data_uri": table, "target": "no_such_column", "gpus_per_node": "0"}
-    run_id = _create_run(page, ui, host, uploaded, params)
-    done = kfp.wait_run(host, run_id, timeout=600)
+    params = {"data_uri": at.table, "target": "no_such_column", "gpus_per_node": "0"}
+    run_id = _create_run(at, params)
+    done = kfp.wait_run(at.host, run_id, timeout=600)
     assert done["state"] == "FAILED", kfp.failure_report(done)
-    page.reload()
-    expect(_node(page, "exit-handler-1").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
-    _open_sub_dag(page, "exit-handler-1")
-    expect(_node(page, "fingerprint").locator(f"svg[data-testid='{DONE}']")).to_be_visible()
-    expect(_node(page, "preprocess").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
+    at.page.reload()
+    expect(_node(at.page, "exit-handler-1").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
+    _open_sub_dag(at.page, "exit-handler-1")
+    expect(_node(at.page, "fingerprint").locator(f"svg[data-testid='{DONE}']")).to_be_visible()
+    expect(_node(at.page, "preprocess").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
     # Nothing after the failed step ran: those nodes carry no state icon at all.
     for task in ("tune", "evaluate"):
-        expect(_node(page, task).locator("[data-testid='execution-icon-default']")).to_be_visible()
-        expect(_node(page, task).locator("svg[data-testid$='Icon']")).to_have_count(0)
-    _open_node(page, "task.preprocess", "Logs")
+        expect(
+            _node(at.page, task).locator("[data-testid='execution-icon-default']")
+        ).to_be_visible()
+        expect(_node(at.page, task).locator("svg[data-testid$='Icon']")).to_have_count(0)
+    _open_node(at.page, "task.preprocess", "Logs")
     line = "ERROR [preprocess] E_COLUMN: target column 'no_such_column'"
-    expect(page.get_by_text(line).first).to_be_visible()
-    screenshot(page, "ui-failed-run-preprocess-logs")
+    expect(at.page.get_by_text(line).first).to_be_visible()
+    at.shot(at.page, "ui-failed-run-preprocess-logs")
 
 
 # -- 5. terminate from the UI ------------------------------------------------------------------
 
 
 def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_waiting_cli(
-    ui: str,  # noqa: F811
-    host: str,  # noqa: F811
-    table: str,  # noqa: F811
-    page: Any,  # noqa: F811
-    screenshot: Shot,  # noqa: F811
-    uploaded: dict[str, str],
+    at: InTheUI,
 ) -> None:
     import json
 
@@ -483,7 +475,7 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
     # A 2-node PyTorchJob long enough to be stopped while it trains, started by someone who
     # waits on it with `gpupipe run --host --wait`.
     params = {
-        "data_uri": table,
+        "data_uri": at.table,
         "epochs": "40",
         "gpus_per_node": "0",
         "launcher": "pytorchjob",
@@ -492,7 +484,7 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
     }
     flags = [f for k, v in params.items() for f in ("--param", f"{k}={v}")]
     waiting = kfp.gpupipe_popen(
-        "run", "--host", host, "--pipeline", uploaded["name"], "--wait", *flags
+        "run", "--host", at.host, "--pipeline", at.uploaded["name"], "--wait", *flags
     )
     try:
         first = waiting.stdout.readline() if waiting.stdout else ""
@@ -501,9 +493,9 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
         run_id = found.group(1)
         job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
         kube.wait_until("its pods to run", lambda: _running(kube.job_pods(kfp.NS, job)), 300, 2)
-        page.goto(f"{ui}/#/runs/details/{run_id}")
-        page.locator("#terminateRunBtn").click()
-        dialog = page.get_by_role("dialog")
+        at.page.goto(f"{at.url}/#/runs/details/{run_id}")
+        at.page.locator("#terminateRunBtn").click()
+        dialog = at.page.get_by_role("dialog")
         expect(dialog).to_contain_text("Terminate this run?")
         dialog.get_by_role("button", name="Terminate").click()
         kfp.wait_stopped(run_id, job)
@@ -516,12 +508,12 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
     last = err.strip().splitlines()[-1]
     assert last.startswith("ERROR [gpupipe run] E_RUN_") and run_id in last, last
     assert "terminated" in last, last
-    done = kfp.wait_run(host, run_id, timeout=60)
+    done = kfp.wait_run(at.host, run_id, timeout=60)
     # KFP 2.17 here ends a run terminated during a step FAILED, not CANCELED (as test_kfp.py's
     # terminate through the API finds): the page then shows it failed, not "Terminated".
     assert done["state"] in {"CANCELED", "FAILED"}, done["state"]
     # The page shows a run that has ended: Terminate is off, Retry is on.
-    page.reload()
-    expect(page.locator("#terminateRunBtn")).to_be_disabled()
-    expect(page.get_by_role("button", name="Retry")).to_be_enabled()
-    screenshot(page, "ui-terminated-run")
+    at.page.reload()
+    expect(at.page.locator("#terminateRunBtn")).to_be_disabled()
+    expect(at.page.get_by_role("button", name="Retry")).to_be_enabled()
+    at.shot(at.page, "ui-terminated-run")

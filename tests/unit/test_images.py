@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import os
 import re
@@ -51,8 +50,8 @@ def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def test_there_are_two_images_and_the_scripts() -> None:
-    assert _ids(DOCKERFILES) == ["images/trainer-cpu/Dockerfile", "images/trainer-cuda/Dockerfile"]
+def test_one_dockerfile_builds_both_images_and_the_scripts_are_there() -> None:
+    assert _ids(DOCKERFILES) == ["images/trainer/Dockerfile"]
     names = {p.name for p in SCRIPTS}
     assert {"build-images.sh", "kind-up.sh", "kind-down.sh", "e2e.sh"} <= names
     assert {"docker-up.sh", "base-image.sh"} <= names
@@ -140,7 +139,9 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     assert any(k == "LABEL" and "org.opencontainers.image.version" in a for k, a in steps)
 
     scripts = _copied_scripts(steps)
-    assert set(scripts) == {"install-deps.sh", "trim-venv.sh", "install-runtime.sh"}, scripts
+    assert set(scripts) == {
+        "install-torch.sh", "install-deps.sh", "trim-venv.sh", "install-runtime.sh"
+    }, scripts  # fmt: skip
     runs = [a for k, a in steps if k == "RUN"] + list(scripts.values())  # a script runs another
     for name in scripts:
         assert any(re.search(rf"\bsh (/tmp/)?{re.escape(name)}\b", a) for a in runs), name
@@ -176,96 +177,64 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     assert not re.search(r"pip |conda ", runtime)
 
 
-# --- the two Dockerfiles share every stage but where the flavour differs ----------------------
+# --- one Dockerfile, two flavours: they differ where install-torch.sh says --------------------
 #
-# They stay two files: Dockerfiles have no include, and a single file choosing its stages by a
-# build argument (FROM deps-${FLAVOUR}) needs BuildKit to skip the other flavour's stages: the
-# classic builder (a Docker engine without buildx, as on the project's machines) builds every
-# stage, so the CPU image would pull and build over the CUDA base; nor has it COPY --from of
-# another file's stage, or RUN --mount. The shared work is written once, in the scripts under
-# images/ that both files COPY and RUN (install-deps.sh, trim-venv.sh, install-runtime.sh); the
-# instructions around them are held together here: one changed in one file only fails until
-# both agree.
-
-FLAVOURED = (
-    (
-        "(args)",
-        "ARG",
-        r"(PYTHON_IMAGE|CUDA_VERSION|TORCH_IMAGE)=",
-        "the base: Python, or CUDA torch",
-    ),
-    ("deps", "ARG", r"TORCH_INDEX_URL=", "torch from PyTorch's CPU index, or the base's own"),
-    ("deps", "RUN", r"python -m venv ", "the CUDA venv sees the base's site-packages (its torch)"),
-    ("deps", "RUN", r"(pip install .*--index-url \S+ torch$|if \[ -n )", "how torch comes in"),
-    (
-        "deps",
-        "RUN",
-        r"sh install-deps\.sh /opt/venv /opt/pip && python -c ",
-        "the requirements and the trim, then a check of the flavour's torch (version; CUDA, NCCL)",
-    ),
-    ("final", "ARG", r"CUDA_VERSION$", "the CUDA version the description names"),
-    ("final", "LABEL", r"org\.opencontainers\.image\.title=", "each image's title, description"),
-    ("final", "USER", r"0$", "PyTorch's base may name another user; the runtime installs as root"),
-)
-"""(stage, instruction, pattern of its arguments, why): where the two Dockerfiles may differ."""
+# One file, no stage chosen by a build argument (FROM deps-${FLAVOUR} needs BuildKit to skip the
+# other flavour's stages: the classic builder, a Docker engine without buildx as on the project's
+# machines, builds every stage and would pull the CUDA base for the CPU image). The flavours
+# differ in the base (BASE_IMAGE, chosen by hack/build-images.sh), in images/install-torch.sh
+# and in the labels: nowhere else does the file read FLAVOUR.
 
 
-def _flavour(flavour: str) -> list[tuple[str, str, str]]:
-    """``(stage, INSTRUCTION, arguments)`` of ``images/trainer-<flavour>/Dockerfile``, the base
-    image's argument named alike (``${BASE}``); ``(args)`` is the stage before the first FROM."""
-    out, stage = [], "(args)"
-    for kind, rest in _instructions(ROOT / f"images/trainer-{flavour}/Dockerfile"):
-        rest = re.sub(r"\$\{(PYTHON|TORCH)_IMAGE\}", "${BASE}", rest)
-        if kind == "FROM":
-            words = rest.split()
-            stage = words[2] if len(words) > 2 else "final"
-        out.append((stage, kind, " ".join(rest.split())))
-    return out
+def test_the_flavour_decides_only_how_torch_comes_in_and_the_labels() -> None:
+    steps = _instructions(ROOT / "images/trainer/Dockerfile")
+    uses = [(k, a) for k, a in steps if "FLAVOUR" in a and k != "ARG"]
+    torch = 'sh install-torch.sh "${FLAVOUR}" /opt/venv'
+    assert uses == [
+        ("RUN", f'{torch} "${{TORCH_INDEX_URL}}"'),
+        ("RUN", f"sh install-deps.sh /opt/venv /opt/pip && {torch} --check"),
+        ("LABEL", next(a for k, a in steps if k == "LABEL")),
+    ], uses
+    assert {a.split()[0] for k, a in steps if k == "FROM"} == {"${BASE_IMAGE}", "deps"}
+    args = [a for k, a in steps if k == "ARG"]
+    assert args.count("FLAVOUR=cpu") == 2, "deps and the final stage default to cpu alike"
 
 
-def _labels(steps: list[tuple[str, str, str]]) -> dict[str, str]:
-    (label,) = [rest for _, kind, rest in steps if kind == "LABEL"]
-    return dict(re.findall(r'([\w.]+)="([^"]*)"', label))
+def _install_torch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(ROOT / "images/install-torch.sh"), *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
-def test_the_two_dockerfiles_differ_only_where_the_flavour_does() -> None:
-    cpu, cuda = _flavour("cpu"), _flavour("cuda")
-    blocks = difflib.SequenceMatcher(a=cpu, b=cuda, autojunk=False).get_opcodes()
-    differing = [
-        (name, step)
-        for op, i1, i2, j1, j2 in blocks
-        if op != "equal"
-        for name, step in [*(("cpu", s) for s in cpu[i1:i2]), *(("cuda", s) for s in cuda[j1:j2])]
+def test_install_torch_checks_the_flavours_torch() -> None:
+    venv = str(Path(sys.executable).parent.parent)  # this venv: torch 2.13.0+cpu
+    ok = _install_torch("cpu", venv, "--check")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("torch 2.13.0")
+    cuda = _install_torch("cuda", venv, "--check")
+    assert cuda.returncode == 1
+    assert cuda.stderr.strip().splitlines() == [
+        "error: the venv's torch 2.13.0+cpu is not a CUDA build with NCCL (FLAVOUR=cuda)"
     ]
 
-    def why(step: tuple[str, str, str]) -> str | None:
-        stage, kind, rest = step
-        return next(
-            (w for s, k, p, w in FLAVOURED if (s, k) == (stage, kind) and re.match(p, rest)), None
-        )
 
-    unexplained = [
-        f"{name}: {s} {k} {r[:90]}" for name, (s, k, r) in differing if why((s, k, r)) is None
+def test_install_torch_refuses_what_it_cannot_build(tmp_path: Path) -> None:
+    bad = _install_torch("rocm", str(tmp_path / "venv"))
+    assert bad.returncode == 2 and not (tmp_path / "venv").exists()
+    assert bad.stderr.strip().splitlines() == [
+        "error: FLAVOUR is 'rocm': cpu or cuda (images/trainer/Dockerfile's build argument)"
     ]
-    assert unexplained == [], (
-        "an instruction the two Dockerfiles share changed in one of them: change both alike "
-        "(or, if the flavours must differ there, add it to FLAVOURED saying why)"
-    )
-    stale = sorted({w for *_, w in FLAVOURED} - {why(step) for _, step in differing})
-    assert stale == [], "FLAVOURED lists a difference the Dockerfiles no longer have"
-    # Within the differing instructions, what is shared stays shared too.
-    cpu_labels, cuda_labels = _labels(cpu), _labels(cuda)
-    for key in ("org.opencontainers.image.title", "org.opencontainers.image.description"):
-        assert cpu_labels.pop(key) != cuda_labels.pop(key)
-    assert cpu_labels == cuda_labels
-    installs = [r for s, k, r in cpu + cuda if "install-deps.sh /opt" in r]
-    assert len(installs) == 2 and len({r.split(" && ")[0] for r in installs}) == 1, installs
+    (tmp_path / "constraints.txt").write_text("numpy==2.2.6\n")
+    unpinned = _install_torch("cpu", str(tmp_path / "venv"), cwd=tmp_path)
+    assert unpinned.returncode == 2 and not (tmp_path / "venv").exists()
+    assert "constraints.txt pins no torch" in unpinned.stderr
 
 
-def test_cuda_version_is_a_build_argument() -> None:
-    steps = _instructions(ROOT / "images/trainer-cuda/Dockerfile")
-    args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
-    assert "${CUDA_VERSION}" in args["TORCH_IMAGE"]
+def test_cuda_version_picks_the_cuda_base() -> None:
+    script = (ROOT / "hack/build-images.sh").read_text()
+    assert 'base="pytorch/pytorch:${torch_version}-cuda${cuda}-cudnn9-runtime"' in script
+    assert 'cuda="${CUDA_VERSION:-12.6}"' in script
     readme = (ROOT / "images/README.md").read_text()
     for cuda in ("12.6", "13.0"):
         assert re.search(rf"CUDA {cuda}.*driver", readme), f"images/README.md: driver for {cuda}"
