@@ -16,7 +16,7 @@
 #     build, ~3.5 GB of wheels) as a stand-in.
 # Environment: GPUPIPE_IMAGE_REGISTRY (default ghcr.io/gpupipe, as in components/images.py),
 #   DOCKER (default docker), PYTHON_IMAGE, TORCH_INDEX_URL, CUDA_VERSION (default 12.6),
-#   TORCH_IMAGE, GPUPIPE_WHEEL_PORT (default 38741), CUDA_TORCH_INDEX_URL (default https://pypi.org/simple, for the stand-in),
+#   TORCH_IMAGE, GPUPIPE_WHEEL_PORT (default 38741), GPUPIPE_WHEEL_WAIT (default 900), CUDA_TORCH_INDEX_URL (default https://pypi.org/simple, for the stand-in),
 #   DOCKER_BUILD_ARGS (extra arguments for `docker build`, e.g.
 #   "--no-cache"; pin a base by digest with PYTHON_IMAGE or TORCH_IMAGE, which may carry one).
 set -euo pipefail
@@ -104,10 +104,14 @@ check_wheel() {
 # The index names the wheel with its sha256 (pip refuses a download that does not match), and
 # the server is checked to be ours: still running, and answering with a token only it knows
 # (another process already on the port would otherwise serve the image its own torch).
+# Another build of gpupipe's images may hold the port (`make images` beside `make cluster-up`, or
+# the container tests beside a cluster test's cluster-up): its index offers the same pinned wheel
+# with the same sha256, so the build waits for it to end (GPUPIPE_WHEEL_WAIT seconds, default
+# 900) instead of failing; anything else on the port is refused at once.
 served_index=""
 wheel_sha256=""
 serve_wheel() {
-  local wheel="$1" dir port name token answer
+  local wheel="$1" dir port name token answer waited=0 starts=0 limit="${GPUPIPE_WHEEL_WAIT:-900}"
   check_wheel "$wheel"
   name="$(basename "$wheel")"
   dir="$(mktemp -d)"
@@ -120,19 +124,42 @@ serve_wheel() {
   printf '%s' "$token" >"${dir}/server-token"
   # A fixed port: the index URL is a build argument, and a new one would void the layer cache.
   port="${GPUPIPE_WHEEL_PORT:-38741}"
-  python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$port" >/dev/null 2>&1 &
-  server_pid=$!
-  answer=""
-  for _ in $(seq 50); do
-    answer="$(curl -sf "http://127.0.0.1:${port}/server-token" 2>/dev/null || true)"
-    [[ "$answer" == "$token" ]] && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.1
+  while :; do
+    while (: <"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; do
+      answer="$(curl -sf --max-time 5 "http://127.0.0.1:${port}/simple/torch/" 2>/dev/null || true)"
+      if [[ "$answer" != *"href=\"${name}#sha256=${wheel_sha256}\""* ]]; then
+        echo "error: the wheel server on 127.0.0.1:${port} is not ours, nor another gpupipe build's (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
+        exit 1
+      fi
+      if ((waited >= limit)); then
+        echo "error: another gpupipe image build held 127.0.0.1:${port} for ${limit} s (GPUPIPE_WHEEL_WAIT)" >&2
+        exit 1
+      fi
+      ((waited > 0)) || printf '==> another gpupipe image build serves the wheel on 127.0.0.1:%s: waiting for it to end\n' "$port"
+      sleep 1
+      waited=$((waited + 1))
+    done
+    python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$port" >/dev/null 2>&1 &
+    server_pid=$!
+    answer=""
+    for _ in $(seq 50); do
+      answer="$(curl -sf "http://127.0.0.1:${port}/server-token" 2>/dev/null || true)"
+      [[ "$answer" == "$token" ]] && break
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    [[ "$answer" == "$token" ]] && kill -0 "$server_pid" 2>/dev/null && break
+    # Ours did not start: someone took the port between the check and the bind. Look again.
+    kill "$server_pid" 2>/dev/null || true
+    server_pid=""
+    starts=$((starts + 1))
+    if ((starts >= 5 || waited >= limit)); then
+      echo "error: the wheel server on 127.0.0.1:${port} is not ours (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
+      exit 1
+    fi
+    sleep 1
+    waited=$((waited + 1))
   done
-  if [[ "$answer" != "$token" ]] || ! kill -0 "$server_pid" 2>/dev/null; then
-    echo "error: the wheel server on 127.0.0.1:${port} is not ours (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
-    exit 1
-  fi
   served_index="http://127.0.0.1:${port}/simple"
 }
 

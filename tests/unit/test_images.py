@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -362,7 +363,9 @@ def test_the_local_base_image_verifies_the_archive_signatures() -> None:
     assert 'grep -q "Valid Release signature"' in script
 
 
-def _serve_wheel(tmp_path: Path, wheel: Path, port: int) -> subprocess.CompletedProcess[str]:
+def _serve_wheel(
+    tmp_path: Path, wheel: Path, port: int, wait: int = 900
+) -> subprocess.CompletedProcess[str]:
     """``serve_wheel`` of hack/build-images.sh, run alone in ``tmp_path`` (its own pin file)."""
     script = (ROOT / "hack" / "build-images.sh").read_text()
     functions = "\n".join(
@@ -373,7 +376,7 @@ def _serve_wheel(tmp_path: Path, wheel: Path, port: int) -> subprocess.Completed
 server_pid=""; served_dir=""
 trap '[[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null' EXIT
 {functions}
-GPUPIPE_WHEEL_PORT={port} serve_wheel {wheel}
+GPUPIPE_WHEEL_PORT={port} GPUPIPE_WHEEL_WAIT={wait} serve_wheel {wheel}
 curl -sf "$served_index/torch/"
 """
     return subprocess.run(
@@ -414,26 +417,64 @@ def test_a_wheel_that_is_not_the_pinned_file_is_refused(tmp_path: Path, wheel: P
     assert "not the" in out.stderr and "pinned in images/wheels.sha256" in out.stderr
 
 
-def test_a_wheel_server_that_is_not_ours_is_refused(tmp_path: Path, wheel: Path) -> None:
-    port = _port()
-    foreign = tmp_path / "foreign"
-    (foreign / "simple" / "torch").mkdir(parents=True)
-    (foreign / "simple" / "torch" / "index.html").write_text("someone else's torch")
-    (foreign / "server-token").write_text("guess")
+def _occupy(port: int, folder: Path, index: str) -> subprocess.Popen[bytes]:
+    """A plain HTTP server on PORT whose /simple/torch/ page is INDEX, once it answers."""
+    (folder / "simple" / "torch").mkdir(parents=True)
+    (folder / "simple" / "torch" / "index.html").write_text(index)
     server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(foreign),
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(folder),
          str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    for _ in range(100):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    return server
+
+
+def test_a_wheel_server_that_is_not_ours_is_refused(tmp_path: Path, wheel: Path) -> None:
+    port = _port()
+    server = _occupy(port, tmp_path / "foreign", "someone else's torch")
     try:
-        for _ in range(100):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
         out = _serve_wheel(tmp_path, wheel, port)
     finally:
         server.terminate()
         server.wait(timeout=10)
     assert out.returncode == 1
     assert "is not ours" in out.stderr
+    assert "waiting" not in out.stdout  # refused at once
+
+
+def test_a_build_waits_for_another_builds_wheel_server_to_end(tmp_path: Path, wheel: Path) -> None:
+    """Two image builds at once (`make images` beside `make cluster-up`): the second waits for
+    the first's server, which offers the same pinned wheel, then serves its own."""
+    port = _port()
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    index = f'<a href="{wheel.name}#sha256={digest}">{wheel.name}</a>'
+    other = _occupy(port, tmp_path / "other-build", index)
+    threading.Timer(3, other.terminate).start()
+    try:
+        out = _serve_wheel(tmp_path, wheel, port)
+    finally:
+        other.terminate()
+        other.wait(timeout=10)
+    assert out.returncode == 0, out.stderr
+    assert f"another gpupipe image build serves the wheel on 127.0.0.1:{port}" in out.stdout
+    assert f'href="{wheel.name}#sha256={digest}"' in out.stdout  # then its own index
+
+
+def test_a_build_waits_for_another_build_only_so_long(tmp_path: Path, wheel: Path) -> None:
+    port = _port()
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    other = _occupy(port, tmp_path / "other-build", f'<a href="{wheel.name}#sha256={digest}">')
+    try:
+        out = _serve_wheel(tmp_path, wheel, port, wait=2)
+    finally:
+        other.terminate()
+        other.wait(timeout=10)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: another gpupipe image build held 127.0.0.1:{port} for 2 s (GPUPIPE_WHEEL_WAIT)"
+    ]
