@@ -17,9 +17,20 @@ ours() {
   [[ "$cmd" == *"${BIN_DIR}/"* || "$cmd" == *"${STATE}/"* ]]
 }
 
+# argv0 PID: the first word of the process's command line (empty while the kernel swaps its image
+# in an exec, or once it ended).
+argv0() {
+  local first=""
+  IFS= read -r -d '' first <"/proc/$1/cmdline" 2>/dev/null || true
+  printf '%s' "$first"
+}
+
 # start NAME COMMAND...: run it in its own session (it outlives this shell), log to logs/NAME.log.
-# Does nothing when NAME already runs. Returns once the child runs COMMAND (until its exec, its
-# command line is this shell's, which `running` would not take for NAME), or has ended.
+# Does nothing when NAME already runs. Returns once the child runs COMMAND, or has ended: until
+# then it is this shell (its command line this shell's, which `running` would not take for
+# NAME), then `setsid COMMAND...` (which `ours` would take for it), then COMMAND. Returning at
+# setsid let must_run read the command line in the middle of COMMAND's exec, empty, and stop
+# the cluster with "exited at start" while the process ran (kube-router, twice).
 start() {
   local name="$1" pid i
   shift
@@ -29,7 +40,7 @@ start() {
   pid=$!
   echo "$pid" >"${RUN_DIR}/${name}.pid"
   for ((i = 0; i < 200; i++)); do
-    ours "$pid" && return 0
+    ours "$pid" && [[ "$(argv0 "$pid")" != setsid ]] && return 0
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.05
   done
@@ -86,9 +97,14 @@ must_run() {
   shift 2
   until "$@" >/dev/null 2>&1; do
     if ! running "$name"; then
-      sleep 0.5 # what it wrote as it ended
-      log_tail "$name"
-      die "${name} exited at start, $(why_not_running "$name") (log: ${LOG_DIR}/${name}.log)"
+      # One read is not believed: a process that re-executes itself has, for a moment, no
+      # command line. An ended one is still not running half a second on, and has written its
+      # last lines by then.
+      sleep 0.5
+      if ! running "$name"; then
+        log_tail "$name"
+        die "${name} exited at start, $(why_not_running "$name") (log: ${LOG_DIR}/${name}.log)"
+      fi
     fi
     if ((SECONDS - start_s > limit)); then
       log_tail "$name"

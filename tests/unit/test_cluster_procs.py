@@ -4,7 +4,10 @@ A CI run once ended with "kube-router exited at start" and nothing else: an empt
 status. `must_run` now says what became of the process (its exit status or signal, or what runs
 under its pid) and when its log is empty; `start` returns once the child runs the command, so
 that `running` never reads a child that has not yet exec'd (its command line still this shell's)
-as another's process. Real processes, a throwaway state folder: no cluster or root needed.
+as another's process, nor stops at setsid, whose command line names the command too (the same
+failure came back in a make test-cluster run: "kube-router exited at start, pid N runs:
+kube-router ...": must_run had read its command line mid-exec). Real processes, a throwaway
+state folder: no cluster or root needed.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def test_a_started_process_runs_at_once_and_stops(tmp_path: Path) -> None:
         for i in $(seq 1 40); do
           start s$i {sleeper} 30
           running s$i || {{ echo "s$i not running right after start"; exit 1; }}
+          first="$(argv0 "$(cat "$RUN_DIR/s$i.pid")")"
+          [[ "$first" == {sleeper} ]] || {{ echo "s$i runs '$first', not the command"; exit 1; }}
         done
         for i in $(seq 1 40); do stop s$i; running s$i && exit 1; done
         echo ok
@@ -89,3 +94,22 @@ def test_a_process_that_gets_ready_passes(tmp_path: Path) -> None:
     script = f"start slow {tool}\nmust_run slow 20 test -e {ready}\nstop slow\necho ok"
     out = _bash(tmp_path, script)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_one_read_of_not_running_is_not_believed(tmp_path: Path) -> None:
+    """`running` reads NAME as not running once (as a command line read in the middle of an exec
+    reads): must_run looks again before it calls the process ended, and waits it out."""
+    ready = tmp_path / "ready"
+    tool = _tool(tmp_path, "flicker", f"sleep 1\ntouch {ready}\nexec sleep 30\n")
+    script = f"""
+    start flicker {tool}
+    eval "real_$(declare -f running)"
+    reads=0
+    running() {{ reads=$((reads + 1)); ((reads != 1)) || return 1; real_running "$@"; }}
+    must_run flicker 20 test -e {ready}
+    stop flicker
+    echo "ok after $reads reads"
+    """
+    out = _bash(tmp_path, script)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("ok after "), out.stdout
