@@ -124,8 +124,10 @@ serve_wheel() {
   printf '%s' "$token" >"${dir}/server-token"
   # A fixed port: the index URL is a build argument, and a new one would void the layer cache.
   port="${GPUPIPE_WHEEL_PORT:-38741}"
+  # Each second: another build's server on the port is waited out; else ours starts (a bind
+  # lost to a race between the look and the bind is tried again, 5 times at most).
   while :; do
-    while (: <"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; do
+    if (: <"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
       answer="$(curl -sf --max-time 5 "http://127.0.0.1:${port}/simple/torch/" 2>/dev/null || true)"
       if [[ "$answer" != *"href=\"${name}#sha256=${wheel_sha256}\""* ]]; then
         echo "error: the wheel server on 127.0.0.1:${port} is not ours, nor another gpupipe build's (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
@@ -136,26 +138,24 @@ serve_wheel() {
         exit 1
       fi
       ((waited > 0)) || printf '==> another gpupipe image build serves the wheel on 127.0.0.1:%s: waiting for it to end\n' "$port"
-      sleep 1
-      waited=$((waited + 1))
-    done
-    python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$port" >/dev/null 2>&1 &
-    server_pid=$!
-    answer=""
-    for _ in $(seq 50); do
-      answer="$(curl -sf "http://127.0.0.1:${port}/server-token" 2>/dev/null || true)"
-      [[ "$answer" == "$token" ]] && break
-      kill -0 "$server_pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    [[ "$answer" == "$token" ]] && kill -0 "$server_pid" 2>/dev/null && break
-    # Ours did not start: someone took the port between the check and the bind. Look again.
-    kill "$server_pid" 2>/dev/null || true
-    server_pid=""
-    starts=$((starts + 1))
-    if ((starts >= 5 || waited >= limit)); then
-      echo "error: the wheel server on 127.0.0.1:${port} is not ours (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
-      exit 1
+    else
+      python3 -m http.server --bind 127.0.0.1 --directory "$dir" "$port" >/dev/null 2>&1 &
+      server_pid=$!
+      answer=""
+      for _ in $(seq 50); do
+        answer="$(curl -sf "http://127.0.0.1:${port}/server-token" 2>/dev/null || true)"
+        [[ "$answer" == "$token" ]] && break
+        kill -0 "$server_pid" 2>/dev/null || break
+        sleep 0.1
+      done
+      [[ "$answer" == "$token" ]] && kill -0 "$server_pid" 2>/dev/null && break
+      kill "$server_pid" 2>/dev/null || true
+      server_pid=""
+      starts=$((starts + 1))
+      if ((starts >= 5 || waited >= limit)); then
+        echo "error: the wheel server on 127.0.0.1:${port} is not ours (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
+        exit 1
+      fi
     fi
     sleep 1
     waited=$((waited + 1))
