@@ -471,6 +471,7 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     launcher = _launcher_pod(run_id)
     # Lose the step's pod while the job trains (its pods running, the job not finished).
     kube.wait_until("the job's pods running", lambda: _running(kube.job_pods(NS, job)), 300, 2)
+    lost = kube.get_json("pod", "-n", NS, launcher)["metadata"]["uid"]
     kube.kubectl("-n", NS, "delete", "pod", launcher, "--grace-period=0", "--force")
     state = kube.get_json("pytorchjob", "-n", NS, job)["status"]["conditions"][-1]["type"]
     assert state not in ("Succeeded", "Failed"), (
@@ -486,9 +487,16 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
         ]
         said = conditions or job_now.stderr
         raise AssertionError(f"{kfp.failure_report(done)}\njob {job}: {said}")
-    # A second attempt of the step ran, and found the same job (one job, never two).
-    attempts = [p["metadata"]["name"] for p in kfp.run_pods(run_id) if _is_launcher(p)]
-    assert [a for a in attempts if a != launcher], attempts
+    # A second attempt of the step ran, and found the same job (one job, never two). Argo runs it
+    # in one of two ways: a Retry node's next child (a new pod name), or, when its Workflow still
+    # had the lost pod's node Pending (the controller had not yet recorded it Running: it lags on a
+    # busy node), the same pod name created again. Either is a new pod: a uid other than the lost.
+    attempts = [
+        (p["metadata"]["name"], p["metadata"]["uid"])
+        for p in kfp.run_pods(run_id)
+        if _is_launcher(p)
+    ]
+    assert [a for a in attempts if a[1] != lost], (launcher, lost, attempts)
     jobs = [j for j in kube.jobs(NS) if run_id[:8] in j["metadata"]["name"]]
     assert [j["metadata"]["uid"] for j in jobs] == [uid], jobs
     # Owned by the run's Workflow (deleting the run deletes it), no longer by the deleted pod.
