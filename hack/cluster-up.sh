@@ -9,10 +9,11 @@
 # --build-only: build the binaries and the add-on images, start nothing (.ci/run runs it in the
 # background while the other tests run, so that a machine with nothing cached builds in parallel).
 # Environment: GPUPIPE_CLUSTER_DIR, GPUPIPE_CLUSTER_CACHE (hack/cluster/lib.sh),
-#   GPUPIPE_CLUSTER_ADDONS (default "training-operator jobset trainer object-store mlflow katib kfp
-#   kfp-ui": both operators, PyTorchJob and TrainJob, Katib, KFP's backend and its UI; "" for none;
-#   trainer needs jobset before it, the store comes before what uses it, and kfp before kfp-ui;
-#   "network-policy" first enforces NetworkPolicy, not yet by default: docs/test-cluster.md).
+#   GPUPIPE_CLUSTER_ADDONS (default "network-policy training-operator jobset trainer object-store
+#   mlflow katib kfp kfp-ui": NetworkPolicy enforced, both operators, PyTorchJob and TrainJob,
+#   Katib, KFP's backend and its UI; "" for none; trainer needs jobset before it, the store comes
+#   before what uses it, and kfp before kfp-ui; network-policy first, so that every pod starts
+#   under the policies: docs/test-cluster.md).
 set -euo pipefail
 # shellcheck source=hack/cluster/lib.sh
 source "$(dirname "$0")/cluster/lib.sh"
@@ -25,7 +26,7 @@ case "${1:-}" in
 --build-only) build_only=1 ;;
 *) die "unknown argument '${1}' (usage: hack/cluster-up.sh [--build-only])" ;;
 esac
-addons="${GPUPIPE_CLUSTER_ADDONS-training-operator jobset trainer object-store mlflow katib kfp kfp-ui}"
+addons="${GPUPIPE_CLUSTER_ADDONS-network-policy training-operator jobset trainer object-store mlflow katib kfp kfp-ui}"
 total_start=$SECONDS
 MIN_FREE_GIB="${GPUPIPE_MIN_FREE_GIB:-12}"
 K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"

@@ -140,8 +140,8 @@ def make_namespace(
 
     It carries the label Kubeflow's profile controller puts on a user's profile namespace
     (``app.kubernetes.io/part-of: kubeflow-profile``, its ``namespace-labels.yaml``), as a
-    multi-user KFP's runs have it: KFP's SeaweedFS NetworkPolicy admits the object store's
-    clients by that label (and ``kubeflow`` itself), and the test cluster enforces it
+    multi-user KFP's runs have it. Upstream's SeaweedFS NetworkPolicy admits every pod of such a
+    namespace; manifests/kfp's, which the test cluster enforces, only the pipeline's pods
     (tests/cluster/test_networkpolicy.py)."""
     kube.apply(
         namespace_doc(

@@ -154,6 +154,10 @@ RESTRICTED_POD = {
 }
 
 
+KFP_RUN_LABEL = {"pipelines.kubeflow.org/v2_component": "true"}
+"""What KFP v2 labels every pod of a run with (its Argo compiler's ``podMetadata``)."""
+
+
 def launcher_pod(
     name: str,
     namespace: str,
@@ -163,7 +167,8 @@ def launcher_pod(
     service_account: str = "pipeline-runner",
     step: str = "train",
 ) -> dict[str, Any]:
-    """A launching step's pod as KFP runs it (``python -m trainer <step> ...``), restricted."""
+    """A launching step's pod as KFP runs it (``python -m trainer <step> ...``), restricted, with
+    the label KFP gives a run's pods (the object store's and MLflow's NetworkPolicies admit it)."""
     field = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     field["POD_UID"] = "metadata.uid"
     env: list[dict[str, Any]] = [
@@ -180,7 +185,11 @@ def launcher_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"gpupipe.dev/test": name}},
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"gpupipe.dev/test": name, **KFP_RUN_LABEL},
+        },
         "spec": {
             "serviceAccountName": service_account,
             "restartPolicy": "Never",

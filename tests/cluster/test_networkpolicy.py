@@ -3,9 +3,10 @@ databases refuse a pod outside their policies.
 
 kube-router's network policy controller (hack/cluster/addons/network-policy.sh) keeps the node's
 iptables in step with the policies: manifests/mlflow's admits only pods with KFP's run label
-(``pipelines.kubeflow.org/v2_component``), KFP's own SeaweedFS policy only pods of ``kubeflow`` and
-of namespaces labelled as Kubeflow labels a user's profile namespace
-(``app.kubernetes.io/part-of=kubeflow-profile``). Each refusal here has its positive control, a
+(``pipelines.kubeflow.org/v2_component``), manifests/kfp's SeaweedFS policy (in place of
+upstream's, which admitted every pod of ``kubeflow`` and of the profile namespaces) those and the
+training jobs' pods (``app.kubernetes.io/name=gpupipe``), and in ``kubeflow`` KFP's API server
+and UI. Each refusal here has its positive control, a
 pod that differs only in what the policy admits and reaches the same service, so that neither a
 dead service nor a broken pod network can pass for a policy. The node itself is not a pod: the
 tests' host-side reads through the services' cluster IPs still work. The databases' policies
@@ -27,7 +28,9 @@ from tests.cluster.conftest import namespace_doc
 NS = "kubeflow"
 MLFLOW = "mlflow.kubeflow:5000"
 STORE = "seaweedfs.kubeflow:9000"
-KFP_LABEL = {"pipelines.kubeflow.org/v2_component": "true"}
+KFP_LABEL = kube.KFP_RUN_LABEL
+JOB_LABEL = {"app.kubernetes.io/name": "gpupipe"}
+"""What the launchers label a PyTorchJob's, a TrainJob's and a Katib trial's pods with."""
 PROFILE_LABEL = {"app.kubernetes.io/part-of": "kubeflow-profile"}
 KFP_DB = "tcp:mysql.kubeflow:3306"
 KATIB_DB = "tcp:katib-mysql.kubeflow:3306"
@@ -157,23 +160,29 @@ def test_a_pod_outside_the_policy_cannot_reach_mlflow(outside: str) -> None:
     assert got["kfp-step"][MLFLOW][-1] == "reached", got
 
 
-def test_a_namespace_outside_the_policy_cannot_reach_the_object_store(
-    outside: str, profile: str
-) -> None:
+def test_only_the_pipelines_pods_reach_the_object_store(outside: str, profile: str) -> None:
     got = _probe(
         {
             "plain": (outside, {}, [STORE]),
-            "kfp-step": (outside, KFP_LABEL, [STORE]),
             "profile": (profile, {}, [STORE, MLFLOW]),
+            "kubeflow": (NS, {}, [STORE]),
+            "kfp-step": (outside, KFP_LABEL, [STORE]),
+            "job": (outside, JOB_LABEL, [STORE, MLFLOW]),
+            "kfp-api-server": (NS, {"app": "ml-pipeline"}, [STORE]),
         }
     )
-    # SeaweedFS admits by namespace: not even a KFP-labelled pod of an unlabelled namespace...
+    # Upstream's policy admitted any pod of kubeflow and of a profile namespace; manifests/kfp's
+    # admits none of them without a pipeline's label...
     assert got["plain"][STORE] == ["refused"] * TRIES, got
-    assert got["kfp-step"][STORE] == ["refused"] * TRIES, got
-    # ...while any pod of a profile namespace reaches it; MLflow admits by pod label, not by
-    # namespace, so that pod is still refused there.
-    assert got["profile"][STORE][-1] == "reached", got
+    assert got["profile"][STORE] == ["refused"] * TRIES, got
+    assert got["kubeflow"][STORE] == ["refused"] * TRIES, got
     assert got["profile"][MLFLOW] == ["refused"] * TRIES, got
+    # ...and admits, from any namespace, a run's pod and a training job's (the launchers' label),
+    # and in its own the API server; the job's label does not open MLflow (a run's pods only).
+    assert got["kfp-step"][STORE][-1] == "reached", got
+    assert got["job"][STORE][-1] == "reached", got
+    assert got["kfp-api-server"][STORE][-1] == "reached", got
+    assert got["job"][MLFLOW] == ["refused"] * TRIES, got
 
 
 def test_only_their_own_servers_reach_the_databases() -> None:

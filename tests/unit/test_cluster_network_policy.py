@@ -176,10 +176,13 @@ def test_cluster_down_knows_the_chain_and_ipset_names_kube_router_makes() -> Non
     assert "grep -E '^KUBE-(SRC|DST)-[A-Z0-9]+$'" in down
 
 
-def test_network_policy_is_an_add_on_to_name_not_yet_a_default() -> None:
-    """Out of the default list until the steps' first store reads survive kube-router's admission
-    lag (docs/test-cluster.md, NetworkPolicy); named, it must come first."""
+def test_network_policy_is_enforced_by_default_and_in_ci_before_the_tests_it_guards() -> None:
+    """The first add-on of cluster-up's default list (every later pod starts under the
+    policies); in .ci/run, the first of the group installed before stage 2, whose tests (the
+    NetworkPolicy tests among them) and stage 3's (KFP's runs) run under it."""
     text = (ROOT / "hack" / "cluster-up.sh").read_text()
     (found,) = re.findall(r'^addons="\$\{GPUPIPE_CLUSTER_ADDONS-([^}]*)\}"$', text, re.M)
-    assert "network-policy" not in found.split()
-    assert '"network-policy" first enforces NetworkPolicy' in text
+    assert found.split()[0] == "network-policy", found
+    ci = (ROOT / ".ci" / "run").read_text()
+    (mid,) = re.findall(r'mid="([^"]*)"', ci)
+    assert mid.split()[0] == "network-policy", mid

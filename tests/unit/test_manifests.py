@@ -243,6 +243,73 @@ def test_the_podmonitor_scrapes_the_job_pods() -> None:
     assert annotation_labels <= sources
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (``matchLabels``, ``matchExpressions`` with In, NotIn, Exists and
+    DoesNotExist) against a pod's labels, as the API server evaluates it."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        held = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not held:
+            return False
+    return True
+
+
+def _store_admits(policy: dict[str, Any], namespace: str, labels: dict[str, str]) -> bool:
+    """Whether ``policy`` admits a pod of another namespace than its own (``namespace``, with no
+    labels but its name) to port 8333."""
+    ns_labels = {"kubernetes.io/metadata.name": namespace}
+    for rule in policy["spec"]["ingress"]:
+        if rule.get("ports") and 8333 not in [p["port"] for p in rule["ports"]]:
+            continue
+        for peer in rule["from"]:
+            if "namespaceSelector" not in peer:  # the policy's own namespace only
+                continue
+            if _selects(peer["namespaceSelector"], ns_labels) and _selects(
+                peer.get("podSelector") or {}, labels
+            ):
+                return True
+    return False
+
+
+def test_the_object_store_admits_the_pipelines_pods_and_no_other() -> None:
+    """manifests/kfp's store policy admits, from any namespace, the pods KFP runs (its run label)
+    and the pods of the jobs the launchers build (PyTorchJob, so Katib's trials too, and TrainJob
+    through its runtime patch), by the labels the code gives them; a pod without them is refused,
+    and upstream's policy, which admitted whole namespaces, is gone."""
+    from tests.unit.specs import job_spec
+    from trainer.launch.pytorchjob import build_pytorchjob
+    from trainer.launch.trainjob import build_trainjob
+
+    rendered = RENDERED[MANIFESTS / "kfp" / "platform-agnostic"]
+    assert ("NetworkPolicy", "seaweedfs") in rendered.deleted
+    (policy,) = [o for o in rendered.objects if o["metadata"]["name"] == "seaweedfs-pipeline-pods"]
+    assert _selects(policy["spec"]["podSelector"], {"app": "seaweedfs"})
+    replicas = build_pytorchjob(job_spec())["spec"]["pytorchReplicaSpecs"]
+    (patch,) = build_trainjob(job_spec())["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pods = {
+        "a KFP run's pod": {"pipelines.kubeflow.org/v2_component": "true"},
+        "a PyTorchJob's master": replicas["Master"]["template"]["metadata"]["labels"],
+        "a TrainJob's node": node["template"]["spec"]["template"]["metadata"]["labels"],
+    }
+    for what, labels in pods.items():
+        assert _store_admits(policy, "team-a", labels), (what, labels)
+    assert not _store_admits(policy, "team-a", {})
+    assert not _store_admits(policy, "team-a", {"app": "ml-pipeline"})  # only in kubeflow
+    # Every selector is written as expressions: the test cluster's object-store add-on applies
+    # the file under kustomize `labels` with includeSelectors, which would add its label to any
+    # `matchLabels` and then admit nothing of ours.
+    peers = [p for r in policy["spec"]["ingress"] for p in r["from"]]
+    assert not [p for p in peers for sel in p.values() if "matchLabels" in sel], peers
+
+
 OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 """The Prometheus operator's resources: no schema here (tested on their own below)."""
 
@@ -291,11 +358,15 @@ def test_remote_base_is_pinned_to_a_release_tag(url: str) -> None:
 def test_install_overlays_pin_the_expected_release(folder: str, repo: str, tag: str) -> None:
     rendered = RENDERED[MANIFESTS / folder]
     # Objects of our own: KFP's grant of ML Metadata's database to the generated account
-    # (hack/credentials.sh), which the database runs on its first start, and each database's
-    # NetworkPolicy (only its own servers reach it).
+    # (hack/credentials.sh), which the database runs on its first start, each database's
+    # NetworkPolicy (only its own servers reach it), and the store's (the pipeline's pods).
     own = sorted((o["kind"], o["metadata"]["name"]) for o in rendered.objects)
     expected = {
-        "kfp/platform-agnostic": [("ConfigMap", "mysql-kfp-grants"), ("NetworkPolicy", "mysql")],
+        "kfp/platform-agnostic": [
+            ("ConfigMap", "mysql-kfp-grants"),
+            ("NetworkPolicy", "mysql"),
+            ("NetworkPolicy", "seaweedfs-pipeline-pods"),
+        ],
         "katib": [("NetworkPolicy", "katib-mysql")],
     }.get(folder, [])
     assert own == expected, "install overlays only point at upstream"
@@ -312,8 +383,11 @@ def test_kfp_install_leaves_out_only_the_v1_parts() -> None:
     # them (tests/unit/test_cluster_credentials.py).
     secrets = {name for kind, name in deleted if kind == "Secret"}
     assert secrets == {"mlpipeline-minio-artifact", "mysql-secret"}, deleted
+    # Upstream's store policy (every pod of the namespace and of the profile namespaces) gives way
+    # to seaweedfs-networkpolicy.yaml's (the pipeline's pods).
+    assert {name for kind, name in deleted if kind == "NetworkPolicy"} == {"seaweedfs"}, deleted
     # Services stay: the API server reads their addresses from its environment at start.
-    assert {kind for kind, _ in deleted} == {"Deployment", "Secret"}, deleted
+    assert {kind for kind, _ in deleted} == {"Deployment", "Secret", "NetworkPolicy"}, deleted
     names = {name for kind, name in deleted if kind == "Deployment"}
     assert names == {
         "cache-server",

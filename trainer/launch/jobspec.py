@@ -135,8 +135,10 @@ class ClusterConfig:
     ``TrainingRuntime/<name>`` (one in the job's namespace). (Pipeline parameter
     ``trainer_runtime``.)"""
     runtime_patches: bool = True
-    """TrainJob only: carry /dev/shm, /tmp, security contexts, placement, pull secrets and the
-    service account in ``spec.runtimePatches``; ``False``: the runtime must set them."""
+    """TrainJob only: carry /dev/shm, /tmp, security contexts, placement, pull secrets, the
+    service account and the pods' labels in ``spec.runtimePatches``; ``False``: the runtime must
+    set them (its pods labelled ``app.kubernetes.io/name: gpupipe`` where manifests/kfp's
+    NetworkPolicy guards the object store)."""
     image_pull_secrets: list[str] = field(default_factory=list)
     """Docker-registry secrets (in the job's namespace) for a private registry. (Pipeline
     parameter ``image_pull_secrets``.)"""

@@ -187,11 +187,11 @@ addon_verify() {
   out="$(probe gpupipe-verify-netpol-out '"app":"gpupipe-verify"' refused mlflow.kubeflow:5000 seaweedfs.kubeflow:9000)" ||
     die "${PIECE}: a pod outside both policies was not refused: ${out}"
   say "$out"
-  out="$(probe gpupipe-verify-netpol-kfp '"pipelines.kubeflow.org/v2_component":"true"' reached mlflow.kubeflow:5000)" ||
-    die "${PIECE}: a pod with KFP's label did not reach MLflow (the positive control): ${out}"
+  out="$(probe gpupipe-verify-netpol-kfp '"pipelines.kubeflow.org/v2_component":"true"' reached mlflow.kubeflow:5000 seaweedfs.kubeflow:9000)" ||
+    die "${PIECE}: a pod with KFP's label did not reach MLflow and SeaweedFS (the positive control): ${out}"
   say "$out"
   kubectl_ delete namespace "$VERIFY_NS" --wait=false >/dev/null 2>&1 || true
-  say "a pod outside the policies is refused by MLflow and SeaweedFS; a pod with KFP's label reaches MLflow"
+  say "a pod outside the policies is refused by MLflow and SeaweedFS; a pod with KFP's label reaches both"
 }
 
 case "${1:-}" in

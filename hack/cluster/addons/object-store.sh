@@ -29,6 +29,7 @@ IMAGE="$SEAWEEDFS_IMAGE"
 UPSTREAM_IMAGE="ghcr.io/chrislusf/seaweedfs"
 NS=kubeflow
 BUCKET=mlpipeline
+POLICY=seaweedfs-networkpolicy.yaml
 
 addon_images() { echo "$IMAGE"; }
 
@@ -64,12 +65,14 @@ addon_image() {
 # platform-agnostic install gives it (selectors too: a Deployment's selector cannot change later,
 # when the KFP add-on applies the same objects), and the local image; without upstream's Secret
 # (its keys are minio/minio123), as manifests/kfp/platform-agnostic leaves it out:
-# hack/credentials.sh makes it.
+# hack/credentials.sh makes it. Over it, as manifests/kfp/platform-agnostic has it, the store's
+# NetworkPolicy of the pipeline's pods in place of upstream's (the same file, outside the labels
+# that upstream's objects get).
 write_overlay() {
   local dir="$1" base
-  mkdir -p "$dir"
-  base="$(realpath --relative-to "$dir" "${KFP_SRC}/manifests/kustomize/third-party/seaweedfs/base")"
-  cat >"${dir}/kustomization.yaml" <<YAML
+  mkdir -p "${dir}/upstream"
+  base="$(realpath --relative-to "${dir}/upstream" "${KFP_SRC}/manifests/kustomize/third-party/seaweedfs/base")"
+  cat >"${dir}/upstream/kustomization.yaml" <<YAML
 # Written by hack/cluster/addons/object-store.sh: KFP ${KFP_VERSION}'s SeaweedFS store with the local image.
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -90,6 +93,21 @@ patches:
       apiVersion: v1
       kind: Secret
       metadata: {name: mlpipeline-minio-artifact}
+YAML
+  cp "${REPO_ROOT}/manifests/kfp/platform-agnostic/${POLICY}" "${dir}/${POLICY}"
+  cat >"${dir}/kustomization.yaml" <<YAML
+# Written by hack/cluster/addons/object-store.sh: the store (upstream/) with manifests/kfp's policy.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - upstream
+  - ${POLICY}
+patches:
+  - patch: |-
+      \$patch: delete
+      apiVersion: networking.k8s.io/v1
+      kind: NetworkPolicy
+      metadata: {name: seaweedfs}
 YAML
 }
 
@@ -198,7 +216,8 @@ addon_verify() {
   local client="gpupipe.local/mlflow:v${MLFLOW_VERSION}" pod=gpupipe-verify-s3 overrides out
   # Its client is the MLflow image (Python with boto3), imported by hack/cluster/addons/mlflow.sh.
   import_image "$client"
-  overrides="$(printf '{"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["python3","-c",%s],"envFrom":[{"secretRef":{"name":"mlpipeline-minio-artifact"}}],%s}]}}' \
+  # Labelled as KFP labels a run's pods: the store's NetworkPolicy admits the pipeline's pods.
+  overrides="$(printf '{"metadata":{"labels":{"pipelines.kubeflow.org/v2_component":"true"}},"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["python3","-c",%s],"envFrom":[{"secretRef":{"name":"mlpipeline-minio-artifact"}}],%s}]}}' \
     "$RESTRICTED_POD" "$pod" "$client" "$(verify_script | json_string)" "$RESTRICTED_CONTAINER")"
   out="$(run_pod "$NS" "$pod" "$client" "$overrides" 300)" ||
     die "${PIECE}: the S3 round trip from a pod failed: ${out}"
