@@ -438,3 +438,21 @@ def tokens(path: Path, cycles: int, seed: int = 0) -> str:
 
 GPT = {"name": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 64}
 """A tiny GPT that learns :func:`tokens` in a few hundred steps."""
+
+
+def label_selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (``matchLabels``, ``matchExpressions`` with In, NotIn, Exists and
+    DoesNotExist) against a pod's labels, as the API server evaluates it."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        held = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not held:
+            return False
+    return True

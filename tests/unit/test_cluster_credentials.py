@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import label_selects
 from tests.unit.test_manifests import json_patch, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -489,7 +490,7 @@ def _pod_labels(objects: dict[tuple[str, str], Any], deployment: str) -> dict[st
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     assert set(selector) == {"podSelector"}, f"only same-namespace pod selectors: {selector}"
-    return selector["podSelector"]["matchLabels"].items() <= labels.items()
+    return label_selects(selector["podSelector"], labels)
 
 
 @pytest.mark.parametrize(

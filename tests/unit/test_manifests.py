@@ -24,6 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.helpers import label_selects
 from trainer.tune.katib import KATIB_API_CALLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,24 +244,6 @@ def test_the_podmonitor_scrapes_the_job_pods() -> None:
     assert annotation_labels <= sources
 
 
-def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """A label selector (``matchLabels``, ``matchExpressions`` with In, NotIn, Exists and
-    DoesNotExist) against a pod's labels, as the API server evaluates it."""
-    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
-        return False
-    for e in selector.get("matchExpressions") or []:
-        key, op, values = e["key"], e["operator"], e.get("values") or []
-        held = {
-            "In": key in labels and labels[key] in values,
-            "NotIn": key not in labels or labels[key] not in values,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }[op]
-        if not held:
-            return False
-    return True
-
-
 def _store_admits(policy: dict[str, Any], namespace: str, labels: dict[str, str]) -> bool:
     """Whether ``policy`` admits a pod of another namespace than its own (``namespace``, with no
     labels but its name) to port 8333."""
@@ -271,7 +254,7 @@ def _store_admits(policy: dict[str, Any], namespace: str, labels: dict[str, str]
         for peer in rule["from"]:
             if "namespaceSelector" not in peer:  # the policy's own namespace only
                 continue
-            if _selects(peer["namespaceSelector"], ns_labels) and _selects(
+            if label_selects(peer["namespaceSelector"], ns_labels) and label_selects(
                 peer.get("podSelector") or {}, labels
             ):
                 return True
@@ -290,7 +273,7 @@ def test_the_object_store_admits_the_pipelines_pods_and_no_other() -> None:
     rendered = RENDERED[MANIFESTS / "kfp" / "platform-agnostic"]
     assert ("NetworkPolicy", "seaweedfs") in rendered.deleted
     (policy,) = [o for o in rendered.objects if o["metadata"]["name"] == "seaweedfs-pipeline-pods"]
-    assert _selects(policy["spec"]["podSelector"], {"app": "seaweedfs"})
+    assert label_selects(policy["spec"]["podSelector"], {"app": "seaweedfs"})
     replicas = build_pytorchjob(job_spec())["spec"]["pytorchReplicaSpecs"]
     (patch,) = build_trainjob(job_spec())["spec"]["runtimePatches"]
     (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
