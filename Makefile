@@ -96,7 +96,7 @@ test: setup ## set up and run the test suite (unit + integration; no GPU, no clu
 	$(BIN)/pytest -m "not e2e and not slow and not containers and not cluster and not teardown" --durations=15 $(PYTEST_ARGS)
 
 .PHONY: test-slow
-test-slow: setup ## the whole-pipeline tests too slow for make test (.ci/run runs them after it)
+test-slow: setup ## the tests that run the pipeline into training, too slow for make test (.ci/run runs them after it)
 	$(BIN)/pytest -m "slow and not e2e and not containers and not cluster and not teardown" $(PYTEST_ARGS)
 
 .PHONY: test-unit

@@ -110,9 +110,12 @@ def run_in_process(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Outco
     return Outcome(code, out, err)
 
 
-def run_process(argv: list[str], cwd: Path, timeout: float = RUN_TIMEOUT_S) -> Outcome:
+def run_process(
+    argv: list[str], cwd: Path, timeout: float = RUN_TIMEOUT_S, **extra_env: str
+) -> Outcome:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["OMP_NUM_THREADS"] = "1"
+    env.update(extra_env)
     proc = subprocess.run(
         [str(GPUPIPE), *argv], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=timeout, check=False,
@@ -363,6 +366,8 @@ def failing_registry() -> Iterator[str]:
         server.server_close()
 
 
+# A run into training (15-30 s): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_failed_register_step_is_a_failed_run(workspace: Path, failing_registry: str) -> None:
     """Register fails after training and evaluation: the run is FAILED, exit 1, step named."""
     root = workspace.parent / "root"
@@ -371,6 +376,9 @@ def test_failed_register_step_is_a_failed_run(workspace: Path, failing_registry:
         ["run", "--local", "--root", str(root), "--json", "--param", "epochs=1",
          "--param", f"registry_uri={failing_registry}"],
         cwd=workspace,
+        # The server answers 503 to every write: MLflow's own retries (backoff included) would
+        # only repeat the same answer.
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
     )  # fmt: skip
     assert out.code == 1, out.stderr[-3000:]
     s = out.json
@@ -387,6 +395,8 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+# A run into training (15-30 s): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_ctrl_c_stops_every_step_process_and_exits_130(workspace: Path) -> None:
     root = workspace.parent / "root"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}

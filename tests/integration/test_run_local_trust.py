@@ -76,6 +76,8 @@ def small_filesystem(path: Path, size: str) -> Iterator[Path]:
 # --- item 5: a full disk during training --------------------------------------------------
 
 
+# A run into training (15-30 s): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_full_disk_during_training_is_named_exit_1_and_leaves_no_partial_checkpoint(
     tmp_path: Path, table: Path
 ) -> None:
@@ -170,6 +172,8 @@ def test_two_runs_leave_nothing_in_the_temporary_folder(tmp_path: Path, table: P
     assert len(run_dirs) == 2 and not any((d / "tmp").exists() for d in run_dirs)
 
 
+# A run into training (15-30 s): make test-slow (.ci/run runs it after make test).
+@pytest.mark.slow
 def test_sigterm_with_json_prints_the_state_and_what_was_saved(tmp_path: Path, table: Path) -> None:
     proc = subprocess.Popen(
         [str(GPUPIPE), "run", "--local", "--root", str(tmp_path / "root"), "--json",
