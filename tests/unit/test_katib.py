@@ -328,7 +328,9 @@ def test_keep_on_exit_leaves_it(fake: FakeKubeApi, api: KubeApi) -> None:
 
 def test_a_retry_reattaches_and_adds_its_owner(fake: FakeKubeApi, api: KubeApi) -> None:
     space = small_space()
-    fake.add_experiment(experiment(space), age_s=0.02)
+    # Still running when adopted (a finished one is only read, not patched), however slowly
+    # this test's process gets to it: 4 trials of 0.5 s, 2 at a time.
+    fake.add_experiment(experiment(space), scenario=ExperimentScenario(trial_s=0.5), age_s=0.02)
     result = launcher(api, own_pod=POD).run(experiment(space), space, timeout_s=10)
     assert fake.created_experiments == []
     assert result.trials["succeeded"] == 4
