@@ -662,7 +662,9 @@ def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
     fake.scenario = _failed(kind)
     with pytest.raises(RuntimeError):
         launch(launcher())  # create, get, list pods, log, events, delete
-    fake.scenario = Scenario(lines=LINES, line_every_s=0.1)  # still running when adopted
+    # Still running when adopted (1.7 s of its 1.9 s left, however slowly the test gets there):
+    # a finished job is only read, never patched.
+    fake.scenario = Scenario(lines=LINES, line_every_s=0.3)
     fake.add_job(JOB, age_s=0.2, kind=kind.name)  # type: ignore[arg-type]
     fake.add_kfp_step_pod(POD.name, "run-wf")  # its own pod, then the run that owns it
     launch(launcher(own_pod=POD))  # adopt: patch the ownerReference
