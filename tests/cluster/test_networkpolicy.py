@@ -185,7 +185,9 @@ def test_only_the_pipelines_pods_reach_the_object_store(outside: str, profile: s
     assert got["job"][MLFLOW] == ["refused"] * TRIES, got
 
 
-def test_only_their_own_servers_reach_the_databases() -> None:
+# "kfp" in its name: KFP's database comes with KFP's add-on, so the runs that select KFP's tests
+# (`-k kfp`: .ci/run's stage 3, `make test-cluster`'s KFP stream) run it, where it can.
+def test_only_their_own_servers_reach_the_kfp_and_katib_databases() -> None:
     for name in ("mysql", "katib-mysql"):
         if kube.kubectl("get", "service", "-n", NS, name, check=False).returncode != 0:
             pytest.skip(f"Service {NS}/{name} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")

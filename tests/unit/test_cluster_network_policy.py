@@ -7,6 +7,7 @@ The cluster itself is checked by tests/cluster/test_networkpolicy.py; these run 
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -186,3 +187,22 @@ def test_network_policy_is_enforced_by_default_and_in_ci_before_the_tests_it_gua
     ci = (ROOT / ".ci" / "run").read_text()
     (mid,) = re.findall(r'mid="([^"]*)"', ci)
     assert mid.split()[0] == "network-policy", mid
+
+
+def test_the_database_policy_test_runs_where_kfps_database_is() -> None:
+    """KFP's MySQL comes with the kfp add-on, installed after stage 2 in .ci/run: a NetworkPolicy
+    test that probes it must be one of KFP's (``-k kfp``, stage 3 and the KFP stream), or stage
+    2 skips it for want of the database and no stage runs it (as 3001b61's CI did)."""
+    source = (ROOT / "tests" / "cluster" / "test_networkpolicy.py").read_text()
+    tree = ast.parse(source)
+    needs_kfp = [
+        f.name
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef)
+        and f.name.startswith("test_")
+        and "KFP_DB" in (ast.get_source_segment(source, f) or "")
+    ]
+    assert needs_kfp, "no NetworkPolicy test probes KFP's database"
+    assert all("kfp" in name for name in needs_kfp), needs_kfp
+    assert '-k "not kfp and not pytorchjob"' in (ROOT / ".ci" / "run").read_text()
+    assert "tests/cluster -k kfp " in (ROOT / "hack" / "cluster-tests.sh").read_text()
