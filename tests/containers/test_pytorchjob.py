@@ -64,15 +64,32 @@ class Job:
         proc = docker("logs", self.name(kind), check=False)
         return proc.stdout + proc.stderr
 
+    def describe(self) -> str:
+        """Each replica's container state and log tail: what a failed assertion shows (a
+        replica that never logs may be waiting on the other, whose log says why)."""
+        parts = []
+        for kind, _ in self.pods:
+            state = docker(
+                "inspect", "--format",
+                "{{.State.Status}} exit {{.State.ExitCode}} oom {{.State.OOMKilled}} "
+                "started {{.State.StartedAt}} finished {{.State.FinishedAt}}",
+                self.name(kind), check=False,
+            )  # fmt: skip
+            what = (state.stdout or state.stderr).strip()
+            parts.append(f"--- {self.name(kind)}: {what}\n{self.logs(kind)[-2500:]}")
+        return "\n".join(parts)
+
     def wait_for_step(self, step: int, timeout: float = 180) -> None:
         """Until the master's JSON log lines show training past ``step``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        began = time.monotonic()
+        while time.monotonic() < began + timeout:
             for line in docker("logs", self.name(MASTER), check=False).stdout.splitlines():
                 if '"event": "step"' in line and json.loads(line)["step"] >= step:
                     return
             time.sleep(0.5)
-        raise AssertionError(f"training never passed step {step}:\n{self.logs(MASTER)[-3000:]}")
+        raise AssertionError(
+            f"training never passed step {step} in {timeout:g} s:\n{self.describe()}"
+        )
 
     def remove(self) -> None:
         for kind, index in self.pods:
@@ -105,7 +122,7 @@ def test_two_nodes_train_and_the_master_writes_the_model(
         assert container(job.job, MASTER)["command"][-1] == str(cfg)
         job.start()
         codes = {kind: job.wait(kind) for kind in (MASTER, WORKER)}
-        assert codes == {MASTER: 0, WORKER: 0}, job.logs(MASTER)[-3000:] + job.logs(WORKER)
+        assert codes == {MASTER: 0, WORKER: 0}, job.describe()
         start = next(r for r in history(cfg) if r["event"] == "start")
         assert start["world_size"] == 2
         model = cfg.parent / "model" / "model.safetensors"
@@ -132,7 +149,7 @@ def test_docker_stop_of_the_worker_is_retryable_and_a_rerun_resumes(
         job.wait_for_step(40)
         docker("stop", "--time", "30", job.name(WORKER), timeout=60)
         codes = {kind: job.wait(kind) for kind in (MASTER, WORKER)}
-        logs = job.logs(MASTER)[-2000:] + job.logs(WORKER)[-2000:]
+        logs = job.describe()
         assert all(code >= RETRYABLE_FROM for code in codes.values()), (codes, logs)
         assert codes[WORKER] == 143, logs  # SIGTERM: checkpoint, then 128 + 15
         resume_at = newest_checkpoint(cfg)
@@ -140,7 +157,7 @@ def test_docker_stop_of_the_worker_is_retryable_and_a_rerun_resumes(
         # What the operator does for exit codes >= 128: restart the pods, same names and env.
         job.start()
         codes = {kind: job.wait(kind) for kind in (MASTER, WORKER)}
-        assert codes == {MASTER: 0, WORKER: 0}, job.logs(MASTER)[-3000:]
+        assert codes == {MASTER: 0, WORKER: 0}, job.describe()
         restore = [r for r in history(cfg) if r["event"] == "restore"]
         assert restore and restore[0]["step"] == resume_at, restore
         assert (cfg.parent / "model" / "model.safetensors").exists()
@@ -155,5 +172,5 @@ def test_docker_kill_of_the_worker_makes_the_master_exit_retryable(
         job.wait_for_step(40)
         docker("kill", job.name(WORKER), timeout=60)
         codes = {kind: job.wait(kind, timeout=240) for kind in (MASTER, WORKER)}
-        assert codes[WORKER] == 137  # SIGKILL
-        assert codes[MASTER] == EXIT_PEER_LOST, job.logs(MASTER)[-3000:]
+        assert codes[WORKER] == 137, job.describe()  # SIGKILL
+        assert codes[MASTER] == EXIT_PEER_LOST, job.describe()
