@@ -10,10 +10,8 @@ if [[ ! -x /usr/bin/chromium ]]; then
     exit 3
   fi
   echo "==> apt-get install chromium" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  # Another apt-get (cluster-up's, docker-up's) may hold the lock for a while.
-  if ! { apt-get -o DPkg::Lock::Timeout=300 update -qq &&
-    apt-get -o DPkg::Lock::Timeout=300 install -y -qq chromium >/dev/null; }; then
+  # With its recommended packages, as before (their fonts draw the screenshots' text).
+  if ! "$(dirname "$0")/apt-install.sh" --with-recommends chromium; then
     echo "error: apt-get install chromium failed" >&2
     exit 3
   fi

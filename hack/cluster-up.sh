@@ -56,8 +56,7 @@ done
 [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
 if ((${#missing[@]})); then
   say "apt-get install ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } ||
+  "$(dirname "$0")/apt-install.sh" "${missing[@]}" ||
     cannot "could not install ${missing[*]} with apt-get"
 fi
 "$(dirname "$0")/docker-up.sh" >/dev/null || cannot "no Docker engine: the node's images are built with it"

@@ -29,9 +29,7 @@ command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 if ((${#missing[@]})); then
   step "installing ${missing[*]} (apt-get)"
   start=$SECONDS
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  "$(dirname "$0")/apt-install.sh" "${missing[@]}"
   step "installed in $((SECONDS - start)) s"
 fi
 # docker.io brings its own client (/usr/bin/docker); a newer one earlier on PATH wins, fine.

@@ -53,8 +53,7 @@ check_versions() {
 need_ipset() {
   command -v ipset >/dev/null 2>&1 && return 0
   say "apt-get install ipset"
-  { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ipset >/dev/null; } ||
+  "${CLUSTER_HACK}/../apt-install.sh" ipset ||
     cannot "${PIECE}: could not install ipset with apt-get (kube-router's policy controller runs it)"
 }
 
