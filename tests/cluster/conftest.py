@@ -58,7 +58,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 CI_TEST_ALLOWANCE_S = 300
-"""What one cluster test may take at most here (the longest, Katib's searches, take about 3 min)."""
+"""What one cluster test may take at most here, unless its ``ci_allowance`` marker says more
+(Katib's searches take about 3 min; its median-rule search, eight trials in a row, up to 10)."""
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
