@@ -30,14 +30,17 @@ def fake_apt(tmp_path: Path, body: str) -> Path:
     return log
 
 
-def install(tmp_path: Path, *args: str, wait_s: int = 30) -> subprocess.CompletedProcess[str]:
-    env = {
+def apt_env(tmp_path: Path) -> dict[str, str]:
+    """The fake apt-get first on PATH, the installers' lock file under tmp_path."""
+    return {
         **os.environ,
         "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
         "GPUPIPE_APT_LOCK": str(tmp_path / "apt.lock"),
-        "APT_LOCK_WAIT": str(wait_s),
-        "APT_LOCK_RETRY_S": "0.1",
     }
+
+
+def install(tmp_path: Path, *args: str, wait_s: int = 30) -> subprocess.CompletedProcess[str]:
+    env = apt_env(tmp_path) | {"APT_LOCK_WAIT": str(wait_s), "APT_LOCK_RETRY_S": "0.1"}
     return subprocess.run(
         [str(ROOT / "hack" / "apt-install.sh"), *args],
         env=env, capture_output=True, text=True, timeout=60, check=False,
@@ -86,11 +89,7 @@ def test_a_lock_held_past_the_deadline_fails_saying_so(tmp_path: Path) -> None:
 def test_our_installers_take_turns(tmp_path: Path) -> None:
     log = fake_apt(tmp_path, 'echo "begin $$" >> "$(dirname "$0")/../turns"; sleep 0.3\n'
                    'echo "end $$" >> "$(dirname "$0")/../turns"\n')  # fmt: skip
-    env = {
-        **os.environ,
-        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-        "GPUPIPE_APT_LOCK": str(tmp_path / "apt.lock"),
-    }
+    env = apt_env(tmp_path)
     script = str(ROOT / "hack" / "apt-install.sh")
     procs = [subprocess.Popen([script, pkg], env=env) for pkg in ("a", "b", "c")]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
