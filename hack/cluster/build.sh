@@ -19,7 +19,7 @@ go_build() {
   mkdir -p "$dir"
   say "go build ${pkg} -> ${dir}/${out}"
   (cd "${CLUSTER_HACK}/gomod/${moddir}" &&
-    go build -o "${dir}/${out}.tmp" -ldflags "-s -w ${ldflags}" "$pkg") ||
+    go_ build -o "${dir}/${out}.tmp" -ldflags "-s -w ${ldflags}" "$pkg") ||
     cannot "building ${name} ${version} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
   mv "${dir}/${out}.tmp" "${dir}/${out}"
 }

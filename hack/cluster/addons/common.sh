@@ -173,7 +173,7 @@ go_install() {
   mkdir -p "$dir"
   tmp="$(mktemp -d)"
   say "go install ${pkg} -> ${dir}/${out}"
-  GOBIN="$tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w ${ldflags}" "$pkg" ||
+  GOBIN="$tmp" CGO_ENABLED=0 go_ install -trimpath -ldflags "-s -w ${ldflags}" "$pkg" ||
     cannot "${piece}: building ${pkg} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
   mv "$tmp"/* "${dir}/${out}"
   rm -rf "$tmp"
@@ -190,7 +190,7 @@ go_build_wrapper() {
   mkdir -p "$dir"
   say "go build ${pkg} (hack/cluster/gomod/${moddir}) -> ${dir}/${out}"
   (cd "${CLUSTER_HACK}/gomod/${moddir}" &&
-    CGO_ENABLED=0 go build -trimpath -o "${dir}/${out}.tmp" -ldflags "-s -w ${ldflags}" "$pkg") ||
+    CGO_ENABLED=0 go_ build -trimpath -o "${dir}/${out}.tmp" -ldflags "-s -w ${ldflags}" "$pkg") ||
     cannot "${piece}: building ${pkg} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
   mv "${dir}/${out}.tmp" "${dir}/${out}"
   say "built ${out} in $((SECONDS - start)) s"
@@ -209,7 +209,7 @@ go_build_in_module() {
   src="$(go_module_dir "$piece" "$modver")"
   mkdir -p "$dir"
   say "go build ${pkg} (in ${modver}) -> ${dir}/${out}"
-  (cd "$src" && CGO_ENABLED=0 go build -trimpath -o "${dir}/${out}.tmp" -ldflags "-s -w" "$pkg") ||
+  (cd "$src" && CGO_ENABLED=0 go_ build -trimpath -o "${dir}/${out}.tmp" -ldflags "-s -w" "$pkg") ||
     cannot "${piece}: building ${pkg} from the Go module proxy failed (is the proxy reachable? go env GOPROXY)"
   mv "${dir}/${out}.tmp" "${dir}/${out}"
   say "built ${out} in $((SECONDS - start)) s"

@@ -107,8 +107,8 @@ build_kfp() {
   rm -rf "${dir}.tmp"
   mkdir -p "${dir}.tmp"
   say "go build ${pkgs[*]} ./backend/src/apiserver (KFP ${V}) -> ${dir}"
-  (cd "$SRC" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${dir}.tmp/" "${pkgs[@]}" &&
-    CGO_ENABLED=1 go build -trimpath -tags netgo,osusergo -ldflags '-s -w -extldflags "-static"' \
+  (cd "$SRC" && CGO_ENABLED=0 go_ build -trimpath -ldflags "-s -w" -o "${dir}.tmp/" "${pkgs[@]}" &&
+    CGO_ENABLED=1 go_ build -trimpath -tags netgo,osusergo -ldflags '-s -w -extldflags "-static"' \
       -o "${dir}.tmp/" ./backend/src/apiserver) ||
     cannot "${PIECE}: building KFP ${V} from ${SRC} failed (is the Go module proxy reachable? go env GOPROXY)"
   # go build names each binary after its package folder; the images use upstream's names.
@@ -142,7 +142,7 @@ build_argo() {
     read -r name bin pkg _ <<<"$s"
     [[ -x "${dir}/${bin}" ]] && continue
     say "go build ${pkg} (Argo v${AV}) -> ${dir}/${bin}"
-    (cd "$ARGO_SRC" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "${dir}/${bin}.tmp" "$pkg") ||
+    (cd "$ARGO_SRC" && CGO_ENABLED=0 go_ build -trimpath -ldflags "$ldflags" -o "${dir}/${bin}.tmp" "$pkg") ||
       cannot "${PIECE}: building Argo ${AV}'s ${bin} failed (is the Go module proxy reachable? go env GOPROXY)"
     mv "${dir}/${bin}.tmp" "${dir}/${bin}"
   done
