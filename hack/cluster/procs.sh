@@ -30,20 +30,26 @@ argv0() {
 # then it is this shell (its command line this shell's, which `running` would not take for
 # NAME), then `setsid COMMAND...` (which `ours` would take for it), then COMMAND. Returning at
 # setsid let must_run read the command line in the middle of COMMAND's exec, empty, and stop
-# the cluster with "exited at start" while the process ran (kube-router, twice).
+# the cluster with "exited at start" while the process ran (kube-router, twice). The wait is
+# by the clock, up to START_WAIT_S (default 120) seconds, then one line and status 1: a count of
+# 200 polls (10 s) ran out in a cold .ci/run, where a niced shell's child waited behind the
+# Kubernetes build for its exec, and start returned with the child still at setsid.
 start() {
-  local name="$1" pid i
+  local name="$1" pid deadline
   shift
   running "$name" && return 0
   mkdir -p "$RUN_DIR" "$LOG_DIR"
   setsid "$@" >>"${LOG_DIR}/${name}.log" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"${RUN_DIR}/${name}.pid"
-  for ((i = 0; i < 200; i++)); do
+  deadline=$((SECONDS + ${START_WAIT_S:-120}))
+  while ((SECONDS < deadline)); do
     ours "$pid" && [[ "$(argv0 "$pid")" != setsid ]] && return 0
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.05
   done
+  printf 'error: cluster: %s (pid %s) did not start %s within %d s\n' "$name" "$pid" "$1" "${START_WAIT_S:-120}" >&2
+  return 1
 }
 
 # why_not_running NAME: what became of NAME's process, for must_run's line: its exit status or

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bash(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
+def _bash(tmp_path: Path, script: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
     """Run SCRIPT after sourcing lib.sh and procs.sh with state and cache under tmp_path."""
     env = {
         **os.environ,
@@ -34,7 +34,7 @@ def _bash(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
         f"source {ROOT}/hack/cluster/procs.sh\n"
     )
     return subprocess.run(
-        ["bash", "-c", prelude + script], env=env, capture_output=True, text=True, timeout=60
+        ["bash", "-c", prelude + script], env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -63,8 +63,30 @@ def test_a_started_process_runs_at_once_and_stops(tmp_path: Path) -> None:
         for i in $(seq 1 40); do stop s$i; running s$i && exit 1; done
         echo ok
         """,
+        # A loaded machine (a cold .ci/run builds Kubernetes beside make test) delays each exec.
+        timeout=600,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_a_start_that_never_reaches_the_command_fails_in_one_line_after_its_wait(
+    tmp_path: Path,
+) -> None:
+    # A setsid that never execs the command: start waits START_WAIT_S by the clock, then says so.
+    out = _bash(
+        tmp_path,
+        """
+        setsid() { sleep 30; }
+        START_WAIT_S=1
+        if start stuck /bin/true; then echo "start returned 0"; fi
+        kill "$(cat "$RUN_DIR/stuck.pid")"
+        echo done
+        """,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "error: cluster: stuck (pid " in out.stderr, out.stderr
+    assert "did not start /bin/true within 1 s" in out.stderr, out.stderr
 
 
 def test_a_process_that_exits_is_named_with_its_exit_status_and_log(tmp_path: Path) -> None:
