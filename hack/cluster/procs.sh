@@ -27,24 +27,29 @@ argv0() {
 
 # start NAME COMMAND...: run it in its own session (it outlives this shell), log to logs/NAME.log.
 # Does nothing when NAME already runs. Returns once the child runs COMMAND, or has ended: until
-# then it is this shell (its command line this shell's, which `running` would not take for
-# NAME), then `setsid COMMAND...` (which `ours` would take for it), then COMMAND. Returning at
-# setsid let must_run read the command line in the middle of COMMAND's exec, empty, and stop
-# the cluster with "exited at start" while the process ran (kube-router, twice). The wait is
-# by the clock, up to START_WAIT_S (default 120) seconds, then one line and status 1: a count of
-# 200 polls (10 s) ran out in a cold .ci/run, where a niced shell's child waited behind the
-# Kubernetes build for its exec, and start returned with the child still at setsid.
+# then it is this shell (its command line this shell's), then `setsid COMMAND...`, then COMMAND.
+# Returning at setsid let must_run read the command line in the middle of COMMAND's exec, empty,
+# and stop the cluster with "exited at start" while the process ran (kube-router, twice). So the
+# child's first word is read until it is COMMAND's (or, for a command that re-executes itself,
+# anything but empty, setsid or this shell's). Not `ours` on the shell's command line: a shell
+# whose command line names the cluster's folders (a test's `bash -c`) passed it before its fork
+# had exec'd anything. The wait is by the clock, up to START_WAIT_S (default 120) seconds, then
+# one line and status 1: a count of 200 polls (10 s) ran out in a cold .ci/run, where a niced
+# shell's child waited behind the Kubernetes build for its exec.
 start() {
-  local name="$1" pid deadline
+  local name="$1" pid deadline first self
   shift
   running "$name" && return 0
   mkdir -p "$RUN_DIR" "$LOG_DIR"
+  self="$(argv0 "$$")"
   setsid "$@" >>"${LOG_DIR}/${name}.log" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"${RUN_DIR}/${name}.pid"
   deadline=$((SECONDS + ${START_WAIT_S:-120}))
   while ((SECONDS < deadline)); do
-    ours "$pid" && [[ "$(argv0 "$pid")" != setsid ]] && return 0
+    first="$(argv0 "$pid")"
+    [[ "$first" == "$1" ]] && return 0
+    [[ -n "$first" && "$first" != setsid && "$first" != "$self" ]] && return 0
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.05
   done

@@ -38,6 +38,13 @@ def _bash(tmp_path: Path, script: str, timeout: int = 60) -> subprocess.Complete
     )
 
 
+# A tool that, once ready, stays the same process (its command line the tool's, as a server's):
+# `exec sleep 30` there made it another program, which `running` rightly does not take for the
+# tool, and must_run failed whenever its ready check came just before the touch and its next
+# look just after the exec (twice in a loaded cold .ci/run).
+_STAY = "while :; do sleep 1; done\n"
+
+
 def _tool(tmp_path: Path, name: str, body: str) -> Path:
     """A program in the cluster's binary folder (what `ours` takes for the cluster's own)."""
     path = tmp_path / "cache" / "bin" / f"{name}-1" / name
@@ -112,7 +119,7 @@ def test_a_killed_process_with_an_empty_log_is_said_so(tmp_path: Path) -> None:
 
 def test_a_process_that_gets_ready_passes(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    tool = _tool(tmp_path, "slow", f"sleep 1\ntouch {ready}\nexec sleep 30\n")
+    tool = _tool(tmp_path, "slow", f"sleep 1\ntouch {ready}\n{_STAY}")
     script = f"start slow {tool}\nmust_run slow 20 test -e {ready}\nstop slow\necho ok"
     out = _bash(tmp_path, script)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
@@ -122,7 +129,7 @@ def test_one_read_of_not_running_is_not_believed(tmp_path: Path) -> None:
     """`running` reads NAME as not running once (as a command line read in the middle of an exec
     reads): must_run looks again before it calls the process ended, and waits it out."""
     ready = tmp_path / "ready"
-    tool = _tool(tmp_path, "flicker", f"sleep 1\ntouch {ready}\nexec sleep 30\n")
+    tool = _tool(tmp_path, "flicker", f"sleep 1\ntouch {ready}\n{_STAY}")
     script = f"""
     start flicker {tool}
     eval "real_$(declare -f running)"
