@@ -27,17 +27,14 @@ argv0() {
 
 # start NAME COMMAND...: run it in its own session (it outlives this shell), log to logs/NAME.log.
 # Does nothing when NAME already runs. Returns once the child runs COMMAND, or has ended: until
-# then it is this shell (its command line this shell's), then `setsid COMMAND...`, then COMMAND.
-# Returning at setsid let must_run read the command line in the middle of COMMAND's exec, empty,
-# and stop the cluster with "exited at start" while the process ran (kube-router, twice). So the
-# child's first word is read until it is COMMAND's (or, for a command that re-executes itself,
-# anything but empty, setsid or this shell's). Not `ours` on the shell's command line: a shell
-# whose command line names the cluster's folders (a test's `bash -c`) passed it before its fork
-# had exec'd anything. The wait is by the clock, up to START_WAIT_S (default 120) seconds, then
-# one line and status 1: a count of 200 polls (10 s) ran out in a cold .ci/run, where a niced
-# shell's child waited behind the Kubernetes build for its exec.
+# then it is this shell's fork, then `setsid COMMAND...`, then COMMAND, so its first word is read
+# until it is COMMAND's (or, for a command that re-executes itself, anything but empty, setsid or
+# this shell's). Returning earlier let must_run read the command line mid-exec, empty, and stop
+# the cluster with "exited at start" while the process ran (kube-router, twice). The wait is by
+# the clock, START_WAIT_S (default 120) seconds, then one line and status 1: under a cold
+# .ci/run's load a niced shell's child can wait many seconds for its exec.
 start() {
-  local name="$1" pid deadline first self
+  local name="$1" wait_s="${START_WAIT_S:-120}" pid deadline first self
   shift
   running "$name" && return 0
   mkdir -p "$RUN_DIR" "$LOG_DIR"
@@ -45,7 +42,7 @@ start() {
   setsid "$@" >>"${LOG_DIR}/${name}.log" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"${RUN_DIR}/${name}.pid"
-  deadline=$((SECONDS + ${START_WAIT_S:-120}))
+  deadline=$((SECONDS + wait_s))
   while ((SECONDS < deadline)); do
     first="$(argv0 "$pid")"
     [[ "$first" == "$1" ]] && return 0
@@ -53,7 +50,7 @@ start() {
     kill -0 "$pid" 2>/dev/null || return 0
     sleep 0.05
   done
-  printf 'error: cluster: %s (pid %s) did not start %s within %d s\n' "$name" "$pid" "$1" "${START_WAIT_S:-120}" >&2
+  printf 'error: cluster: %s (pid %s) did not start %s within %d s\n' "$name" "$pid" "$1" "$wait_s" >&2
   return 1
 }
 
