@@ -23,7 +23,16 @@ import pytest
 from tests.cluster import kfp, kube, test_kfp
 from tests.cluster.kfp import api, gpupipe
 from tests.cluster.test_kfp import host, table  # noqa: F401  (fixtures: the API, the demo table)
-from tests.cluster.ui import VIEWPORT, browser, page, screenshot, ui  # noqa: F401  (fixtures)
+from tests.cluster.ui import (  # noqa: F401  (fixtures: ui, browser, page, screenshot)
+    TIMEOUT_MS,
+    VIEWPORT,
+    browser,
+    lands_on,
+    page,
+    screenshot,
+    shot,
+    ui,
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -40,6 +49,9 @@ WIDE = {"width": 2880, "height": 1300}
 """The window for the evaluate step's plots beside the graph (they overflow 1920 pixels)."""
 DONE = "CheckCircleIcon"
 """The icon KFP's run graph puts on a node whose execution is COMPLETE (ExecutionNode.tsx)."""
+VERSION_PAGE = re.compile(r"#/pipelines/details/([^/]+)/version/([^/]+)$")
+RUN_PAGE = re.compile(r"#/runs/details/([0-9a-f-]+)$")
+RECURRING_PAGE = re.compile(r"#/recurringrun/details/([0-9a-f-]+)$")
 
 
 def _expect() -> Any:
@@ -59,11 +71,18 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def uploaded(ui: str, browser: Any, compiled: Path) -> dict[str, str]:  # noqa: F811
+def uploaded(
+    ui: str,  # noqa: F811
+    browser: Any,  # noqa: F811
+    compiled: Path,
+    request: pytest.FixtureRequest,
+) -> dict[str, str]:
     """The compiled YAML uploaded through the UI's "Upload pipeline" form under a new name; the
-    page it lands on is the pipeline's (its id and its first version's id from the URL)."""
+    page it lands on is the pipeline's (its id and its first version's id from the URL). When it
+    does not get there, what the page showed is saved as ``ui-upload-failed.png``."""
     name = kube.unique("gpupipe-ui")
-    context = browser.new_context()
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(TIMEOUT_MS)
     pg = context.new_page()
     try:
         pg.goto(f"{ui}/#/pipelines")
@@ -72,8 +91,11 @@ def uploaded(ui: str, browser: Any, compiled: Path) -> dict[str, str]:  # noqa: 
         pg.get_by_label("Upload a file").check()
         pg.locator("input[type=file]").set_input_files(str(compiled))
         pg.get_by_role("button", name="Create").click()
-        pg.wait_for_url(re.compile(r"#/pipelines/details/[^/]+/version/[^/]+$"))
-        pid, vid = re.findall(r"#/pipelines/details/([^/]+)/version/([^/]+)$", pg.url)[0]
+        url = lands_on(pg, VERSION_PAGE, f"uploading {compiled.name} as {name} in the UI")
+        pid, vid = VERSION_PAGE.findall(url)[0]
+    except Exception:
+        shot(pg, "ui-upload-failed", request)
+        raise
     finally:
         context.close()
     return {"name": name, "pipeline_id": pid, "version_id": vid}
@@ -199,8 +221,8 @@ def _create_run(at: InTheUI, params: dict[str, str], form_shot: bool = False) ->
     if form_shot:
         at.shot(at.page, "ui-create-run-form")
     at.page.locator("#startNewRunBtn").click()
-    at.page.wait_for_url(re.compile(r"#/runs/details/[0-9a-f-]+$"))
-    return str(re.findall(r"#/runs/details/([0-9a-f-]+)$", at.page.url)[0])
+    url = lands_on(at.page, RUN_PAGE, f"starting a run of {at.uploaded['name']} in the UI")
+    return str(RUN_PAGE.findall(url)[0])
 
 
 def _done_icon(pg: Any, task: str) -> Any:
@@ -399,8 +421,8 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(at: I
     }
     _fill_parameters(at.page, params)
     at.page.locator("#startNewRunBtn").click()
-    at.page.wait_for_url(re.compile(r"#/recurringrun/details/[0-9a-f-]+$"))
-    rid = re.findall(r"#/recurringrun/details/([0-9a-f-]+)$", at.page.url)[0]
+    url = lands_on(at.page, RECURRING_PAGE, f"creating the recurring run {name} in the UI")
+    rid = RECURRING_PAGE.findall(url)[0]
     try:
         # The API holds what the form set: the cron, one run at a time, no catch-up.
         made = api(at.host, "GET", f"/apis/v2beta1/recurringruns/{rid}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ VIEWPORT = {"width": 1920, "height": 1080}
 """Wide enough for the run page's side panel and the graph beside it."""
 TIMEOUT_MS = 30_000
 """Playwright's wait for one element or navigation (the UI's pages load in about a second)."""
+SUBMIT_S = 180
+"""The wait for a form the UI sends to the API server (an upload, a run, a recurring run) to land
+on its new page: the server's answer, not the page, takes the time when the other stream's step
+pods hold both of this node's cores."""
 
 
 def unavailable() -> str | None:
@@ -113,3 +118,25 @@ def shot(page: Any, name: str, request: pytest.FixtureRequest) -> Path:
 def screenshot(request: pytest.FixtureRequest) -> Callable[[Any, str], Path]:
     """``screenshot(page, name)``: :func:`shot` bound to this test."""
     return lambda pg, name: shot(pg, name, request)
+
+
+def lands_on(pg: Any, pattern: re.Pattern[str], what: str, wait_s: float = SUBMIT_S) -> str:
+    """Wait after a form's submission until the page's URL matches PATTERN; that URL.
+
+    The UI answers a refused submission with a dialog (its title and the API server's reason):
+    that fails at once with the dialog's text, in one line. A submission that neither lands nor is
+    refused in WAIT_S fails naming WHAT, where the page still is and what it shows."""
+    deadline = time.monotonic() + wait_s
+    dialog = pg.get_by_role("dialog")
+    while True:
+        if pattern.search(pg.url):
+            return str(pg.url)
+        if dialog.count() and dialog.first.is_visible():
+            said = " ".join(dialog.first.inner_text().split())
+            raise AssertionError(f"{what}: the UI refused it: {said}")
+        if time.monotonic() > deadline:
+            shows = " ".join(pg.locator("body").inner_text().split())[:600]
+            raise AssertionError(
+                f"{what}: no answer in {wait_s:.0f} s; the page is still {pg.url}, showing: {shows}"
+            )
+        pg.wait_for_timeout(250)
