@@ -206,6 +206,9 @@ class ExperimentScenario:
     it); ``Failed``: fails once the trials are done; ``None``: runs forever."""
     reason: str = "ExperimentFailed"
     message: str = "Experiment has failed because max failed count has reached"
+    min_reads: int = 0
+    """The Experiment runs on (no trial ends it) until it has been read this many times: a
+    launcher's calls made every few polls happen whatever the machine's load."""
 
 
 @dataclass
@@ -214,6 +217,7 @@ class _Experiment:
     scenario: ExperimentScenario
     created: float
     gone_at: float | None = None
+    reads: int = 0
 
     @property
     def name(self) -> str:
@@ -236,7 +240,7 @@ class _Experiment:
 
     def finish_at(self) -> float | None:
         sc = self.scenario
-        if sc.outcome is None:
+        if sc.outcome is None or self.reads < sc.min_reads:
             return None
         plans = self.plans()
         ends = sorted(end for *_, end in plans)
@@ -984,6 +988,7 @@ class FakeKubeApi:
             if exp is None:
                 raise _HttpError(404, f'experiments.kubeflow.org "{name}" not found')
             if method == "GET":
+                exp.reads += 1
                 return self._json(200, self._render_experiment(exp, now))
             if method == "DELETE":
                 del self._experiments[(ns, name)]

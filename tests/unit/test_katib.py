@@ -23,7 +23,7 @@ from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi, RetryPolicy
 from trainer.launch.owners import PodRef
 from trainer.launch.pytorchjob import build_pytorchjob
-from trainer.launch.watch import LaunchCancelled
+from trainer.launch.watch import REFUSAL_CHECK_POLLS, LaunchCancelled
 from trainer.tune.katib import (
     KATIB_API_CALLS,
     KatibLauncher,
@@ -381,8 +381,10 @@ def test_katib_api_calls_lists_exactly_the_calls_the_launcher_makes(
     with pytest.raises(RuntimeError):
         launcher(api).run(experiment(space), space, timeout_s=10)  # create, get, list, delete
     fake.experiment_scenario = ExperimentScenario()
-    # Still running when adopted (the pod and run look-ups come first).
-    fake.add_experiment(experiment(space), scenario=ExperimentScenario(trial_s=0.2))
+    # Still running when adopted (the pod and run look-ups come first), and for as many polls as
+    # it takes the wait to look for refused pods (events), however slow the machine is.
+    reads = REFUSAL_CHECK_POLLS + 1
+    fake.add_experiment(experiment(space), scenario=ExperimentScenario(min_reads=reads))
     fake.add_kfp_step_pod(POD.name, "run-wf", namespace=NS)  # its pod, the run that owns it
     launcher(api, own_pod=POD).run(experiment(space), space, timeout_s=10)  # patch
     # get on a trial: the launcher reads the best trial from it when the status lacks values
