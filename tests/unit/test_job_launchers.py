@@ -124,16 +124,25 @@ def waits() -> list[float]:
     return []
 
 
-@pytest.fixture
-def api(fake: FakeKubeApi, waits: list[float]) -> KubeApi:
+REQUEST_TIMEOUT_S = 10.0
+"""The tests' client gives up on a request after this: only a hung request should, never one
+slowed by a loaded machine (a timed-out request is retried, and a retry is what tests count)."""
+
+
+def make_api(fake: FakeKubeApi, waits: list[float], request_timeout_s: float) -> KubeApi:
     cfg = client.Configuration(host=fake.url)
     cfg.retries = False
     return KubeApi(
         client.ApiClient(cfg),
         retry=RetryPolicy(attempts=4, backoff_s=0.01, max_backoff_s=0.02),
-        request_timeout_s=0.5,
+        request_timeout_s=request_timeout_s,
         sleep=waits.append,
     )
+
+
+@pytest.fixture
+def api(fake: FakeKubeApi, waits: list[float]) -> KubeApi:
+    return make_api(fake, waits, REQUEST_TIMEOUT_S)
 
 
 @pytest.fixture
@@ -758,11 +767,15 @@ def test_a_job_still_being_deleted_is_created_anew_once_gone(
 
 
 def test_a_create_that_timed_out_is_retried_without_a_second_job(
-    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+    fake: FakeKubeApi, waits: list[float]
 ) -> None:
-    fake.delay("POST", r"/pytorchjobs$", 1.0)  # longer than the client's 0.5 s timeout
+    # The client gives up on the create after 2 s, the server makes the job only after 8 s: the
+    # retry makes it first. Each margin is wide: a request slowed by a loaded machine must not
+    # time out too (a third create), nor a starved client miss its timeout (no retry at all).
+    api = make_api(fake, waits, request_timeout_s=2.0)
+    fake.delay("POST", r"/pytorchjobs$", 8.0)
 
-    launch(pytorchjob_launcher())
+    launch(PyTorchJobLauncher(namespace=NS, cluster=CLUSTER, api=api, poll_s=0.05))
 
     assert len(fake.calls("POST")) == 2
     assert fake.created == [REF]
