@@ -97,6 +97,10 @@ class Scenario:
     """(type, reason, message) events about the master pod, emitted as it is created."""
     job_events: list[tuple[str, str, str]] = field(default_factory=list)
     """(type, reason, message) events about the job itself (the operator's), at its creation."""
+    min_reads: int = 0
+    """The job runs on (its outcome does not arrive) until it has been read (``GET``) this many
+    times: what a launcher must see of a running job, or does every few polls, happens whatever
+    the machine's load."""
 
     def finish_at(self) -> float:
         if self.finish_s is not None:
@@ -138,6 +142,7 @@ class _Job:
     frozen_at: float | None = None
     gone_at: float | None = None
     resumed: bool = False
+    reads: int = 0
 
     @property
     def kind(self) -> str:
@@ -175,7 +180,9 @@ class _Job:
 
     def finished(self, now: float) -> bool:
         sc = self.scenario
-        return sc.outcome is not None and self.age(now) >= sc.finish_at()
+        if sc.outcome is None or self.reads < sc.min_reads:
+            return False
+        return self.age(now) >= sc.finish_at()
 
 
 @dataclass(kw_only=True)
@@ -526,6 +533,7 @@ class FakeKubeApi:
                 if job is None or job.kind != kind:
                     raise _HttpError(404, f'{resource} "{name}" not found')
                 if method == "GET":
+                    job.reads += 1
                     return self._json(200, self._render(job, now))
                 if method == "DELETE":
                     del self._jobs[(ns, name)]
@@ -757,7 +765,7 @@ class FakeKubeApi:
         if job.frozen_at is not None and not job.finished(now):
             return None  # Suspended: the operator deleted the pods.
         age, sc = job.age(now), job.scenario
-        if sc.outcome is not None and age >= sc.finish_at():
+        if job.finished(now):
             code = sc.exit_code if sc.exit_code is not None else int(sc.outcome == "Failed")
             phase, state = (
                 "Succeeded" if code == 0 else "Failed",

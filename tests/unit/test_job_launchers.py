@@ -35,7 +35,7 @@ from trainer.launch.kube import (
 from trainer.launch.owners import PodRef
 from trainer.launch.pytorchjob import PyTorchJobLauncher, job_state
 from trainer.launch.trainjob import MANAGER, TrainJobLauncher, trainjob_state
-from trainer.launch.watch import LaunchCancelled
+from trainer.launch.watch import REFUSAL_CHECK_POLLS, LaunchCancelled
 
 NS = "team-a"
 JOB = job_name("run-0f3c9a", "train")
@@ -555,7 +555,8 @@ def test_a_run_that_cannot_be_watched_is_said_and_the_sigterm_path_remains(
 @pytest.mark.parametrize(
     ("scenario", "age_s", "fails"),
     [
-        (Scenario(lines=LINES, line_every_s=0.1), 0.4, False),
+        # Running when adopted and for a poll after, however slowly the test gets there.
+        (Scenario(lines=LINES, line_every_s=0.1, min_reads=3), 0.4, False),
         (Scenario(lines=LINES), 3600, False),
         (Scenario(lines=LINES, outcome="Failed"), 3600, True),
     ],
@@ -671,10 +672,10 @@ def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
     fake.scenario = _failed(kind)
     with pytest.raises(RuntimeError):
         launch(launcher())  # create, get, list pods, log, events, delete
-    # Still running when adopted (1.7 s of its 1.9 s left, however slowly the test gets there):
-    # a finished job is only read, never patched.
-    fake.scenario = Scenario(lines=LINES, line_every_s=0.3)
-    fake.add_job(JOB, age_s=0.2, kind=kind.name)  # type: ignore[arg-type]
+    # Still running when adopted, however slowly the test gets there (the pod and run look-ups
+    # come first): a finished job is only read, never patched.
+    running = Scenario(lines=LINES, min_reads=2)
+    fake.add_job(JOB, scenario=running, kind=kind.name)  # type: ignore[arg-type]
     fake.add_kfp_step_pod(POD.name, "run-wf")  # its own pod, then the run that owns it
     launch(launcher(own_pod=POD))  # adopt: patch the ownerReference
 
@@ -740,20 +741,24 @@ def test_a_trainjob_whose_jobset_a_webhook_denies_fails_at_once_and_is_deleted(
 ) -> None:
     # Seen on the test cluster: Trainer admitted the TrainJob, JobSet's webhook denied its
     # JobSet, and Trainer retried forever: the TrainJob stayed without pods.
-    fake.scenario = Scenario(
-        outcome=None, job_events=[("Warning", "TrainJobResourcesCreationFailed", message)]
-    )
+    events = [("Warning", "TrainJobResourcesCreationFailed", message)]
     launcher = TrainJobLauncher(namespace=NS, cluster=CLUSTER, api=api, poll_s=0.05)
 
     if refused:
+        fake.scenario = Scenario(outcome=None, job_events=events)
         with pytest.raises(InputError) as info:
             launch(launcher)
         assert info.value.code == "E_JOB_REFUSED"
         assert "pod names generated for this JobSet will exceed 63 characters" in str(info.value)
         assert fake.trainjob(JOB) is None, "the refused TrainJob was left behind"
     else:
-        with pytest.raises(TimeoutError):
-            launch(launcher, timeout_s=1)
+        # It runs on for as many polls as it takes the wait to read its events, however slowly
+        # the machine polls, then succeeds: the wait read them and went on.
+        fake.scenario = Scenario(job_events=events, min_reads=REFUSAL_CHECK_POLLS + 1)
+        launch(launcher)
+        assert fake.calls("GET", "/events$"), "the wait never looked for a refusal"
+        job = fake.trainjob(JOB)
+        assert job is not None and trainjob_state(job) == "Succeeded"
 
 
 def test_a_job_still_being_deleted_is_created_anew_once_gone(
