@@ -370,7 +370,7 @@ def test_sigterm_deletes_the_job_and_fails_the_step(
     fake.scenario = Scenario(lines=LINES, outcome=None)
 
     def cancel_once_streaming() -> None:
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60
         while not fake.calls("GET", "/log$") and time.monotonic() < end:
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -383,15 +383,17 @@ def test_sigterm_deletes_the_job_and_fails_the_step(
     assert signal.getsignal(signal.SIGTERM) is sigterm_guard
 
 
-def _sigterm_once_streaming(fake: FakeKubeApi) -> None:
+def _sigterm_once_streaming(fake: FakeKubeApi, first: Callable[[], None] | None = None) -> None:
     """SIGTERM this process (the launcher's step) once the job's log is being streamed (a log
-    read beyond those made so far)."""
+    read beyond those made so far); ``first`` is done just before."""
     before = len(fake.calls("GET", "/log$"))
 
     def cancel() -> None:
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60
         while len(fake.calls("GET", "/log$")) <= before and time.monotonic() < end:
             time.sleep(0.02)
+        if first is not None:
+            first()
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=cancel, daemon=True).start()
@@ -422,15 +424,21 @@ def test_a_kfp_step_keeps_its_job_for_the_retry_only_while_its_run_goes_on(
     workflow = fake.add_kfp_step_pod(POD.name, "run-wf")
     fake.fail("GET", r"/workflows$", 403)
     fake.scenario = Scenario(lines=LINES, outcome=None)
-    _sigterm_once_streaming(fake)
     if run is None:
-        # Deleted between the start (which saw it) and the SIGTERM.
-        threading.Timer(0.05, lambda: fake.workflows.clear()).start()
+        # Deleted between the start (which saw it: the log streams) and the SIGTERM.
+        def delete_the_run() -> None:
+            with fake._lock:
+                fake.workflows.clear()
+
+        _sigterm_once_streaming(fake, first=delete_the_run)
     else:
         workflow["spec"].update(run)
+        _sigterm_once_streaming(fake)
     with pytest.raises(LaunchCancelled) as cancelled:
         launch(launcher(own_pod=POD), timeout_s=None)
 
+    (create,) = fake.calls("POST")  # the start saw the run: the job was made for it
+    assert "run-wf" in {o["name"] for o in create.body["metadata"]["ownerReferences"]}
     job = kind.get(fake)
     if not kept:
         assert job is None and "deleted (on_exit=delete)" in str(cancelled.value)
@@ -490,7 +498,7 @@ def test_a_kfp_step_stops_its_job_as_soon_as_its_run_stops_without_waiting_for_a
     fake.scenario = Scenario(lines=LINES, outcome=None)
 
     def stop_the_run() -> None:
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60
         while not fake.calls("GET", "/log$") and time.monotonic() < end:
             time.sleep(0.02)  # the job runs, its log streams
         with fake._lock:
@@ -527,9 +535,15 @@ def test_a_run_that_goes_on_is_followed_across_ended_watches_until_it_stops(
     try:
         time.sleep(0.3)
         workflow["status"] = {"phase": "Running", "progress": "3/7"}  # a change; it goes on
-        assert not follower.stopped.wait(1.5)  # past the end of the first watch
+        # Past the end of the first watch: the follower opened another, however late the first
+        # one came and ended on a loaded machine (a fixed sleep could end before it did).
+        end = time.monotonic() + 60
+        while len(fake.calls("GET", r"/workflows$")) < 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert len(fake.calls("GET", r"/workflows$")) >= 2, "the first watch never ended"
+        assert not follower.stopped.is_set()
         workflow["spec"]["activeDeadlineSeconds"] = 0
-        assert follower.stopped.wait(5)
+        assert follower.stopped.wait(60)
     finally:
         follower.close()
     assert follower.why == "its run run-wf is being terminated"
