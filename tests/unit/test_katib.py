@@ -240,7 +240,8 @@ def api(fake: FakeKubeApi) -> KubeApi:
     return KubeApi(
         client.ApiClient(cfg),
         retry=RetryPolicy(attempts=3, backoff_s=0.01, max_backoff_s=0.02),
-        request_timeout_s=0.5,
+        # Only a hung request should time out (and be retried), never one a loaded machine slowed.
+        request_timeout_s=10,
         sleep=lambda s: None,
     )
 
@@ -312,8 +313,9 @@ def test_a_failed_experiment_fails_the_step(fake: FakeKubeApi, api: KubeApi) -> 
 def test_deadline_deletes_the_experiment(fake: FakeKubeApi, api: KubeApi) -> None:
     fake.experiment_scenario = ExperimentScenario(outcome=None, trial_s=60)
     space = small_space()
-    with pytest.raises(TimeoutError, match=rf"{NAME} did not finish within 0.3 s"):
-        launcher(api).run(experiment(space), space, timeout_s=0.3)
+    # 2 s: time for a loaded machine to create the Experiment before the deadline.
+    with pytest.raises(TimeoutError, match=rf"{NAME} did not finish within 2 s"):
+        launcher(api).run(experiment(space), space, timeout_s=2)
     assert fake.experiment(NAME) is None
     assert fake.calls("DELETE", "/experiments/")
 
@@ -322,15 +324,15 @@ def test_keep_on_exit_leaves_it(fake: FakeKubeApi, api: KubeApi) -> None:
     fake.experiment_scenario = ExperimentScenario(outcome=None, trial_s=60)
     space = small_space()
     with pytest.raises(TimeoutError, match="kubectl delete experiment"):
-        launcher(api, on_exit="keep").run(experiment(space), space, timeout_s=0.2)
+        launcher(api, on_exit="keep").run(experiment(space), space, timeout_s=2)  # as above
     assert fake.experiment(NAME) is not None
 
 
 def test_a_retry_reattaches_and_adds_its_owner(fake: FakeKubeApi, api: KubeApi) -> None:
     space = small_space()
     # Still running when adopted (a finished one is only read, not patched), however slowly
-    # this test's process gets to it: 4 trials of 0.5 s, 2 at a time.
-    fake.add_experiment(experiment(space), scenario=ExperimentScenario(trial_s=0.5), age_s=0.02)
+    # this test's process gets to it: it runs on until read twice.
+    fake.add_experiment(experiment(space), scenario=ExperimentScenario(min_reads=2))
     result = launcher(api, own_pod=POD).run(experiment(space), space, timeout_s=10)
     assert fake.created_experiments == []
     assert result.trials["succeeded"] == 4
@@ -353,12 +355,28 @@ def test_sigterm_deletes_the_experiment(fake: FakeKubeApi, api: KubeApi) -> None
     import os
     import signal
     import threading
+    import time
 
     fake.experiment_scenario = ExperimentScenario(outcome=None, trial_s=60)
     space = small_space()
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    with pytest.raises(LaunchCancelled, match="cancelled"):
-        launcher(api).run(experiment(space), space, timeout_s=10)
+
+    def cancel_once_created() -> None:
+        # Not after a fixed time: a loaded machine's launcher may not have its SIGTERM handler
+        # yet (the signal would end pytest), or the Experiment may not exist yet.
+        end = time.monotonic() + 60
+        while not fake.calls("POST", "/experiments$") and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stray: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stray.append(signum))
+    try:
+        threading.Thread(target=cancel_once_created, daemon=True).start()
+        with pytest.raises(LaunchCancelled, match="cancelled"):
+            launcher(api).run(experiment(space), space, timeout_s=60)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stray == [], "SIGTERM arrived outside the launcher"
     assert fake.experiment(NAME) is None
 
 
