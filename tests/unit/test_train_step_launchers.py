@@ -299,7 +299,7 @@ def api(fake: FakeKubeApi) -> KubeApi:
     return KubeApi(
         client.ApiClient(cfg),
         retry=RetryPolicy(attempts=2, backoff_s=0.01, max_backoff_s=0.02),
-        request_timeout_s=2.0,
+        request_timeout_s=10.0,  # only a hung request times out, not one a loaded machine slowed
         sleep=lambda s: None,
     )
 
