@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -367,6 +366,14 @@ def _serve_wheel(
     tmp_path: Path, wheel: Path, port: int, wait: int = 900
 ) -> subprocess.CompletedProcess[str]:
     """``serve_wheel`` of hack/build-images.sh, run alone in ``tmp_path`` (its own pin file)."""
+    return subprocess.run(
+        _serve_wheel_cmd(wheel, port, wait), cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _serve_wheel_cmd(wheel: Path, port: int, wait: int = 900) -> list[str]:
+    """The command of :func:`_serve_wheel`."""
     script = (ROOT / "hack" / "build-images.sh").read_text()
     functions = "\n".join(
         script[script.index(f"{name}() {{") :].split("\n}\n", 1)[0] + "\n}"
@@ -379,10 +386,7 @@ trap '[[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null' EXIT
 GPUPIPE_WHEEL_PORT={port} GPUPIPE_WHEEL_WAIT={wait} serve_wheel {wheel}
 curl -sf "$served_index/torch/"
 """
-    return subprocess.run(
-        ["bash", "-c", body], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        check=False,
-    )  # fmt: skip
+    return ["bash", "-c", body]
 
 
 @pytest.fixture
@@ -426,12 +430,15 @@ def _occupy(port: int, folder: Path, index: str) -> subprocess.Popen[bytes]:
          str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    for _ in range(100):
+    deadline = time.monotonic() + 60  # a loaded machine may take seconds to start Python
+    while server.poll() is None and time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
+                return server
         time.sleep(0.05)
-    return server
+    server.kill()
+    server.wait()
+    pytest.fail(f"no server answered on port {port} (it exited {server.returncode})")
 
 
 def test_a_wheel_server_that_is_not_ours_is_refused(tmp_path: Path, wheel: Path) -> None:
@@ -454,15 +461,26 @@ def test_a_build_waits_for_another_builds_wheel_server_to_end(tmp_path: Path, wh
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     index = f'<a href="{wheel.name}#sha256={digest}">{wheel.name}</a>'
     other = _occupy(port, tmp_path / "other-build", index)
-    threading.Timer(3, other.terminate).start()
+    build = subprocess.Popen(
+        _serve_wheel_cmd(wheel, port), cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        out = _serve_wheel(tmp_path, wheel, port)
+        assert build.stdout is not None
+        # The other build ends once this one waits for it (not after a fixed time: a loaded
+        # machine's build could look at the port only after the other had ended).
+        waiting = build.stdout.readline()
+        other.terminate()
+        rest, err = build.communicate(timeout=60)
     finally:
         other.terminate()
         other.wait(timeout=10)
-    assert out.returncode == 0, out.stderr
-    assert f"another gpupipe image build serves the wheel on 127.0.0.1:{port}" in out.stdout
-    assert f'href="{wheel.name}#sha256={digest}"' in out.stdout  # then its own index
+        if build.poll() is None:
+            build.kill()
+            build.wait()
+    assert build.returncode == 0, err
+    assert f"another gpupipe image build serves the wheel on 127.0.0.1:{port}" in waiting
+    assert f'href="{wheel.name}#sha256={digest}"' in rest  # then its own index
 
 
 def test_a_build_waits_for_another_build_only_so_long(tmp_path: Path, wheel: Path) -> None:
