@@ -62,7 +62,7 @@ def run_subprocess(*args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # a Python importing torch: seconds of CPU, 20x that on a loaded machine
         cwd=ROOT,
     )
 
@@ -224,7 +224,7 @@ def test_unreachable_rendezvous_store_is_a_retryable_lost_peer(
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # a Python importing torch: seconds of CPU, 20x that on a loaded machine
         cwd=ROOT,
     )
     assert proc.returncode == EXIT_PEER_LOST, proc.stderr[-2000:]
@@ -285,7 +285,7 @@ def test_a_worker_whose_peers_are_gone_still_exits_with_its_code(
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a Python importing torch: seconds of CPU, 20x that on a loaded machine
         cwd=ROOT,
     )
     assert proc.returncode == 143, proc.stderr[-2000:]
