@@ -3,7 +3,8 @@
 # (hack/cluster-up.sh), in the order and streams .ci/run uses:
 #
 #   hack/cluster-tests.sh          every cluster test: all but KFP's in one stream, then KFP's
-#   hack/cluster-tests.sh kfp      KFP's only, in two streams (.ci/run's stage 3)
+#   hack/cluster-tests.sh kfp      KFP's only, in two streams (.ci/run's stage 3, which runs
+#                                  beside its stage 2: side by side they fit, measured there)
 #
 # KFP's tests run in two streams: the UI's and the recurring run's (about 650 and 250 s warm)
 # beside the API's others (about 900 s); measured 2026-11-27, 652 s beside 1118 s where one after

@@ -180,7 +180,7 @@ def test_cluster_down_knows_the_chain_and_ipset_names_kube_router_makes() -> Non
 def test_network_policy_is_enforced_by_default_and_in_ci_before_the_tests_it_guards() -> None:
     """The first add-on of cluster-up's default list (every later pod starts under the
     policies); in .ci/run, the first of the group installed before stage 2, whose tests (the
-    NetworkPolicy tests among them) and stage 3's (KFP's runs) run under it."""
+    NetworkPolicy tests among them) and stage 3's beside them (KFP's runs) run under it."""
     text = (ROOT / "hack" / "cluster-up.sh").read_text()
     (found,) = re.findall(r'^addons="\$\{GPUPIPE_CLUSTER_ADDONS-([^}]*)\}"$', text, re.M)
     assert found.split()[0] == "network-policy", found
@@ -190,9 +190,10 @@ def test_network_policy_is_enforced_by_default_and_in_ci_before_the_tests_it_gua
 
 
 def test_the_database_policy_test_runs_where_kfps_database_is() -> None:
-    """KFP's MySQL comes with the kfp add-on, installed after stage 2 in .ci/run: a NetworkPolicy
-    test that probes it must be one of KFP's (``-k kfp``, stage 3 and the KFP stream), or stage
-    2 skips it for want of the database and no stage runs it (as 3001b61's CI did)."""
+    """KFP's MySQL comes with the kfp add-on, installed in .ci/run once built, after stage 2's
+    tests started: a NetworkPolicy test that probes it must be one of KFP's (``-k kfp``, stage 3
+    and the KFP stream), or stage 2 skips it for want of the database and no stage runs it (as
+    3001b61's CI did)."""
     source = (ROOT / "tests" / "cluster" / "test_networkpolicy.py").read_text()
     tree = ast.parse(source)
     needs_kfp = [
