@@ -463,6 +463,18 @@ class FakeKubeApi:
         with self._lock:
             return [r for r in self.requests if r.method == method and re.search(path, r.path)]
 
+    def wait_for_calls(
+        self, method: str, path: str = "", count: int = 1, timeout: float = 60
+    ) -> bool:
+        """Wait until ``count`` requests match (as :meth:`calls`), for ``timeout`` s at most;
+        whether they did. Tests wait on what a client did, never on the clock."""
+        end = time.monotonic() + timeout
+        while len(self.calls(method, path)) < count:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        return True
+
     # Serving
 
     def handle(

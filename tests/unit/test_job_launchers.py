@@ -370,9 +370,7 @@ def test_sigterm_deletes_the_job_and_fails_the_step(
     fake.scenario = Scenario(lines=LINES, outcome=None)
 
     def cancel_once_streaming() -> None:
-        end = time.monotonic() + 60
-        while not fake.calls("GET", "/log$") and time.monotonic() < end:
-            time.sleep(0.02)
+        fake.wait_for_calls("GET", "/log$")
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=cancel_once_streaming, daemon=True).start()
@@ -389,9 +387,7 @@ def _sigterm_once_streaming(fake: FakeKubeApi, first: Callable[[], None] | None 
     before = len(fake.calls("GET", "/log$"))
 
     def cancel() -> None:
-        end = time.monotonic() + 60
-        while len(fake.calls("GET", "/log$")) <= before and time.monotonic() < end:
-            time.sleep(0.02)
+        fake.wait_for_calls("GET", "/log$", count=before + 1)
         if first is not None:
             first()
         os.kill(os.getpid(), signal.SIGTERM)
@@ -498,9 +494,7 @@ def test_a_kfp_step_stops_its_job_as_soon_as_its_run_stops_without_waiting_for_a
     fake.scenario = Scenario(lines=LINES, outcome=None)
 
     def stop_the_run() -> None:
-        end = time.monotonic() + 60
-        while not fake.calls("GET", "/log$") and time.monotonic() < end:
-            time.sleep(0.02)  # the job runs, its log streams
+        fake.wait_for_calls("GET", "/log$")  # the job runs, its log streams
         with fake._lock:
             if stop is None:
                 fake.workflows.clear()
@@ -537,10 +531,7 @@ def test_a_run_that_goes_on_is_followed_across_ended_watches_until_it_stops(
         workflow["status"] = {"phase": "Running", "progress": "3/7"}  # a change; it goes on
         # Past the end of the first watch: the follower opened another, however late the first
         # one came and ended on a loaded machine (a fixed sleep could end before it did).
-        end = time.monotonic() + 60
-        while len(fake.calls("GET", r"/workflows$")) < 2 and time.monotonic() < end:
-            time.sleep(0.02)
-        assert len(fake.calls("GET", r"/workflows$")) >= 2, "the first watch never ended"
+        assert fake.wait_for_calls("GET", r"/workflows$", count=2), "the first watch never ended"
         assert not follower.stopped.is_set()
         workflow["spec"]["activeDeadlineSeconds"] = 0
         assert follower.stopped.wait(60)

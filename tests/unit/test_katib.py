@@ -355,7 +355,6 @@ def test_sigterm_deletes_the_experiment(fake: FakeKubeApi, api: KubeApi) -> None
     import os
     import signal
     import threading
-    import time
 
     fake.experiment_scenario = ExperimentScenario(outcome=None, trial_s=60)
     space = small_space()
@@ -363,9 +362,7 @@ def test_sigterm_deletes_the_experiment(fake: FakeKubeApi, api: KubeApi) -> None
     def cancel_once_created() -> None:
         # Not after a fixed time: a loaded machine's launcher may not have its SIGTERM handler
         # yet (the signal would end pytest), or the Experiment may not exist yet.
-        end = time.monotonic() + 60
-        while not fake.calls("POST", "/experiments$") and time.monotonic() < end:
-            time.sleep(0.02)
+        fake.wait_for_calls("POST", "/experiments$")
         os.kill(os.getpid(), signal.SIGTERM)
 
     stray: list[int] = []
