@@ -35,6 +35,8 @@ BACKOFF_S = 1.0
 """First wait between retries of a 5xx answer and between polls of a run; grows 1.5x."""
 MAX_POLL_S = 15.0
 """The longest wait between two polls of a run."""
+MODE_SETTLE_S = 60.0
+"""How long ``set_schedule`` waits for KFP to read back a recurring run's new mode."""
 _FILTER_EQUALS = 1
 """``V2beta1PredicateOperation.EQUALS`` as ``kfp.Client`` sends it in list filters."""
 
@@ -513,13 +515,48 @@ class KfpCluster:
         return str(made.recurring_run_id)
 
     def set_schedule(self, recurring_run_id: str, action: str) -> None:
-        """``enable``, ``disable`` or ``delete`` a recurring run."""
+        """``enable``, ``disable`` or ``delete`` a recurring run.
+
+        KFP 2.17 answers enable and disable once it has patched the ScheduledWorkflow (what
+        schedules) and its own table; its persistence agent then copies the ScheduledWorkflow back
+        into that table, and a copy read before the patch puts the old mode back there for a while
+        (CI, 5ccea30: ``DISABLE`` read just after an enable). So this returns once KFP reads back
+        the new mode, and a ``--list`` just after shows it.
+
+        Raises:
+            ClusterError: ``E_MODE`` when KFP still reads the old mode after ``MODE_SETTLE_S``.
+        """
         fn = {
             "enable": self.recurring.recurring_run_service_enable_recurring_run,
             "disable": self.recurring.recurring_run_service_disable_recurring_run,
             "delete": self.recurring.recurring_run_service_delete_recurring_run,
         }[action]
         self._call(f"{action} recurring run {recurring_run_id}", fn, recurring_run_id)
+        if action == "delete":
+            return
+        want = action.upper()
+        deadline = time.monotonic() + MODE_SETTLE_S
+        delay = self.backoff_s / 4
+        while True:
+            got = self._call(
+                f"get recurring run {recurring_run_id}",
+                self.recurring.recurring_run_service_get_recurring_run,
+                recurring_run_id,
+            )
+            mode = str(got.mode or "")
+            left = deadline - time.monotonic()
+            if mode == want:
+                return
+            if left <= 0:
+                raise ClusterError(
+                    "E_MODE",
+                    f"KFP accepted '{action}' for recurring run {recurring_run_id} but still "
+                    f"reads it as {mode or 'no mode'} after {MODE_SETTLE_S:g} s: check "
+                    f"{self.recurring_run_link(recurring_run_id)} and the ml-pipeline-"
+                    "persistenceagent's log",
+                )
+            self.sleep(min(delay, left))
+            delay = min(delay * 1.5, self.max_poll_s)
 
 
 _PENDING_AS_USUAL = frozenset({"ContainerCreating", "PodInitializing"})

@@ -143,6 +143,22 @@ def wait_run(host: str, run_id: str, timeout: float = RUN_TIMEOUT_S) -> dict[str
     return kube.wait_until(f"run {run_id} to finish", final, timeout, 5)
 
 
+def expect_mode(host: str, recurring_run_id: str, mode: str) -> None:
+    """A recurring run just enabled or disabled is so where it counts, its ScheduledWorkflow (KFP
+    patches that before it answers), and KFP's API reads ``mode`` (``ENABLE``/``DISABLE``) within
+    a minute: its persistence agent can copy an older ScheduledWorkflow back for a while (read
+    ``DISABLE`` just after an enable in CI on 5ccea30)."""
+    swfs = kube.get_json("scheduledworkflows.kubeflow.org", "-n", NS)["items"]
+    (swf,) = [s for s in swfs if s["metadata"]["uid"] == recurring_run_id]
+    assert swf["spec"]["enabled"] is (mode == "ENABLE"), swf["spec"]
+    kube.wait_until(
+        f"KFP to read recurring run {recurring_run_id} as {mode}",
+        lambda: api(host, "GET", f"/apis/v2beta1/recurringruns/{recurring_run_id}")["mode"] == mode,
+        60,
+        2,
+    )
+
+
 def workflows() -> list[dict[str, Any]]:
     return kube.get_json("workflows.argoproj.io", "-n", NS)["items"]
 

@@ -424,7 +424,7 @@ def test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_dele
     for action, mode in (("--disable", "DISABLE"), ("--enable", "ENABLE")):
         out = gpupipe("schedule", "--host", host, action, name)
         assert out.returncode == 0, out.stderr
-        assert api(host, "GET", f"/apis/v2beta1/recurringruns/{rid}")["mode"] == mode
+        kfp.expect_mode(host, rid, mode)
     listed = gpupipe("schedule", "--host", host, "--list")
     assert name in listed.stdout, listed.stdout
     gone = gpupipe("schedule", "--host", host, "--delete", name)

@@ -156,6 +156,10 @@ class FakeKfp:
         self.runs: dict[str, kapi.V2beta1Run] = {}
         self.run_polls: dict[str, int] = {}
         self.recurring: dict[str, kapi.V2beta1RecurringRun] = {}
+        self.stale_mode_reads = 0
+        """After an enable or disable, this many reads of that recurring run still give its old
+        mode, as KFP's persistence agent puts a copy from before the change back for a while."""
+        self._stale: dict[str, tuple[str, str, int]] = {}
         self.run_script = RunScript()
         self.token: str | None = None
         self.forbidden_namespaces: set[str] = set()
@@ -243,7 +247,7 @@ class FakeKfp:
                 r"/recurringruns",
                 lambda: self._create_recurring(parse_body(body, "V2beta1RecurringRun")),
             ),
-            ("GET", r"/recurringruns/([^/:]+)", lambda rid: to_json(self._recurring_run(rid))),
+            ("GET", r"/recurringruns/([^/:]+)", self._get_recurring),
             ("DELETE", r"/recurringruns/([^/:]+)", self._delete_recurring),
             ("POST", r"/recurringruns/([^/:]+):(enable|disable)", self._toggle),
         ]
@@ -516,8 +520,19 @@ class FakeKfp:
         del self.recurring[rid]
         return {}
 
+    def _get_recurring(self, rid: str) -> Any:
+        out = to_json(self._recurring_run(rid))
+        if rid in self._stale:
+            mode, status, left = self._stale.pop(rid)
+            out.update(mode=mode, status=status)
+            if left > 1:
+                self._stale[rid] = (mode, status, left - 1)
+        return out
+
     def _toggle(self, rid: str, action: str) -> Any:
         r = self._recurring_run(rid)
+        if self.stale_mode_reads:
+            self._stale[rid] = (str(r.mode), str(r.status), self.stale_mode_reads)
         r.mode = "ENABLE" if action == "enable" else "DISABLE"
         r.status = "ENABLED" if action == "enable" else "DISABLED"
         return {}

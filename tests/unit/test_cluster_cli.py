@@ -452,6 +452,33 @@ def test_schedule_enable_disable_delete_and_list(
     assert code == 2 and "E_NOT_FOUND: no recurring run named 'nightly'" in err
 
 
+def test_enable_and_disable_return_once_kfp_reads_the_new_mode_back(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KFP's persistence agent can put a recurring run's old mode back for a while after an
+    enable or disable (what CI saw on the real backend): the command waits until it reads the new
+    one, and says so when it never does."""
+    base = ["schedule", "--host", uploaded.url]
+    made = _gp(capsys, *base, "--cron", "0 0 2 * * *", "--name", "nightly", "--param", "data_uri=x")
+    assert made[0] == 0, made
+    (rid,) = uploaded.recurring
+    one = f"/apis/v2beta1/recurringruns/{rid}"
+    uploaded.stale_mode_reads = 3
+    reads = len(uploaded.calls("GET", one))
+    assert _gp(capsys, *base, "--disable", "nightly")[0] == 0
+    assert len(uploaded.calls("GET", one)) - reads == 4  # three old answers, then DISABLE
+    assert "- (disabled)" in _gp(capsys, *base, "--list")[1]
+    uploaded.stale_mode_reads = 10**6
+    monkeypatch.setattr(cluster, "MODE_SETTLE_S", 0.2)
+    code, out, err = _gp(capsys, *base, "--enable", "nightly")
+    assert code == 1 and out == "", out
+    assert err.startswith(
+        f"ERROR [gpupipe schedule] E_MODE: KFP accepted 'enable' for recurring run {rid} but "
+        "still reads it as DISABLE after 0.2 s"
+    ), err
+    assert len(err.strip().splitlines()) == 1, err
+
+
 # -- auth and errors -------------------------------------------------------------------------------
 
 
