@@ -3,20 +3,24 @@
 # (hack/cluster-up.sh), in the order and streams .ci/run uses:
 #
 #   hack/cluster-tests.sh          every cluster test: all but KFP's in one stream, then KFP's
-#   hack/cluster-tests.sh kfp      KFP's only, in two streams (.ci/run's stage 3, which runs
+#   hack/cluster-tests.sh kfp      KFP's only, in three streams (.ci/run's stage 3, which runs
 #                                  beside its stage 2: side by side they fit, measured there)
 #
-# KFP's tests run in two streams: the UI's and the recurring run's (about 650 and 250 s warm)
-# beside the API's others (about 900 s); measured 2026-11-27, 652 s beside 1118 s where one after
-# the other took 1760 s. Their step pods ask for a tenth of a CPU, so two runs fit this 2-core
-# node's requests. The other tests stay in one stream: their job pods ask for a quarter CPU each,
+# KFP's tests run in three streams: the API's (whole runs with PyTorchJobs, the cache, a
+# failure, terminate), the UI's, and the schedule's, the retry's and the refusal's. In two (the
+# schedule's with the UI's), the API's was the longer (about 1600 s cold, 2026-11-29) and ended
+# the cold .ci/run. Their step pods ask for a twentieth of a CPU; a PyTorchJob's two pods a quarter
+# each, so two jobs at once do not fit beside the cluster's own requests (1014m of 2000m) and the
+# second waits for the first; the tests' waits (300 s for pods, 1200 s for a run) allow for that.
+# The other tests stay in one stream: their job pods ask for a quarter CPU each,
 # and two streams of them (Katib's trials beside a TrainJob's nodes) do not fit (tried: pods stayed
 # Pending on "Insufficient cpu" and the tests timed out). With a tenth of a CPU each they fit, but
 # their CPU shares then lose to the host's processes beside them (tried 2026-11-27 in CI: a Katib
 # trial's master failed and the median-rule test ran past its 600 s).
 #
-# The UI stream's output goes to ${GPUPIPE_TEST_LOGS}/kfp-ui-tests.log (default a temporary
-# folder) and is printed when both streams are done. Exit 1 when any test failed.
+# The two streams beside the API's write to ${GPUPIPE_TEST_LOGS}/kfp-ui-tests.log and
+# kfp-side-tests.log (default a temporary folder), printed when all three are done. Exit 1 when
+# any test failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,17 +44,28 @@ if [[ "$what" == all ]]; then
 fi
 
 t1=$SECONDS
-schedule="tests/cluster/test_kfp.py::test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_deleted"
-"${pytest[@]}" tests/cluster/test_kfp_ui.py "$schedule" --durations=8 \
-  >"${logs}/kfp-ui-tests.log" 2>&1 &
+kfp_api=tests/cluster/test_kfp.py
+side=(
+  "${kfp_api}::test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_deleted"
+  "${kfp_api}::test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job"
+  "${kfp_api}::test_a_train_step_that_refuses_its_input_runs_once"
+)
+"${pytest[@]}" tests/cluster/test_kfp_ui.py --durations=8 >"${logs}/kfp-ui-tests.log" 2>&1 &
 ui_tests=$!
+"${pytest[@]}" "${side[@]}" --durations=3 >"${logs}/kfp-side-tests.log" 2>&1 &
+side_tests=$!
 # Stopped with this script (Ctrl-C, or .ci/run's process group killed).
-trap 'kill "$ui_tests" 2>/dev/null || true' EXIT
-"${pytest[@]}" tests/cluster -k kfp --ignore tests/cluster/test_kfp_ui.py --deselect "$schedule" \
+trap 'kill "$ui_tests" "$side_tests" 2>/dev/null || true' EXIT
+deselect=()
+for test in "${side[@]}"; do deselect+=(--deselect "$test"); done
+"${pytest[@]}" tests/cluster -k kfp --ignore tests/cluster/test_kfp_ui.py "${deselect[@]}" \
   --durations=10 || rc=1
 wait "$ui_tests" || rc=1
+wait "$side_tests" || rc=1
 trap - EXIT
-echo ">> the KFP UI's tests and the schedule's (beside the above; ${logs}/kfp-ui-tests.log):"
+echo ">> the KFP UI's tests (beside the above; ${logs}/kfp-ui-tests.log):"
 cat "${logs}/kfp-ui-tests.log"
-printf ">> KFP's tests (two streams) done in %d s (total %d s)\n" "$((SECONDS - t1))" "$((SECONDS - t0))"
+echo ">> the schedule's, the retry's and the refusal's (beside the above; ${logs}/kfp-side-tests.log):"
+cat "${logs}/kfp-side-tests.log"
+printf ">> KFP's tests (three streams) done in %d s (total %d s)\n" "$((SECONDS - t1))" "$((SECONDS - t0))"
 exit "$rc"

@@ -39,6 +39,10 @@ SMALL_STEPS = {
 ask for a node's worth: preprocess 1 CPU, tune 2); limits stay as compiled."""
 RUN_TIMEOUT_S = 1200
 """Longest a test waits for one pipeline run on this node."""
+PODS_TIMEOUT_S = 900
+"""Longest a test waits for a step's or a job's pods to run: KFP's tests run in three streams
+beside stage 2's (hack/cluster-tests.sh), and a PyTorchJob's pods wait for another job's to end
+when both do not fit the node's CPU requests."""
 
 
 def free_port() -> int:

@@ -397,7 +397,9 @@ def test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_dele
 ) -> None:
     name = kube.unique("gpupipe-sched")
     model = kube.unique("gpupipe-sched-model")
-    params = run_params(table, model, tune_enabled=False)
+    # What this test checks is the schedule, not the launcher (test 2's run has the PyTorchJob):
+    # the train step trains in its own pod, two pods and their start fewer on this 2-core node.
+    params = run_params(table, model, tune_enabled=False, launcher="local", nodes=1)
     base = ["schedule", "--host", host, "--pipeline", pipeline, "--name", name, "--no-catchup"]
     # Created, then the same again, with one cron that cannot tick during the test (computing
     # "three minutes from now" twice once crossed a minute and read as a change: CI, 492cc1f).
@@ -439,7 +441,9 @@ def test_terminating_a_run_stops_the_train_step_and_leaves_no_job_or_pod(
     host: str, pipeline: str, table: str
 ) -> None:
     run_id, job = start_training(host, pipeline, table, "gpupipe-stop")
-    kube.wait_until("its pods to run", lambda: _running(kube.job_pods(NS, job)), 300, 2)
+    kube.wait_until(
+        "its pods to run", lambda: _running(kube.job_pods(NS, job)), kfp.PODS_TIMEOUT_S, 2
+    )
     api(host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")  # the UI's Terminate button
     kfp.wait_stopped(run_id, job)
     done = kfp.wait_run(host, run_id, timeout=300)
@@ -470,7 +474,9 @@ def test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job(
     uid = kube.get_json("pytorchjob", "-n", NS, job)["metadata"]["uid"]
     launcher = _launcher_pod(run_id)
     # Lose the step's pod while the job trains (its pods running, the job not finished).
-    kube.wait_until("the job's pods running", lambda: _running(kube.job_pods(NS, job)), 300, 2)
+    kube.wait_until(
+        "the job's pods running", lambda: _running(kube.job_pods(NS, job)), kfp.PODS_TIMEOUT_S, 2
+    )
     lost = kube.get_json("pod", "-n", NS, launcher)["metadata"]["uid"]
     kube.kubectl("-n", NS, "delete", "pod", launcher, "--grace-period=0", "--force")
     state = kube.get_json("pytorchjob", "-n", NS, job)["status"]["conditions"][-1]["type"]
@@ -647,4 +653,4 @@ def _launcher_pod(run_id: str) -> str:
                 return str(pod["metadata"]["name"])
         return None
 
-    return kube.wait_until("the train step's pod", running, 300, 2)
+    return kube.wait_until("the train step's pod", running, kfp.PODS_TIMEOUT_S, 2)

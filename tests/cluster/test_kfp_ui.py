@@ -518,7 +518,9 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
         assert found, first
         run_id = found.group(1)
         job = kube.wait_until("the train step's PyTorchJob", lambda: _job_of(run_id), 600, 3)
-        kube.wait_until("its pods to run", lambda: _running(kube.job_pods(kfp.NS, job)), 300, 2)
+        kube.wait_until(
+            "its pods to run", lambda: _running(kube.job_pods(kfp.NS, job)), kfp.PODS_TIMEOUT_S, 2
+        )
         at.page.goto(f"{at.url}/#/runs/details/{run_id}")
         at.page.locator("#terminateRunBtn").click()
         dialog = at.page.get_by_role("dialog")
