@@ -372,6 +372,15 @@ CODES: dict[str, Code] = {
         "running.",
         "Follow it in the UI (the message has its link), or wait longer with `--timeout`.",
     ),
+    "E_MODE": Code(
+        _SYSTEM,
+        "KFP accepted `gpupipe schedule --enable` (or `--disable`) but still reads the recurring "
+        "run's old mode a minute later; its persistence agent copies the ScheduledWorkflow back "
+        "into KFP's table and has not caught up.",
+        "Check the recurring run's page (the message has its link) and the persistence agent's "
+        "log (`kubectl -n kubeflow logs deploy/ml-pipeline-persistenceagent`); run the command "
+        "again.",
+    ),
     "E_RUN_FAILED": Code(
         _SYSTEM,
         "`gpupipe run --host --wait`: the run failed; the message names the failed step with "
