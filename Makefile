@@ -146,8 +146,9 @@ test-cluster: setup ## bring the test cluster up (hack/cluster-up.sh) and run te
 	hack/cluster-up.sh || [ $$? -eq 3 ]
 	@# The browser of the UI tests (tests/cluster/test_kfp_ui.py); they skip, saying why, without it.
 	hack/chromium.sh || [ $$? -eq 3 ]
-	@# With PYTEST_ARGS, one pytest over tests/cluster with them; without, every cluster test in
-	@# .ci/run's order and streams (KFP's in two: hack/cluster-tests.sh).
+	@# With PYTEST_ARGS, one pytest over tests/cluster with them; without, every cluster test:
+	@# all but KFP's in one stream, then KFP's in three (hack/cluster-tests.sh). .ci/run runs
+	@# the same tests, with the add-ons installed in stages and its stage 2 beside KFP's.
 ifneq ($(strip $(PYTEST_ARGS)),)
 	$(BIN)/pytest -m cluster tests/cluster $(PYTEST_ARGS)
 else
