@@ -122,10 +122,10 @@ def trials(namespace: str, experiment: str) -> list[dict[str, Any]]:
     return kube.get_json("trials", "-n", namespace, "-l", selector)["items"]
 
 
-def rate(trial: dict[str, Any]) -> float:
-    """The learning rate Katib assigned to ``trial``."""
-    assigned = {a["name"]: a["value"] for a in trial["spec"]["parameterAssignments"]}
-    return float(assigned["optim-lr"])
+def assignments(holder: dict[str, Any]) -> dict[str, str]:
+    """``{Katib parameter name: value}`` of what holds ``parameterAssignments`` (a trial's spec,
+    an experiment's ``currentOptimalTrial``)."""
+    return {a["name"]: a["value"] for a in holder["parameterAssignments"]}
 
 
 def reported(trial: dict[str, Any], metric: str) -> list[float]:
@@ -183,7 +183,7 @@ def test_a_search_of_four_trials_finds_the_best_trial_katib_reports(search: Tune
     # The step's output is Katib's best trial: its parameters (typed back to config fields)
     # and its metric.
     best = status["currentOptimalTrial"]
-    assigned = {a["name"]: a["value"] for a in best["parameterAssignments"]}
+    assigned = assignments(best)
     katib_min = next(
         float(m["min"]) for m in best["observation"]["metrics"] if m["name"] == "val_loss"
     )
@@ -330,7 +330,7 @@ def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
     stopped = [t for t in all_trials if condition(t) == "EarlyStopped"]
     assert stopped, [(t["metadata"]["name"], condition(t)) for t in all_trials]
     # The seed drew the rates the comment above names, and the rule stopped the wild one.
-    rates = {round(rate(t), 3): condition(t) for t in all_trials}
+    rates = {round(float(assignments(t["spec"])["optim-lr"]), 3): condition(t) for t in all_trials}
     assert sorted(rates) == [0.021, 0.217, 0.746] and rates[0.746] == "EarlyStopped", rates
     assert result["trials_pruned"] == len(stopped) == exp["status"]["trialsEarlyStopped"]
     for t in stopped:
