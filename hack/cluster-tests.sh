@@ -4,14 +4,15 @@
 #
 #   hack/cluster-tests.sh          every cluster test: all but KFP's in one stream, then KFP's
 #   hack/cluster-tests.sh kfp      KFP's only, in three streams (.ci/run's stage 3, which runs
-#                                  beside its stage 2: side by side they fit, measured there)
+#                                  beside its stage 2 once its foreground is done)
 #
 # KFP's tests run in three streams: the API's (whole runs with PyTorchJobs, the cache, a
 # failure, terminate), the UI's, and the schedule's, the retry's and the refusal's. In two (the
 # schedule's with the UI's), the API's was the longer (about 1600 s cold, 2026-11-29) and ended
-# the cold .ci/run. Their step pods ask for a twentieth of a CPU; a PyTorchJob's two pods a quarter
-# each, so two jobs at once do not fit beside the cluster's own requests (1014m of 2000m) and the
-# second waits for the first; the tests' waits (300 s for pods, 1200 s for a run) allow for that.
+# the cold .ci/run. Their step pods ask for a twentieth of a CPU, a PyTorchJob's two pods a tenth
+# each: the three streams' jobs fit together beside the cluster's own requests (1014m of 2000m).
+# At a quarter they did not, and jobs that each got one pod waited on each other (both terminate
+# tests, 900 s, in 14da96b's CI: tests/cluster/test_kfp.py's JOB_SETTINGS).
 # The other tests stay in one stream: their job pods ask for a quarter CPU each,
 # and two streams of them (Katib's trials beside a TrainJob's nodes) do not fit (tried: pods stayed
 # Pending on "Insufficient cpu" and the tests timed out). With a tenth of a CPU each they fit, but

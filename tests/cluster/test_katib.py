@@ -18,7 +18,7 @@ import json
 import math
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +26,7 @@ import pytest
 from tests.cluster import kube
 from tests.cluster.conftest import delete_namespace, make_namespace, role
 from trainer.base import storage
+from trainer.tune.experiment import experiment_name
 
 INJECTION = {"katib.kubeflow.org/metrics-collector-injection": "enabled"}
 """The label of namespaces whose trial pods Katib's webhook gives a metrics collector."""
@@ -95,6 +96,16 @@ class Tune:
         kube.apply(kube.launcher_pod(self.pod, namespace, image, args, step="tune"))
         self.started = time.monotonic()
         self.exit: dict[str, Any] | None = None
+        self.experiment = experiment_name(self.run_id, "tune")
+        """The Experiment the step makes: the name is the step's run id's and task's."""
+
+    def remove(self) -> None:
+        """Its pod and its Experiment (with the trials' jobs) gone, whatever the test left."""
+        for kind, name in (("pod", self.pod), ("experiment", self.experiment)):
+            kube.kubectl(
+                "delete", kind, "-n", self.namespace, name, "--ignore-not-found", "--wait=false",
+                check=False,
+            )  # fmt: skip
 
     def done(self, timeout: float = TUNE_TIMEOUT_S) -> dict[str, Any]:
         self.exit = kube.wait_pod_done(self.namespace, self.pod, timeout)
@@ -110,7 +121,28 @@ class Tune:
         return json.loads(lines[-1])
 
     def experiment_name(self) -> str:
+        """The Experiment the step's result names (the same as :attr:`experiment`)."""
         return str(self.result()["study"]).split("/", 1)[1]
+
+
+Start = Callable[[dict[str, Any]], Tune]
+"""What :func:`start` gives a test: a tune step started from its config."""
+
+
+@pytest.fixture
+def start(namespace: str, image: str, dataset: str) -> Iterator[Start]:
+    """Starts a test's tune steps, and removes each one at the test's end. Without it, a test
+    that failed or timed out left its step's search running (its trials held the node's CPU,
+    and the next tests' waits read its trials: 14da96b's CI)."""
+    runs: list[Tune] = []
+
+    def started(cfg: dict[str, Any]) -> Tune:
+        runs.append(Tune(namespace, image, dataset, cfg))
+        return runs[-1]
+
+    yield started
+    for run in runs:
+        run.remove()
 
 
 def experiments(namespace: str) -> list[dict[str, Any]]:
@@ -291,7 +323,7 @@ def test_a_log_uniform_parameter_is_drawn_on_the_log_scale(namespace: str) -> No
 @pytest.mark.timeout(TUNE_TIMEOUT_S + 300)
 @pytest.mark.ci_allowance(600)
 def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
-    namespace: str, image: str, dataset: str
+    namespace: str, image: str, start: Start
 ) -> None:
     # The model starts from the linear fit, so after its first 4 steps (the first evaluation)
     # every sane learning rate scores alike; rates far past 0.1 throw the fit away at once. The
@@ -318,7 +350,7 @@ def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
             ],
         },
     )
-    run = Tune(namespace, image, dataset, tune_config(image, search, trial_epochs=3))
+    run = start(tune_config(image, search, trial_epochs=3))
     done = run.done()
     log = run.log()
     assert done["exitCode"] == 0, log[-4000:]
@@ -349,8 +381,9 @@ def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
     )
 
 
+@pytest.mark.timeout(TUNE_TIMEOUT_S + 300)  # the step may wait TUNE_TIMEOUT_S on a busy node
 def test_bad_trials_spend_the_failure_budget_and_the_step_says_what_katib_said(
-    namespace: str, image: str, dataset: str
+    namespace: str, image: str, start: Start
 ) -> None:
     # Dropout above 1 passes the step's space check (a float field) but no worker accepts it.
     bad = {
@@ -366,13 +399,14 @@ def test_bad_trials_spend_the_failure_budget_and_the_step_says_what_katib_said(
     )
     cfg = tune_config(image, search)
     cfg["train"]["cluster"]["on_exit"] = "keep"
-    run = Tune(namespace, image, dataset, cfg)
+    run = start(cfg)
     done = run.done()
     log = run.log()
     assert done["exitCode"] == 1, log[-4000:]
     last = log.strip().splitlines()[-1]
     assert last.startswith("ERROR [tune] E_"), last
-    exp = next(e for e in experiments(namespace) if e["metadata"]["name"] in last)
+    assert run.experiment in last, last
+    exp = kube.get_json("experiment", "-n", namespace, run.experiment)
     status = exp["status"]
     # Katib's own rule acted: 2 failed trials reach maxFailedTrialCount=2 and fail the
     # Experiment, which starts no further trial.
@@ -397,26 +431,39 @@ def nothing_left(namespace: str, experiment: str) -> bool:
     return experiment not in names and not trials(namespace, experiment) and not jobs and not pods
 
 
-def running_trial(namespace: str) -> str | None:
-    """The Experiment of a trial whose PyTorchJob has a running master, if any."""
-    for t in kube.get_json("trials", "-n", namespace)["items"]:
-        if condition(t) == "Running":
-            return str(t["metadata"]["labels"]["katib.kubeflow.org/experiment"])
-    return None
+def running_trial(run: Tune) -> str | None:
+    """The name of ``run``'s Experiment once one of its trials runs (its PyTorchJob's master
+    running), else ``None``. Its own trials only: the namespace is the module's."""
+    return (
+        run.experiment
+        if any(condition(t) == "Running" for t in trials(run.namespace, run.experiment))
+        else None
+    )
 
 
 def test_the_deadline_deletes_the_experiment_and_its_trials(
-    namespace: str, image: str, dataset: str
+    namespace: str, image: str, start: Start
 ) -> None:
-    cfg = tune_config(image, space(maxTrialCount=8, parallelTrialCount=1), timeout_s=60)
-    run = Tune(namespace, image, dataset, cfg)
-    name = kube.wait_until("a trial to run", lambda: running_trial(namespace), TUNE_TIMEOUT_S, 2)
+    # Eight trials one after another take minutes: the deadline comes first. 120 s, not 60: on a
+    # busy node (14da96b's CI) the Experiment's first trial took over 60 s to start.
+    deadline_s = 120
+    cfg = tune_config(image, space(maxTrialCount=8, parallelTrialCount=1), timeout_s=deadline_s)
+    run = start(cfg)
+    # A trial to delete, unless the node is so busy that none started inside the deadline.
+    kube.wait_until(
+        "a trial to run or the step to end",
+        lambda: running_trial(run) or kube.pod_phase(namespace, run.pod) in ("Succeeded", "Failed"),
+        TUNE_TIMEOUT_S,
+        2,
+    )
+    name = run.experiment
     done = run.done()
     log = run.log()
     assert done["exitCode"] == 1, log[-4000:]
     last = log.strip().splitlines()[-1]
     assert last.startswith("ERROR [tune] E_"), last
-    assert f"Katib Experiment {namespace}/{name} did not finish within 60 s" in last, last
+    expected = f"Katib Experiment {namespace}/{name} did not finish within {deadline_s} s"
+    assert expected in last, last
     assert "it was deleted" in last, last
     kube.wait_until(
         "the Experiment and its trials to go", lambda: nothing_left(namespace, name), 120, 2
@@ -424,10 +471,10 @@ def test_the_deadline_deletes_the_experiment_and_its_trials(
 
 
 def test_cancelling_the_step_deletes_the_experiment_and_its_trials(
-    namespace: str, image: str, dataset: str
+    namespace: str, image: str, start: Start
 ) -> None:
-    run = Tune(namespace, image, dataset, tune_config(image, space(maxTrialCount=8)))
-    name = kube.wait_until("a trial to run", lambda: running_trial(namespace), TUNE_TIMEOUT_S, 2)
+    run = start(tune_config(image, space(maxTrialCount=8)))
+    name = kube.wait_until("a trial to run", lambda: running_trial(run), TUNE_TIMEOUT_S, 2)
     # The step's log to its end (the pod and its log go with the deletion).
     follow = subprocess.Popen(
         [
