@@ -43,7 +43,10 @@ class FailingProxy:
     """An HTTP proxy on 127.0.0.1 that fails the ``fail_at``-th request it sees (1-based).
 
     ``mode`` ``drop``: that request is answered 500 and never forwarded; ``lost``: it is
-    forwarded, the server's answer is thrown away and the client gets a 500.
+    forwarded, the server's answer is thrown away and the client gets a 500; ``released``: the
+    ``fail_at``-th create of a champion lease is answered as MLflow answers when the name was
+    taken and released during the create (the server's ``create_registered_model`` reads the
+    taken name back and finds it gone), and not forwarded.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -53,6 +56,7 @@ class FailingProxy:
         self.mode = "drop"
         self.failed: str | None = None
         self.methods: list[str] = []
+        self.lease_creates = 0
         self._lock = threading.Lock()
         proxy = self
 
@@ -66,10 +70,22 @@ class FailingProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                lease = self.path.endswith("/registered-models/create") and b"gpupipe-lease" in (
+                    body or b""
+                )
                 with proxy._lock:
                     proxy.count += 1
+                    proxy.lease_creates += lease
                     proxy.methods.append(self.command)
-                    fail = proxy.count == proxy.fail_at
+                    if proxy.mode == "released":
+                        fail = lease and proxy.lease_creates == proxy.fail_at
+                    else:
+                        fail = proxy.count == proxy.fail_at
+                if fail and proxy.mode == "released":
+                    proxy.failed = "the lease's create"
+                    gone = b'{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "not found"}'
+                    self._answer(404, gone)
+                    return
                 if fail:
                     proxy.failed = f"{self.command} {self.path.split('?')[0]}"
                 if fail and proxy.mode == "drop":
@@ -103,7 +119,7 @@ class FailingProxy:
     def arm(self, fail_at: int, mode: str) -> None:
         with self._lock:
             self.count, self.fail_at, self.mode, self.failed = 0, fail_at, mode, None
-            self.methods = []
+            self.methods, self.lease_creates = [], 0
 
     def close(self) -> None:
         self.server.shutdown()
@@ -192,6 +208,21 @@ def test_a_failure_at_any_request_leaves_the_registry_consistent_and_a_rerun_fin
     print(f"\n{mode}: failed {len(tried)} of the {total} requests of a registration in turn: "
           f"{dict(outcomes)}")  # fmt: skip
     assert outcomes["step failed"] >= len(tried) - 2, outcomes
+
+
+def test_a_lease_released_during_its_create_is_taken_on_the_next_try(
+    proxy: FailingProxy, mlflow_server: str, make_model_dir: Callable[..., str]
+) -> None:
+    # The race the concurrent test below met once in 14da96b's follow-up run (20 rounds): a
+    # create of the lease that answers "not found" failed the step.
+    name = f"released-{uuid.uuid4().hex[:6]}"
+    proxy.arm(1, "released")
+    done = _register(proxy.url, name, make_model_dir(), "kfp-0", metrics={"accuracy": 0.7})
+    assert proxy.failed == "the lease's create" and proxy.lease_creates == 2
+    assert done.champion, done
+    assert check_consistent(mlflow_server, name, "kfp-0") == done.version
+    client = registry.mlflow_client(mlflow_server)
+    assert not client.search_registered_models(f"name LIKE '{name}.%'"), "the lease is left"
 
 
 def test_concurrent_registers_leave_the_better_model_champion(

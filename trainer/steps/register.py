@@ -355,6 +355,10 @@ def _champion_lease(
             )
             break
         except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST" and time.monotonic() <= deadline:
+                # Taken and released during our create: MLflow's create reads a taken name back
+                # (its prompt check) and finds it gone. Free now: create it again.
+                continue
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         try:
