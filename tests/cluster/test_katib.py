@@ -120,10 +120,6 @@ class Tune:
         lines = [line for line in self.log().splitlines() if line.startswith("{")]
         return json.loads(lines[-1])
 
-    def experiment_name(self) -> str:
-        """The Experiment the step's result names (the same as :attr:`experiment`)."""
-        return str(self.result()["study"]).split("/", 1)[1]
-
 
 Start = Callable[[dict[str, Any]], Tune]
 """What :func:`start` gives a test: a tune step started from its config."""
@@ -200,7 +196,7 @@ def test_a_search_of_four_trials_finds_the_best_trial_katib_reports(search: Tune
     log = search.log()
     assert search.exit is not None and search.exit["exitCode"] == 0, log[-4000:]
     result = search.result()
-    name = search.experiment_name()
+    name = search.experiment
     exp = kube.get_json("experiment", "-n", search.namespace, name)
     status = exp["status"]
     assert condition(exp) == "Succeeded", status
@@ -355,7 +351,7 @@ def test_the_median_rule_stops_a_trial_that_is_clearly_worse(
     log = run.log()
     assert done["exitCode"] == 0, log[-4000:]
     result = run.result()
-    name = run.experiment_name()
+    name = run.experiment
     exp = kube.get_json("experiment", "-n", namespace, name)
     assert condition(exp) == "Succeeded", exp["status"]
     all_trials = trials(namespace, name)
@@ -419,7 +415,6 @@ def test_bad_trials_spend_the_failure_budget_and_the_step_says_what_katib_said(
         failed = next(c for c in t["status"]["conditions"] if c["type"] == "Failed")
         assert " ".join(failed["message"].split()) in last
     assert "it was kept (on_exit=keep)" in last
-    kube.kubectl("delete", "experiment", "-n", namespace, exp["metadata"]["name"])
 
 
 def nothing_left(namespace: str, experiment: str) -> bool:
