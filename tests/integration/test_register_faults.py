@@ -28,6 +28,7 @@ import pytest
 
 from trainer import registry
 from trainer.models.export import load_model
+from trainer.steps import register as register_step
 from trainer.steps.register import RegisterConfig, register
 
 pytest_plugins = ["tests.fixtures.mlflow_server"]
@@ -46,7 +47,8 @@ class FailingProxy:
     forwarded, the server's answer is thrown away and the client gets a 500; ``released``: the
     ``fail_at``-th create of a champion lease is answered as MLflow answers when the name was
     taken and released during the create (the server's ``create_registered_model`` reads the
-    taken name back and finds it gone), and not forwarded.
+    taken name back and finds it gone), and not forwarded; ``gone``: every create of a champion
+    lease is answered so.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -79,9 +81,11 @@ class FailingProxy:
                     proxy.methods.append(self.command)
                     if proxy.mode == "released":
                         fail = lease and proxy.lease_creates == proxy.fail_at
+                    elif proxy.mode == "gone":
+                        fail = lease
                     else:
                         fail = proxy.count == proxy.fail_at
-                if fail and proxy.mode == "released":
+                if fail and proxy.mode in ("released", "gone"):
                     proxy.failed = "the lease's create"
                     gone = b'{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "not found"}'
                     self._answer(404, gone)
@@ -223,6 +227,27 @@ def test_a_lease_released_during_its_create_is_taken_on_the_next_try(
     assert check_consistent(mlflow_server, name, "kfp-0") == done.version
     client = registry.mlflow_client(mlflow_server)
     assert not client.search_registered_models(f"name LIKE '{name}.%'"), "the lease is left"
+
+
+def test_a_lease_create_answered_not_found_for_the_whole_wait_fails_in_one_line(
+    proxy: FailingProxy, mlflow_server: str, make_model_dir: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The retry above ends: a registry that answers each create of the lease "not found" fails
+    # the step once the lease's wait is over, in one line, having paused between its tries.
+    monkeypatch.setattr(register_step, "LEASE_WAIT_S", 1.0)
+    name = f"gone-{uuid.uuid4().hex[:6]}"
+    model = make_model_dir()
+    proxy.arm(0, "gone")
+    with pytest.raises(RuntimeError, match=r"champion lease\): every create for 1 s") as e:
+        _register(proxy.url, name, model, "kfp-0", metrics={"accuracy": 0.7})
+    assert "\n" not in str(e.value) and "RESOURCE_DOES_NOT_EXIST" in str(e.value)
+    assert 3 <= proxy.lease_creates <= 25, f"{proxy.lease_creates} creates in 1 s"
+    # The version kept its files and no alias moved; a rerun against a sound registry finishes.
+    assert check_consistent(mlflow_server, name, "kfp-0") is None
+    proxy.arm(0, "drop")
+    again = _register(proxy.url, name, model, "kfp-0", metrics={"accuracy": 0.7})
+    assert again.champion and check_consistent(mlflow_server, name, "kfp-0") == again.version
 
 
 def test_concurrent_registers_leave_the_better_model_champion(

@@ -355,9 +355,16 @@ def _champion_lease(
             )
             break
         except MlflowException as e:
-            if e.error_code == "RESOURCE_DOES_NOT_EXIST" and time.monotonic() <= deadline:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
                 # Taken and released during our create: MLflow's create reads a taken name back
-                # (its prompt check) and finds it gone. Free now: create it again.
+                # (its prompt check) and finds it gone. Free now: create it again, after the
+                # pause of any other try (a registry that always answers so is not hammered).
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"registered model {lease!r} (the champion lease): every create for "
+                        f"{LEASE_WAIT_S:.0f} s was answered RESOURCE_DOES_NOT_EXIST ({e.message})"
+                    ) from e
+                time.sleep(0.05 + random.random() * 0.1)
                 continue
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
