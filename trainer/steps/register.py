@@ -321,6 +321,11 @@ def _lease_name(cfg: RegisterConfig) -> str:
     return f"{cfg.model_name}.{cfg.champion_alias}.gpupipe-lease"[:256]
 
 
+def _lease_pause() -> None:
+    """The pause between two tries at the champion lease (jittered, so racers spread out)."""
+    time.sleep(0.05 + random.random() * 0.1)
+
+
 @contextlib.contextmanager
 def _champion_lease(
     client: MlflowClient, cfg: RegisterConfig, uri: str, owner: str
@@ -364,7 +369,7 @@ def _champion_lease(
                         f"registered model {lease!r} (the champion lease): every create for "
                         f"{LEASE_WAIT_S:.0f} s was answered RESOURCE_DOES_NOT_EXIST ({e.message})"
                     ) from e
-                time.sleep(0.05 + random.random() * 0.1)
+                _lease_pause()
                 continue
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -394,7 +399,7 @@ def _champion_lease(
                 f"registered model {lease!r} (the champion lease) was held by "
                 f"{tags.get(_LEASE_OWNER_TAG)!r} for more than {LEASE_WAIT_S:.0f} s"
             )
-        time.sleep(0.05 + random.random() * 0.1)
+        _lease_pause()
     try:
         yield
     finally:
