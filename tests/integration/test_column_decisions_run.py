@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.integration.test_local_pipeline import EPOCHS, gpupipe
+from tests.integration.test_local_pipeline import EPOCHS, RUN_TIMEOUT_S, gpupipe
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 smd = pytest.importorskip("statsmodels.datasets")
 
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+from tests.integration.test_local_pipeline import RUN_TIMEOUT_S
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
 
 GPUPIPE = Path(sys.executable).with_name("gpupipe")
 
@@ -21,7 +23,12 @@ def _gpupipe(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run(
-        [str(GPUPIPE), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+        [str(GPUPIPE), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
 
 
