@@ -12,6 +12,7 @@ $GPUPIPE_UI_SCREENSHOTS when set).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -499,10 +500,14 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
 
     expect = _expect()
     # A 2-node PyTorchJob long enough to be stopped while it trains, started by someone who
-    # waits on it with `gpupipe run --host --wait`.
+    # waits on it with `gpupipe run --host --wait`: 400 epochs with no early stopping, about
+    # 250 s of training on an idle node. With 40 epochs and the step's early stopping (25 s at
+    # most) the cold .ci/run of a10155e trained to the end while the run's page loaded, and the
+    # click came after the run had succeeded.
     params = {
         "data_uri": at.table,
-        "epochs": "40",
+        "epochs": "400",
+        "hyperparams_json": json.dumps({"train.early_stopping": None}),
         "gpus_per_node": "0",
         "launcher": "pytorchjob",
         "nodes": "2",
@@ -512,6 +517,7 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
     waiting = kfp.gpupipe_popen(
         "run", "--host", at.host, "--pipeline", at.uploaded["name"], "--wait", *flags
     )
+    run_id, stopped = "", False
     try:
         first = waiting.stdout.readline() if waiting.stdout else ""
         found = re.search(r"started run (\S+)", first)
@@ -528,9 +534,15 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
         dialog.get_by_role("button", name="Terminate").click()
         kfp.wait_stopped(run_id, job)
         out, err = waiting.communicate(timeout=300)
+        stopped = True
     finally:
         if waiting.poll() is None:
             waiting.kill()
+        if run_id and not stopped:
+            # The test failed before the run stopped: stop it through the API, so that its job
+            # does not train on beside the next tests.
+            with contextlib.suppress(AssertionError, OSError):
+                api(at.host, "POST", f"/apis/v2beta1/runs/{run_id}:terminate")
     # The waiting command ends non-zero, naming the run and that it was terminated.
     assert waiting.returncode == 1, (out, err)
     last = err.strip().splitlines()[-1]
