@@ -5,41 +5,23 @@ model's tags."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_local_pipeline import RUN_TIMEOUT_S
+from tests.integration.test_local_pipeline import RUN_TIMEOUT_S, gpupipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
-
-GPUPIPE = Path(sys.executable).with_name("gpupipe")
-
-
-def _gpupipe(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run(
-        [str(GPUPIPE), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
 
 
 def test_a_priced_run_reports_its_estimate_and_its_actual_cost(tmp_path: Path) -> None:
     data = tmp_path / "churn.parquet"
-    made = _gpupipe("demo-data", "--out", str(data), "--rows", "3000", cwd=tmp_path)
+    made = gpupipe("demo-data", "--out", str(data), "--rows", "3000", cwd=tmp_path)
     assert made.returncode == 0, made.stderr[-2000:]
     prices = json.dumps({"nvidia.com/gpu": 3.6, "nvidia.com/mig-1g.18gb": 0.5})
     argv = ["run", "--local", "--root", str(tmp_path / "root"), "--data", str(data)]
     argv += ["--target", "churned", "--param", "epochs=3", "--param", f"gpu_prices={prices}"]
-    text = _gpupipe(*argv, cwd=tmp_path)
+    text = gpupipe(*argv, cwd=tmp_path)
     assert text.returncode == 0, text.stderr[-4000:]
     lines = text.stdout.splitlines()
     estimate = next(ln for ln in lines if ln.startswith("  cost estimate "))
@@ -50,7 +32,7 @@ def test_a_priced_run_reports_its_estimate_and_its_actual_cost(tmp_path: Path) -
     assert "samples/s for the whole job (measured)" in text.stdout
 
     summary = json.loads(
-        _gpupipe(*argv, "--json", "--param", "seed=1", cwd=tmp_path).stdout.splitlines()[-1]
+        gpupipe(*argv, "--json", "--param", "seed=1", cwd=tmp_path).stdout.splitlines()[-1]
     )
     assert summary["state"] == "SUCCEEDED"
     est, act = summary["cost"]["estimate"], summary["cost"]["actual"]
