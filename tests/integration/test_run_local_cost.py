@@ -11,7 +11,12 @@ import pytest
 
 from tests.integration.test_local_pipeline import RUN_TIMEOUT_S, gpupipe
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(RUN_TIMEOUT_S + 300)]
+# Two whole runs (the text summary, then --json).
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(2 * RUN_TIMEOUT_S + 300),
+]
 
 
 def test_a_priced_run_reports_its_estimate_and_its_actual_cost(tmp_path: Path) -> None:
