@@ -259,6 +259,11 @@ def prepare_store(tracking_uri: str) -> None:
     creation and one of them would fail; with the lock the second finds the tables made.
     Other stores need nothing here.
 
+    A file that is not an MLflow database is refused before the lock file is made beside it,
+    unless that lock file is there already: then the file may be a store another process is
+    creating under the lock right now (some of MLflow's tables made, not all), and only the
+    check under the lock decides.
+
     Raises:
         InputError: If the file is not an MLflow database (see :func:`check_sqlite_store`).
         RuntimeError: If MLflow cannot create or open the store.
@@ -266,7 +271,11 @@ def prepare_store(tracking_uri: str) -> None:
     path = sqlite_path(tracking_uri)
     if path is None or tracking_uri in _PREPARED:
         return
-    check_sqlite_store(tracking_uri)
+    try:
+        check_sqlite_store(tracking_uri)
+    except InputError:
+        if not os.path.exists(f"{path}.lock"):
+            raise
     import fcntl
 
     os.makedirs(os.path.dirname(path), exist_ok=True)

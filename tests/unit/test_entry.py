@@ -46,3 +46,24 @@ def test_anything_else_keeps_its_traceback(exc: BaseException) -> None:
 
     with pytest.raises(type(exc)):
         run_guarded("tune", fail)
+
+
+def test_the_step_errors_cross_a_process_boundary_as_themselves() -> None:
+    """A worker process's error reaches its parent as itself (pickled as ``cls(*args)`` these
+    could not be rebuilt: the parent saw ``BrokenProcessPool`` instead, 2026-12-01)."""
+    import pickle
+
+    from trainer.base.errors import StepFailure
+    from trainer.launch.kube import KubeApiError
+    from trainer.launch.watch import LaunchCancelled
+
+    errors: list[BaseException] = [
+        InputError("E_REGISTRY", "not an MLflow database", "/x/app.db"),
+        StepFailure("E_EXTERNAL", "the registry answered 503"),
+        LaunchCancelled("stopped while the PyTorchJob ran"),
+        KubeApiError("get pytorchjobs default/j: 403", status=403),
+    ]
+    for error in errors:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and back.args == error.args
+        assert vars(back) == vars(error) and str(back) == str(error)

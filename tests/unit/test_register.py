@@ -396,6 +396,7 @@ def test_a_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path) -> 
         registry.mlflow_client(f"sqlite:///{db}")
     assert e.value.code == "E_REGISTRY" and e.value.where == str(db)
     assert db.read_bytes() == before
+    assert not (tmp_path / "app.db.lock").exists(), "refused before a lock file is made beside it"
 
 
 def _create_store(uri: str) -> int:
@@ -409,3 +410,51 @@ def test_two_processes_can_create_a_fresh_store_at_once(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
     with ProcessPoolExecutor(2) as pool:
         assert list(pool.map(_create_store, [uri, uri])) == [0, 0]
+
+
+def test_a_store_half_made_by_another_process_is_waited_for_not_refused(
+    tmp_path: Path, _migrated_db: Path
+) -> None:
+    """The moment the test above races on (a cold CI lost it once, 2026-12-01): one process
+    holds the lock and has made some of MLflow's tables; the other must wait for the lock and
+    find the store made, not refuse it as a database MLflow did not create."""
+    import fcntl
+    import sqlite3
+    import threading
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    with open(f"{db}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with sqlite3.connect(db) as conn:  # what MLflow has made so far
+            conn.execute("CREATE TABLE experiments (experiment_id INTEGER)")
+        failures: list[BaseException] = []
+
+        def prepare() -> None:
+            try:
+                registry.prepare_store(uri)
+            except BaseException as e:  # reported by the assertion below
+                failures.append(e)
+
+        waiter = threading.Thread(target=prepare)
+        waiter.start()
+        waiter.join(timeout=2)
+        assert waiter.is_alive() and not failures, f"did not wait for the lock: {failures}"
+        shutil.copyfile(_migrated_db, db)  # the holder finishes the store
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    waiter.join(timeout=60)
+    assert not waiter.is_alive() and not failures
+    registry.mlflow_client(uri).search_registered_models()
+
+
+def test_a_foreign_database_is_still_refused_under_the_lock(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER)")
+    (tmp_path / "app.db.lock").touch()  # left by an earlier attempt on the same path
+    before = db.read_bytes()
+    with pytest.raises(InputError, match="did not create"):
+        registry.prepare_store(f"sqlite:///{db}")
+    assert db.read_bytes() == before

@@ -21,6 +21,26 @@ Retryable (128-255): the rerun resumes from the newest checkpoint. Chosen above 
 signal number (129-192) so that it is never mistaken for one."""
 
 
+def _rebuilt(cls: type[BaseException], args: tuple, state: dict) -> BaseException:
+    """An exception of ``cls`` with ``args`` and the attributes ``state``, its ``__init__``
+    not called (see :func:`reduce_error`)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+def reduce_error(error: BaseException) -> tuple:
+    """``__reduce__`` for an exception whose ``__init__`` takes other arguments than its ``args``.
+
+    Python pickles an exception as ``cls(*args)``, which fails for ``InputError(code, message,
+    where)`` (its ``args`` hold the one formatted line): a worker process's error then reaches
+    the parent as ``BrokenProcessPool`` or an unpickling ``TypeError``, not as itself. This
+    rebuilds it with its ``args`` and attributes as they were.
+    """
+    return _rebuilt, (type(error), error.args, dict(error.__dict__))
+
+
 class InputError(ValueError):
     """Bad input a person must fix: names what is wrong and where (column, file or field)."""
 
@@ -29,6 +49,9 @@ class InputError(ValueError):
         self.code = code
         self.message = message
         self.where = where
+
+    def __reduce__(self) -> tuple:
+        return reduce_error(self)
 
 
 NOT_INPUT_CODES = frozenset(
@@ -44,6 +67,9 @@ class StepFailure(RuntimeError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+    def __reduce__(self) -> tuple:
+        return reduce_error(self)
 
 
 DISK_FULL_CODE = "E_DISK_FULL"

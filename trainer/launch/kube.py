@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from trainer.base.errors import reduce_error
+
 log = logging.getLogger(__name__)
 
 GROUP = "kubeflow.org"
@@ -111,6 +113,9 @@ class KubeApiError(RuntimeError):
     def __init__(self, message: str, *, status: int | None) -> None:
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self) -> tuple:
+        return reduce_error(self)
 
 
 class KubeApi:
