@@ -12,6 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.base.errors import InputError
+
+# MLflow's telemetry off unless the user turned it on: a step is no place to phone home, and in
+# a cluster with no way out its config fetch fails and a background thread pops
+# _MLFLOW_TELEMETRY_SESSION_ID from os.environ while the step's own request reads the proxy
+# settings from it: the register step of a real KFP run failed on that KeyError (2026-12-02,
+# "runs/create failed with exception '_MLFLOW_TELEMETRY_SESSION_ID'"). MLflow reads this at
+# import, and every import of it in the suite comes after this module's.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from trainer.base.redact import redact
 
 if TYPE_CHECKING:

@@ -458,3 +458,25 @@ def test_a_foreign_database_is_still_refused_under_the_lock(tmp_path: Path) -> N
     with pytest.raises(InputError, match="did not create"):
         registry.prepare_store(f"sqlite:///{db}")
     assert db.read_bytes() == before
+
+
+def test_mlflow_telemetry_is_off_in_a_step_outside_ci(tmp_path: Path) -> None:
+    """Off where MLflow would turn it on (no CI or pytest variable): its background thread races
+    the step's requests on os.environ (a real KFP run's register step failed on it)."""
+    import os
+    import subprocess
+    import sys
+
+    markers = ("CI", "PYTEST_CURRENT_TEST", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY")
+    env = {k: v for k, v in os.environ.items() if k not in markers}
+    code = (
+        "from trainer import registry\n"
+        f"registry.mlflow_client('sqlite:///{tmp_path / 'mlflow.db'}')\n"
+        "from mlflow.telemetry.utils import is_telemetry_disabled\n"
+        "print(is_telemetry_disabled())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stdout
