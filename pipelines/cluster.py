@@ -24,7 +24,7 @@ import kfp_server_api as kapi
 import urllib3
 
 from pipelines.cluster_auth import Auth, redact_url, token_safe_over
-from pipelines.cluster_package import Compiled
+from pipelines.cluster_package import Compiled, parameter_defaults, version_description
 from trainer.base.errors import InputError
 
 PORT_FORWARD_HINT = (
@@ -302,7 +302,7 @@ class KfpCluster:
                         name=name,
                         display_name=name,
                         pipelineid=pid,
-                        description=f"sha256:{compiled.digest} (uploaded by gpupipe)",
+                        description=version_description(compiled),
                     )
                     return Uploaded(pid, v.pipeline_version_id, name, created, True)
                 except ClusterError as e:
@@ -316,6 +316,17 @@ class KfpCluster:
                 "--version",
             )
         return Uploaded(pid, existing.pipeline_version_id, name, created, False)
+
+    def version_defaults(self, pipeline_id: str, version_id: str) -> dict[str, Any]:
+        """The defaults of an uploaded version's pipeline parameters (``--set`` at upload)."""
+        v = self._call(
+            f"get version {version_id} of pipeline {pipeline_id}",
+            self.pipelines.pipeline_service_get_pipeline_version,
+            pipeline_id,
+            version_id,
+        )
+        spec = v.pipeline_spec if isinstance(v.pipeline_spec, dict) else {}
+        return parameter_defaults(spec)
 
     def resolve_version(self, pipeline: str, version: str | None) -> tuple[str, str]:
         """``(pipeline_id, version_id)`` of ``version`` (default: the newest) of ``pipeline``.

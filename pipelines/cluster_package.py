@@ -23,6 +23,8 @@ class Compiled:
     yaml_text: str
     digest: str
     description: str
+    baked: tuple[str, ...] = ()
+    """``name=value`` of each default set with ``--set`` (empty: the compiled defaults)."""
 
     @property
     def version_name(self) -> str:
@@ -36,6 +38,62 @@ class Compiled:
         for doc in docs[1:]:
             platform.update(doc)
         return {"pipeline_spec": docs[0], "platform_spec": platform} if platform else docs[0]
+
+
+def parameter_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """Each pipeline parameter's default in a compiled pipeline spec (the first YAML document,
+    or a run body's ``pipeline_spec`` with its ``platform_spec``); absent: no default."""
+    if "root" not in spec and isinstance(spec.get("pipeline_spec"), dict):
+        spec = spec["pipeline_spec"]
+    params = ((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
+    return {
+        name: p["defaultValue"]
+        for name, p in params.items()
+        if isinstance(p, dict) and "defaultValue" in p
+    }
+
+
+def with_defaults(compiled: Compiled, values: dict[str, Any]) -> Compiled:
+    """``compiled`` with ``values`` as its parameters' defaults (``--set``): what the KFP UI's
+    Create run form opens with, and what a run given no value takes. The values are listed in
+    the pipeline's description, so a person reading the version sees what the platform team
+    baked in.
+
+    Raises:
+        InputError: ``E_PARAM`` for a name that is not a parameter of this pipeline.
+    """
+    if not values:
+        return compiled
+    docs = [d for d in yaml.safe_load_all(compiled.yaml_text) if d]
+    params = ((docs[0].get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
+    baked = []
+    for name, value in sorted(values.items()):
+        if name not in params:
+            raise InputError(
+                "E_PARAM", f"--set {name}: the pipeline has no parameter {name!r}", "--set"
+            )
+        params[name]["defaultValue"] = value
+        params[name]["isOptional"] = True
+        baked.append(f"{name}={json.dumps(value)}")
+    info = docs[0].setdefault("pipelineInfo", {})
+    note = "Defaults set by the platform team (gpupipe --set): " + ", ".join(baked) + "."
+    description = f"{compiled.description.rstrip()}\n\n{note}".lstrip()
+    info["description"] = description
+    text = yaml.safe_dump_all(docs, sort_keys=False)
+    return Compiled(
+        name=compiled.name,
+        yaml_text=text,
+        digest=content_digest(text),
+        description=description,
+        baked=tuple(baked),
+    )
+
+
+def version_description(compiled: Compiled) -> str:
+    """An uploaded version's description: its content digest (how a repeated upload is
+    recognised) and the defaults set with ``--set``, for a person reading the version."""
+    text = f"sha256:{compiled.digest} (uploaded by gpupipe)"
+    return f"{text}; defaults set: {', '.join(compiled.baked)}" if compiled.baked else text
 
 
 def content_digest(yaml_text: str) -> str:

@@ -327,7 +327,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             gate_baseline: ``trivial``: the candidate must not be worse than the trivial
                 predictor (majority class, mean); ``best``: it must beat the best baseline
                 (trivial, linear, gradient boosting), all scored on the same split.
-            registry_uri: MLflow tracking URI (empty: the embedded local registry).
+            registry_uri: MLflow tracking URI, e.g. ``http://mlflow.kubeflow:5000``. Empty: on
+                a cluster, ``MLFLOW_TRACKING_URI`` from the steps' environment, else the run
+                is refused at its first step (an embedded store would die with the pod);
+                ``gpupipe run --local``: a registry under ``--root``.
             registered_model_name: name of the model in the registry.
             registry_secret: Kubernetes secret with the registry's account (keys ``username``
                 and ``password``; manifests/mlflow's server asks for one): the evaluate and
@@ -342,7 +345,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         with dsl.ExitHandler(exit_task, name="training"):
             # Never cached: its output, a parameter of preprocess, puts the data's content into
             # preprocess's cache key (KFP's key holds the URI, not what is behind it).
-            fp = fingerprint(data_uri=data_uri)
+            fp = fingerprint(data_uri=data_uri, registry_uri=registry_uri)
             _configure(fp, "fingerprint", object_store_secret, retries=retries)
             fp.set_caching_options(False)
             prep = preprocess(

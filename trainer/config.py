@@ -444,7 +444,8 @@ class MetricsConfig:
     """Price of one GPU-hour; with it the ``cost_usd`` counter and the run's cost are reported
     (``None``: no cost)."""
     gpus: int = 0
-    """GPUs the job holds and is billed for (nodes x GPUs per node); 0: one per process."""
+    """GPUs the job holds and is billed for (nodes x GPUs per node); 0: one per process. Only
+    counted while the processes drive CUDA devices: a run on the CPU records no GPU-hours."""
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, "metrics.port", "must be 0 to 65535", self.port)

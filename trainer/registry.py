@@ -41,8 +41,10 @@ __all__ = [
     "find_version",
     "find_version_by_pipeline_run",
     "get_champion",
+    "in_kubernetes_pod",
     "mlflow_client",
     "mlflow_errors",
+    "named_tracking_uri",
     "prepare_store",
     "resolve_tracking_uri",
     "sqlite_path",
@@ -92,24 +94,59 @@ def default_store_dir() -> Path:
     return Path(home).absolute() / DEFAULT_STORE_DIRNAME
 
 
-def resolve_tracking_uri(tracking_uri: str | None) -> str:
-    """The MLflow tracking URI to use.
+def in_kubernetes_pod() -> bool:
+    """Whether this process runs in a Kubernetes pod (the kubelet sets KUBERNETES_SERVICE_HOST
+    in every container it starts)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST", "").strip())
 
-    In order: ``tracking_uri`` when given; else the ``MLFLOW_TRACKING_URI`` environment variable
-    (how a cluster points every step at its tracking server); else the embedded store
-    ``sqlite:///<default_store_dir()>/mlflow.db``, whose folder is created here.
 
-    Args:
-        tracking_uri: An explicit URI (``http://mlflow.kubeflow:5000``, ``sqlite:///...``), or None.
+def named_tracking_uri(tracking_uri: str | None) -> str | None:
+    """The tracking URI this process was told of: ``tracking_uri``, else ``MLFLOW_TRACKING_URI``
+    from the environment; None when neither names one.
 
-    Returns:
-        The URI, never empty.
+    Raises:
+        InputError: In a Kubernetes pod with neither: the embedded store there would be a file
+            in the step's container, gone when the pod ends, so a run would "register" a model
+            nobody can ever find (and every evaluate would find no champion). One line naming
+            ``registry_uri``, before any work.
     """
     if tracking_uri and tracking_uri.strip():
         return tracking_uri.strip()
     from_env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
     if from_env:
         return from_env
+    if in_kubernetes_pod():
+        raise InputError(
+            "E_PARAM",
+            "registry_uri is empty and this step runs in a Kubernetes pod, where the embedded "
+            "registry would die with the pod: set registry_uri to the cluster's MLflow (e.g. "
+            "http://mlflow.kubeflow:5000; `gpupipe upload --set registry_uri=...` makes it the "
+            "default) or MLFLOW_TRACKING_URI in the step's environment",
+            "registry_uri",
+        )
+    return None
+
+
+def resolve_tracking_uri(tracking_uri: str | None) -> str:
+    """The MLflow tracking URI to use.
+
+    In order: ``tracking_uri`` when given; else the ``MLFLOW_TRACKING_URI`` environment variable
+    (how a cluster points every step at its tracking server); else, outside a Kubernetes pod,
+    the embedded store ``sqlite:///<default_store_dir()>/mlflow.db``, whose folder is created
+    here. In a pod with neither, a refusal (:func:`named_tracking_uri`).
+
+    Args:
+        tracking_uri: An explicit URI (``http://mlflow.kubeflow:5000``, ``sqlite:///...``), or None.
+
+    Returns:
+        The URI, never empty.
+
+    Raises:
+        InputError: In a pod with no tracking URI named.
+    """
+    named = named_tracking_uri(tracking_uri)
+    if named:
+        return named
     store = default_store_dir()
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"

@@ -26,7 +26,9 @@ def evaluate(
     reads (the reason is in the report's metadata, ``gate_reason``). ``gate_threshold`` 0 means
     no threshold; ``gate_baseline`` ``trivial`` fails a candidate worse than the trivial
     predictor, ``best`` one that does not beat the best baseline (their metrics are logged as
-    ``baseline_<name>_<metric>``); ``registry_uri`` empty means the default local registry.
+    ``baseline_<name>_<metric>``); ``registry_uri`` empty means
+    ``MLFLOW_TRACKING_URI``, else the embedded local registry; in a Kubernetes pod with neither,
+    the step refuses before any work (that registry would die with the pod).
     ``model_name`` is the pipeline's model: a plugin (``package.module:build``) named there is
     the only code a model artifact may make this step import, and only from the installed
     environment.

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from trainer.base.errors import InputError
+
 if TYPE_CHECKING:
     from pipelines.cluster import KfpCluster
 
@@ -43,6 +45,46 @@ def cluster_params(args: argparse.Namespace) -> dict[str, Any]:
     # Every step's config, and what KFP must not store, before any request is sent.
     check_cluster_parameters(check_parameters(params))
     return params
+
+
+def baked_defaults(pairs: list[str]) -> dict[str, Any]:
+    """``--set name=value`` pairs, typed and checked as ``--param`` values are (what KFP must not
+    store included), for a version's defaults."""
+    from pipelines.params import check_cluster_parameters, check_parameters, typed_parameters
+
+    try:
+        values = typed_parameters(pairs, require=False)
+    except InputError as e:
+        where = "--set" if e.where == "--param" else e.where
+        raise InputError(e.code, e.message.replace("name=value", "NAME=VALUE"), where) from None
+    # Checked over the pipeline's defaults, with a stand-in table where none is baked: the
+    # values' own checks (their types, their steps' configs) do not depend on which table.
+    check_cluster_parameters(check_parameters({"data_uri": "s3://bucket/table.parquet", **values}))
+    return values
+
+
+def refuse_unnamed_registry(params: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Refuse a cluster run with no model registry: in a pod an empty ``registry_uri`` would be
+    a SQLite file in the register step's container, gone with the pod, and the run would report
+    a model registered that nobody can find.
+
+    Args:
+        params: the run's ``--param`` values.
+        defaults: the defaults of the version it runs (``--set`` at upload).
+
+    Raises:
+        InputError: ``E_PARAM`` naming ``registry_uri``, before any run is created.
+    """
+    if str(params.get("registry_uri") or defaults.get("registry_uri") or "").strip():
+        return
+    raise InputError(
+        "E_PARAM",
+        "registry_uri is empty (no --param registry_uri, no default in the pipeline version): "
+        "on a cluster the model would be registered into a file that dies with the step's pod; "
+        "pass --param registry_uri=http://mlflow.kubeflow:5000 (the cluster's MLflow) or upload "
+        "the version with --set registry_uri=...",
+        "registry_uri",
+    )
 
 
 def add_cluster_args(p: argparse.ArgumentParser, *, required: bool) -> None:

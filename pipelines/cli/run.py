@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.cli.help import PlainRawHelp
-from pipelines.cli.host import add_cluster_args, cluster_params, connect, default_pipeline
+from pipelines.cli.host import (
+    add_cluster_args,
+    cluster_params,
+    connect,
+    default_pipeline,
+    refuse_unnamed_registry,
+)
 from trainer.base.errors import InputError, error_line
 
 DEFAULT_ROOT = ".runs/local"
@@ -144,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_on_cluster(args: argparse.Namespace) -> int:
-    from pipelines.cluster_package import compile_training_pipeline
+    from pipelines.cluster_package import compile_training_pipeline, parameter_defaults
 
     params = cluster_params(args)
     if args.compiled and args.version:
@@ -159,6 +165,12 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
     cluster = connect(args)
     pipeline = args.pipeline or default_pipeline()
     version = None if compiled else cluster.resolve_version(pipeline, args.version)
+    refuse_unnamed_registry(
+        params,
+        parameter_defaults(compiled.pipeline_spec())
+        if compiled
+        else cluster.version_defaults(*version),
+    )
     experiment_id = cluster.experiment_id(experiment)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     run_id = cluster.start_run(

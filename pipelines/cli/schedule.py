@@ -7,7 +7,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pipelines.cli.host import add_cluster_args, cluster_params, connect, default_pipeline
+from pipelines.cli.host import (
+    add_cluster_args,
+    cluster_params,
+    connect,
+    default_pipeline,
+    refuse_unnamed_registry,
+)
 from trainer.base.errors import InputError
 
 
@@ -47,11 +53,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     cluster = connect(args)
     pipeline = args.pipeline or default_pipeline()
     name = args.name or f"{pipeline}-schedule"
+    version = cluster.resolve_version(pipeline, args.version)
+    refuse_unnamed_registry(params, cluster.version_defaults(*version))
     body = schedule_body(
         name=name,
         cron=args.cron,
         experiment_id=cluster.experiment_id(args.experiment),
-        version=cluster.resolve_version(pipeline, args.version),
+        version=version,
         parameters=params,
         max_concurrency=args.max_concurrency,
         no_catchup=args.no_catchup,

@@ -6,13 +6,15 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.cli.host import add_cluster_args, connect
+from pipelines.cli.host import add_cluster_args, baked_defaults, connect
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    from pipelines.cluster_package import compile_training_pipeline, read_package
+    from pipelines.cluster_package import compile_training_pipeline, read_package, with_defaults
 
+    values = baked_defaults(list(args.set)) if args.set else {}
     compiled = read_package(Path(args.package)) if args.package else compile_training_pipeline()
+    compiled = with_defaults(compiled, values)
     cluster = connect(args)
     pipeline = args.pipeline or compiled.name
     up = cluster.upload(compiled, pipeline=pipeline, version=args.version)
@@ -24,6 +26,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
     print(f"  pipeline id  {up.pipeline_id}")
     print(f"  version id   {up.version_id}")
     print(f"  {cluster.pipeline_link(up.pipeline_id, up.version_id)}")
+    if compiled.baked:
+        print(f"  defaults     {', '.join(compiled.baked)}")
     return 0
 
 
@@ -37,5 +41,14 @@ def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="upload this compiled pipeline YAML (e.g. from `gpupipe compile`) instead of "
         "compiling the training pipeline now",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="make VALUE the version's default for pipeline parameter NAME (repeatable): what the "
+        "UI's Create run form opens with, e.g. registry_uri=http://mlflow.kubeflow:5000, "
+        "gpus_per_node=0; listed in the version's description",
     )
     p.set_defaults(func=cmd_upload)

@@ -117,10 +117,13 @@ def test_a_deleted_node_pod_restarts_the_jobset_and_training_resumes_to_the_same
     # node together (its failurePolicy), which resumed from the last checkpoint.
     jobset = kube.get_json("jobset", "-n", namespace, run.job)
     assert jobset["status"]["restarts"] >= 1, jobset["status"]
-    assert all(
-        p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] != "0"
-        for p in node_pods(namespace, run.job)
-    )
+    pods = node_pods(namespace, run.job)
+    assert all(p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] != "0" for p in pods)
+    # gpupipe's runtime mounts no service-account token into training pods (no kube-api-access
+    # volume): training code and model plugins never need one.
+    for pod in pods:
+        assert pod["spec"].get("automountServiceAccountToken") is False, pod["spec"]
+        assert not any(v["name"].startswith("kube-api-access") for v in pod["spec"]["volumes"])
     launchers.check_resumed_to_the_reference(run, log, reference)
 
 

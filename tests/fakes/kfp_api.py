@@ -228,6 +228,7 @@ class FakeKfp:
                 lambda: self._upload(q, headers, body, new=False),
             ),
             ("GET", r"/pipelines/([^/]+)/versions", lambda pid: self._list_versions(pid, q)),
+            ("GET", r"/pipelines/([^/]+)/versions/([^/:]+)", self._get_version),
             ("GET", r"/pipelines/([^/:]+)", lambda pid: to_json(self._pipeline(pid))),
             ("GET", r"/experiments", lambda: self._list("experiments", self._experiments(q), q)),
             (
@@ -365,6 +366,12 @@ class FakeKfp:
         )
         self.versions[pid].append(v)
         return to_json(self.pipelines[pid] if new else v)
+
+    def _get_version(self, pid: str, vid: str) -> Any:
+        found = [v for v in self.versions.get(pid, []) if v.pipeline_version_id == vid]
+        if not found:
+            raise ApiError(404, f"Not found: pipeline version {vid} of pipeline {pid}")
+        return to_json(found[0])
 
     def _list_versions(self, pid: str, q: dict[str, str]) -> Any:
         self._pipeline(pid)

@@ -111,10 +111,10 @@ def test_two_ranks_serve_metrics_that_move_while_training(tmp_path: Path) -> Non
     losses = {_value(s, "training_loss") for s in scrapes}
     assert len(losses) > 1
     assert _value(last, "checkpoint_size_mb", "checkpoint_size_mb_count") >= 2
-    assert _value(last, "cost_usd", "cost_usd_total") > 0
-    # cost = GPU-hours x price, whatever the scrape's timing
-    gpu_hours = _value(last, "gpu_hours", "gpu_hours_total")
-    assert _value(last, "cost_usd", "cost_usd_total") == pytest.approx(3.6 * gpu_hours)
+    # Two CPU processes: however many GPUs the config says the job holds, none was driven, so
+    # no GPU-hour is counted or priced (a laptop's run once reported GPU-hours it never used).
+    assert _value(last, "gpu_hours", "gpu_hours_total") == 0
+    assert _value(last, "cost_usd", "cost_usd_total") == 0
 
     lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
     start = next(r for r in lines if r["event"] == "start")
@@ -122,7 +122,7 @@ def test_two_ranks_serve_metrics_that_move_while_training(tmp_path: Path) -> Non
     # The final values outlive the endpoint: the model's metadata has them.
     meta = json.loads((cfg.parent / "model" / "model.json").read_text())
     run = meta["extra"]["run"]
-    assert run["gpus"] == 2 and run["gpu_hour_usd"] == 3.6
-    assert run["cost_usd"] == pytest.approx(run["gpu_hours"] * 3.6)
-    assert run["gpu_hours"] == pytest.approx(run["training_duration_seconds"] * 2 / 3600, rel=1e-3)
+    assert (run["device"], run["processes"], run["gpus"]) == ("cpu", 2, 0), run
+    assert run["gpu_hour_usd"] == 3.6 and run["gpu_hours"] == 0 and run["cost_usd"] == 0
+    assert run["training_duration_seconds"] > 0
     assert _scrape(url) is None  # the endpoint is gone with the job

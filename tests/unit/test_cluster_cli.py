@@ -37,9 +37,13 @@ def _body(fake: FakeKfp, method: str, path: str) -> dict:
     return json.loads(fake.calls(method, path)[-1].body)
 
 
+REGISTRY = "http://mlflow.kubeflow:5000"
+
+
 @pytest.fixture
 def uploaded(kfp: FakeKfp, capsys: pytest.CaptureFixture[str]) -> FakeKfp:
-    assert _gp(capsys, "upload", "--host", kfp.url)[0] == 0
+    """The pipeline uploaded as a platform team does: with the cluster's registry baked in."""
+    assert _gp(capsys, "upload", "--host", kfp.url, "--set", f"registry_uri={REGISTRY}")[0] == 0
     return kfp
 
 
@@ -67,7 +71,8 @@ def test_upload_creates_pipeline_and_content_named_version(
 def test_upload_same_yaml_twice_is_a_no_op(
     uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = _gp(capsys, "upload", "--host", uploaded.url)
+    again = ["upload", "--host", uploaded.url, "--set", f"registry_uri={REGISTRY}"]
+    code, out, _ = _gp(capsys, *again)
     assert code == 0
     assert out.startswith("unchanged: this YAML is already uploaded")
     assert len(uploaded.calls("POST", "/apis/v2beta1/pipelines/upload_version")) == 1
@@ -82,6 +87,74 @@ def _changed() -> cluster_package.Compiled:
 
 
 _real_compile = cluster_package.compile_training_pipeline
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--param", "data_uri=s3://b/d.parquet"],
+        ["run", "--param", "data_uri=s3://b/d.parquet", "--param", "registry_uri="],
+        ["run", "--compiled", "--param", "data_uri=s3://b/d.parquet"],
+        ["schedule", "--cron", "0 0 2 * * *", "--param", "data_uri=s3://b/d.parquet"],
+    ],
+    ids=["run", "run-empty", "run-compiled", "schedule"],
+)
+def test_a_run_with_no_registry_is_refused_before_it_is_submitted(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    # Issue 60, item 0: with registry_uri empty, a cluster run "registered" its model into a
+    # SQLite file inside the register step's pod, gone with the pod, and SUCCEEDED.
+    assert _gp(capsys, "upload", "--host", kfp.url)[0] == 0
+    code, _, err = _gp(capsys, command[0], "--host", kfp.url, *command[1:])
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert "E_PARAM" in line and "registry_uri is empty" in line and "--set registry_uri" in line
+    assert not kfp.calls("POST", "/apis/v2beta1/runs")
+    assert not kfp.calls("POST", "/apis/v2beta1/recurringruns")
+
+
+def test_upload_set_bakes_defaults_that_runs_take_and_lists_them(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _gp(
+        capsys, "upload", "--host", kfp.url, "--set", f"registry_uri={REGISTRY}",
+        "--set", "gpus_per_node=0",
+    )  # fmt: skip
+    assert code == 0
+    assert f'defaults     gpus_per_node=0, registry_uri="{REGISTRY}"' in out
+    (pipeline,) = kfp.pipelines.values()
+    (version,) = kfp.versions[pipeline.pipeline_id]
+    params = version.pipeline_spec["root"]["inputDefinitions"]["parameters"]
+    assert params["registry_uri"]["defaultValue"] == REGISTRY
+    assert params["gpus_per_node"]["defaultValue"] == 0
+    assert "defaults set: gpus_per_node=0" in version.description
+    assert REGISTRY in version.pipeline_spec["pipelineInfo"]["description"]
+    # A run given only the table takes the baked registry: accepted, and KFP fills it in.
+    code, _, err = _gp(capsys, "run", "--host", kfp.url, "--param", "data_uri=s3://b/d.parquet")
+    assert code == 0, err
+    body = _body(kfp, "POST", "/apis/v2beta1/runs")
+    assert "registry_uri" not in body["runtime_config"]["parameters"]
+
+
+@pytest.mark.parametrize(
+    ("pair", "expected"),
+    [
+        ("nope=1", "unknown pipeline parameter"),
+        ("gpus_per_node=two", "gpus_per_node"),
+        ("registry_uri=http://u:pw@mlflow:5000", "must not hold an account"),
+        ("registry_uri", "NAME=VALUE"),
+    ],
+    ids=["unknown", "wrong-type", "secret", "no-equals"],
+)
+def test_upload_set_refuses_a_bad_default_before_any_request(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], pair: str, expected: str
+) -> None:
+    code, _, err = _gp(capsys, "upload", "--host", kfp.url, "--set", pair)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert "E_PARAM" in line and expected in line, line
+    assert "pw" not in line.replace("pw@", "")  # the password is never repeated
+    assert not kfp.calls()
 
 
 def test_upload_changed_content_adds_a_version(
@@ -142,7 +215,8 @@ def test_run_sends_typed_parameters_and_version_reference(
 def test_run_compiled_sends_the_spec_inline(
     kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, _ = _gp(capsys, "run", "--host", kfp.url, "--compiled", "--data", "s3://b/d.parquet")
+    argv = ["run", "--host", kfp.url, "--compiled", "--data", "s3://b/d.parquet"]
+    code, _, _ = _gp(capsys, *argv, "--param", f"registry_uri={REGISTRY}")
     assert code == 0
     body = _body(kfp, "POST", "/apis/v2beta1/runs")
     assert "pipeline_version_reference" not in body
@@ -564,7 +638,8 @@ def test_namespace_reaches_pipeline_experiment_and_schedule_listing(
 ) -> None:
     ns = ["--namespace", "team-a"]
     assert _gp(capsys, "upload", "--host", kfp.url, *ns)[0] == 0
-    assert _gp(capsys, "run", "--host", kfp.url, *ns, "--param", "data_uri=x")[0] == 0
+    params = ["--param", "data_uri=x", "--param", f"registry_uri={REGISTRY}"]
+    assert _gp(capsys, "run", "--host", kfp.url, *ns, *params)[0] == 0
     assert _gp(capsys, "schedule", "--host", kfp.url, *ns, "--list")[0] == 0
     (pipeline,) = kfp.pipelines.values()
     (experiment,) = kfp.experiments.values()

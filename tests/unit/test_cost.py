@@ -71,7 +71,7 @@ def test_max_steps_caps_the_estimate_and_no_price_means_no_cost() -> None:
     )  # fmt: skip
     assert est.samples == 6400
     assert est.estimated_duration_hours == pytest.approx(10 / 3600)
-    assert est.gpus == 1  # a node without GPUs holds one process
+    assert est.gpus == 0  # a node without GPUs holds none: no GPU-hours
     assert est.hourly_cost_usd is None and est.total_cost_usd is None
     assert any("no GPU-hour price" in a for a in est.assumptions)
 
@@ -79,6 +79,26 @@ def test_max_steps_caps_the_estimate_and_no_price_means_no_cost() -> None:
 def test_the_actual_is_gpu_hours_times_price() -> None:
     assert cost.actual(1800.0, 4, 2.5) == {"duration_s": 1800.0, "gpu_hours": 2.0, "cost_usd": 5.0}
     assert cost.actual(1800.0, 4, None)["cost_usd"] is None
+
+
+@pytest.mark.parametrize(
+    ("held", "device", "processes", "used"),
+    [(4, "cuda", 4, 4), (0, "cuda", 2, 2), (1, "cpu", 1, 0), (8, "cpu", 2, 0)],
+    ids=["gpus-held", "one-per-process", "cpu-though-asked", "cpu-8-asked"],
+)
+def test_only_gpus_really_driven_count(held: int, device: str, processes: int, used: int) -> None:
+    # A run --local on a laptop (gpus_per_node 1 by default) trained on the CPU but its model
+    # said "gpus": 1 and counted GPU-hours: what ran is what is recorded.
+    assert cost.gpus_used(held, device, processes) == used
+    assert cost.actual(3600.0, used, 2.0)["gpu_hours"] == used
+
+
+def test_the_summary_says_where_the_run_ran() -> None:
+    cpu = {"duration_s": 5.0, "cost_usd": 0.0, "gpu_hours": 0.0, "device": "cpu", "gpus": 0}
+    (line,) = cost.summary_lines(None, cpu)
+    assert "0.000000 GPU-hours, on the CPU" in line
+    gpu = {**cpu, "device": "cuda", "gpus": 2, "gpu_hours": 0.5}
+    assert "GPU-hours, on 2 GPUs" in cost.summary_lines(None, gpu)[0]
 
 
 def test_a_throughput_must_be_positive() -> None:
@@ -138,8 +158,8 @@ def test_the_registered_model_is_tagged_with_its_cost(tmp_path) -> None:  # type
 @pytest.mark.parametrize(
     ("nnodes", "gpus_per_node", "line"),
     [
-        (1, 0, "no GPU (gpus_per_node 0): 1 CPU process, each billed as one GPU"),
-        (2, 0, "no GPU (gpus_per_node 0): 2 CPU processes, each billed as one GPU"),
+        (1, 0, "no GPU (gpus_per_node 0 or none found): 1 CPU process, no GPU-hours"),
+        (2, 0, "no GPU (gpus_per_node 0 or none found): 2 CPU processes, no GPU-hours"),
         (1, 1, "1 GPU held (1 node x 1 per node)"),
         (2, 8, "16 GPUs held (2 nodes x 8 per node)"),
     ],

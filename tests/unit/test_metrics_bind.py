@@ -86,3 +86,25 @@ def test_in_a_pod_the_endpoint_listens_where_a_scrape_reaches_it(
 def test_an_explicit_host_wins_in_a_pod_too(in_a_pod: None, endpoint: TrainingMetrics) -> None:
     assert endpoint._server.server_address[0] == "127.0.0.1"
     assert endpoint.url == f"http://127.0.0.1:{endpoint.cfg.port}/metrics"
+
+
+@pytest.mark.parametrize(
+    ("device", "hours_per_hour"), [("cuda", 2.0), ("cpu", 0.0)], ids=["cuda", "cpu"]
+)
+def test_gpu_hours_count_only_while_gpus_are_driven(
+    device: str, hours_per_hour: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Item 13 of issue 60: a CPU run of a config that holds 2 GPUs counted 2 GPU-hours an hour.
+    ctx = DistContext(
+        rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0,
+        device=torch.device(device), backend=None,
+    )  # fmt: skip
+    metrics = TrainingMetrics(MetricsConfig(gpu_hour_usd=3.0, gpus=2), ctx)
+    now = [1000.0]
+    monkeypatch.setattr("trainer.training.prom.time.monotonic", lambda: now[0])
+    metrics._last = now[0]
+    now[0] += 3600.0
+    metrics._tick()
+    assert metrics.gpu_hours._value.get() == pytest.approx(hours_per_hour)
+    assert metrics.cost is not None
+    assert metrics.cost._value.get() == pytest.approx(3.0 * hours_per_hour)

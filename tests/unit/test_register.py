@@ -206,12 +206,82 @@ def test_resolve_tracking_uri(
     expected: str,
 ) -> None:
     monkeypatch.setenv("GPUPIPE_HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     if env is None:
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     else:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
 
     assert registry.resolve_tracking_uri(given) == expected.format(home=tmp_path)
+
+
+@pytest.fixture
+def in_a_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """This process as a step in a Kubernetes pod told of no registry; ``$GPUPIPE_HOME`` is
+    returned, to check that nothing is made there."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("GPUPIPE_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _refused_for_registry_uri(e: pytest.ExceptionInfo[InputError]) -> None:
+    assert e.value.code == "E_PARAM" and e.value.where == "registry_uri"
+    assert "registry_uri is empty" in e.value.message and "die with the pod" in e.value.message
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("given", [None, "", "  "], ids=["none", "empty", "blank"])
+def test_in_a_pod_no_registry_named_is_refused_not_an_embedded_store(
+    in_a_pod: Path, given: str | None
+) -> None:
+    # Issue 60, item 0: a KFP run's register step chose ~/.gpupipe's SQLite inside its pod,
+    # logged "registered ... version 1 ... champion: true", and the store died with the pod.
+    with pytest.raises(InputError) as e:
+        registry.resolve_tracking_uri(given)
+    _refused_for_registry_uri(e)
+    assert not in_a_pod.exists()
+
+
+def test_in_a_pod_the_environments_tracking_server_is_used(
+    in_a_pod: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.kubeflow:5000")
+    assert registry.resolve_tracking_uri(None) == "http://mlflow.kubeflow:5000"
+    # An explicit SQLite URI is a person's own choice (a mounted volume): it stands.
+    assert registry.resolve_tracking_uri("sqlite:////data/mlflow.db") == "sqlite:////data/mlflow.db"
+
+
+def test_in_a_pod_evaluate_and_register_refuse_before_any_work(
+    in_a_pod: Path,
+    make_model_dir: Callable[..., str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from components.fingerprint import fingerprint as fingerprint_component
+    from trainer.steps.preprocess import write_demo_data
+
+    model_dir = make_model_dir()
+
+    # evaluate looks the champion up first: refused before it reads the model or the data.
+    with pytest.raises(InputError) as e:
+        registry.get_champion(None, "churn")
+    _refused_for_registry_uri(e)
+    with pytest.raises(InputError) as e:
+        _register(RegisterConfig(model_name="churn", tracking_uri=None), model_dir, "r1", True)
+    _refused_for_registry_uri(e)
+    # The pipeline's first step refuses too (a run fails in seconds, not after training) ...
+    table = str(tmp_path / "t.parquet")
+    write_demo_data(table, rows=50, task="classification", seed=0)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        fingerprint_component.python_func(data_uri=table, registry_uri="")
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("ERROR [fingerprint] E_PARAM: registry_uri is empty"), line
+    # ... and checks nothing where the pipeline registers nothing (a user's own DAG).
+    assert fingerprint_component.python_func(data_uri=table).startswith("fp1:")
+    assert not in_a_pod.exists()
 
 
 @pytest.mark.parametrize(

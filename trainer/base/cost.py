@@ -68,8 +68,18 @@ def resolve_price(
 
 
 def gpus_held(nnodes: int, gpus_per_node: int) -> int:
-    """GPUs a job holds and is billed for: nodes x GPUs per node (one per process without)."""
-    return nnodes * max(gpus_per_node, 1)
+    """GPUs a job holds and is billed for: nodes x GPUs per node (none on CPU nodes)."""
+    return nnodes * max(gpus_per_node, 0)
+
+
+def gpus_used(held: int, device_type: str, processes: int) -> int:
+    """GPUs a running job really uses: what it holds (``held``; 0: one per process) when its
+    processes drive CUDA devices, and none when they train on the CPU, also where the pipeline
+    asked for GPUs that were not there (``gpus_per_node`` 1 on a laptop): GPU-hours that were
+    never used are never recorded or priced."""
+    if device_type != "cuda":
+        return 0
+    return held or processes
 
 
 @dataclass(kw_only=True, slots=True)
@@ -115,11 +125,11 @@ class CostEstimate:
 
 
 def _held(gpus: int, nnodes: int, gpus_per_node: int) -> str:
-    """What the job holds, as a person reads it (a CPU job's processes count as one GPU each)."""
+    """What the job holds, as a person reads it (a CPU job holds no GPU and costs nothing here)."""
     nodes = f"{nnodes} node{'s' if nnodes != 1 else ''}"
     if gpus_per_node < 1:
         one = "process" if nnodes == 1 else "processes"
-        return f"no GPU (gpus_per_node 0): {nnodes} CPU {one}, each billed as one GPU"
+        return f"no GPU (gpus_per_node 0 or none found): {nnodes} CPU {one}, no GPU-hours"
     return f"{gpus} GPU{'s' if gpus != 1 else ''} held ({nodes} x {gpus_per_node} per node)"
 
 
@@ -186,12 +196,26 @@ def _money(value: float | None) -> str:
     return "no price" if value is None else f"${value:,.4f}"
 
 
+def _ran_on(act: dict[str, Any]) -> str:
+    """``, on 2 GPUs`` or ``, on the CPU``: what the run's processes used (older records: '')."""
+    device = act.get("device")
+    if device is None:
+        return ""
+    if device != "cuda":
+        return ", on the CPU"
+    gpus = act.get("gpus") or 0
+    return f", on {gpus} GPU{'s' if gpus != 1 else ''}"
+
+
 def summary_lines(est: dict[str, Any] | None, act: dict[str, Any] | None) -> list[str]:
     """Lines for a run summary: the estimate beside the actual (either may be missing)."""
     lines = []
     if est is not None:
         hourly = est["hourly_cost_usd"]
-        per_hour = "" if hourly is None else f"; {_money(hourly)}/h for {est['gpus']} GPUs"
+        if not est["gpus"]:
+            per_hour = "; on the CPU: no GPU-hours"
+        else:
+            per_hour = "" if hourly is None else f"; {_money(hourly)}/h for {est['gpus']} GPUs"
         lines.append(
             f"estimate {est['estimated_duration_hours'] * 3600:.1f} s, "
             f"{_money(est['total_cost_usd'])} ({est['samples_per_s']:.1f} samples/s, "
@@ -200,6 +224,6 @@ def summary_lines(est: dict[str, Any] | None, act: dict[str, Any] | None) -> lis
     if act is not None:
         lines.append(
             f"actual   {act['duration_s']:.1f} s, {_money(act.get('cost_usd'))} "
-            f"({act['gpu_hours']:.6f} GPU-hours)"
+            f"({act['gpu_hours']:.6f} GPU-hours{_ran_on(act)})"
         )
     return lines

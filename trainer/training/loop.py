@@ -258,11 +258,14 @@ def train(
 
 def _run_record(cfg: WorkerConfig, ctx: DistContext, seconds: float, steps: int) -> dict[str, Any]:
     """What the run took and cost, for the model's metadata (``model.json``'s ``extra.run``):
-    the values a pod that lived too short to be scraped would have served."""
-    gpus = cfg.metrics.gpus or ctx.world_size
+    the values a pod that lived too short to be scraped would have served. What ran: the device
+    type, the processes, the GPUs really used (none on the CPU) and their hours."""
+    gpus = cost.gpus_used(cfg.metrics.gpus, ctx.device.type, ctx.world_size)
     record = cost.actual(seconds, gpus, cfg.metrics.gpu_hour_usd)
     return {
         "training_duration_seconds": round(seconds, 3),
+        "device": ctx.device.type,
+        "processes": ctx.world_size,
         "gpus": gpus,
         "gpu_hours": record["gpu_hours"],
         "gpu_hour_usd": cfg.metrics.gpu_hour_usd,

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from trainer.base import storage
+from trainer.base import cost, storage
 from trainer.base.errors import InputError
 from trainer.config import MetricsConfig
 from trainer.distributed import dist
@@ -86,7 +86,7 @@ class TrainingMetrics:
         """
         self.cfg, self.ctx = cfg, ctx
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.gpus = cfg.gpus or ctx.world_size
+        self.gpus = cost.gpus_used(cfg.gpus, ctx.device.type, ctx.world_size)
         self._tokens = tokens_per_sample
         self._server: Any = None
         self._started = self._last = time.monotonic()

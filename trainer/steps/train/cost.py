@@ -156,15 +156,20 @@ def estimate_before_launch(
     rows: int | None,
     nnodes: int,
     gpus_per_node: int,
+    gpus_found: bool = True,
 ) -> cost.CostEstimate | None:
     """Set ``worker``'s ``metrics`` section (endpoint, price, GPUs held) and estimate the run.
+
+    ``gpus_found`` False: the job's processes will find no GPU (torchrun in this step, on a
+    machine without CUDA): they train on the CPU, and no GPU-hour is estimated or billed.
 
     Returns:
         The estimate, logged with its assumptions; ``None`` (with a warning) when the training
         split's size is unknown or the throughput cannot be measured.
     """
+    billed = gpus_per_node if gpus_found else 0
     worker.metrics = MetricsConfig(
-        port=port or 0, gpu_hour_usd=c.gpu_hour_usd, gpus=cost.gpus_held(nnodes, gpus_per_node)
+        port=port or 0, gpu_hour_usd=c.gpu_hour_usd, gpus=cost.gpus_held(nnodes, billed)
     )
     if not rows:
         return None
@@ -174,7 +179,7 @@ def estimate_before_launch(
             worker,
             rows=rows,
             nnodes=nnodes,
-            gpus_per_node=gpus_per_node,
+            gpus_per_node=billed,
             processes=processes_per_node(gpus_per_node) * nnodes,
         )
     except (RuntimeError, ValueError) as e:  # a model the probe cannot drive: say so, go on
@@ -202,7 +207,15 @@ def record(model_uri: str, est: cost.CostEstimate | None) -> dict[str, Any]:
     run = (meta.get("extra") or {}).get("run") or {}
     actual = {
         k: run.get(k)
-        for k in ("training_duration_seconds", "gpus", "gpu_hours", "gpu_hour_usd", "cost_usd")
+        for k in (
+            "training_duration_seconds",
+            "device",
+            "processes",
+            "gpus",
+            "gpu_hours",
+            "gpu_hour_usd",
+            "cost_usd",
+        )
     }
     actual["duration_s"] = actual.pop("training_duration_seconds")
     body = {"estimate": est.to_dict() if est is not None else None, "actual": actual or None}

@@ -57,6 +57,13 @@ CLUSTER_LAUNCHERS = ("pytorchjob", "trainjob")
 """Launchers that run the job as a custom resource on a cluster (the ``cluster`` section)."""
 
 
+def _cuda_here() -> bool:
+    """Whether torchrun in this step will find a GPU (``launcher=local``)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainStepConfig:
     """What the pipeline's train step asks for; data and output locations come from KFP."""
@@ -461,6 +468,7 @@ def train_step(
         rows=_split_rows(read_schema(dataset_uri), dataset_uri, "train"),
         nnodes=cfg.nnodes,
         gpus_per_node=cfg.gpus_per_node,
+        gpus_found=cfg.launcher in CLUSTER_LAUNCHERS or _cuda_here(),
     )
     outputs.claim_output_dir(work_uri, "train-work", inputs=work_inputs)
     config_uri = storage.join(work_uri, "worker-config.json")
