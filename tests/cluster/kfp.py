@@ -18,6 +18,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.cluster import kube
 
 NS = "kubeflow"
@@ -305,3 +307,26 @@ def stop_state(run_id: str, job: str) -> str:
         lines.append(f"train step pod {name}: phase={(pod.get('status') or {}).get('phase')}")
         lines += ["  " + line for line in kube.logs(NS, name, "main").splitlines()[-25:]]
     return "\n".join(lines)
+
+
+def registered_version(model: str, run_id: str) -> Any:
+    """The version of ``model`` that KFP run ``run_id`` registered in the cluster's MLflow, or
+    None; MLflow asks who is calling (manifests/mlflow): a request without the account is
+    refused (checked here), and the account of the secret ``registry_secret`` names is used."""
+    from trainer.registry import find_version_by_pipeline_run
+
+    with port_forward("mlflow", 5000) as mlflow:
+        try:
+            urllib.request.urlopen(f"{mlflow}/api/2.0/mlflow/registered-models/search", timeout=30)
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 401, refused
+        else:
+            raise AssertionError("MLflow answered a request that named no account")
+        account = {
+            "MLFLOW_TRACKING_USERNAME": kube.secret_value(NS, "mlflow-auth", "username"),
+            "MLFLOW_TRACKING_PASSWORD": kube.secret_value(NS, "mlflow-auth", "password"),
+        }
+        with pytest.MonkeyPatch.context() as env:
+            for name, value in account.items():
+                env.setenv(name, value)
+            return find_version_by_pipeline_run(mlflow, model, run_id)

@@ -16,8 +16,6 @@ import json
 import re
 import subprocess
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,25 +214,13 @@ def test_the_training_pipeline_runs_to_the_end_and_registers_the_model(
         assert line in out.stdout, out.stdout
     # The model's files are in KFP's artifact store, where the train task's output says.
     from trainer.base import storage
-    from trainer.registry import find_version_by_pipeline_run
 
     models = [u for u in _artifact_uris(run_id) if u.rstrip("/").endswith("/model")]
     assert models, _artifact_uris(run_id)
     assert storage.exists(storage.join(models[0], "model.safetensors")), models[0]
     # MLflow asks who is calling (manifests/mlflow): the steps used the account of the secret
-    # registry_secret names; a request without one is refused.
-    with kfp.port_forward("mlflow", 5000) as mlflow:
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(f"{mlflow}/api/2.0/mlflow/registered-models/search", timeout=30)
-        assert refused.value.code == 401
-        account = {
-            "MLFLOW_TRACKING_USERNAME": kube.secret_value(NS, "mlflow-auth", "username"),
-            "MLFLOW_TRACKING_PASSWORD": kube.secret_value(NS, "mlflow-auth", "password"),
-        }
-        with pytest.MonkeyPatch.context() as env:
-            for name, value in account.items():
-                env.setenv(name, value)
-            version = find_version_by_pipeline_run(mlflow, finished["model"], run_id)
+    # registry_secret names; a request without one is refused (kfp.registered_version).
+    version = kfp.registered_version(finished["model"], run_id)
     assert version is not None, f"no version of {finished['model']} tagged with run {run_id}"
 
 

@@ -467,7 +467,12 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(at: I
 
 def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(at: InTheUI) -> None:
     expect = _expect()
-    params = {"data_uri": at.table, "target": "no_such_column", "gpus_per_node": "0"}
+    params = {
+        "data_uri": at.table,
+        "target": "no_such_column",
+        "gpus_per_node": "0",
+        "registry_uri": MLFLOW,
+    }
     run_id = _create_run(at, params)
     done = kfp.wait_run(at.host, run_id, timeout=600)
     assert done["state"] == "FAILED", kfp.failure_report(done)
@@ -486,6 +491,76 @@ def test_a_failed_run_shows_the_failed_step_and_its_one_error_line(at: InTheUI) 
     line = "ERROR [preprocess] E_COLUMN: target column 'no_such_column'"
     expect(at.page.get_by_text(line).first).to_be_visible()
     at.shot(at.page, "ui-failed-run-preprocess-logs")
+
+
+def test_a_run_started_from_the_form_with_no_registry_fails_at_its_first_step_in_one_line(
+    at: InTheUI,
+) -> None:
+    """Issue 60, item 0: started from the form with its defaults, a run "registered" its model
+    into a SQLite file inside the register step's pod (gone with it) and SUCCEEDED. Now the
+    version with no registry_uri default fails at fingerprint, before any work, in one line."""
+    expect = _expect()
+    params = {"data_uri": at.table, "target": "churned", "gpus_per_node": "0"}
+    run_id = _create_run(at, params)
+    done = kfp.wait_run(at.host, run_id, timeout=600)
+    assert done["state"] == "FAILED", kfp.failure_report(done)
+    states = kfp.task_states(done)
+    assert "preprocess" not in states or states["preprocess"] in ("SKIPPED", ""), states
+    at.page.reload()
+    _open_sub_dag(at.page, "exit-handler-1")
+    expect(_node(at.page, "fingerprint").locator("svg[data-testid='ErrorIcon']")).to_be_visible()
+    _open_node(at.page, "task.fingerprint", "Logs")
+    line = "ERROR [fingerprint] E_PARAM: registry_uri is empty"
+    expect(at.page.get_by_text(line).first).to_be_visible()
+    at.shot(at.page, "ui-no-registry-refused")
+
+
+def test_a_run_started_from_the_form_with_the_versions_defaults_registers_in_mlflow(
+    ui: str,  # noqa: F811
+    host: str,  # noqa: F811
+    table: str,  # noqa: F811
+    browser: Any,  # noqa: F811
+    request: pytest.FixtureRequest,
+) -> None:
+    """A platform team uploads its version with the cluster's settings baked in (`gpupipe upload
+    --set`); a person opens Create run, finds them in the form, types only the table and the
+    target, and Start: the run succeeds and its model is in the cluster's MLflow."""
+    from tests.cluster.ui import shot
+
+    expect = _expect()
+    name, model = kube.unique("gpupipe-ui-baked"), kube.unique("gpupipe-ui-baked-model")
+    baked = {
+        "registry_uri": MLFLOW,
+        "gpus_per_node": "0",
+        "epochs": "2",
+        "registered_model_name": model,
+    }
+    sets = [f for k, v in baked.items() for f in ("--set", f"{k}={v}")]
+    out = gpupipe("upload", "--host", host, "--pipeline", name, *sets)
+    assert out.returncode == 0, out.stderr
+    ids = dict(re.findall(r"^  (pipeline|version) id\s+(\S+)$", out.stdout, re.M))
+    uploaded = {"name": name, "pipeline_id": ids["pipeline"], "version_id": ids["version"]}
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(TIMEOUT_MS)
+    try:
+        pg = context.new_page()
+        at = InTheUI(ui, host, table, pg, lambda p, n: shot(p, n, request), uploaded)
+        _open_run_form(at)
+        # The form opens with the version's defaults, the registry among them.
+        for field, value in baked.items():
+            expect(pg.locator(f"[id='{field}']")).to_have_value(value)
+        _fill_parameters(pg, {"data_uri": table, "target": "churned"})
+        at.shot(pg, "ui-create-run-form-baked-defaults")
+        pg.locator("#startNewRunBtn").click()
+        url = lands_on(pg, RUN_PAGE, f"starting a run of {name} in the UI")
+        run_id = str(RUN_PAGE.findall(url)[0])
+    finally:
+        context.close()
+    done = kfp.wait_run(host, run_id)
+    assert done["state"] == "SUCCEEDED", kfp.failure_report(done)
+    assert kfp.registered_version(model, run_id) is not None, (
+        f"no version of {model} tagged with run {run_id} in the cluster's MLflow"
+    )
 
 
 # -- 5. terminate from the UI ------------------------------------------------------------------
@@ -512,6 +587,7 @@ def test_terminate_in_the_ui_stops_the_train_steps_job_and_its_pods_and_the_wait
         "launcher": "pytorchjob",
         "nodes": "2",
         "train_config_json": json.dumps({f"cluster.{k}": v for k, v in JOB_SETTINGS.items()}),
+        "registry_uri": MLFLOW,
     }
     flags = [f for k, v in params.items() for f in ("--param", f"{k}={v}")]
     waiting = kfp.gpupipe_popen(
