@@ -43,10 +43,12 @@ free_gib="$(df --output=avail -BG "$disk" | tail -n 1 | tr -dc '0-9')"
 ((free_gib >= MIN_FREE_GIB)) ||
   cannot "only ${free_gib} GiB free under ${STATE}: the test cluster needs ${MIN_FREE_GIB} GiB (GPUPIPE_MIN_FREE_GIB; its object store stops taking writes when the disk runs short)"
 [[ "$(id -u)" == 0 ]] || cannot "not root: kubelet and containerd need root (mounts, cgroups, network namespaces)"
-for c in cpu memory pids; do
-  [[ -d "/sys/fs/cgroup/${c}" || -f /sys/fs/cgroup/cgroup.controllers ]] ||
-    cannot "no ${c} cgroup controller mounted under /sys/fs/cgroup: kubelet cannot run pods"
-done
+cgroup_fs="${GPUPIPE_CGROUP_FS:-/sys/fs/cgroup}"
+case "$(cgroup_layout "$cgroup_fs")" in
+  v1) ;;
+  v2) cannot "cgroup v2 (the unified hierarchy at ${cgroup_fs}): the test cluster's scripts handle cgroup v1 only (the pods' cgroup root and its teardown); use a machine with cgroup v1" ;;
+  *) cannot "no cpu, memory and pids cgroup controllers mounted under ${cgroup_fs}: kubelet cannot run pods" ;;
+esac
 command -v go >/dev/null 2>&1 || cannot "Go is not installed: the cluster is built from Go modules"
 missing=()
 for pair in containerd:containerd runc:runc iptables:iptables conntrack:conntrack busybox:busybox-static \

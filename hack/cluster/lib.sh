@@ -46,11 +46,32 @@ say() { printf '    %s\n' "$*"; }
 
 # One line naming the piece and why, then exit 3. The line is kept in UNAVAILABLE_FILE too: the
 # cluster tests skip with it (tests/cluster/kube.py); a cluster-up that gets through removes it.
-UNAVAILABLE_FILE="${TMPDIR:-/tmp}/gpupipe-cluster.unavailable"
+# It lives in the cache folder (root's own, 0700), not under a fixed name in /tmp, where any local
+# user could plant one and make the cluster tests skip.
+UNAVAILABLE_FILE="${CACHE}/cluster.unavailable"
 cannot() {
   printf 'error: cluster: %s\n' "$*" >&2
-  printf '%s\n' "$*" >"$UNAVAILABLE_FILE" 2>/dev/null || true
+  (umask 077 && mkdir -p "$CACHE" && printf '%s\n' "$*" >"$UNAVAILABLE_FILE") 2>/dev/null || true
   exit 3
+}
+
+# The cgroup layout under DIR (default /sys/fs/cgroup): v1 (a hierarchy per controller: cpu,
+# memory, pids ...), v2 (the unified hierarchy: cgroup.controllers at the top) or none. The
+# cluster's scripts handle v1 only (the kubelet's cgroup root, cpuset's copy, the teardown's
+# walk over every hierarchy): cluster-up refuses v2 in its preflight, in one line.
+cgroup_layout() {
+  local dir="${1:-/sys/fs/cgroup}" c
+  if [[ -f "${dir}/cgroup.controllers" ]]; then
+    echo v2
+    return 0
+  fi
+  for c in cpu memory pids; do
+    [[ -d "${dir}/${c}" ]] || {
+      echo none
+      return 0
+    }
+  done
+  echo v1
 }
 
 die() {

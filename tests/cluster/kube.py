@@ -91,7 +91,7 @@ def unavailable() -> str | None:
         down = f"the test cluster does not answer: {proc.stderr.strip()[:200]}"
     else:
         down = f"no test cluster ({KUBECONFIG} is missing): make cluster-up starts one"
-    why = Path(os.environ.get("TMPDIR", "/tmp")) / "gpupipe-cluster.unavailable"
+    why = CACHE / "cluster.unavailable"
     if why.exists():
         return f"hack/cluster-up.sh: {why.read_text().strip()}"
     return down

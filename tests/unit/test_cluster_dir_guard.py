@@ -53,7 +53,7 @@ def test_cluster_up_refuses_a_disk_too_full_for_its_object_store(tmp_path: Path)
         **os.environ,
         "GPUPIPE_CLUSTER_DIR": str(state),
         "GPUPIPE_MIN_FREE_GIB": "999999999",
-        "TMPDIR": str(tmp_path),  # where `cannot` keeps its line: not the real cluster's
+        "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "cache"),  # `cannot` keeps its line there
     }
     out = subprocess.run(
         [str(ROOT / "hack" / "cluster-up.sh")], env=env, capture_output=True, text=True, timeout=60
@@ -63,4 +63,49 @@ def test_cluster_up_refuses_a_disk_too_full_for_its_object_store(tmp_path: Path)
     assert f"GiB free under {state}: the test cluster needs 999999999 GiB" in last, last
     assert "GPUPIPE_MIN_FREE_GIB" in last
     assert not state.exists() and not state.parent.exists()
-    assert (tmp_path / "gpupipe-cluster.unavailable").read_text().strip() in last
+    assert (tmp_path / "cache" / "cluster.unavailable").read_text().strip() in last
+    assert (tmp_path / "cache").stat().st_mode & 0o077 == 0  # owner-only, never in /tmp
+
+
+@pytest.mark.parametrize(
+    ("made", "layout"),
+    [
+        (["cpu/", "memory/", "pids/", "cpuset/"], "v1"),
+        (["cgroup.controllers", "cgroup.subtree_control"], "v2"),
+        (["cgroup.controllers", "cpu/", "memory/", "pids/"], "v2"),
+        (["cpu/", "memory/"], "none"),
+    ],
+    ids=["v1", "v2", "v2-hybrid-names", "no-pids"],
+)
+def test_the_cgroup_layout_is_told_apart(tmp_path: Path, made: list[str], layout: str) -> None:
+    for name in made:
+        path = tmp_path / name
+        path.mkdir() if name.endswith("/") else path.write_text("")
+    lib = ROOT / "hack" / "cluster" / "lib.sh"
+    out = subprocess.run(
+        ["bash", "-c", f'source "{lib}"; cgroup_layout "{tmp_path}"'],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == layout, out.stdout + out.stderr
+
+
+def test_cluster_up_refuses_cgroup_v2_in_one_line(tmp_path: Path) -> None:
+    """Issue 60, item 11: the preflight accepted cgroup v2, where cluster-up and cluster-down only
+    handle v1 paths."""
+    fs = tmp_path / "cgroup"
+    fs.mkdir()
+    (fs / "cgroup.controllers").write_text("cpu memory pids\n")
+    env = {
+        **os.environ,
+        "GPUPIPE_CLUSTER_DIR": str(tmp_path / "state"),
+        "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "cache"),
+        "GPUPIPE_CGROUP_FS": str(fs),
+        "GPUPIPE_MIN_FREE_GIB": "0",
+    }
+    out = subprocess.run(
+        [str(ROOT / "hack" / "cluster-up.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 3, out.stdout + out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("error: ")]
+    assert "cgroup v2 (the unified hierarchy at " in line and "cgroup v1 only" in line, line
+    assert not (tmp_path / "state").exists()
