@@ -392,17 +392,46 @@ def _generated_keys() -> set[tuple[str, str]]:
     return {(SECRETS[kind], key) for kind in SECRETS for key in new(kind)}
 
 
+KFP_PATCHED = (
+    "manifests/kustomize/third-party/seaweedfs/base/seaweedfs/mlpipeline-minio-artifact-secret.yaml",
+    "manifests/kustomize/base/installs/generic/mysql-secret.yaml",
+    "manifests/kustomize/third-party/mysql/base/mysql-deployment.yaml",
+    "manifests/kustomize/base/pipeline/ml-pipeline-apiserver-deployment.yaml",
+    "manifests/kustomize/base/metadata/base/metadata-grpc-deployment.yaml",
+    "manifests/kustomize/third-party/seaweedfs/base/seaweedfs/seaweedfs-deployment.yaml",
+    # (patched for Argo's requeue time, not for a credential)
+    "manifests/kustomize/third-party/argo/base/workflow-controller-deployment-patch.yaml",
+    # (trimmed: test_the_run_pods_account_reads_no_secret_but_the_stores)
+    "manifests/kustomize/base/pipeline/pipeline-runner-role.yaml",
+)
+"""The upstream files whose objects manifests/kfp/platform-agnostic deletes or patches."""
+
+
+def test_the_run_pods_account_reads_no_secret_but_the_stores() -> None:
+    """Issue 60, item 1: upstream's pipeline-runner Role (every run pod's account) grants `get` on
+    every Secret, `pods/exec`, Deployments and Services `*` and `kubeflow.org/*: *`; RBAC adds
+    up, so manifests/rbac's narrow Role changed nothing. The user path trims it."""
+    upstream = _kfp_objects(*KFP_PATCHED)
+    (role,) = [o for o in upstream if o["kind"] == "Role"]
+    before = role["rules"]
+    assert any("secrets" in r["resources"] and "resourceNames" not in r for r in before)
+    rules = _user_path("kfp/platform-agnostic", upstream)[("Role", "pipeline-runner")]["rules"]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "pods/exec" not in rule["resources"], rule
+        assert not {"deployments", "services", "replicasets"} & set(rule["resources"]), rule
+        assert rule["apiGroups"] != ["kubeflow.org"], rule
+    (secrets,) = [r for r in rules if "secrets" in r["resources"]]
+    assert secrets == {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": ["mlpipeline-minio-artifact"],
+        "verbs": ["get"],
+    }
+
+
 def test_kfp_user_path_keeps_no_upstream_credential() -> None:
-    upstream = _kfp_objects(
-        "manifests/kustomize/third-party/seaweedfs/base/seaweedfs/mlpipeline-minio-artifact-secret.yaml",
-        "manifests/kustomize/base/installs/generic/mysql-secret.yaml",
-        "manifests/kustomize/third-party/mysql/base/mysql-deployment.yaml",
-        "manifests/kustomize/base/pipeline/ml-pipeline-apiserver-deployment.yaml",
-        "manifests/kustomize/base/metadata/base/metadata-grpc-deployment.yaml",
-        "manifests/kustomize/third-party/seaweedfs/base/seaweedfs/seaweedfs-deployment.yaml",
-        # (patched for Argo's requeue time, not for a credential)
-        "manifests/kustomize/third-party/argo/base/workflow-controller-deployment-patch.yaml",
-    )
+    upstream = _kfp_objects(*KFP_PATCHED)
     assert {"minio123", ""} <= {
         v for o in upstream if o["kind"] == "Secret" for v in o["stringData"].values()
     }, "upstream's defaults moved: this test reads the wrong files"
@@ -520,6 +549,7 @@ def test_each_database_admits_its_own_servers_only(
         )
     else:
         upstream = _kfp_objects(
+            "manifests/kustomize/base/pipeline/pipeline-runner-role.yaml",
             "manifests/kustomize/third-party/mysql/base/mysql-deployment.yaml",
             "manifests/kustomize/base/pipeline/ml-pipeline-apiserver-deployment.yaml",
             "manifests/kustomize/base/metadata/base/metadata-grpc-deployment.yaml",
