@@ -75,9 +75,11 @@ step "applying gpupipe RBAC for kubeflow/pipeline-runner, and Pod Security on ku
 kubectl apply -k manifests/rbac
 kubectl apply --server-side -k manifests/pod-security
 
-step "deploying the MLflow tracking server (kubeflow/mlflow), its account generated once"
+step "deploying the MLflow tracking server (kubeflow/mlflow), its two accounts generated once"
+kubectl -n kubeflow get secret mlflow-admin >/dev/null 2>&1 ||
+  hack/mlflow-account.sh admin | kubectl -n kubeflow create secret generic mlflow-admin --from-env-file=/dev/stdin
 kubectl -n kubeflow get secret mlflow-auth >/dev/null 2>&1 ||
-  hack/mlflow-account.sh | kubectl -n kubeflow create secret generic mlflow-auth --from-env-file=/dev/stdin
+  hack/mlflow-account.sh pipeline | kubectl -n kubeflow create secret generic mlflow-auth --from-env-file=/dev/stdin
 kubectl apply -k manifests/mlflow
 
 step "waiting up to ${wait_timeout} for every deployment in kubeflow to be available"

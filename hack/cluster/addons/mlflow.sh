@@ -5,11 +5,11 @@
 #            (hack/base-image.sh), running the same `mlflow server`
 #   install  manifests/mlflow itself (as users apply it) under a kustomize overlay in the state
 #            folder that only swaps the image; its PVC gets a hostPath PersistentVolume made here
-#            (the cluster has no StorageClass or provisioner), and the Secret mlflow-auth it
-#            reads its admin account from is generated here (no fixed password); waits for the
-#            pod to be Ready
-#   verify   from a pod: an unauthenticated request is refused (401); with the Secret's account
-#            the server answers /health and the REST API at mlflow.kubeflow:5000
+#            (the cluster has no StorageClass or provisioner), and the Secrets of its two accounts
+#            (mlflow-admin, the admin's; mlflow-auth, the pipeline's) are generated here (no fixed
+#            password); waits for the pod to be Ready
+#   verify   from a pod: an unauthenticated request is refused (401); with the pipeline's account
+#            the server answers /health and a search, and refuses the admin's Default experiment
 #   images   the tag it needs
 set -euo pipefail
 # shellcheck source=hack/cluster/addons/common.sh
@@ -70,12 +70,15 @@ YAML
 # The Secret manifests/mlflow asks its user to make (its admin account, which the pipeline's
 # evaluate and register steps also read): made here once, with values generated on this machine
 # (no password is written down anywhere), passed to kubectl on stdin, never as an argument.
+# ensure_auth_secret SECRET KIND: the Secret of MLflow's admin (mlflow-admin) or the pipeline's
+# account (mlflow-auth), generated once.
 ensure_auth_secret() {
-  kubectl_ -n "$NS" get secret mlflow-auth >/dev/null 2>&1 && return 0
-  "${REPO_ROOT}/hack/mlflow-account.sh" |
-    kubectl_ -n "$NS" create secret generic mlflow-auth --from-env-file=/dev/stdin >/dev/null ||
-    die "${PIECE}: cannot create Secret ${NS}/mlflow-auth"
-  say "made Secret ${NS}/mlflow-auth (MLflow's admin account, generated)"
+  local secret="$1" kind="$2"
+  kubectl_ -n "$NS" get secret "$secret" >/dev/null 2>&1 && return 0
+  "${REPO_ROOT}/hack/mlflow-account.sh" "$kind" |
+    kubectl_ -n "$NS" create secret generic "$secret" --from-env-file=/dev/stdin >/dev/null ||
+    die "${PIECE}: cannot create Secret ${NS}/${secret}"
+  say "made Secret ${NS}/${secret} (MLflow's ${kind} account, generated)"
 }
 
 addon_install() {
@@ -83,7 +86,8 @@ addon_install() {
   need_cluster "$PIECE"
   import_image "$IMAGE"
   ensure_namespace "$NS"
-  ensure_auth_secret
+  ensure_auth_secret mlflow-admin admin
+  ensure_auth_secret mlflow-auth pipeline
   hostpath_pv "$PIECE" "$NS" mlflow 10Gi
   local dir
   dir="$(addon_state "$PIECE")"
@@ -111,13 +115,21 @@ done
 if refused="$(wget -qO- "$api" 2>&1)"; then echo "an unauthenticated request was answered: $refused"; exit 1; fi
 case "$refused" in *401*) echo "unauthenticated: refused (401)" ;; *) echo "unauthenticated: $refused"; exit 1 ;; esac
 auth="Authorization: Basic $(printf '%s:%s' "$USER_NAME" "$USER_PASSWORD" | base64 -w0)"
-wget -qO- --header "$auth" http://mlflow.kubeflow:5000/health && echo && wget -qO- --header "$auth" "$api"
+wget -qO- --header "$auth" http://mlflow.kubeflow:5000/health && echo
+# The pipeline's account searches what it may read, and reaches nothing it did not make (the
+# server's own Default experiment: 403).
+wget -qO- --header "$auth" "http://mlflow.kubeflow:5000/api/2.0/mlflow/registered-models/search" &&
+  echo " searched as the pipeline's account"
+if other="$(wget -qO- --header "$auth" "$api" 2>&1)"; then echo "the pipeline's account read the Default experiment: $other"; exit 1; fi
+case "$other" in *403*) echo "the Default experiment: refused to the pipeline's account (403)" ;; *) echo "the Default experiment: $other"; exit 1 ;; esac
 SH
 )" "$env" "$RESTRICTED_CONTAINER")"
   out="$(run_pod "$NS" "$pod" "$BUSYBOX_IMAGE" "$overrides" 180)" ||
     die "${PIECE}: the check of http://mlflow.kubeflow:5000 from a pod failed: ${out}"
-  grep -q '"name": *"Default"' <<<"$out" || die "${PIECE}: unexpected answer from the MLflow REST API: ${out}"
-  say "from a pod: MLflow refused an unauthenticated request (401); with Secret ${NS}/mlflow-auth's account /health is OK and the Default experiment is there"
+  if ! grep -q 'searched as the pipeline' <<<"$out" || ! grep -q 'refused to the pipeline.s account (403)' <<<"$out"; then
+    die "${PIECE}: unexpected answers from the MLflow REST API: ${out}"
+  fi
+  say "from a pod: MLflow refused an unauthenticated request (401); with Secret ${NS}/mlflow-auth's account (the pipeline's) /health is OK, a search answers, and the admin's Default experiment is refused (403)"
 }
 
 case "${1:-}" in
