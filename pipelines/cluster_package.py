@@ -122,6 +122,24 @@ def compile_training_pipeline() -> Compiled:
     )
 
 
+MAX_PACKAGE_BYTES = 32 * 1024 * 1024
+"""The largest YAML ``upload --package`` reads (KFP's upload takes at most 32 MiB)."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: ``*name`` expands without bound (a few hundred
+    bytes of nested aliases make gigabytes: a "billion laughs"), and KFP's compiler writes none."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(
+                f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}: a compiled "
+                "pipeline has none, and aliases can expand without bound"
+            )
+        return super().compose_node(parent, index)
+
+
 def read_package(path: Path) -> Compiled:
     """A compiled pipeline YAML file, as ``gpupipe upload --package`` sends it.
 
@@ -130,11 +148,20 @@ def read_package(path: Path) -> Compiled:
     the user sees.
 
     Raises:
-        InputError: ``E_PACKAGE`` naming the file when it cannot be read or is not YAML.
+        InputError: ``E_PACKAGE`` naming the file when it cannot be read or is not YAML, is
+            larger than :data:`MAX_PACKAGE_BYTES`, or uses YAML aliases.
     """
     try:
+        size = path.stat().st_size
+        if size > MAX_PACKAGE_BYTES:
+            raise InputError(
+                "E_PACKAGE",
+                f"{path} is {size} bytes, over the {MAX_PACKAGE_BYTES} a compiled pipeline may "
+                "be (KFP's API server refuses more than 32 MB)",
+                "--package",
+            )
         text = path.read_text()
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_NoAliasLoader) if d is not None]
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         reason = " ".join(str(e).split())[:200]
         raise InputError("E_PACKAGE", f"cannot read {path} as YAML: {reason}", "--package") from e

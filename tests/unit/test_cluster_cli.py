@@ -780,3 +780,40 @@ def test_insecure_allows_plain_http_and_no_token_needs_nothing() -> None:
     token = cluster_auth.Auth(source="--token", token=TOKEN)
     assert cluster.KfpCluster(host, auth=token, insecure=True).host == host
     assert cluster.KfpCluster(host, auth=cluster_auth.Auth(source="none")).host == host
+
+
+LAUGHS = "\n".join(
+    ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(8)]
+    + ["pipelineInfo: {name: laughs}"]
+)
+"""A "billion laughs": nine levels of nine aliases, 9**9 strings once expanded."""
+
+
+@pytest.mark.parametrize("kind", ["aliases", "too-large"])
+def test_upload_package_refuses_a_yaml_bomb_or_an_oversized_file_before_any_request(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str
+) -> None:
+    # Issue 60, item 8: YAML aliases expanded without bound in upload --package.
+    package = tmp_path / "p.yaml"
+    if kind == "aliases":
+        package.write_text(LAUGHS)
+    else:
+        with package.open("wb") as f:
+            f.truncate(cluster_package.MAX_PACKAGE_BYTES + 1)
+    code, _, err = _gp(capsys, "upload", "--host", kfp.url, "--package", str(package))
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert "E_PACKAGE" in line and str(package) in line, line
+    assert ("alias (*a) at line 2" if kind == "aliases" else "over the 33554432") in line, line
+    assert not kfp.calls()
+
+
+def test_upload_package_sends_a_compiled_pipeline(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    package = tmp_path / "gpupipe-training.yaml"
+    package.write_text(cluster_package.compile_training_pipeline().yaml_text)
+    code, out, err = _gp(capsys, "upload", "--host", kfp.url, "--package", str(package))
+    assert code == 0, err
+    assert "created pipeline and version" in out
