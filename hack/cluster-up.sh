@@ -33,6 +33,12 @@ K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
 
 stage "preflight"
 refuse_foreign_state
+cgroup_fs="${GPUPIPE_CGROUP_FS:-/sys/fs/cgroup}"
+case "$(cgroup_layout "$cgroup_fs")" in
+  v1) ;;
+  v2) cannot "cgroup v2 (the unified hierarchy at ${cgroup_fs}): the test cluster's scripts handle cgroup v1 only (the pods' cgroup root and its teardown); use a machine with cgroup v1" ;;
+  *) cannot "no cpu, memory and pids cgroup controllers mounted under ${cgroup_fs}: kubelet cannot run pods" ;;
+esac
 # The object store (SeaweedFS) sizes its volume count by the free space of this filesystem and
 # stops taking writes when it runs short ("No writable volumes and no free volumes left", seen
 # with 8 GB free while other builds wrote beside it); the node's images and pods' logs live here
@@ -43,12 +49,6 @@ free_gib="$(df --output=avail -BG "$disk" | tail -n 1 | tr -dc '0-9')"
 ((free_gib >= MIN_FREE_GIB)) ||
   cannot "only ${free_gib} GiB free under ${STATE}: the test cluster needs ${MIN_FREE_GIB} GiB (GPUPIPE_MIN_FREE_GIB; its object store stops taking writes when the disk runs short)"
 [[ "$(id -u)" == 0 ]] || cannot "not root: kubelet and containerd need root (mounts, cgroups, network namespaces)"
-cgroup_fs="${GPUPIPE_CGROUP_FS:-/sys/fs/cgroup}"
-case "$(cgroup_layout "$cgroup_fs")" in
-  v1) ;;
-  v2) cannot "cgroup v2 (the unified hierarchy at ${cgroup_fs}): the test cluster's scripts handle cgroup v1 only (the pods' cgroup root and its teardown); use a machine with cgroup v1" ;;
-  *) cannot "no cpu, memory and pids cgroup controllers mounted under ${cgroup_fs}: kubelet cannot run pods" ;;
-esac
 command -v go >/dev/null 2>&1 || cannot "Go is not installed: the cluster is built from Go modules"
 missing=()
 for pair in containerd:containerd runc:runc iptables:iptables conntrack:conntrack busybox:busybox-static \
@@ -65,6 +65,9 @@ fi
 node_ip="$(node_ip)"
 [[ -n "$node_ip" ]] || cannot "this machine has no IPv4 default route: pods need the node's address"
 mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR"
+# Owner-only: the cluster's keys, kubeconfig, databases and volumes are root's alone.
+chmod 0700 "$STATE"
+claim_cache
 [[ -f "$MARKER" ]] || printf 'made by gpupipe hack/cluster-up.sh; make cluster-down removes this folder\n' >"$MARKER"
 
 stage "build binaries"

@@ -51,7 +51,9 @@ say() { printf '    %s\n' "$*"; }
 UNAVAILABLE_FILE="${CACHE}/cluster.unavailable"
 cannot() {
   printf 'error: cluster: %s\n' "$*" >&2
-  (umask 077 && mkdir -p "$CACHE" && printf '%s\n' "$*" >"$UNAVAILABLE_FILE") 2>/dev/null || true
+  if [[ ! -e "$CACHE" ]] || cache_is_ours; then
+    (umask 077 && mkdir -p "$CACHE" && printf '%s\n' "$*" >"$UNAVAILABLE_FILE") 2>/dev/null || true
+  fi
   exit 3
 }
 
@@ -154,9 +156,36 @@ state_is_ours() {
 # refuse_foreign_state: one line and exit 2 when the state folder holds anything but is not ours
 # (a mistyped GPUPIPE_CLUSTER_DIR): nothing in it is touched.
 refuse_foreign_state() {
+  refuse_foreign_cache
   [[ -d "$STATE" && -n "$(ls -A "$STATE" 2>/dev/null)" ]] || return 0
   state_is_ours && return 0
   printf 'error: cluster: %s is not a test cluster'"'"'s folder (no %s in it): refusing to touch it; set GPUPIPE_CLUSTER_DIR to the folder cluster-up made\n' \
     "$STATE" "$(basename "$MARKER")" >&2
   exit 2
+}
+
+# The cache is guarded like the state folder: cluster-down unmounts what lies under its image
+# store and removes containers there, so GPUPIPE_CLUSTER_CACHE=/var/lib would have reached the
+# system containerd's. A cache is ours with its marker, or (made before the marker) with the
+# cluster's own binaries or import records in it.
+CACHE_MARKER="${CACHE}/.gpupipe-cluster-cache"
+cache_is_ours() {
+  [[ -f "$CACHE_MARKER" || -d "${BIN_DIR}/kubernetes-${K8S_VERSION}" || -d "${IMAGE_STORE}/gpupipe-imported" ]]
+}
+
+refuse_foreign_cache() {
+  [[ -d "$CACHE" && -n "$(ls -A "$CACHE" 2>/dev/null)" ]] || return 0
+  cache_is_ours && return 0
+  printf 'error: cluster: %s is not a test cluster'"'"'s cache (no %s in it): refusing to touch it; set GPUPIPE_CLUSTER_CACHE to a folder of its own\n' \
+    "$CACHE" "$(basename "$CACHE_MARKER")" >&2
+  exit 2
+}
+
+# claim_cache: the cache folder made (owner-only) and marked as the cluster's.
+claim_cache() {
+  refuse_foreign_cache
+  (umask 077 && mkdir -p "$CACHE")
+  chmod 0700 "$CACHE"
+  [[ -f "$CACHE_MARKER" ]] ||
+    printf 'made by gpupipe hack/cluster-up.sh: built binaries and the node image store\n' >"$CACHE_MARKER"
 }

@@ -100,7 +100,8 @@ def test_cluster_up_refuses_cgroup_v2_in_one_line(tmp_path: Path) -> None:
         "GPUPIPE_CLUSTER_DIR": str(tmp_path / "state"),
         "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "cache"),
         "GPUPIPE_CGROUP_FS": str(fs),
-        "GPUPIPE_MIN_FREE_GIB": "0",
+        # Past the cgroup check, the disk check stops it: a regression never builds a cluster.
+        "GPUPIPE_MIN_FREE_GIB": "999999999",
     }
     out = subprocess.run(
         [str(ROOT / "hack" / "cluster-up.sh")], env=env, capture_output=True, text=True, timeout=60
@@ -109,3 +110,27 @@ def test_cluster_up_refuses_cgroup_v2_in_one_line(tmp_path: Path) -> None:
     (line,) = [x for x in out.stderr.splitlines() if x.startswith("error: ")]
     assert "cgroup v2 (the unified hierarchy at " in line and "cgroup v1 only" in line, line
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("script", ["cluster-down.sh", "cluster-up.sh"])
+def test_a_cache_without_the_clusters_marker_is_refused_and_kept(
+    script: str, tmp_path: Path
+) -> None:
+    """Issue 60, item 10: cluster-down unmounted what lay under the cache's image store and
+    removed containers there, unguarded: GPUPIPE_CLUSTER_CACHE=/var/lib reached the system
+    containerd's. The cache is refused like the state folder."""
+    theirs = tmp_path / "var-lib"
+    (theirs / "containerd").mkdir(parents=True)
+    (theirs / "containerd" / "theirs.db").write_text("x")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / ".gpupipe-test-cluster").write_text("ours\n")
+    env = {**os.environ, "GPUPIPE_CLUSTER_DIR": str(state), "GPUPIPE_CLUSTER_CACHE": str(theirs)}
+    out = subprocess.run(
+        [str(ROOT / "hack" / script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cluster: {theirs} is not a test cluster's cache"), last
+    assert sorted(p.name for p in theirs.rglob("*")) == ["containerd", "theirs.db"]
+
