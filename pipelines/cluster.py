@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import kfp_server_api as kapi
 import urllib3
 
-from pipelines.cluster_auth import Auth, redact_url, token_safe_over
+from pipelines.cluster_auth import Auth, base_url, token_safe_over
 from pipelines.cluster_package import Compiled
 from trainer.base.errors import InputError
 
@@ -107,19 +107,16 @@ class KfpCluster:
         sleep: Callable[[float], None] | None = None,
         insecure: bool = False,
     ) -> None:
-        if not host.startswith(("http://", "https://")):
-            raise InputError(
-                "E_HOST", f"host must start with http:// or https://, got {host!r}", "--host"
-            )
+        host = base_url(host)  # the one reading of --host: where requests and the token go
         if auth.source != "none" and not insecure and not token_safe_over(host):
             raise InputError(
                 "E_INSECURE",
                 f"refusing to send the bearer token (from {auth.source}) in clear text over "
                 "plain http:// to a host other than this machine: use https://, a port-forward "
                 "to localhost, or pass --insecure if the network between is yours",
-                redact_url(host),
+                host,
             )
-        self.host = host.rstrip("/")
+        self.host = host
         self.auth = auth
         self.namespace = namespace or None
         self.retries = retries

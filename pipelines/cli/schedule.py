@@ -21,7 +21,9 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             found = cluster.find_schedule(name)
             if found is None:
                 raise InputError(
-                    "E_NOT_FOUND", f"no recurring run named {name!r} on {args.host}", f"--{action}"
+                    "E_NOT_FOUND",
+                    f"no recurring run named {name!r} on {cluster.host}",
+                    f"--{action}",
                 )
             cluster.set_schedule(found.recurring_run_id, action)
             print(f"{action}d recurring run {name!r} ({found.recurring_run_id})")
