@@ -12,6 +12,7 @@ bounded number of times. Who is calling is :mod:`pipelines.cluster_auth`'s; what
 from __future__ import annotations
 
 import json
+import math
 import re
 import tempfile
 import time
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 import kfp_server_api as kapi
 import urllib3
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from pipelines.cluster_auth import Auth, base_url, token_safe_over
 from pipelines.cluster_package import Compiled
@@ -37,6 +39,13 @@ MAX_POLL_S = 15.0
 """The longest wait between two polls of a run."""
 MODE_SETTLE_S = 60.0
 """How long ``set_schedule`` waits for KFP to read back a recurring run's new mode."""
+CONNECT_TIMEOUT_S = 10.0
+"""How long one request waits for its connection (a port-forward that accepts and then stalls
+would otherwise hold a command for ever)."""
+READ_TIMEOUT_S = 60.0
+"""How long one request waits for the server's answer to go on (an upload included)."""
+MAX_PAGES = 1000
+"""The most pages one listing reads (100 items each) before it stops with ``E_SERVER``."""
 _FILTER_EQUALS = 1
 """``V2beta1PredicateOperation.EQUALS`` as ``kfp.Client`` sends it in list filters."""
 
@@ -46,11 +55,20 @@ T = TypeVar("T")
 class ClusterError(RuntimeError):
     """A KFP API call failed: one line naming the host, what was attempted and what to do."""
 
-    def __init__(self, code: str, message: str, *, status: int = 0, exit_code: int = 1) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int = 0,
+        exit_code: int = 1,
+        timed_out: bool = False,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.status = status
         self.exit_code = exit_code
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +111,8 @@ class KfpCluster:
         sleep: how to wait (default ``time.sleep``).
         insecure: allow sending the bearer token over plain ``http://`` to a host other than
             this machine (``--insecure``); without it such a host is refused before any request.
+        timeouts_s: (connect, read) limits of every request (default ``CONNECT_TIMEOUT_S``,
+            ``READ_TIMEOUT_S``); a call with a deadline gets no more than the time left.
     """
 
     def __init__(
@@ -106,6 +126,7 @@ class KfpCluster:
         max_poll_s: float | None = None,
         sleep: Callable[[float], None] | None = None,
         insecure: bool = False,
+        timeouts_s: tuple[float, float] | None = None,
     ) -> None:
         host = base_url(host)  # the one reading of --host: where requests and the token go
         if auth.source != "none" and not insecure and not token_safe_over(host):
@@ -123,6 +144,7 @@ class KfpCluster:
         self.backoff_s = BACKOFF_S if backoff_s is None else backoff_s
         self.max_poll_s = MAX_POLL_S if max_poll_s is None else max_poll_s
         self.sleep = sleep or time.sleep
+        self.timeouts_s = timeouts_s or (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
         config = kapi.Configuration(host=self.host)
         config.retries = 0
         if auth.source != "none":
@@ -164,13 +186,42 @@ class KfpCluster:
         return f"{self.host}/#/recurringrun/details/{recurring_run_id}"
 
     # -- the one place API errors are translated -------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _timeouts(self, deadline: float | None) -> tuple[float, float]:
+        """(connect, read) limits of the next request: the defaults, or the time left."""
+        connect, read = self.timeouts_s
+        if deadline is None:
+            return connect, read
+        left = max(deadline - time.monotonic(), 0.01)
+        return min(connect, left), min(read, left)
+
+    def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        deadline: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """``fn(*args, **kwargs)`` with a timeout on every try (bounded by ``deadline``, a
+        ``time.monotonic()``), 5xx answers retried; every failure is one :class:`ClusterError`."""
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
+            timeouts = self._timeouts(deadline)
             try:
-                return fn(*args, **kwargs)
+                return fn(*args, _request_timeout=timeouts, **kwargs)
             except urllib3.exceptions.HTTPError as e:
                 reason = getattr(e, "reason", None) or e
+                # (urllib3 makes a refused connection a ConnectTimeoutError too)
+                if isinstance(reason, urllib3.exceptions.TimeoutError) and not isinstance(
+                    reason, NewConnectionError
+                ):
+                    waited = timeouts[0 if isinstance(reason, ConnectTimeoutError) else 1]
+                    raise ClusterError(
+                        "E_UNREACHABLE",
+                        f"KFP at {self.host} did not answer within {waited:g} s when asked to "
+                        f"{what} ({PORT_FORWARD_HINT})",
+                        timed_out=True,
+                    ) from e
                 raise ClusterError(
                     "E_UNREACHABLE",
                     self.redact(
@@ -184,9 +235,11 @@ class KfpCluster:
                         self.redact(f"cannot reach KFP at {self.host}: {_short(e.reason)}"),
                     ) from e
                 if e.status >= 500 and attempt < self.retries:
-                    self.sleep(delay)
-                    delay *= 1.5
-                    continue
+                    left = math.inf if deadline is None else deadline - time.monotonic()
+                    if left > 0:
+                        self.sleep(min(delay, left))
+                        delay *= 1.5
+                        continue
                 raise self._api_error(what, e, attempts=attempt + 1) from e
         raise AssertionError("unreachable: the loop returns or raises")
 
@@ -232,22 +285,44 @@ class KfpCluster:
         matches = [p for p in res.pipelines or [] if name in (p.display_name, p.name)]
         return matches[0] if matches else None
 
-    def _versions(self, pipeline_id: str) -> Iterator[kapi.V2beta1PipelineVersion]:
+    def _pages(
+        self, what: str, items: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Iterator[Any]:
+        """Every item (attribute ``items`` of each answer) of a listing, page after page.
+
+        A server that hands back a page token it gave before, or more than ``MAX_PAGES`` pages,
+        would keep the listing going for ever: that stops with one ``E_SERVER`` line.
+        """
+        seen: set[str] = set()
         token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"page_size": 100, "sort_by": "created_at desc"}
-            if token:
-                kwargs["page_token"] = token
-            res = self._call(
-                f"list versions of pipeline {pipeline_id}",
-                self.pipelines.pipeline_service_list_pipeline_versions,
-                pipeline_id,
-                **kwargs,
-            )
-            yield from res.pipeline_versions or []
+        for _ in range(MAX_PAGES):
+            page = {**kwargs, "page_size": 100, **({"page_token": token} if token else {})}
+            res = self._call(what, fn, *args, **page)
+            yield from getattr(res, items) or []
             token = res.next_page_token
             if not token:
                 return
+            if token in seen:
+                raise ClusterError(
+                    "E_SERVER",
+                    f"KFP at {self.host} answered a page token it had already given when asked "
+                    f"to {what}: stopped rather than read the same pages for ever",
+                )
+            seen.add(token)
+        raise ClusterError(
+            "E_SERVER",
+            f"KFP at {self.host} still had more pages after {MAX_PAGES} pages of 100 when asked "
+            f"to {what}: stopped",
+        )
+
+    def _versions(self, pipeline_id: str) -> Iterator[kapi.V2beta1PipelineVersion]:
+        return self._pages(
+            f"list versions of pipeline {pipeline_id}",
+            "pipeline_versions",
+            self.pipelines.pipeline_service_list_pipeline_versions,
+            pipeline_id,
+            sort_by="created_at desc",
+        )
 
     def find_version(self, pipeline_id: str, name: str) -> kapi.V2beta1PipelineVersion | None:
         """The version called ``name`` of a pipeline, if any."""
@@ -395,11 +470,13 @@ class KfpCluster:
         run = self._call(f"start run {display_name!r}", self.runs.run_service_create_run, body)
         return str(run.run_id)
 
-    def get_run(self, run_id: str) -> kapi.V2beta1Run:
-        """The run with its state and task details."""
-        return self._call(f"get run {run_id}", self.runs.run_service_get_run, run_id)
+    def get_run(self, run_id: str, *, deadline: float | None = None) -> kapi.V2beta1Run:
+        """The run with its state and task details (asked no longer than ``deadline``)."""
+        return self._call(
+            f"get run {run_id}", self.runs.run_service_get_run, run_id, deadline=deadline
+        )
 
-    def waiting_pods(self, run_id: str) -> dict[str, str]:
+    def waiting_pods(self, run_id: str, *, deadline: float | None = None) -> dict[str, str]:
         """Step -> why its pod has not started, for each of the run's pods that waits with a
         reason (Argo's, from the pod: ``Unschedulable: 0/1 nodes are available: 1 Insufficient
         nvidia.com/gpu.``, ``ImagePullBackOff: ...``); the ordinary wait of a pod being
@@ -419,6 +496,7 @@ class KfpCluster:
                 response_type="object",
                 auth_settings=["Bearer"],
                 _return_http_data_only=True,
+                deadline=deadline,
             )
             manifest = ((got or {}).get("pipeline_runtime") or {}).get("workflow_manifest")
             nodes = (json.loads(manifest or "{}").get("status") or {}).get("nodes") or {}
@@ -448,14 +526,29 @@ class KfpCluster:
         the run that waits with a reason (:meth:`waiting_pods`): a GPU step on a cluster without
         a free GPU would otherwise wait in silence until ``timeout_s``.
 
+        Every request gets no more than the time left, so a server that stops answering (a
+        stalled port-forward) cannot hold the command past ``timeout_s`` either.
+
         Raises:
-            ClusterError: ``E_TIMEOUT`` when it is still going after ``timeout_s`` seconds.
+            ClusterError: ``E_TIMEOUT`` when it is still going (or KFP has not answered) after
+                ``timeout_s`` seconds.
         """
         deadline = time.monotonic() + timeout_s
         delay, last = self.backoff_s, None
         told: dict[str, str] = {}
         while True:
-            run = self.get_run(run_id)
+            bounded = deadline - time.monotonic() < max(self.timeouts_s)
+            try:
+                run = self.get_run(run_id, deadline=deadline)
+            except ClusterError as e:
+                if not (e.timed_out and bounded):
+                    raise
+                seen = f"was last {last}" if last else "was never read"
+                raise ClusterError(
+                    "E_TIMEOUT",
+                    f"run {run_id} {seen}: KFP did not answer within the {timeout_s:g} s of "
+                    f"--timeout; the run keeps running: {self.run_link(run_id)}",
+                ) from e
             state = str(run.state or "PENDING")
             if state != last and on_state is not None:
                 on_state(state)
@@ -463,7 +556,7 @@ class KfpCluster:
             if state in TERMINAL_STATES:
                 return run
             if on_waiting is not None:
-                for step, why in self.waiting_pods(run_id).items():
+                for step, why in self.waiting_pods(run_id, deadline=deadline).items():
                     if told.get(step) != why:
                         on_waiting(step, why)
                         told[step] = why
@@ -480,23 +573,15 @@ class KfpCluster:
     # -- recurring runs --------------------------------------------------------------------------
     def list_schedules(self) -> list[kapi.V2beta1RecurringRun]:
         """Every recurring run in this namespace."""
-        out: list[kapi.V2beta1RecurringRun] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"page_size": 100}
-            if self.namespace:
-                kwargs["namespace"] = self.namespace
-            if token:
-                kwargs["page_token"] = token
-            res = self._call(
+        kwargs: dict[str, Any] = {"namespace": self.namespace} if self.namespace else {}
+        return list(
+            self._pages(
                 "list recurring runs",
+                "recurring_runs",
                 self.recurring.recurring_run_service_list_recurring_runs,
                 **kwargs,
             )
-            out.extend(res.recurring_runs or [])
-            token = res.next_page_token
-            if not token:
-                return out
+        )
 
     def find_schedule(self, name: str) -> kapi.V2beta1RecurringRun | None:
         """The recurring run whose display name is ``name``, if any."""
@@ -539,6 +624,7 @@ class KfpCluster:
                 f"get recurring run {recurring_run_id}",
                 self.recurring.recurring_run_service_get_recurring_run,
                 recurring_run_id,
+                deadline=deadline,
             )
             mode = str(got.mode or "")
             left = deadline - time.monotonic()

@@ -3,6 +3,7 @@ KFP, what of the server's text reaches a terminal, and what KFP is never given t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -88,3 +89,74 @@ def test_a_host_without_http_is_still_e_host() -> None:
     with pytest.raises(InputError) as e:
         cluster_auth.base_url("ftp://user:pw@kfp.example.com")
     assert e.value.code == "E_HOST" and "pw" not in str(e.value)
+
+
+# -- item 5: every request has a timeout, every listing an end ------------------------------------
+
+
+@pytest.fixture
+def uploaded(kfp: FakeKfp, capsys: pytest.CaptureFixture[str]) -> FakeKfp:
+    assert _gp(capsys, "upload", "--host", kfp.url)[0] == 0
+    return kfp
+
+
+def test_run_wait_is_bounded_by_its_timeout_when_kfp_stops_answering(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stalled port-forward held ``run --wait --timeout N`` past N: each poll now gets no
+    more than the time left (the read timeout alone is a minute)."""
+    uploaded.stall("GET", r"/runs/", seconds=20)
+    started = time.monotonic()
+    code, out, err = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "1"
+    )
+    took = time.monotonic() - started
+    assert code == 1 and took < 5, (took, err)
+    (line,) = err.strip().splitlines()
+    (run_id,) = uploaded.runs
+    assert line.startswith(f"ERROR [gpupipe run] E_TIMEOUT: run {run_id} was never read: KFP")
+    assert "within the 1 s of --timeout" in line and f"/#/runs/details/{run_id}" in line
+
+
+def test_a_stalled_request_is_one_line_after_the_read_timeout(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster, "READ_TIMEOUT_S", 0.5)
+    kfp.stall("GET", r"/pipelines$", seconds=20)
+    started = time.monotonic()
+    code, _, err = _gp(capsys, "upload", "--host", kfp.url)
+    assert code == 1 and time.monotonic() - started < 5
+    assert err.strip() == (
+        f"ERROR [gpupipe upload] E_UNREACHABLE: KFP at {kfp.url} did not answer within 0.5 s "
+        f"when asked to list pipelines named 'gpupipe-training' ({cluster.PORT_FORWARD_HINT})"
+    )
+
+
+@pytest.mark.parametrize(
+    "command", ["upload --version v2", "run --version v2 --param data_uri=x", "schedule --list"]
+)
+def test_a_server_repeating_its_page_token_stops_with_one_line(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """The old loop asked for the same page for as long as the server answered that token (a
+    version looked up by name reads every page of the pipeline's versions)."""
+    uploaded.page_tokens = ["again"] * 300
+    argv = [*command.split(), "--host", uploaded.url]
+    code, _, err = _gp(capsys, *argv)
+    assert code == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"ERROR [gpupipe {command.split()[0]}] E_SERVER: KFP at {uploaded.url}")
+    assert "answered a page token it had already given" in line
+    assert len(uploaded.calls("GET")) < 10
+    assert uploaded.runs == {}
+
+
+def test_a_listing_stops_after_max_pages(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster, "MAX_PAGES", 5)
+    uploaded.page_tokens = [f"p{i}" for i in range(300)]
+    code, _, err = _gp(capsys, "schedule", "--list", "--host", uploaded.url)
+    assert code == 1
+    assert "E_SERVER: KFP at" in err and "still had more pages after 5 pages of 100" in err
+    assert len(uploaded.calls("GET", "/apis/v2beta1/recurringruns")) == 5

@@ -356,20 +356,25 @@ CODES: dict[str, Code] = {
     ),
     "E_UNREACHABLE": Code(
         _SYSTEM,
-        "KFP does not answer at `--host` (connection refused, a name that does not resolve).",
+        "KFP does not answer at `--host` (connection refused, a name that does not resolve, a "
+        "TLS certificate it cannot verify), or a request got no answer within its timeout (10 s "
+        "to connect, 60 s to answer: a port-forward that accepts and then stalls).",
         "Start the port-forward (`kubectl -n kubeflow port-forward svc/ml-pipeline-ui "
         "8080:80`) or check the URL.",
     ),
     "E_SERVER": Code(
         _SYSTEM,
-        "KFP answered with a 5xx status three times, with backoff between the tries.",
+        "KFP answered with a 5xx status three times, with backoff between the tries; or a "
+        "listing did not end: the server handed back a page token it had given before, or more "
+        "than 1000 pages.",
         "Look at the API server's log (`kubectl -n kubeflow logs deploy/ml-pipeline`) and try "
         "again.",
     ),
     "E_TIMEOUT": Code(
         _SYSTEM,
-        "`gpupipe run --host --wait` waited `--timeout` seconds (default 6 h); the run keeps "
-        "running.",
+        "`gpupipe run --host --wait` waited `--timeout` seconds (default 6 h), or KFP did not "
+        "answer before they were up (every request gets no more than the time left); the run "
+        "keeps running.",
         "Follow it in the UI (the message has its link), or wait longer with `--timeout`.",
     ),
     "E_MODE": Code(
