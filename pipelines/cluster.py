@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,8 @@ from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from pipelines.cluster_auth import Auth, base_url, token_safe_over
 from pipelines.cluster_package import Compiled
-from trainer.base.errors import InputError
+from trainer.base.errors import InputError, printable
+from trainer.base.redact import redact
 
 PORT_FORWARD_HINT = (
     "is the port-forward running? kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80"
@@ -88,6 +90,21 @@ def _name_filter(key: str, value: str) -> str:
     )
 
 
+def server_text(value: object, limit: int = 300) -> str:
+    """What a KFP server (or what a run wrote) says, as it may reach a terminal: one line,
+    credentials redacted, control characters escaped by the filter of our own error lines
+    (:func:`trainer.base.errors.printable`), at most about ``limit`` characters."""
+    return printable(redact(" ".join(str(value).split()))[:limit])
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def is_uuid(value: object) -> bool:
+    """Whether ``value`` has the shape of the ids KFP gives runs (a UUID)."""
+    return isinstance(value, str) and _UUID.fullmatch(value) is not None
+
+
 def _error_text(e: kapi.ApiException) -> str:
     body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else (e.body or "")
     try:
@@ -95,7 +112,7 @@ def _error_text(e: kapi.ApiException) -> str:
         text = data.get("message") or data.get("error") or body
     except (ValueError, AttributeError):
         text = body or (e.reason or "")
-    return " ".join(str(text).split())[:300]
+    return server_text(text)
 
 
 class KfpCluster:
@@ -113,6 +130,8 @@ class KfpCluster:
             this machine (``--insecure``); without it such a host is refused before any request.
         timeouts_s: (connect, read) limits of every request (default ``CONNECT_TIMEOUT_S``,
             ``READ_TIMEOUT_S``); a call with a deadline gets no more than the time left.
+        ca_cert: PEM file of the CA certificates that an ``https://`` host's certificate is
+            checked against (``--ca-cert``: a KFP behind a private CA), instead of the system's.
     """
 
     def __init__(
@@ -127,6 +146,7 @@ class KfpCluster:
         sleep: Callable[[float], None] | None = None,
         insecure: bool = False,
         timeouts_s: tuple[float, float] | None = None,
+        ca_cert: str | None = None,
     ) -> None:
         host = base_url(host)  # the one reading of --host: where requests and the token go
         if auth.source != "none" and not insecure and not token_safe_over(host):
@@ -147,6 +167,8 @@ class KfpCluster:
         self.timeouts_s = timeouts_s or (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
         config = kapi.Configuration(host=self.host)
         config.retries = 0
+        if ca_cert is not None:
+            config.ssl_ca_cert = _checked_ca_cert(ca_cert, self.host)
         if auth.source != "none":
             config.api_key_prefix["authorization"] = "Bearer"
             config.api_key["authorization"] = "unset"
@@ -173,17 +195,19 @@ class KfpCluster:
         return text.replace(token, "***") if token else text
 
     # -- links -----------------------------------------------------------------------------------
+    # (ids come from the server: they reach the terminal through server_text)
     def pipeline_link(self, pipeline_id: str, version_id: str) -> str:
         """The KFP UI page of a pipeline version."""
-        return f"{self.host}/#/pipelines/details/{pipeline_id}/version/{version_id}"
+        ids = f"{server_text(pipeline_id, 80)}/version/{server_text(version_id, 80)}"
+        return f"{self.host}/#/pipelines/details/{ids}"
 
     def run_link(self, run_id: str) -> str:
         """The KFP UI page of a run."""
-        return f"{self.host}/#/runs/details/{run_id}"
+        return f"{self.host}/#/runs/details/{server_text(run_id, 80)}"
 
     def recurring_run_link(self, recurring_run_id: str) -> str:
         """The KFP UI page of a recurring run."""
-        return f"{self.host}/#/recurringrun/details/{recurring_run_id}"
+        return f"{self.host}/#/recurringrun/details/{server_text(recurring_run_id, 80)}"
 
     # -- the one place API errors are translated -------------------------------------------------
     def _timeouts(self, deadline: float | None) -> tuple[float, float]:
@@ -248,7 +272,8 @@ class KfpCluster:
         ns = self.namespace or "(none: single-user)"
         if e.status == 401:
             how = (
-                "no token was sent: pass --token or set KF_PIPELINES_SA_TOKEN_PATH"
+                "no token was sent: pass --token-file FILE (or --token), or set "
+                "KF_PIPELINES_SA_TOKEN_PATH"
                 if self.auth.source == "none"
                 else f"the token from {self.auth.source} was refused (expired, or the wrong "
                 "audience: create one with --audience=pipelines.kubeflow.org)"
@@ -468,6 +493,13 @@ class KfpCluster:
         else:
             body.pipeline_spec = pipeline_spec
         run = self._call(f"start run {display_name!r}", self.runs.run_service_create_run, body)
+        if not is_uuid(run.run_id):  # it names the run's folder in the store: nothing else
+            raise ClusterError(
+                "E_SERVER",
+                f"KFP at {self.host} answered the new run's id as "
+                f"{server_text(run.run_id, 80)!r}, not a UUID: not followed (the run may have "
+                f"started: {self.host}/#/runs)",
+            )
         return str(run.run_id)
 
     def get_run(self, run_id: str, *, deadline: float | None = None) -> kapi.V2beta1Run:
@@ -504,12 +536,13 @@ class KfpCluster:
             return {}
         out: dict[str, str] = {}
         for node in nodes.values() if isinstance(nodes, dict) else ():
-            message = " ".join(str(node.get("message") or "").split())
+            message = server_text(node.get("message") or "")
             if node.get("type") != "Pod" or node.get("phase") != "Pending" or not message:
                 continue
             if message.split(":")[0] in _PENDING_AS_USUAL:
                 continue
-            out[_step_of(str(node.get("name") or node.get("displayName") or "?"))] = message
+            name = str(node.get("name") or node.get("displayName") or "?")
+            out[server_text(_step_of(name), 100)] = message
         return out
 
     def wait(
@@ -549,7 +582,7 @@ class KfpCluster:
                     f"run {run_id} {seen}: KFP did not answer within the {timeout_s:g} s of "
                     f"--timeout; the run keeps running: {self.run_link(run_id)}",
                 ) from e
-            state = str(run.state or "PENDING")
+            state = server_text(run.state or "PENDING", 40)
             if state != last and on_state is not None:
                 on_state(state)
             last = state
@@ -626,7 +659,7 @@ class KfpCluster:
                 recurring_run_id,
                 deadline=deadline,
             )
-            mode = str(got.mode or "")
+            mode = server_text(got.mode or "", 40)
             left = deadline - time.monotonic()
             if mode == want:
                 return
@@ -664,12 +697,31 @@ def _step_of(node_name: str) -> str:
     return f"{task} (driver)" if role == "driver" else task
 
 
+def _checked_ca_cert(path: str, host: str) -> str:
+    """``path`` when it holds CA certificates (PEM) and ``host`` is https, else one line."""
+    if not host.startswith("https://"):
+        raise InputError("E_PARAM", f"--ca-cert applies to https:// hosts only, not {host}", path)
+    try:
+        ssl.create_default_context(cafile=path)
+    except OSError as e:  # ssl.SSLError included
+        reason = getattr(e, "reason", None) or e.strerror or type(e).__name__
+        raise InputError(
+            "E_PARAM", f"--ca-cert cannot be read as PEM CA certificates: {reason}", path
+        ) from None
+    return path
+
+
 def _short(reason: object) -> str:
     text = " ".join(str(reason).split())
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            "its TLS certificate cannot be verified (a private CA? pass its certificate with "
+            "--ca-cert FILE)"
+        )
     for known in ("Connection refused", "Name or service not known", "timed out"):
         if known in text:
             return known.lower()
-    return text[:200]
+    return server_text(text, limit=200)
 
 
 def failed_tasks(run: kapi.V2beta1Run) -> list[str]:
@@ -679,7 +731,7 @@ def failed_tasks(run: kapi.V2beta1Run) -> list[str]:
     leaves = [t for t in failed if not t.child_tasks] or failed
     out = []
     for t in leaves:
-        name = t.display_name or t.task_id or "?"
-        message = t.error.message if t.error is not None and t.error.message else ""
-        out.append(f"{name}: {message}" if message else str(name))
+        name = server_text(t.display_name or t.task_id or "?", 100)
+        message = server_text(t.error.message) if t.error is not None and t.error.message else ""
+        out.append(f"{name}: {message}" if message else name)
     return out

@@ -6,8 +6,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
@@ -39,18 +41,45 @@ class Auth:
         return self.token
 
 
-def resolve_auth(token: str | None, env: dict[str, str] | None = None) -> Auth:
+def resolve_auth(
+    token: str | None,
+    env: dict[str, str] | None = None,
+    *,
+    token_file: str | None = None,
+    stdin: TextIO | None = None,
+) -> Auth:
     """Pick the credentials as KFP users have them, first match wins.
 
-    ``--token``, then the file named by ``KF_PIPELINES_SA_TOKEN_PATH``, then the in-cluster
-    token KFP mounts into pipeline pods, else no token (a port-forward to a single-user KFP).
+    ``--token``, then ``--token-file`` (a file re-read on every request, or ``-``: one line
+    read from standard input now, which no ``ps`` shows), then the file named by
+    ``KF_PIPELINES_SA_TOKEN_PATH``, then the in-cluster token KFP mounts into pipeline pods,
+    else no token (a port-forward to a single-user KFP).
 
     Raises:
-        InputError: ``KF_PIPELINES_SA_TOKEN_PATH`` names a file that does not exist.
+        InputError: ``E_PARAM`` for both ``--token`` and ``--token-file``; ``E_AUTH`` for a
+            token file that does not exist or holds no token.
     """
     env = dict(os.environ) if env is None else env
+    if token and token_file:
+        raise InputError("E_PARAM", "pass one of --token and --token-file", "--token-file")
     if token:
         return Auth(source="--token", token=token)
+    if token_file == "-":
+        read = (stdin or sys.stdin).readline().strip()
+        if not read:
+            raise InputError("E_AUTH", "no token on standard input", "--token-file -")
+        return Auth(source="--token-file -", token=read)
+    if token_file:
+        path = Path(token_file).expanduser()
+        try:
+            if not path.read_text().strip():
+                raise InputError("E_AUTH", "the token file is empty", f"--token-file {path}")
+        except OSError as e:
+            reason = e.strerror or type(e).__name__
+            raise InputError(
+                "E_AUTH", f"cannot read the token file: {reason}", f"--token-file {path}"
+            ) from None
+        return Auth(source="--token-file", path=str(path))
     if path := env.get(TOKEN_PATH_ENV):
         if not Path(path).is_file():
             raise InputError("E_AUTH", f"token file {path} does not exist", TOKEN_PATH_ENV)

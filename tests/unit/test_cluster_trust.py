@@ -3,15 +3,17 @@ KFP, what of the server's text reaches a terminal, and what KFP is never given t
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import urllib3
 
 from pipelines import cluster, cluster_auth
 from pipelines.cli import main
-from tests.fakes.kfp_api import FakeKfp, serve
+from tests.fakes.kfp_api import FakeKfp, RunScript, private_ca, serve
 from trainer.base.errors import InputError
 
 TOKEN = "s3cr3t-token-value"
@@ -107,7 +109,7 @@ def test_run_wait_is_bounded_by_its_timeout_when_kfp_stops_answering(
     more than the time left (the read timeout alone is a minute)."""
     uploaded.stall("GET", r"/runs/", seconds=20)
     started = time.monotonic()
-    code, out, err = _gp(
+    code, _, err = _gp(
         capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "1"
     )
     took = time.monotonic() - started
@@ -160,3 +162,168 @@ def test_a_listing_stops_after_max_pages(
     assert code == 1
     assert "E_SERVER: KFP at" in err and "still had more pages after 5 pages of 100" in err
     assert len(uploaded.calls("GET", "/apis/v2beta1/recurringruns")) == 5
+
+
+# -- item 6: a token out of ps, a private CA, server text through our filter, ids of their shape --
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_token_file_sends_the_token_without_it_on_the_command_line(
+    kfp: FakeKfp,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    how: str,
+) -> None:
+    kfp.token = TOKEN
+    if how == "file":
+        path = tmp_path / "token"
+        path.write_text(TOKEN + "\n")
+        flag = str(path)
+    else:
+        monkeypatch.setattr("sys.stdin", io.StringIO(TOKEN + "\n"))
+        flag = "-"
+    argv = ["upload", "--host", kfp.url, "--token-file", flag]
+    code, out, err = _gp(capsys, *argv)
+    assert code == 0, err
+    assert TOKEN not in " ".join(argv) + out + err
+    assert {r.headers.get("authorization") for r in kfp.requests} == {f"Bearer {TOKEN}"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "start"),
+    [
+        (["--token", TOKEN, "--token-file", "-"], "E_PARAM", "pass one of --token and"),
+        (["--token-file", "/nonexistent/token"], "E_AUTH", "cannot read the token file"),
+    ],
+    ids=["both", "missing-file"],
+)
+def test_a_token_file_that_cannot_be_used_is_one_line_before_any_request(
+    kfp: FakeKfp, capsys: pytest.CaptureFixture[str], extra: list[str], code: str, start: str
+) -> None:
+    rc, _, err = _gp(capsys, "upload", "--host", kfp.url, *extra)
+    assert rc == 2 and kfp.requests == []
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"ERROR [gpupipe upload] {code}: {start}")
+
+
+@pytest.fixture
+def tls_kfp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[FakeKfp, Path]]:
+    monkeypatch.setattr(cluster, "BACKOFF_S", 0.01)
+    monkeypatch.delenv(cluster_auth.TOKEN_PATH_ENV, raising=False)
+    ca, cert, key = private_ca(tmp_path)
+    for fake in serve(tls=(cert, key)):
+        yield fake, ca
+
+
+def test_ca_cert_trusts_a_kfp_behind_a_private_ca(
+    tls_kfp: tuple[FakeKfp, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kfp, ca = tls_kfp
+    kfp.token = TOKEN
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    argv = ["upload", "--host", kfp.url, "--token-file", str(token)]
+    code, _, err = _gp(capsys, *argv)
+    assert code == 1 and kfp.requests == []
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"ERROR [gpupipe upload] E_UNREACHABLE: cannot reach KFP at {kfp.url}")
+    assert "cannot be verified (a private CA? pass its certificate with --ca-cert FILE)" in line
+    code, out, err = _gp(capsys, *argv, "--ca-cert", str(ca))
+    assert code == 0, err
+    assert "created pipeline and version" in out
+    assert {r.headers.get("authorization") for r in kfp.requests} == {f"Bearer {TOKEN}"}
+
+
+@pytest.mark.parametrize(
+    ("host", "pem", "message"),
+    [
+        ("http://localhost:8888", "ca", "--ca-cert applies to https:// hosts only"),
+        ("https://localhost:8888", "not-pem", "--ca-cert cannot be read as PEM CA certificates"),
+        ("https://localhost:8888", "missing", "--ca-cert cannot be read as PEM CA certificates"),
+    ],
+    ids=["http", "not-pem", "missing"],
+)
+def test_a_ca_cert_that_cannot_be_used_is_one_e_param_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, host: str, pem: str, message: str
+) -> None:
+    path = tmp_path / "ca.pem"
+    if pem == "ca":
+        path = private_ca(tmp_path)[0]
+    elif pem == "not-pem":
+        path.write_text("not a certificate\n")
+    code, _, err = _gp(capsys, "upload", "--host", host, "--ca-cert", str(path))
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"ERROR [gpupipe upload] E_PARAM: {message}")
+    assert line.endswith(f"({path})")
+
+
+_ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[31m"
+
+
+def test_server_text_reaches_the_terminal_only_through_the_printable_filter(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task's error and a pod's reason are the server's words: their control sequences
+    (retitle the terminal, clear it) are escaped as in our own error lines."""
+    uploaded.run_script = RunScript(
+        states=["PENDING", "RUNNING", "RUNNING", "FAILED"],
+        failed_task="train",
+        error=f"OOM{_ESCAPES}",
+        pending={"exit-handler-1.train(0).executor(0)": f"Unschedulable:{_ESCAPES} no GPU"},
+    )
+    code, out, err = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "30"
+    )
+    assert code == 1
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "step train waits: Unschedulable:\\x1b]0;owned\\x07\\x1b[2J" in out
+    assert err.startswith("ERROR [gpupipe run] E_RUN_FAILED:")
+    assert "failed task: train: OOM\\x1b]0;owned\\x07" in err
+
+
+def test_a_run_id_that_is_not_a_uuid_is_not_followed(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uploaded.next_run_id = "../../../../etc"
+    code, out, err = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=x", "--wait", "--timeout", "30"
+    )
+    assert code == 1 and "started run" not in out
+    (line,) = err.strip().splitlines()
+    assert line.startswith(
+        f"ERROR [gpupipe run] E_SERVER: KFP at {uploaded.url} answered the new run's id as "
+        "'../../../../etc', not a UUID"
+    )
+    assert uploaded.calls("GET", "/apis/v2beta1/runs/") == []
+
+
+@pytest.mark.parametrize(
+    ("root", "run_id", "why"),
+    [
+        ("{tmp}", "0b5e8a52-8d4e-4c1a-9f3e-2a7c1d9e6b10", "a pipeline root of '{tmp}'"),
+        ("file://{tmp}", "0b5e8a52-8d4e-4c1a-9f3e-2a7c1d9e6b10", "a pipeline root of 'file://"),
+        ("minio://mlpipeline/v2", "../../{tmp}/gpupipe-training/x", "a run id of '../../"),
+    ],
+    ids=["local-path", "file-uri", "run-id-path"],
+)
+def test_a_pipeline_root_or_run_id_from_the_server_never_reads_local_files(
+    tmp_path: Path, root: str, run_id: str, why: str
+) -> None:
+    import kfp_server_api as kapi
+
+    from pipelines.cluster_summary import run_summary
+
+    planted = tmp_path / "gpupipe-training" / "0b5e8a52-8d4e-4c1a-9f3e-2a7c1d9e6b10"
+    (planted / "evaluate" / "1").mkdir(parents=True)
+    (planted / "evaluate" / "1" / "metrics").write_text('{"accuracy": 0.99}')
+    run = kapi.V2beta1Run(
+        run_id=run_id.format(tmp=tmp_path),
+        state="SUCCEEDED",
+        runtime_config=kapi.V2beta1RuntimeConfig(pipeline_root=root.format(tmp=tmp_path)),
+    )
+    summary = run_summary(run, pipeline_name="gpupipe-training", link="l")
+    assert "metrics" not in summary
+    assert summary["artifacts_error"].startswith("not read: KFP answered ")
+    assert why.format(tmp=tmp_path) in summary["artifacts_error"]
