@@ -4,6 +4,7 @@ KFP, what of the server's text reaches a terminal, and what KFP is never given t
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -327,3 +328,90 @@ def test_a_pipeline_root_or_run_id_from_the_server_never_reads_local_files(
     assert "metrics" not in summary
     assert summary["artifacts_error"].startswith("not read: KFP answered ")
     assert why.format(tmp=tmp_path) in summary["artifacts_error"]
+
+
+# -- item 7: no secret reaches KFP's stored parameters --------------------------------------------
+
+SECRET = "hunter2-supersecret"
+
+
+@pytest.mark.parametrize("command", ["run", "schedule"])
+@pytest.mark.parametrize(
+    ("param", "owner", "start"),
+    [
+        (
+            f"data_uri=s3://AKIAEXAMPLE:{SECRET}@bucket/churn.parquet",
+            "data_uri",
+            "data_uri must not hold the store's keys (KEY:SECRET@ in 's3://***:***@bucket/",
+        ),
+        (
+            f'job_env={{"NCCL_DEBUG": "INFO", "HF_TOKEN": "{SECRET}"}}',
+            "job_env",
+            "job_env sets the job's environment variable HF_TOKEN, which names a secret",
+        ),
+        (
+            f'train_config_json={{"cluster.env": {{"WANDB_API_KEY": "{SECRET}"}}}}',
+            "train_config_json",
+            "train_config_json sets the job's environment variable WANDB_API_KEY",
+        ),
+        (
+            f'train_config_json={{"cluster.env.DB_PASSWORD": "{SECRET}"}}',
+            "train_config_json",
+            "train_config_json sets the job's environment variable DB_PASSWORD",
+        ),
+        (
+            f'hyperparams_json={{"cluster.env": {{"GITHUB_TOKEN": "{SECRET}"}}}}',
+            "hyperparams_json",
+            "hyperparams_json sets the job's environment variable GITHUB_TOKEN",
+        ),
+        (
+            f'job_annotations={{"password": "{SECRET}"}}',
+            "job_annotations",
+            'job_annotations holds a credential (\'{"password": "***"}\')',
+        ),
+    ],
+    ids=[
+        "data-uri-keys",
+        "job-env",
+        "train-config-env",
+        "train-config-env-key",
+        "hyperparams",
+        "json-password",
+    ],
+)
+def test_a_secret_in_a_parameter_is_refused_before_any_request(
+    kfp: FakeKfp,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    param: str,
+    owner: str,
+    start: str,
+) -> None:
+    """KFP stores parameters with the run and shows them in pod arguments; ``cluster.env`` lands
+    as a plain ``value:`` in the job's pod spec. Refused in one line naming the parameter and
+    how a secret goes in instead, never repeating it."""
+    argv = [command, "--host", kfp.url, "--param", param]
+    if not param.startswith("data_uri="):
+        argv += ["--param", "data_uri=s3://bucket/churn.parquet"]
+    if command == "schedule":
+        argv += ["--cron", "0 0 3 * * *", "--name", "nightly"]
+    code, out, err = _gp(capsys, *argv)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"ERROR [gpupipe {command}] E_PARAM: {start}"), line
+    assert "secretKeyRef" in line and line.endswith(f"({owner})")
+    assert SECRET not in out + err
+    assert kfp.requests == []
+
+
+def test_job_env_without_secret_names_is_sent(
+    uploaded: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {"NCCL_DEBUG": "INFO", "TOKENIZERS_PARALLELISM": "false", "NCCL_SOCKET_IFNAME": "eth0"}
+    code, _, err = _gp(
+        capsys, "run", "--host", uploaded.url, "--param", "data_uri=s3://b/d.parquet",
+        "--param", f"job_env={json.dumps(env)}",
+    )  # fmt: skip
+    assert code == 0, err
+    body = json.loads(uploaded.calls("POST", "/apis/v2beta1/runs")[-1].body)
+    assert body["runtime_config"]["parameters"]["job_env"] == env
