@@ -45,11 +45,15 @@ CODES: dict[str, Code] = {
         "A pipeline parameter or a command-line flag is wrong: an unknown name (the nearest "
         "known names are suggested), a value of the wrong type or out of range, a key of a "
         "`*_json` parameter that no config has, or a flag that belongs to the other kind of run "
-        "(`--root` with `--host`, `--wait` with `--local`). Checked before any step runs or any "
-        "request is sent.",
+        "(`--root` with `--host`, `--wait` with `--local`), a `--host` with more than "
+        "`http(s)://host[:port][/path]` (user info, a backslash, a query ...), a `--ca-cert` "
+        "that is not PEM, or a secret in a parameter that KFP would store (keys in `data_uri`, "
+        'a secret-named variable of the job\'s environment, a `"password"` in a JSON '
+        "parameter). Checked before any step runs or any request is sent.",
         "Correct the parameter or flag the message names. `gpupipe run --help` lists every "
         "parameter with its type and default; the [parameter reference](parameters.md) says "
-        "what each does.",
+        "what each does. A secret goes in a Kubernetes Secret the steps read through "
+        "`secretKeyRef` (`object_store_secret`, `registry_secret`), never in a parameter.",
     ),
     "E_CONFIG": Code(
         _BAD,
