@@ -12,7 +12,9 @@ bounded number of times. Who is calling is :mod:`pipelines.cluster_auth`'s; what
 from __future__ import annotations
 
 import json
+import math
 import re
+import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -22,10 +24,12 @@ from typing import Any, TypeVar
 
 import kfp_server_api as kapi
 import urllib3
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
-from pipelines.cluster_auth import Auth, redact_url, token_safe_over
+from pipelines.cluster_auth import Auth, base_url, token_safe_over
 from pipelines.cluster_package import Compiled, parameter_defaults, version_description
-from trainer.base.errors import InputError
+from trainer.base.errors import InputError, printable
+from trainer.base.redact import redact
 
 PORT_FORWARD_HINT = (
     "is the port-forward running? kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80"
@@ -37,6 +41,13 @@ MAX_POLL_S = 15.0
 """The longest wait between two polls of a run."""
 MODE_SETTLE_S = 60.0
 """How long ``set_schedule`` waits for KFP to read back a recurring run's new mode."""
+CONNECT_TIMEOUT_S = 10.0
+"""How long one request waits for its connection (a port-forward that accepts and then stalls
+would otherwise hold a command for ever)."""
+READ_TIMEOUT_S = 60.0
+"""How long one request waits for the server's answer to go on (an upload included)."""
+MAX_PAGES = 1000
+"""The most pages one listing reads (100 items each) before it stops with ``E_SERVER``."""
 _FILTER_EQUALS = 1
 """``V2beta1PredicateOperation.EQUALS`` as ``kfp.Client`` sends it in list filters."""
 
@@ -46,11 +57,20 @@ T = TypeVar("T")
 class ClusterError(RuntimeError):
     """A KFP API call failed: one line naming the host, what was attempted and what to do."""
 
-    def __init__(self, code: str, message: str, *, status: int = 0, exit_code: int = 1) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int = 0,
+        exit_code: int = 1,
+        timed_out: bool = False,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.status = status
         self.exit_code = exit_code
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +90,21 @@ def _name_filter(key: str, value: str) -> str:
     )
 
 
+def server_text(value: object, limit: int = 300) -> str:
+    """What a KFP server (or what a run wrote) says, as it may reach a terminal: one line,
+    credentials redacted, control characters escaped by the filter of our own error lines
+    (:func:`trainer.base.errors.printable`), at most about ``limit`` characters."""
+    return printable(redact(" ".join(str(value).split()))[:limit])
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def is_uuid(value: object) -> bool:
+    """Whether ``value`` has the shape of the ids KFP gives runs (a UUID)."""
+    return isinstance(value, str) and _UUID.fullmatch(value) is not None
+
+
 def _error_text(e: kapi.ApiException) -> str:
     body = e.body.decode(errors="replace") if isinstance(e.body, bytes) else (e.body or "")
     try:
@@ -77,7 +112,7 @@ def _error_text(e: kapi.ApiException) -> str:
         text = data.get("message") or data.get("error") or body
     except (ValueError, AttributeError):
         text = body or (e.reason or "")
-    return " ".join(str(text).split())[:300]
+    return server_text(text)
 
 
 class KfpCluster:
@@ -93,6 +128,10 @@ class KfpCluster:
         sleep: how to wait (default ``time.sleep``).
         insecure: allow sending the bearer token over plain ``http://`` to a host other than
             this machine (``--insecure``); without it such a host is refused before any request.
+        timeouts_s: (connect, read) limits of every request (default ``CONNECT_TIMEOUT_S``,
+            ``READ_TIMEOUT_S``); a call with a deadline gets no more than the time left.
+        ca_cert: PEM file of the CA certificates that an ``https://`` host's certificate is
+            checked against (``--ca-cert``: a KFP behind a private CA), instead of the system's.
     """
 
     def __init__(
@@ -106,28 +145,30 @@ class KfpCluster:
         max_poll_s: float | None = None,
         sleep: Callable[[float], None] | None = None,
         insecure: bool = False,
+        timeouts_s: tuple[float, float] | None = None,
+        ca_cert: str | None = None,
     ) -> None:
-        if not host.startswith(("http://", "https://")):
-            raise InputError(
-                "E_HOST", f"host must start with http:// or https://, got {host!r}", "--host"
-            )
+        host = base_url(host)  # the one reading of --host: where requests and the token go
         if auth.source != "none" and not insecure and not token_safe_over(host):
             raise InputError(
                 "E_INSECURE",
                 f"refusing to send the bearer token (from {auth.source}) in clear text over "
                 "plain http:// to a host other than this machine: use https://, a port-forward "
                 "to localhost, or pass --insecure if the network between is yours",
-                redact_url(host),
+                host,
             )
-        self.host = host.rstrip("/")
+        self.host = host
         self.auth = auth
         self.namespace = namespace or None
         self.retries = retries
         self.backoff_s = BACKOFF_S if backoff_s is None else backoff_s
         self.max_poll_s = MAX_POLL_S if max_poll_s is None else max_poll_s
         self.sleep = sleep or time.sleep
+        self.timeouts_s = timeouts_s or (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
         config = kapi.Configuration(host=self.host)
         config.retries = 0
+        if ca_cert is not None:
+            config.ssl_ca_cert = _checked_ca_cert(ca_cert, self.host)
         if auth.source != "none":
             config.api_key_prefix["authorization"] = "Bearer"
             config.api_key["authorization"] = "unset"
@@ -154,26 +195,57 @@ class KfpCluster:
         return text.replace(token, "***") if token else text
 
     # -- links -----------------------------------------------------------------------------------
+    # (ids come from the server: they reach the terminal through server_text)
     def pipeline_link(self, pipeline_id: str, version_id: str) -> str:
         """The KFP UI page of a pipeline version."""
-        return f"{self.host}/#/pipelines/details/{pipeline_id}/version/{version_id}"
+        ids = f"{server_text(pipeline_id, 80)}/version/{server_text(version_id, 80)}"
+        return f"{self.host}/#/pipelines/details/{ids}"
 
     def run_link(self, run_id: str) -> str:
         """The KFP UI page of a run."""
-        return f"{self.host}/#/runs/details/{run_id}"
+        return f"{self.host}/#/runs/details/{server_text(run_id, 80)}"
 
     def recurring_run_link(self, recurring_run_id: str) -> str:
         """The KFP UI page of a recurring run."""
-        return f"{self.host}/#/recurringrun/details/{recurring_run_id}"
+        return f"{self.host}/#/recurringrun/details/{server_text(recurring_run_id, 80)}"
 
     # -- the one place API errors are translated -------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _timeouts(self, deadline: float | None) -> tuple[float, float]:
+        """(connect, read) limits of the next request: the defaults, or the time left."""
+        connect, read = self.timeouts_s
+        if deadline is None:
+            return connect, read
+        left = max(deadline - time.monotonic(), 0.01)
+        return min(connect, left), min(read, left)
+
+    def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        deadline: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """``fn(*args, **kwargs)`` with a timeout on every try (bounded by ``deadline``, a
+        ``time.monotonic()``), 5xx answers retried; every failure is one :class:`ClusterError`."""
         delay = self.backoff_s
         for attempt in range(self.retries + 1):
+            timeouts = self._timeouts(deadline)
             try:
-                return fn(*args, **kwargs)
+                return fn(*args, _request_timeout=timeouts, **kwargs)
             except urllib3.exceptions.HTTPError as e:
                 reason = getattr(e, "reason", None) or e
+                # (urllib3 makes a refused connection a ConnectTimeoutError too)
+                if isinstance(reason, urllib3.exceptions.TimeoutError) and not isinstance(
+                    reason, NewConnectionError
+                ):
+                    waited = timeouts[0 if isinstance(reason, ConnectTimeoutError) else 1]
+                    raise ClusterError(
+                        "E_UNREACHABLE",
+                        f"KFP at {self.host} did not answer within {waited:g} s when asked to "
+                        f"{what} ({PORT_FORWARD_HINT})",
+                        timed_out=True,
+                    ) from e
                 raise ClusterError(
                     "E_UNREACHABLE",
                     self.redact(
@@ -187,9 +259,11 @@ class KfpCluster:
                         self.redact(f"cannot reach KFP at {self.host}: {_short(e.reason)}"),
                     ) from e
                 if e.status >= 500 and attempt < self.retries:
-                    self.sleep(delay)
-                    delay *= 1.5
-                    continue
+                    left = math.inf if deadline is None else deadline - time.monotonic()
+                    if left > 0:
+                        self.sleep(min(delay, left))
+                        delay *= 1.5
+                        continue
                 raise self._api_error(what, e, attempts=attempt + 1) from e
         raise AssertionError("unreachable: the loop returns or raises")
 
@@ -198,7 +272,8 @@ class KfpCluster:
         ns = self.namespace or "(none: single-user)"
         if e.status == 401:
             how = (
-                "no token was sent: pass --token or set KF_PIPELINES_SA_TOKEN_PATH"
+                "no token was sent: pass --token-file FILE (or --token), or set "
+                "KF_PIPELINES_SA_TOKEN_PATH"
                 if self.auth.source == "none"
                 else f"the token from {self.auth.source} was refused (expired, or the wrong "
                 "audience: create one with --audience=pipelines.kubeflow.org)"
@@ -235,22 +310,44 @@ class KfpCluster:
         matches = [p for p in res.pipelines or [] if name in (p.display_name, p.name)]
         return matches[0] if matches else None
 
-    def _versions(self, pipeline_id: str) -> Iterator[kapi.V2beta1PipelineVersion]:
+    def _pages(
+        self, what: str, items: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Iterator[Any]:
+        """Every item (attribute ``items`` of each answer) of a listing, page after page.
+
+        A server that hands back a page token it gave before, or more than ``MAX_PAGES`` pages,
+        would keep the listing going for ever: that stops with one ``E_SERVER`` line.
+        """
+        seen: set[str] = set()
         token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"page_size": 100, "sort_by": "created_at desc"}
-            if token:
-                kwargs["page_token"] = token
-            res = self._call(
-                f"list versions of pipeline {pipeline_id}",
-                self.pipelines.pipeline_service_list_pipeline_versions,
-                pipeline_id,
-                **kwargs,
-            )
-            yield from res.pipeline_versions or []
+        for _ in range(MAX_PAGES):
+            page = {**kwargs, "page_size": 100, **({"page_token": token} if token else {})}
+            res = self._call(what, fn, *args, **page)
+            yield from getattr(res, items) or []
             token = res.next_page_token
             if not token:
                 return
+            if token in seen:
+                raise ClusterError(
+                    "E_SERVER",
+                    f"KFP at {self.host} answered a page token it had already given when asked "
+                    f"to {what}: stopped rather than read the same pages for ever",
+                )
+            seen.add(token)
+        raise ClusterError(
+            "E_SERVER",
+            f"KFP at {self.host} still had more pages after {MAX_PAGES} pages of 100 when asked "
+            f"to {what}: stopped",
+        )
+
+    def _versions(self, pipeline_id: str) -> Iterator[kapi.V2beta1PipelineVersion]:
+        return self._pages(
+            f"list versions of pipeline {pipeline_id}",
+            "pipeline_versions",
+            self.pipelines.pipeline_service_list_pipeline_versions,
+            pipeline_id,
+            sort_by="created_at desc",
+        )
 
     def find_version(self, pipeline_id: str, name: str) -> kapi.V2beta1PipelineVersion | None:
         """The version called ``name`` of a pipeline, if any."""
@@ -407,13 +504,22 @@ class KfpCluster:
         else:
             body.pipeline_spec = pipeline_spec
         run = self._call(f"start run {display_name!r}", self.runs.run_service_create_run, body)
+        if not is_uuid(run.run_id):  # it names the run's folder in the store: nothing else
+            raise ClusterError(
+                "E_SERVER",
+                f"KFP at {self.host} answered the new run's id as "
+                f"{server_text(run.run_id, 80)!r}, not a UUID: not followed (the run may have "
+                f"started: {self.host}/#/runs)",
+            )
         return str(run.run_id)
 
-    def get_run(self, run_id: str) -> kapi.V2beta1Run:
-        """The run with its state and task details."""
-        return self._call(f"get run {run_id}", self.runs.run_service_get_run, run_id)
+    def get_run(self, run_id: str, *, deadline: float | None = None) -> kapi.V2beta1Run:
+        """The run with its state and task details (asked no longer than ``deadline``)."""
+        return self._call(
+            f"get run {run_id}", self.runs.run_service_get_run, run_id, deadline=deadline
+        )
 
-    def waiting_pods(self, run_id: str) -> dict[str, str]:
+    def waiting_pods(self, run_id: str, *, deadline: float | None = None) -> dict[str, str]:
         """Step -> why its pod has not started, for each of the run's pods that waits with a
         reason (Argo's, from the pod: ``Unschedulable: 0/1 nodes are available: 1 Insufficient
         nvidia.com/gpu.``, ``ImagePullBackOff: ...``); the ordinary wait of a pod being
@@ -433,6 +539,7 @@ class KfpCluster:
                 response_type="object",
                 auth_settings=["Bearer"],
                 _return_http_data_only=True,
+                deadline=deadline,
             )
             manifest = ((got or {}).get("pipeline_runtime") or {}).get("workflow_manifest")
             nodes = (json.loads(manifest or "{}").get("status") or {}).get("nodes") or {}
@@ -440,12 +547,13 @@ class KfpCluster:
             return {}
         out: dict[str, str] = {}
         for node in nodes.values() if isinstance(nodes, dict) else ():
-            message = " ".join(str(node.get("message") or "").split())
+            message = server_text(node.get("message") or "")
             if node.get("type") != "Pod" or node.get("phase") != "Pending" or not message:
                 continue
             if message.split(":")[0] in _PENDING_AS_USUAL:
                 continue
-            out[_step_of(str(node.get("name") or node.get("displayName") or "?"))] = message
+            name = str(node.get("name") or node.get("displayName") or "?")
+            out[server_text(_step_of(name), 100)] = message
         return out
 
     def wait(
@@ -462,22 +570,37 @@ class KfpCluster:
         the run that waits with a reason (:meth:`waiting_pods`): a GPU step on a cluster without
         a free GPU would otherwise wait in silence until ``timeout_s``.
 
+        Every request gets no more than the time left, so a server that stops answering (a
+        stalled port-forward) cannot hold the command past ``timeout_s`` either.
+
         Raises:
-            ClusterError: ``E_TIMEOUT`` when it is still going after ``timeout_s`` seconds.
+            ClusterError: ``E_TIMEOUT`` when it is still going (or KFP has not answered) after
+                ``timeout_s`` seconds.
         """
         deadline = time.monotonic() + timeout_s
         delay, last = self.backoff_s, None
         told: dict[str, str] = {}
         while True:
-            run = self.get_run(run_id)
-            state = str(run.state or "PENDING")
+            bounded = deadline - time.monotonic() < max(self.timeouts_s)
+            try:
+                run = self.get_run(run_id, deadline=deadline)
+            except ClusterError as e:
+                if not (e.timed_out and bounded):
+                    raise
+                seen = f"was last {last}" if last else "was never read"
+                raise ClusterError(
+                    "E_TIMEOUT",
+                    f"run {run_id} {seen}: KFP did not answer within the {timeout_s:g} s of "
+                    f"--timeout; the run keeps running: {self.run_link(run_id)}",
+                ) from e
+            state = server_text(run.state or "PENDING", 40)
             if state != last and on_state is not None:
                 on_state(state)
             last = state
             if state in TERMINAL_STATES:
                 return run
             if on_waiting is not None:
-                for step, why in self.waiting_pods(run_id).items():
+                for step, why in self.waiting_pods(run_id, deadline=deadline).items():
                     if told.get(step) != why:
                         on_waiting(step, why)
                         told[step] = why
@@ -494,23 +617,15 @@ class KfpCluster:
     # -- recurring runs --------------------------------------------------------------------------
     def list_schedules(self) -> list[kapi.V2beta1RecurringRun]:
         """Every recurring run in this namespace."""
-        out: list[kapi.V2beta1RecurringRun] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"page_size": 100}
-            if self.namespace:
-                kwargs["namespace"] = self.namespace
-            if token:
-                kwargs["page_token"] = token
-            res = self._call(
+        kwargs: dict[str, Any] = {"namespace": self.namespace} if self.namespace else {}
+        return list(
+            self._pages(
                 "list recurring runs",
+                "recurring_runs",
                 self.recurring.recurring_run_service_list_recurring_runs,
                 **kwargs,
             )
-            out.extend(res.recurring_runs or [])
-            token = res.next_page_token
-            if not token:
-                return out
+        )
 
     def find_schedule(self, name: str) -> kapi.V2beta1RecurringRun | None:
         """The recurring run whose display name is ``name``, if any."""
@@ -553,8 +668,9 @@ class KfpCluster:
                 f"get recurring run {recurring_run_id}",
                 self.recurring.recurring_run_service_get_recurring_run,
                 recurring_run_id,
+                deadline=deadline,
             )
-            mode = str(got.mode or "")
+            mode = server_text(got.mode or "", 40)
             left = deadline - time.monotonic()
             if mode == want:
                 return
@@ -592,12 +708,31 @@ def _step_of(node_name: str) -> str:
     return f"{task} (driver)" if role == "driver" else task
 
 
+def _checked_ca_cert(path: str, host: str) -> str:
+    """``path`` when it holds CA certificates (PEM) and ``host`` is https, else one line."""
+    if not host.startswith("https://"):
+        raise InputError("E_PARAM", f"--ca-cert applies to https:// hosts only, not {host}", path)
+    try:
+        ssl.create_default_context(cafile=path)
+    except OSError as e:  # ssl.SSLError included
+        reason = getattr(e, "reason", None) or e.strerror or type(e).__name__
+        raise InputError(
+            "E_PARAM", f"--ca-cert cannot be read as PEM CA certificates: {reason}", path
+        ) from None
+    return path
+
+
 def _short(reason: object) -> str:
     text = " ".join(str(reason).split())
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            "its TLS certificate cannot be verified (a private CA? pass its certificate with "
+            "--ca-cert FILE)"
+        )
     for known in ("Connection refused", "Name or service not known", "timed out"):
         if known in text:
             return known.lower()
-    return text[:200]
+    return server_text(text, limit=200)
 
 
 def failed_tasks(run: kapi.V2beta1Run) -> list[str]:
@@ -607,7 +742,7 @@ def failed_tasks(run: kapi.V2beta1Run) -> list[str]:
     leaves = [t for t in failed if not t.child_tasks] or failed
     out = []
     for t in leaves:
-        name = t.display_name or t.task_id or "?"
-        message = t.error.message if t.error is not None and t.error.message else ""
-        out.append(f"{name}: {message}" if message else str(name))
+        name = server_text(t.display_name or t.task_id or "?", 100)
+        message = server_text(t.error.message) if t.error is not None and t.error.message else ""
+        out.append(f"{name}: {message}" if message else name)
     return out

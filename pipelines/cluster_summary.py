@@ -8,6 +8,10 @@ the gate's reason), the trained model (``model.json``, ``cost.json``) and the re
 read with the trainer's own storage layer, so ``minio://`` needs ``MINIO_ENDPOINT`` and the
 store's keys (``MINIO_ACCESS_KEY``/``MINIO_SECRET_KEY``) where the run's pipeline root is KFP's
 default store; without them the summary says so and names what to set.
+
+The pipeline root and the run id come from the server: they are used only when they have the
+shape KFP gives them (a remote store's URI, a UUID), so no answer can make this read a local
+path; and what the files say reaches the terminal through the filter of our own error lines.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import kfp_server_api as kapi
 
 DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"
 """KFP's default pipeline root when neither the run nor the ``kfp-launcher`` config sets one."""
+REMOTE_ROOTS = ("minio://", "s3://", "gs://")
+"""The pipeline roots a server's answer may name: object stores, never a path on this machine."""
 
 
 def _task_state(run: kapi.V2beta1Run, name: str) -> str | None:
@@ -57,31 +63,52 @@ def failed_step_line(outputs: dict[str, dict[str, str]]) -> str | None:
             for line in storage.read_text(uri).splitlines():
                 if line.startswith("ERROR [") and " E_" in line:
                     found = line.strip()
-    return found
+    if found is None:
+        return None
+    from pipelines.cluster import server_text
+
+    return server_text(found, 1000)
 
 
 def run_summary(
     run: kapi.V2beta1Run, *, pipeline_name: str, link: str, pipeline_root: str | None = None
 ) -> dict[str, Any]:
-    """The summary of a finished run: its state, and what its steps wrote where readable."""
+    """The summary of a finished run: its state, and what its steps wrote where readable.
+
+    Args:
+        run: the run as KFP answered it.
+        pipeline_name: the pipeline's name, the first folder under the pipeline root.
+        link: the run's page in the KFP UI.
+        pipeline_root: where the run's outputs are when the run names no pipeline root (the
+            caller's own setting, not the server's; default :data:`DEFAULT_PIPELINE_ROOT`).
+    """
+    from pipelines.cluster import failed_tasks, is_uuid, server_text
     from trainer.base import storage
 
     params = dict((run.runtime_config.parameters if run.runtime_config else None) or {})
-    root = (run.runtime_config.pipeline_root if run.runtime_config else None) or pipeline_root
-    run_root = storage.join(root or DEFAULT_PIPELINE_ROOT, pipeline_name, str(run.run_id))
+    told = run.runtime_config.pipeline_root if run.runtime_config else None
+    root = told or pipeline_root or DEFAULT_PIPELINE_ROOT
+    run_id = str(run.run_id)
+    run_root = storage.join(root, pipeline_name, run_id)
     summary: dict[str, Any] = {
         "run_dir": link,
-        "run_id": run.run_id,
-        "state": str(run.state),
-        "registry_uri": params.get("registry_uri") or "(the embedded local registry)",
-        "registered_model_name": params.get("registered_model_name", "gpupipe-model"),
-        "artifacts": run_root,
+        "run_id": server_text(run_id, 80),
+        "state": server_text(run.state, 40),
+        "registry_uri": server_text(params.get("registry_uri") or "(the embedded local registry)"),
+        "registered_model_name": server_text(params.get("registered_model_name", "gpupipe-model")),
+        "artifacts": server_text(run_root),
     }
     if str(run.state) != "SUCCEEDED":
-        from pipelines.cluster import failed_tasks
-
         failed = failed_tasks(run)
         summary["failed_step"] = failed[0].split(":", 1)[0] if failed else "(none reported)"
+    odd = []
+    if told and not str(told).startswith(REMOTE_ROOTS):
+        odd.append(f"a pipeline root of {server_text(told, 100)!r}, not an object store's URI")
+    if not is_uuid(run_id):
+        odd.append(f"a run id of {server_text(run_id, 80)!r}, not a UUID")
+    if odd:
+        summary["artifacts_error"] = f"not read: KFP answered {' and '.join(odd)}"
+        return summary
     try:
         outputs = outputs_of(run_root)
     except (OSError, ValueError, RuntimeError) as e:  # storage names the URI in all three

@@ -426,11 +426,72 @@ CHECKS: list[Callable[[dict[str, Any]], None]] = [
 """Each check takes every parameter (defaults filled in) and raises E_PARAM naming one."""
 
 
+_SECRET_ELSEWHERE = (
+    "KFP stores parameters with the run and shows them in pod arguments and pod specs; a secret "
+    "goes in a Kubernetes Secret that the steps read through secretKeyRef"
+)
+_NO_SECRETS_BY_DESIGN = frozenset({"column_roles_json"})
+"""Parameters whose values come from a fixed vocabulary (a column's role), so a secret's name
+among their keys is a column's name, not a secret."""
+
+
+def _refuse_secrets(full: dict[str, Any]) -> None:
+    """A credential in any parameter, before KFP stores it: the data's keys (``KEY:SECRET@``
+    in ``data_uri``), a secret-named variable of the job's environment (``cluster.env`` from
+    ``job_env``, ``train_config_json`` or ``hyperparams_json``: it lands as a plain ``value:``
+    in the pod spec), and whatever :func:`~trainer.base.redact.redact` would mask (a
+    ``"password": ...`` in a JSON parameter). The line names the parameter and never the
+    secret."""
+    from trainer.base.redact import has_userinfo, redact, secret_name
+
+    data_uri = str(full.get("data_uri") or "")
+    if has_userinfo(data_uri):
+        secret = full.get("object_store_secret") or "the store's secret"
+        raise InputError(
+            "E_PARAM",
+            f"data_uri must not hold the store's keys (KEY:SECRET@ in {redact(data_uri)!r}): "
+            f"{_SECRET_ELSEWHERE}: put them in the Secret that object_store_secret names "
+            f"({secret!r}, keys accesskey and secretkey) and drop them from the URI",
+            "data_uri",
+        )
+    try:
+        settings = step_mappings()["train"](**step_arguments(full, "pytorchjob"))
+        env = dict((settings.get("cluster") or {}).get("env") or {})
+    except (ValueError, TypeError, AttributeError):
+        env = {}  # a malformed section: the step checks have said so already
+    for name in sorted(str(n) for n in env):
+        if secret_name(name):
+            owner = next(
+                (p for p in ("hyperparams_json", "train_config_json") if name in str(full.get(p))),
+                "job_env",
+            )
+            raise InputError(
+                "E_PARAM",
+                f"{owner} sets the job's environment variable {name}, which names a secret: "
+                f"it would land as a plain value in the pod spec; {_SECRET_ELSEWHERE} "
+                "(object_store_secret for the store's keys, registry_secret for the "
+                "registry's account), never in cluster.env",
+                owner,
+            )
+    for name, value in full.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        if name not in _NO_SECRETS_BY_DESIGN and value is not None and redact(text) != text:
+            raise InputError(
+                "E_PARAM",
+                f"{name} holds a credential ({redact(text)[:200]!r}): {_SECRET_ELSEWHERE} "
+                "(object_store_secret for the store's keys, registry_secret for the registry's "
+                "account) and never in a parameter",
+                name,
+            )
+
+
 def check_cluster_parameters(full: dict[str, Any]) -> None:
     """What a run on KFP must not be given, beyond :func:`check_parameters` (``full``: its
     result). KFP stores every parameter with the run and passes it in pod arguments, which
     anyone who can list pods reads: an account inside ``registry_uri`` is refused, in one line
-    that names the secret to put it in (the URI's password is never repeated)."""
+    that names the secret to put it in (the URI's password is never repeated); so are the
+    store's keys in ``data_uri``, a secret-named variable of the job's environment and any
+    other credential (:func:`_refuse_secrets`)."""
     uri = str(full.get("registry_uri") or "")
     parts = urlsplit(uri)
     if parts.username is not None or parts.password is not None:
@@ -443,6 +504,7 @@ def check_cluster_parameters(full: dict[str, Any]) -> None:
             f"secret {secret!r} (keys username and password) that registry_secret names",
             "registry_uri",
         )
+    _refuse_secrets(full)
 
 
 def check_parameters(params: dict[str, Any]) -> dict[str, Any]:

@@ -13,15 +13,17 @@ if TYPE_CHECKING:
 
 
 def connect(args: argparse.Namespace) -> KfpCluster:
-    """The KFP client for ``--host``, ``--token``, ``--namespace`` and ``--insecure``."""
+    """The KFP client for ``--host``, ``--token`` or ``--token-file``, ``--ca-cert``,
+    ``--namespace`` and ``--insecure``."""
     from pipelines.cluster import KfpCluster
     from pipelines.cluster_auth import resolve_auth
 
     return KfpCluster(
         args.host,
-        auth=resolve_auth(args.token),
+        auth=resolve_auth(args.token, token_file=args.token_file),
         namespace=args.namespace,
         insecure=bool(args.insecure),
+        ca_cert=args.ca_cert,
     )
 
 
@@ -95,8 +97,19 @@ def add_cluster_args(p: argparse.ArgumentParser, *, required: bool) -> None:
         help="KFP endpoint, e.g. http://localhost:8080 (a port-forward of svc/ml-pipeline-ui)",
     )
     p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the bearer token, re-read on every request; '-': read it from "
+        "standard input (default: $KF_PIPELINES_SA_TOKEN_PATH, then the in-cluster token)",
+    )
+    p.add_argument(
         "--token",
-        help="bearer token (default: $KF_PIPELINES_SA_TOKEN_PATH, then the in-cluster token)",
+        help="bearer token (visible in ps and shell history: prefer --token-file)",
+    )
+    p.add_argument(
+        "--ca-cert",
+        metavar="FILE",
+        help="PEM file of the CA that signed an https:// host's certificate (a private CA)",
     )
     p.add_argument(
         "--insecure",

@@ -19,7 +19,7 @@ from pipelines.cli.host import (
     default_pipeline,
     refuse_unnamed_registry,
 )
-from trainer.base.errors import InputError, error_line
+from trainer.base.errors import InputError, error_line, printable
 
 DEFAULT_ROOT = ".runs/local"
 DEFAULT_TIMEOUT_S = 6 * 3600.0
@@ -32,6 +32,8 @@ DEFAULT_REGISTRY_TIMEOUT_S = 5.0
 # parser's default for each is None (or an empty list / False), so "given" means "not that".
 CLUSTER_ONLY_FLAGS = (
     ("token", "--token"),
+    ("token_file", "--token-file"),
+    ("ca_cert", "--ca-cert"),
     ("insecure", "--insecure"),
     ("namespace", "--namespace"),
     ("pipeline", "--pipeline"),
@@ -181,7 +183,7 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
         pipeline_spec=compiled.pipeline_spec() if compiled else None,
     )
     source = "freshly compiled YAML" if compiled else f"pipeline {pipeline!r} version {version[1]}"
-    print(f"started run {run_id} of {source} in experiment {experiment!r}")
+    print(printable(f"started run {run_id} of {source} in experiment {experiment!r}"))
     print(f"  {cluster.run_link(run_id)}")
     if not args.wait:
         return 0
@@ -196,13 +198,13 @@ def _run_on_cluster(args: argparse.Namespace) -> int:
     summary = run_summary(run, pipeline_name=default_pipeline(), link=cluster.run_link(run_id))
     print_summary(summary)
     if summary.get("artifacts_error"):
-        print(f"  artifacts      {summary['artifacts_error']}")
+        print(printable(f"  artifacts      {summary['artifacts_error']}"))
     sys.stdout.flush()
     if run.state == "SUCCEEDED":
         print(f"run {run_id} SUCCEEDED")
         return 0
-    print(f"ERROR [gpupipe run] {_run_failure(run, summary)} ({cluster.run_link(run_id)})",
-          file=sys.stderr)  # fmt: skip
+    failure = printable(f"{_run_failure(run, summary)} ({cluster.run_link(run_id)})")
+    print(f"ERROR [gpupipe run] {failure}", file=sys.stderr)
     return 1
 
 
@@ -224,17 +226,22 @@ def _run_failure(run: Any, summary: dict[str, Any]) -> str:
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    """A run's summary as a person reads it, for a local and a cluster run alike."""
+    """A run's summary as a person reads it, for a local and a cluster run alike. What the
+    steps wrote (a gate's reason, a metric's name) reaches the terminal through the filter of
+    our own error lines: a file in a store cannot send control sequences to it."""
     from trainer.base.cost import summary_lines
 
-    print()
-    print(f"pipeline run {s['run_dir']}: {s['state']}")
+    def say(line: str = "") -> None:
+        print(printable(line))
+
+    say()
+    say(f"pipeline run {s['run_dir']}: {s['state']}")
     if s["state"] != "SUCCEEDED":
-        print(f"  failed step    {s.get('failed_step')}")
+        say(f"  failed step    {s.get('failed_step')}")
     metrics = s.get("metrics", {})
     for name, value in sorted(metrics.items()):
         if not name.startswith("baseline_"):
-            print(f"  {name:<14} {value:.4f}")
+            say(f"  {name:<14} {value:.4f}")
     # evaluate logs each baseline's scores as baseline_<name>_<metric>: one line per baseline
     baselines: dict[str, list[str]] = {}
     for key, value in sorted(metrics.items()):
@@ -242,24 +249,24 @@ def print_summary(s: dict[str, Any]) -> None:
             name, _, metric = key.removeprefix("baseline_").partition("_")
             baselines.setdefault(name, []).append(f"{metric} {value:.4f}")
     for name in sorted(baselines, key=lambda n: (n != "trivial", n)):
-        print(f"  {'vs ' + name:<14} {', '.join(baselines[name])}")
-    print(
+        say(f"  {'vs ' + name:<14} {', '.join(baselines[name])}")
+    say(
         f"  gate           {'passed' if s.get('gate_passed') else 'failed'}: "
         f"{s.get('gate_reason', '')}"
     )
     for line in s.get("data_warnings", []):
-        print(f"  data           {line}")
+        say(f"  data           {line}")
     if s.get("tuned_hyperparams"):
-        print(f"  tuned          {json.dumps(s['tuned_hyperparams'], sort_keys=True)}")
+        say(f"  tuned          {json.dumps(s['tuned_hyperparams'], sort_keys=True)}")
     run_cost = s.get("cost") or {}
     for line in summary_lines(run_cost.get("estimate"), run_cost.get("actual")):
-        print(f"  cost {line}")
+        say(f"  cost {line}")
     if s.get("metrics_url"):
-        print(f"  metrics        {s['metrics_url']} (Prometheus, while train ran)")
-    print(f"  model          {s.get('model_uri')}")
-    print(f"  report         {s.get('report')}")
+        say(f"  metrics        {s['metrics_url']} (Prometheus, while train ran)")
+    say(f"  model          {s.get('model_uri')}")
+    say(f"  report         {s.get('report')}")
     version = s.get("registered_version")
-    print(
+    say(
         f"  registry       {s.get('registry_uri')} "
         + (
             f"(model {s.get('registered_model_name')} version {version})"

@@ -19,6 +19,7 @@ from trainer.base.errors import InputError
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from pipelines import cron as cronlib
+    from pipelines.cluster import server_text
     from pipelines.schedule import parse_time, same_schedule, schedule_body
 
     for action in ("enable", "disable", "delete"):
@@ -27,10 +28,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             found = cluster.find_schedule(name)
             if found is None:
                 raise InputError(
-                    "E_NOT_FOUND", f"no recurring run named {name!r} on {args.host}", f"--{action}"
+                    "E_NOT_FOUND",
+                    f"no recurring run named {name!r} on {cluster.host}",
+                    f"--{action}",
                 )
             cluster.set_schedule(found.recurring_run_id, action)
-            print(f"{action}d recurring run {name!r} ({found.recurring_run_id})")
+            print(f"{action}d recurring run {name!r} ({server_text(found.recurring_run_id, 80)})")
             return 0
     if args.list:
         _print_schedules(connect(args).list_schedules())
@@ -69,7 +72,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     old = cluster.find_schedule(name)
     if old is not None and same_schedule(old, body):
         print(
-            f"unchanged: recurring run {name!r} ({old.recurring_run_id}) already has these settings"
+            f"unchanged: recurring run {name!r} ({server_text(old.recurring_run_id, 80)}) already "
+            "has these settings"
         )
         return 0
     # KFP v2beta1 cannot update a recurring run: create the new one, then delete the old one,
@@ -77,13 +81,15 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     new_id = cluster.create_schedule(body)
     if old is not None:
         cluster.set_schedule(old.recurring_run_id, "delete")
-    print(f"{'replaced' if old else 'created'} recurring run {name!r} ({new_id}): {args.cron} UTC")
+    new = server_text(new_id, 80)
+    print(f"{'replaced' if old else 'created'} recurring run {name!r} ({new}): {args.cron} UTC")
     print(f"  {cluster.recurring_run_link(new_id)}")
     return 0
 
 
 def _print_schedules(runs: list[Any]) -> None:
     from pipelines import cron as cronlib
+    from pipelines.cluster import server_text
     from pipelines.schedule import as_utc
 
     now = datetime.now(UTC)
@@ -106,7 +112,8 @@ def _print_schedules(runs: list[Any]) -> None:
                 nxt = "- (no more runs)"
             else:
                 nxt = t.strftime("%Y-%m-%dT%H:%M:%SZ")
-        rows.append((str(r.display_name), mode, expr, nxt, str(r.recurring_run_id)))
+        row = (str(r.display_name), mode, expr, nxt, str(r.recurring_run_id))
+        rows.append(tuple(server_text(cell, 100) for cell in row))
     if len(rows) == 1:
         print("no recurring runs")
         return

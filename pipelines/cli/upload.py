@@ -10,6 +10,7 @@ from pipelines.cli.host import add_cluster_args, baked_defaults, connect
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
+    from pipelines.cluster import server_text
     from pipelines.cluster_package import compile_training_pipeline, read_package, with_defaults
 
     values = baked_defaults(list(args.set)) if args.set else {}
@@ -23,8 +24,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
     else:
         what = "unchanged: this YAML is already uploaded as version"
     print(f"{what} {up.version_name!r} of pipeline {pipeline!r}")
-    print(f"  pipeline id  {up.pipeline_id}")
-    print(f"  version id   {up.version_id}")
+    print(f"  pipeline id  {server_text(up.pipeline_id, 80)}")
+    print(f"  version id   {server_text(up.version_id, 80)}")
     print(f"  {cluster.pipeline_link(up.pipeline_id, up.version_id)}")
     if compiled.baked:
         print(f"  defaults     {', '.join(compiled.baked)}")

@@ -5,8 +5,11 @@ the request models of ``kfp_server_api`` (unknown fields and wrong types are a 4
 server's protojson decoding makes them), then lets the client library's own deserializer read
 it. Answers are the same models serialized as the API does, errors carry KFP's body shape
 (``{"error", "code", "message", "details"}``). Runs follow a script of states (PENDING ->
-RUNNING -> FAILED with task details), faults can be injected per path, a bearer token and
-forbidden namespaces can be required, and every request is recorded.
+RUNNING -> FAILED with task details), faults can be injected per path, requests can be made to
+stall (a port-forward that accepts and never answers), listings can hand out a script of page
+tokens (one repeated for ever, as a broken server might), a bearer token and forbidden
+namespaces can be required, it can serve over TLS with a certificate of a private CA, and every
+request is recorded.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from __future__ import annotations
 import email.parser
 import json
 import re
+import ssl
 import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -164,12 +169,24 @@ class FakeKfp:
         self.token: str | None = None
         self.forbidden_namespaces: set[str] = set()
         self.faults: list[list[Any]] = []
+        self.stalls: list[list[Any]] = []
+        self.page_tokens: list[str] = []
+        """Next page tokens the listings answer with, one per listing request, before their own;
+        while a scripted token is handed out the page served is the first one."""
+        self.next_run_id: str | None = None
+        """The id the next created run gets (a server's odd answer), instead of a UUID."""
+        self.closing = threading.Event()
         self.url = ""
 
     # -- scripting -------------------------------------------------------------------------------
     def fail(self, method: str, path_pattern: str, status: int, times: int = 1) -> None:
         """Answer the next ``times`` requests matching ``method`` and the regex with ``status``."""
         self.faults.append([method, re.compile(path_pattern), status, times])
+
+    def stall(self, method: str, path_pattern: str, seconds: float, times: int = 1 << 30) -> None:
+        """Hold the next ``times`` requests matching ``method`` and the regex ``seconds`` before
+        answering them (or until the server stops), as a stalled port-forward does."""
+        self.stalls.append([method, re.compile(path_pattern), seconds, times])
 
     def calls(self, method: str | None = None, path_prefix: str = "") -> list[Recorded]:
         """Recorded requests, optionally filtered."""
@@ -183,8 +200,17 @@ class FakeKfp:
     def handle(
         self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes
     ) -> tuple[int, Any]:
+        hold = 0.0
         with self.lock:
             self.requests.append(Recorded(method, path, query, headers, body))
+            for stall in self.stalls:
+                if stall[0] == method and stall[1].search(path) and stall[3] > 0:
+                    stall[3] -= 1
+                    hold = stall[2]
+                    break
+        if hold:
+            self.closing.wait(hold)  # outside the lock: other requests go on
+        with self.lock:
             for fault in self.faults:
                 if fault[0] == method and fault[1].search(path) and fault[3] > 0:
                     fault[3] -= 1
@@ -277,15 +303,17 @@ class FakeKfp:
     def _matches(self, obj: Any, q: dict[str, str]) -> bool:
         return all(getattr(obj, key, None) == value for key, value in self._filter(q))
 
-    @staticmethod
-    def _list(key: str, items: list[Any], q: dict[str, str]) -> dict[str, Any]:
-        start = int(q.get("page_token") or 0)
+    def _list(self, key: str, items: list[Any], q: dict[str, str]) -> dict[str, Any]:
+        token = q.get("page_token") or "0"
+        start = int(token) if token.isdigit() else 0
         size = int(q.get("page_size") or 20)
         page = items[start : start + size]
         out: dict[str, Any] = {"total_size": len(items)}
         if page:
             out[key] = [to_json(x) for x in page]
-        if start + size < len(items):
+        if self.page_tokens:
+            out["next_page_token"] = self.page_tokens.pop(0)
+        elif start + size < len(items):
             out["next_page_token"] = str(start + size)
         return out
 
@@ -426,7 +454,8 @@ class FakeKfp:
                 400, "Invalid input error: run_id, state and run_details are output only"
             )
         self._check_target(r)
-        r.run_id, r.created_at, r.state = _id(), _now(), "PENDING"
+        r.run_id, r.created_at, r.state = self.next_run_id or _id(), _now(), "PENDING"
+        self.next_run_id = None
         r.storage_state = "AVAILABLE"
         self.runs[r.run_id] = r
         self.run_polls[r.run_id] = 0
@@ -563,11 +592,14 @@ def _handler(fake: FakeKfp) -> type[BaseHTTPRequestHandler]:
                     "details": [],
                 }
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped waiting (a stalled answer): nothing to answer
 
         do_GET = do_POST = do_DELETE = do_PATCH = _serve
 
@@ -577,17 +609,77 @@ def _handler(fake: FakeKfp) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve() -> Iterator[FakeKfp]:
-    """Start a fake on a free port (``fake.url``), yield it, stop it. Use as a fixture body."""
+def private_ca(folder: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a server certificate it signed for ``127.0.0.1`` and ``localhost``, as
+    PEM files in ``folder``: (the CA's certificate, the server's certificate, its key)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.now(UTC)
+
+    def cert(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> x509.Certificate:
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if ca:
+            b = b.add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+                critical=True,
+            )
+        else:
+            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_cert = cert("gpupipe test CA", ca_key, "gpupipe test CA", ca_key, ca=True)
+    server_cert = cert("localhost", key, "gpupipe test CA", ca_key, ca=False)
+    paths = (folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+def serve(tls: tuple[Path, Path] | None = None) -> Iterator[FakeKfp]:
+    """Start a fake on a free port (``fake.url``), yield it, stop it. Use as a fixture body.
+
+    Args:
+        tls: (certificate, key) PEM files: serve https with them (see :func:`private_ca`).
+    """
     fake = FakeKfp()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
     server.daemon_threads = True
-    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    scheme = "http"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls[0], tls[1])
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    fake.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield fake
     finally:
+        fake.closing.set()
         server.shutdown()
         server.server_close()
         thread.join(5)

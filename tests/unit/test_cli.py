@@ -190,6 +190,8 @@ def test_summary_shows_each_baseline_on_one_line(capsys: pytest.CaptureFixture[s
         (["--timeout", "60"], "--timeout"),
         (["--namespace", "team-a"], "--namespace"),
         (["--token", "abc"], "--token"),
+        (["--token-file", "-"], "--token-file"),
+        (["--ca-cert", "ca.pem"], "--ca-cert"),
         (["--experiment", "nightly"], "--experiment"),
         (["--run-name", "x"], "--run-name"),
         (["--pipeline", "p"], "--pipeline"),

@@ -590,7 +590,7 @@ def test_missing_token_401_says_how_to_pass_one(
     kfp.token = TOKEN
     code, _, err = _gp(capsys, "upload", "--host", kfp.url)
     assert code == 2
-    assert "no token was sent: pass --token or set KF_PIPELINES_SA_TOKEN_PATH" in err
+    assert "no token was sent: pass --token-file FILE (or --token), or set " in err
     assert "authorization" not in kfp.requests[0].headers
 
 
@@ -673,7 +673,8 @@ def test_fake_rejects_bodies_the_models_do_not_allow(
 def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """KFP 2.17's driver names outputs <root>/<pipeline>/<run>/<task>/<salt>/<output>."""
+    """KFP 2.17's driver names outputs <root>/<pipeline>/<run>/<task>/<salt>/<output>. (The
+    root here is the caller's: one that KFP answers is read only when it is an object store's.)"""
     import json
 
     import kfp_server_api as kapi
@@ -681,7 +682,8 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
     from pipelines.cli.run import print_summary
     from pipelines.cluster_summary import run_summary
 
-    run_dir = tmp_path / "gpupipe-training" / "r-1"
+    run_id = "0b5e8a52-8d4e-4c1a-9f3e-2a7c1d9e6b10"
+    run_dir = tmp_path / "gpupipe-training" / run_id
     metrics = run_dir / "evaluate" / "123" / "metrics"
     metrics.parent.mkdir(parents=True)
     metrics.write_text(
@@ -703,15 +705,19 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
         for n in ("preprocess", "evaluate", "register")
     ]
     run = kapi.V2beta1Run(
-        run_id="r-1",
+        run_id=run_id,
         state="SUCCEEDED",
         runtime_config=kapi.V2beta1RuntimeConfig(
             parameters={"registry_uri": "http://mlflow:5000", "registered_model_name": "m"},
-            pipeline_root=str(tmp_path),
         ),
         run_details=kapi.V2beta1RunDetails(task_details=tasks),
     )
-    s = run_summary(run, pipeline_name="gpupipe-training", link="http://kfp/#/runs/details/r-1")
+    s = run_summary(
+        run,
+        pipeline_name="gpupipe-training",
+        link="http://kfp/#/runs/details/r-1",
+        pipeline_root=str(tmp_path),
+    )
     assert s["metrics"] == {"accuracy": 0.91, "baseline_trivial_accuracy": 0.6}
     assert s["gate_passed"] is True and s["gate_reason"].startswith("accuracy 0.910")
     assert s["model_uri"] == str(model) and s["report"].endswith("/123/report")
@@ -720,7 +726,8 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
     assert "pipeline run http://kfp/#/runs/details/r-1: SUCCEEDED" in out
     assert "accuracy       0.9100" in out and "vs trivial" in out
     assert "gate           passed: accuracy 0.910 >= trivial 0.600" in out
-    assert "registry       http://mlflow:5000 (model m version tagged with KFP run r-1)" in out
+    registry = f"registry       http://mlflow:5000 (model m version tagged with KFP run {run_id})"
+    assert registry in out
 
 
 def test_cluster_summary_names_what_to_set_when_the_store_is_unreadable(
@@ -736,11 +743,12 @@ def test_cluster_summary_names_what_to_set_when_the_store_is_unreadable(
     monkeypatch.setenv("MINIO_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("MINIO_ACCESS_KEY", "k")
     monkeypatch.setenv("MINIO_SECRET_KEY", "s")
-    run = kapi.V2beta1Run(run_id="r-2", state="FAILED")
+    run_id = "5f0c2d9a-1b7e-4f3a-8c6d-0e9b2a4c7d15"
+    run = kapi.V2beta1Run(run_id=run_id, state="FAILED")
     summary = run_summary(run, pipeline_name="p", link="l")
     assert "metrics" not in summary and summary["failed_step"] == "(none reported)"
     assert summary["artifacts_error"].startswith(
-        "cannot read minio://mlpipeline/v2/artifacts/p/r-2"
+        f"cannot read minio://mlpipeline/v2/artifacts/p/{run_id}"
     )
     assert "MINIO_ENDPOINT" in summary["artifacts_error"]
 

@@ -133,4 +133,3 @@ def test_a_cache_without_the_clusters_marker_is_refused_and_kept(
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: cluster: {theirs} is not a test cluster's cache"), last
     assert sorted(p.name for p in theirs.rglob("*")) == ["containerd", "theirs.db"]
-

@@ -64,6 +64,13 @@ CASES = [
         "line one\nMLflow at http://u:hunter2@h/: failed",
         "line one\nMLflow at http://u:***@h/: failed",
     ),
+    ('{"password": "hunter2"}', '{"password": "***"}'),
+    ("{'token': 'tok-456', 'epochs': 3}", "{'token': '***', 'epochs': 3}"),
+    ('{"registry.password":"hun\\"ter2", "lr": 0.1}', '{"registry.password":"***", "lr": 0.1}'),
+    (
+        '{"object_store_secret": "mlpipeline-minio-artifact"}',
+        '{"object_store_secret": "mlpipeline-minio-artifact"}',
+    ),
     ("", ""),
 ]
 CASE_IDS = [
@@ -94,6 +101,10 @@ CASE_IDS = [
     "repr-quotes",
     "html",
     "multiline",
+    "json-password",
+    "repr-token",
+    "json-dotted-key-escaped-quote",
+    "json-secret-name-untouched",
     "empty",
 ]
 

@@ -45,11 +45,15 @@ CODES: dict[str, Code] = {
         "A pipeline parameter or a command-line flag is wrong: an unknown name (the nearest "
         "known names are suggested), a value of the wrong type or out of range, a key of a "
         "`*_json` parameter that no config has, or a flag that belongs to the other kind of run "
-        "(`--root` with `--host`, `--wait` with `--local`). Checked before any step runs or any "
-        "request is sent.",
+        "(`--root` with `--host`, `--wait` with `--local`), a `--host` with more than "
+        "`http(s)://host[:port][/path]` (user info, a backslash, a query ...), a `--ca-cert` "
+        "that is not PEM, or a secret in a parameter that KFP would store (keys in `data_uri`, "
+        'a secret-named variable of the job\'s environment, a `"password"` in a JSON '
+        "parameter). Checked before any step runs or any request is sent.",
         "Correct the parameter or flag the message names. `gpupipe run --help` lists every "
         "parameter with its type and default; the [parameter reference](parameters.md) says "
-        "what each does.",
+        "what each does. A secret goes in a Kubernetes Secret the steps read through "
+        "`secretKeyRef` (`object_store_secret`, `registry_secret`), never in a parameter.",
     ),
     "E_CONFIG": Code(
         _BAD,
@@ -356,20 +360,25 @@ CODES: dict[str, Code] = {
     ),
     "E_UNREACHABLE": Code(
         _SYSTEM,
-        "KFP does not answer at `--host` (connection refused, a name that does not resolve).",
+        "KFP does not answer at `--host` (connection refused, a name that does not resolve, a "
+        "TLS certificate it cannot verify), or a request got no answer within its timeout (10 s "
+        "to connect, 60 s to answer: a port-forward that accepts and then stalls).",
         "Start the port-forward (`kubectl -n kubeflow port-forward svc/ml-pipeline-ui "
         "8080:80`) or check the URL.",
     ),
     "E_SERVER": Code(
         _SYSTEM,
-        "KFP answered with a 5xx status three times, with backoff between the tries.",
+        "KFP answered with a 5xx status three times, with backoff between the tries; or a "
+        "listing did not end: the server handed back a page token it had given before, or more "
+        "than 1000 pages.",
         "Look at the API server's log (`kubectl -n kubeflow logs deploy/ml-pipeline`) and try "
         "again.",
     ),
     "E_TIMEOUT": Code(
         _SYSTEM,
-        "`gpupipe run --host --wait` waited `--timeout` seconds (default 6 h); the run keeps "
-        "running.",
+        "`gpupipe run --host --wait` waited `--timeout` seconds (default 6 h), or KFP did not "
+        "answer before they were up (every request gets no more than the time left); the run "
+        "keeps running.",
         "Follow it in the UI (the message has its link), or wait longer with `--timeout`.",
     ),
     "E_MODE": Code(

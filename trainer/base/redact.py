@@ -17,7 +17,7 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-__all__ = ["MASK", "has_userinfo", "install", "redact", "redact_uri"]
+__all__ = ["MASK", "has_userinfo", "install", "redact", "redact_uri", "secret_name"]
 
 MASK = "***"
 """What a secret is replaced with."""
@@ -69,11 +69,32 @@ _SECRET_PARAMS = frozenset(
 )
 # Too generic to mask outside a query string (``key=`` is Google's API key there).
 _QUERY_ONLY_PARAMS = frozenset({"key", "sig", "sv_sig", "code"})
+# Words that make a name (an environment variable's, a config key's) a secret's name.
+_SECRET_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "secret",
+        "token",
+        "apikey",
+        "credential",
+        "credentials",
+        "privatekey",
+    }
+)
+_SECRET_PAIRS = ("api_key", "access_key", "secret_key", "private_key", "auth_key", "signing_key")
 
 _STOP = r"\s'\"<>`"  # characters that end a URI inside a message, a repr or HTML
 _URI = re.compile(rf"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*)://(?P<rest>[^{_STOP}]*)")
 _PARAM = re.compile(
     rf"(?P<pre>^|[?&;\s,(\[{{'\"])(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)=(?P<value>[^&#{_STOP},;)\]}}]+)"
+)
+# A secret's value under a quoted key, as JSON and Python's repr write it: ``"password": "x"``.
+_QUOTED = re.compile(
+    r"""(?P<pre>(?P<q>["'])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?P=q)\s*:\s*)"""
+    r"""(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s,\]}]+)"""
 )
 _AUTH = re.compile(
     r"(?i)(?P<pre>\bauthorization\W{1,4}(?:(?:basic|bearer|token)\s+)?|\bbearer\s+)"
@@ -120,6 +141,28 @@ def _uri(m: re.Match[str]) -> str:
     return f"{scheme}://{masked}@{tail}"
 
 
+def _quoted(m: re.Match[str]) -> str:
+    key = m.group("name").lower().replace("-", "_")
+    if key in _SECRET_PARAMS or key.rsplit(".", 1)[-1] in _SECRET_PARAMS:
+        q = m.group("q")
+        return f"{m.group('pre')}{q}{MASK}{q}"
+    return m.group(0)
+
+
+def secret_name(name: str) -> bool:
+    """Whether ``name`` (an environment variable, a config key) names a secret by the usual
+    conventions: ``AWS_SECRET_ACCESS_KEY``, ``HF_TOKEN``, ``WANDB_API_KEY``, ``DB_PASSWORD``
+    (``TOKENIZERS_PARALLELISM`` does not: whole words count)."""
+    key = name.lower().replace("-", "_")
+    words = [w for w in re.split(r"[^a-z0-9]+", key) if w]
+    joined = "_".join(words)
+    return (
+        key in _SECRET_PARAMS
+        or any(w in _SECRET_WORDS for w in words)
+        or any(f"_{pair}_" in f"_{joined}_" for pair in _SECRET_PAIRS)
+    )
+
+
 def _param(m: re.Match[str]) -> str:
     name = m.group("name")
     key = name.lower().replace("-", "_")
@@ -135,7 +178,8 @@ def redact(text: str) -> str:
     Userinfo of URIs (``http://user:pass@host`` -> ``http://user:***@host``; a bare
     ``token@host``, and both parts for object stores such as ``s3://key:secret@bucket``, ->
     ``***``), secret parameters (``?X-Amz-Signature=``, ``token=``, ``password=``,
-    ``AWS_SECRET_ACCESS_KEY=`` ...) and ``Authorization``/``Bearer`` tokens. Hosts, buckets
+    ``AWS_SECRET_ACCESS_KEY=`` ...), the values of such keys in JSON and Python's repr
+    (``{"password": "x"}``) and ``Authorization``/``Bearer`` tokens. Hosts, buckets
     and paths stay, so the text still says where to look.
 
     Args:
@@ -148,6 +192,7 @@ def redact(text: str) -> str:
         return text
     text = _URI.sub(_uri, text)
     text = _PARAM.sub(_param, text)
+    text = _QUOTED.sub(_quoted, text)
     return _AUTH.sub(lambda m: f"{m.group('pre')}{MASK}", text)
 
 
