@@ -273,9 +273,14 @@ _PREPROCESS_FIELDS = {
 def _owner(where: str, p: dict[str, Any]) -> str:
     """The pipeline parameter that a train-step field error ``where`` comes from."""
     where = where.removeprefix("train.") if where.startswith("train.optim") else where
+    short = where.removeprefix("train.")  # train.cluster.env: set as cluster.env(.NAME) there
     for name in ("hyperparams_json", "train_config_json"):
         keys = _flat_keys(json_object(p.get(name), name))
-        if any(where == k or where.endswith("." + k) or k.startswith(where) for k in keys):
+        if any(
+            where == k or where.endswith("." + k) or k.startswith(where) or k == short
+            or k.startswith(short + ".")
+            for k in keys
+        ):  # fmt: skip
             return name
     field = where.split("[")[0]  # cluster.labels[team]: the labels' owner
     for name, fields in _TRAIN_FIELDS.items():
@@ -437,12 +442,12 @@ among their keys is a column's name, not a secret."""
 
 def _refuse_secrets(full: dict[str, Any]) -> None:
     """A credential in any parameter, before KFP stores it: the data's keys (``KEY:SECRET@``
-    in ``data_uri``), a secret-named variable of the job's environment (``cluster.env`` from
-    ``job_env``, ``train_config_json`` or ``hyperparams_json``: it lands as a plain ``value:``
-    in the pod spec), and whatever :func:`~trainer.base.redact.redact` would mask (a
+    in ``data_uri``) and whatever :func:`~trainer.base.redact.redact` would mask (a
     ``"password": ...`` in a JSON parameter). The line names the parameter and never the
-    secret."""
-    from trainer.base.redact import has_userinfo, redact, secret_name
+    secret. (A secret-named variable of the job's environment, which would land as a plain
+    ``value:`` in the pod spec, is the train step's config check: the job's ``cluster`` section
+    refuses it in the step too, for a run started from the UI.)"""
+    from trainer.base.redact import has_userinfo, redact
 
     data_uri = str(full.get("data_uri") or "")
     if has_userinfo(data_uri):
@@ -454,25 +459,6 @@ def _refuse_secrets(full: dict[str, Any]) -> None:
             f"({secret!r}, keys accesskey and secretkey) and drop them from the URI",
             "data_uri",
         )
-    try:
-        settings = step_mappings()["train"](**step_arguments(full, "pytorchjob"))
-        env = dict((settings.get("cluster") or {}).get("env") or {})
-    except (ValueError, TypeError, AttributeError):
-        env = {}  # a malformed section: the step checks have said so already
-    for name in sorted(str(n) for n in env):
-        if secret_name(name):
-            owner = next(
-                (p for p in ("hyperparams_json", "train_config_json") if name in str(full.get(p))),
-                "job_env",
-            )
-            raise InputError(
-                "E_PARAM",
-                f"{owner} sets the job's environment variable {name}, which names a secret: "
-                f"it would land as a plain value in the pod spec; {_SECRET_ELSEWHERE} "
-                "(object_store_secret for the store's keys, registry_secret for the "
-                "registry's account), never in cluster.env",
-                owner,
-            )
     for name, value in full.items():
         text = value if isinstance(value, str) else json.dumps(value)
         if name not in _NO_SECRETS_BY_DESIGN and value is not None and redact(text) != text:

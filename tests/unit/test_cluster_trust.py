@@ -349,22 +349,22 @@ SECRET = "hunter2-supersecret"
         (
             f'job_env={{"NCCL_DEBUG": "INFO", "HF_TOKEN": "{SECRET}"}}',
             "job_env",
-            "job_env sets the job's environment variable HF_TOKEN, which names a secret",
+            "job_env must not carry a secret as a plain value",
         ),
         (
             f'train_config_json={{"cluster.env": {{"WANDB_API_KEY": "{SECRET}"}}}}',
             "train_config_json",
-            "train_config_json sets the job's environment variable WANDB_API_KEY",
+            "train_config_json: train.cluster.env must not carry a secret as a plain value",
         ),
         (
             f'train_config_json={{"cluster.env.DB_PASSWORD": "{SECRET}"}}',
             "train_config_json",
-            "train_config_json sets the job's environment variable DB_PASSWORD",
+            "train_config_json: train.cluster.env must not carry a secret as a plain value",
         ),
         (
             f'hyperparams_json={{"cluster.env": {{"GITHUB_TOKEN": "{SECRET}"}}}}',
             "hyperparams_json",
-            "hyperparams_json sets the job's environment variable GITHUB_TOKEN",
+            "hyperparams_json: train.cluster.env must not carry a secret as a plain value",
         ),
         (
             f'job_annotations={{"password": "{SECRET}"}}',

@@ -266,6 +266,46 @@ def test_environment_names_the_job_and_carries_the_users_variables() -> None:
     assert len(names) == len(set(names))
 
 
+@pytest.mark.parametrize("name", ["HF_TOKEN", "WANDB_API_KEY", "DB_PASSWORD"])
+def test_a_secret_in_the_jobs_plain_env_is_refused_in_the_step(name: str) -> None:
+    # Issue 60, item 7: `gpupipe run --host` refuses it before submitting, but a run started
+    # from the UI's form reached the step, and the pod spec carried it as a plain value.
+    with pytest.raises(ValueError) as e:
+        make(env={name: "hf_abc123"})
+    message = str(e.value)
+    assert "train.cluster.env" in message and "train.cluster.secret_env" in message
+    assert "hf_abc123" not in message
+    # Not a secret: a variable whose name only contains a word like it.
+    make(env={"TOKENIZERS_PARALLELISM": "false"})
+
+
+def test_secret_env_reaches_the_pod_through_secret_key_ref_only() -> None:
+    job = build_pytorchjob(make(secret_env={"HF_TOKEN": "hf-account/token"}))
+    (entry,) = [e for e in container(job)["env"] if e["name"] == "HF_TOKEN"]
+    assert entry == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-account", "key": "token", "optional": False}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("secret_env", "expected"),
+    [
+        ({"HF_TOKEN": "no-key"}, "must be <secret>/<key>"),
+        ({"HF_TOKEN": "Bad_Name/token"}, "a secret name"),
+        ({"HF_TOKEN": "acct/to ken"}, "must name a Secret key"),
+        ({"MASTER_ADDR": "acct/key"}, "owned by gpupipe"),
+        ({"AWS_ACCESS_KEY_ID": "acct/key"}, "owned by gpupipe"),
+        ({"1X": "acct/key"}, "environment variable names"),
+    ],
+    ids=["no-key", "bad-secret", "bad-key", "reserved", "store", "bad-name"],
+)
+def test_a_bad_secret_env_names_the_field(secret_env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ValueError, match=r"train\.cluster\.secret_env") as e:
+        make(secret_env=secret_env)
+    assert expected in str(e.value)
+
+
 def test_run_policy_fails_fast_on_bad_input_and_keeps_failed_pods() -> None:
     job = build_pytorchjob(make(nnodes=2))
     for r in job["spec"]["pytorchReplicaSpecs"].values():

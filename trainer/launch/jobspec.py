@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal
 
+from trainer.base.redact import secret_name
 from trainer.base.typedconfig import require
 from trainer.launch import TrainingRun
 from trainer.launch.kubefields import (
@@ -70,6 +71,8 @@ WORKER_COMMAND = ["python", "-m", "trainer.launch", "-m", "trainer.worker", "--c
 """The training command of every replica (torchrun via :mod:`trainer.launch.torchrun`); the URI
 follows."""
 
+SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+"""A key of a Kubernetes Secret's data."""
 RESERVED_ENV = ("GPUPIPE_JOB", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 """Set by gpupipe or the operator; a user value would silently break rendezvous or logs."""
 OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
@@ -146,6 +149,11 @@ class ClusterConfig:
     """Extra environment variables of the training container, e.g. ``NCCL_SOCKET_IFNAME``,
     ``NCCL_DEBUG``; they override gpupipe's defaults (``HOME``,
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING``). (Pipeline parameter ``job_env``.)"""
+    secret_env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the training container taken from Kubernetes Secrets in the
+    job's namespace, ``{"HF_TOKEN": "hf-account/token"}`` (``<secret>/<key>``): the pod spec
+    carries a ``secretKeyRef``, never the value. A secret-named variable in ``env`` is refused:
+    it would be a plain value in the pod spec that anyone who reads pods sees."""
     labels: dict[str, str] = field(default_factory=dict)
     """Extra labels of the job and its pods, e.g. Kueue's ``kueue.x-k8s.io/queue-name``.
     (Pipeline parameter ``job_labels``.)"""
@@ -257,6 +265,44 @@ class ClusterConfig:
                 name,
             )
             require(isinstance(value, str), f"train.cluster.env[{name}]", "must be a string", value)
+            require(
+                not secret_name(name),
+                "train.cluster.env",
+                "must not carry a secret as a plain value (the pod spec shows it to anyone who "
+                "reads pods): name its Secret in train.cluster.secret_env, "
+                '{"NAME": "<secret>/<key>"}, which the pod reads through secretKeyRef',
+                name,
+            )
+        for name, ref in self.secret_env.items():
+            require(
+                bool(ENV_NAME.match(name)) and name not in self.env,
+                "train.cluster.secret_env",
+                "must use environment variable names not also in train.cluster.env",
+                name,
+            )
+            require(
+                name not in RESERVED_ENV
+                and not name.startswith("PET_")
+                and name not in OBJECT_STORE_ENV.values(),
+                "train.cluster.secret_env",
+                "must not set a variable owned by gpupipe, the training operator or the store",
+                name,
+            )
+            secret, _, key = str(ref).partition("/")
+            require(
+                bool(secret) and bool(key) and "/" not in key,
+                f"train.cluster.secret_env[{name}]",
+                "must be <secret>/<key>",
+                ref,
+            )
+            where = f"train.cluster.secret_env[{name}]"
+            check_dns(secret, where, DNS1123_SUBDOMAIN, "a secret name", 253)
+            require(
+                bool(SECRET_KEY.match(key)),
+                f"train.cluster.secret_env[{name}]",
+                "must name a Secret key (letters, digits, '-', '_', '.')",
+                key,
+            )
 
     def check_trainjob(self) -> None:
         """Refuse what a TrainJob cannot carry: gang scheduling is the runtime's

@@ -68,14 +68,16 @@ def container_env(spec: JobSpec) -> list[dict[str, Any]]:
     """The training container's environment: gpupipe's defaults, the user's, secrets."""
     plain = {"GPUPIPE_JOB": spec.name, **DEFAULT_ENV, **spec.cluster.env}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
-    if secret := spec.cluster.object_store_secret:
-        env += [
-            {
-                "name": name,
-                "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": False}},
-            }
-            for key, name in OBJECT_STORE_ENV.items()
-        ]
+    refs = [(name, *ref.partition("/")[::2]) for name, ref in spec.cluster.secret_env.items()]
+    if store := spec.cluster.object_store_secret:
+        refs += [(name, store, key) for key, name in OBJECT_STORE_ENV.items()]
+    env += [
+        {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": False}},
+        }
+        for name, secret, key in refs
+    ]
     return env
 
 
