@@ -46,6 +46,7 @@ __all__ = [
     "mlflow_errors",
     "named_tracking_uri",
     "prepare_store",
+    "registered_model_or_none",
     "resolve_tracking_uri",
     "sqlite_path",
     "store_lock",
@@ -451,8 +452,15 @@ def find_version_by_pipeline_run(
     return None if mv is None else str(mv.version)
 
 
-def alias_version(client: MlflowClient, model_name: str, alias: str) -> str | None:
-    """The version that ``alias`` points at, or None if the model or the alias does not exist.
+def registered_model_or_none(client: MlflowClient, name: str) -> Any:
+    """Registered model ``name``, or None where it does not exist.
+
+    MLflow's basic-auth app answers a model that does not exist with 403, not 404, when its
+    ``default_permission`` is ``NO_PERMISSIONS`` (manifests/mlflow's, for the pipeline's
+    account): it asks for the permission before the model, finds none and falls back to the
+    default. A 403 for a model that a search (filtered to what the caller may read) does not
+    list is taken as "no such model" too: one the caller may not read is then out of its reach
+    as if absent, and creating it or a version of it fails with the server's 403.
 
     Raises:
         MlflowException: For any other registry failure.
@@ -460,11 +468,27 @@ def alias_version(client: MlflowClient, model_name: str, alias: str) -> str | No
     from mlflow.exceptions import MlflowException
 
     try:
-        model = client.get_registered_model(model_name)
+        return client.get_registered_model(name)
     except MlflowException as e:
-        if _error_code(e) == "RESOURCE_DOES_NOT_EXIST":
+        code = _error_code(e)
+        if code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        if code == "PERMISSION_DENIED" and not client.search_registered_models(
+            filter_string=f"name = '{name}'", max_results=1
+        ):
             return None
         raise
+
+
+def alias_version(client: MlflowClient, model_name: str, alias: str) -> str | None:
+    """The version that ``alias`` points at, or None if the model or the alias does not exist.
+
+    Raises:
+        MlflowException: For any other registry failure.
+    """
+    model = registered_model_or_none(client, model_name)
+    if model is None:
+        return None
     version: Any = (model.aliases or {}).get(alias)
     return None if version is None else str(version)
 

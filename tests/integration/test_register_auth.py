@@ -173,3 +173,14 @@ def test_the_pipelines_account_registers_run_after_run_through_the_lease(
         )
         assert result.champion, (run, result)
     assert result.version == "3"
+
+
+def test_evaluate_finds_no_champion_of_a_model_not_registered_yet(
+    cfg: RegisterConfig, mlflow_auth_server: AuthServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found on the test cluster: under default_permission NO_PERMISSIONS, MLflow answers the
+    # pipeline's account 403 (not 404) for a model that does not exist, and a first run's
+    # evaluate failed on it before anything was registered.
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", mlflow_auth_server.pipeline_username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", mlflow_auth_server.pipeline_password)
+    assert registry.get_champion(cfg.tracking_uri, cfg.model_name) is None

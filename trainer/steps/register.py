@@ -374,7 +374,9 @@ def _champion_lease(
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         try:
-            held = client.get_registered_model(lease)
+            held = registry.registered_model_or_none(client, lease)
+            if held is None:
+                continue  # released while we looked: try to create it again
             tags = held.tags or {}
             if tags.get(_LEASE_OWNER_TAG) == owner:
                 # Our own earlier attempt (a retried step): only we use this owner, take it.
@@ -386,8 +388,8 @@ def _champion_lease(
             if until < time.time():
                 # Its holder died: remove it (if it is still that lease) and race for a new one
                 # through the atomic create above.
-                again = client.get_registered_model(lease)
-                if again.creation_timestamp == held.creation_timestamp:
+                again = registry.registered_model_or_none(client, lease)
+                if again is not None and again.creation_timestamp == held.creation_timestamp:
                     client.delete_registered_model(lease)
                 continue
         except MlflowException as e:
