@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 
 from trainer.base import storage
 from trainer.base.errors import InputError
-from trainer.steps.evaluate import MIN_GATE_ROWS
 from trainer.steps.preprocess.column_checks import DATE_PARTS, date_features
 from trainer.steps.preprocess.columns import _comma_numbers_notice, target_column
 from trainer.steps.preprocess.config import PreprocessConfig
@@ -129,6 +128,9 @@ def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
         seed=cfg.seed,
     )
     check_splits(raw, cfg, y, classes, train, val, test)
+    # Imported here: the evaluate package imports torch, which reading a table does not need.
+    from trainer.steps.evaluate import MIN_GATE_ROWS
+
     if test.size < MIN_GATE_ROWS:
         notes.append(
             Notice(

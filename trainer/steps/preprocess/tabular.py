@@ -187,10 +187,34 @@ def input_files(data_uri: str) -> list[str]:
         if n.lower().endswith(DATA_SUFFIXES) and not n.startswith((".", "_"))
     ]
     if not names:
+        names = hive_files(data_uri)
+    if not names:
         raise InputError(
             "E_DATA", f"dataset folder holds no data files ({', '.join(DATA_SUFFIXES)})", data_uri
         )
     return [storage.join(data_uri, n) for n in names]
+
+
+def hive_files(data_uri: str) -> list[str]:
+    """The data files of a Hive-partitioned folder (``year=2024/month=1/part-0.parquet``),
+    relative to it and sorted, or ``[]`` if it is not one.
+
+    Every folder between the root and a file must be ``key=value``; other files are ignored.
+    """
+    found = []
+    for rel in storage.list_files(data_uri):
+        *folders, name = rel.split("/")
+        if not folders or name.startswith((".", "_")) or not name.lower().endswith(DATA_SUFFIXES):
+            continue
+        if all("=" in f and not f.startswith((".", "_", "=")) for f in folders):
+            found.append(rel)
+    return sorted(found)
+
+
+def is_hive(data_uri: str, files: list[str]) -> bool:
+    """Whether ``files`` (from :func:`input_files`) lie in ``key=value`` folders of ``data_uri``."""
+    root = data_uri.rstrip("/") + "/"
+    return any("/" in f[len(root) :] for f in files if f.startswith(root))
 
 
 def _check_unique_names(names: list[str], uri: str) -> None:
