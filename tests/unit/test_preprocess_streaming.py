@@ -18,11 +18,13 @@ import pytest
 from trainer.base import memory
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
-from trainer.steps.preprocess import PreprocessConfig, encode, make_demo_table, preprocess
+from trainer.steps.preprocess import PreprocessConfig, encode, make_demo_table, preprocess, preview
 from trainer.steps.preprocess.encode import split_indices, split_labels
+from trainer.steps.preprocess.preview import inspect_data
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
 from trainer.steps.preprocess.step import needs_streaming
 from trainer.steps.preprocess.stream import preprocess_streaming
+from trainer.steps.preprocess.tabular import CsvOptions, read_columns
 
 SPLITS = ("train", "val", "test")
 TARGETS = {"classification": "churned", "regression": "spend"}
@@ -256,3 +258,39 @@ def test_memory_budget_default_is_read_at_run_time(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(memory, "cgroup_memory_limit", lambda *a: 256 << 20)
     assert PreprocessConfig(target="y").budget() == 128 << 20
     assert PreprocessConfig(target="y", memory_budget=64 << 20).budget() == 64 << 20
+
+
+def test_read_columns_decompresses_only_the_head(tmp_path: Path) -> None:
+    """The pre-run check reads a compressed CSV's header from its first bytes: a file whose
+    tail is damaged still gives its columns (the whole file is never decompressed)."""
+    text = "a,b,churned\n" + "1,x,yes\n" * 300_000
+    whole = gzip.compress(text.encode())
+    path = tmp_path / "data.csv.gz"
+    path.write_bytes(whole[: len(whole) // 2])  # cut: decompressing all of it fails
+    assert read_columns(str(path), CsvOptions()) == ["a", "b", "churned"]
+
+
+def test_read_columns_of_a_hive_folder_names_the_partition_keys(tmp_path: Path) -> None:
+    for day in ("1", "2"):
+        (tmp_path / f"day={day}").mkdir()
+        pq.write_table(pa.table({"x": [1.0, 2.0]}), tmp_path / f"day={day}" / "p.parquet")
+    assert read_columns(str(tmp_path), CsvOptions()) == ["x", "day"]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "csv.gz"])
+def test_pre_run_check_reads_only_the_first_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """inspect_data reads the target of the first CHECK_ROWS rows only: a missing target value
+    after them is preprocess's to find, not the check's (which would have read it all)."""
+    table = make_demo_table(3000, seed=2)
+    target = table["churned"].to_pylist()
+    target[2500] = None
+    table = table.set_column(table.schema.get_field_index("churned"), "churned", pa.array(target))
+    data = _write(table, tmp_path / "data", fmt)
+    cfg = _cfg("classification")
+    with pytest.raises(InputError, match="missing values"):
+        inspect_data(str(data), cfg)
+    monkeypatch.setattr(preview, "CHECK_ROWS", 2000)
+    notes = inspect_data(str(data), cfg)
+    assert any(n.code == "I_TASK" for n in notes)
