@@ -107,8 +107,25 @@ class MedianSelect:
             self._first.feed(keys)
             self.count += int(keys.size)
             return
-        for part in self.parts:
+        for part in self._leaders():
             part.feed(keys)
+
+    def _leaders(self) -> list[RankSelect]:
+        """The parts that read this pass: the upper middle rank rides along with the lower one
+        when both collect the same bin (the usual case), so its values are held once."""
+        if len(self.parts) == 2 and self._shared():
+            return self.parts[:1]
+        return self.parts
+
+    def _shared(self) -> bool:
+        a, b = self.parts
+        return (
+            a.value is None
+            and b.value is None
+            and a.collect
+            and b.collect
+            and (a.shift, a.prefix, a.below) == (b.shift, b.prefix, b.below)
+        )
 
     def end_pass(self) -> bool:
         """Close a pass; True once the median is known.
@@ -124,6 +141,8 @@ class MedianSelect:
                 RankSelect(rank=r, cap=self.cap, hist=self._first.hist.copy()) for r in ranks
             ]
             self._first = None
+        elif len(self.parts) == 2 and self._shared():
+            self.parts[1].collected = self.parts[0].collected
         return all([part.end_pass() for part in self.parts])
 
     @property

@@ -19,6 +19,7 @@ in-memory path (row for row; features equal to float rounding of the streamed su
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import math
@@ -227,7 +228,9 @@ def _run(
 
     num: dict[str, _NumStats] = {s.name: _NumStats() for s in specs if s.kind == "numeric"}
     cat: dict[str, _CatStats] = {s.name: _CatStats() for s in specs if s.kind == "categorical"}
-    cap = max(MIN_BATCH_ROWS, budget // (16 * max(len(num), 1)))
+    # Values a median may collect in memory: both middle ranks of every column within half the
+    # budget (8 bytes a value).
+    cap = max(MIN_BATCH_ROWS, budget // (32 * max(len(num), 1)))
     for start, table in src.batches(sources, batch_rows):
         is_train = labels[start : start + table.num_rows] == 0
         view = src.raw_input(table, start)
@@ -349,7 +352,8 @@ def _target(
     # Typed on its distinct values, once each: the same task, classes and notes.
     distinct = pa.table({name: pa.array(list(ids), type=field_type)})
     y_distinct, task, classes = target_column(src.raw_input(distinct), cfg, notes)
-    return y_distinct.astype(np.int32)[codes], task, classes
+    np.take(y_distinct.astype(np.int32), codes, out=codes)  # in place: no second row array
+    return codes, task, classes
 
 
 def _specs(columns: list[_Column], decisions: list[Decision], schema: pa.Schema) -> list[_Spec]:
@@ -593,7 +597,11 @@ def _check_labels(
     sizes = np.bincount(labels, minlength=3)
     bad = bool((sizes == 0).any())
     if classes is not None and not bad:
-        bad = bool((np.bincount(y[labels == 0], minlength=len(classes)) == 0).any())
+        in_train = np.zeros(len(classes), dtype=np.int64)
+        for lo in range(0, y.size, 1 << 20):  # chunked: no row-sized temporaries
+            part = y[lo : lo + (1 << 20)]
+            in_train += np.bincount(part[labels[lo : lo + (1 << 20)] == 0], minlength=len(classes))
+        bad = bool((in_train == 0).any())
     if bad:
         train, val, test = (np.flatnonzero(labels == i) for i in range(3))
         check_splits(src.raw_input(pa.table({})), cfg, y, classes, train, val, test)
@@ -679,11 +687,15 @@ def _write(
     options = {k: v for k, v in _PARQUET_OPTIONS.items() if k != "row_group_size"}
     names = ("train", "val", "test")
     with atomic_dir(output_uri, step="preprocess") as tmp:
-        outs = [storage.open_output(storage.join(tmp, f"{s}.parquet")) for s in names]
-        files = [o.__enter__() for o in outs]
-        try:
+        with contextlib.ExitStack() as stack:
+            files = [
+                stack.enter_context(storage.open_output(storage.join(tmp, f"{s}.parquet")))
+                for s in names
+            ]
             writers = [
-                pq.ParquetWriter(f, schema, use_dictionary=dictionary_columns, **options)
+                stack.enter_context(
+                    pq.ParquetWriter(f, schema, use_dictionary=dictionary_columns, **options)
+                )
                 for f in files
             ]
             pending: list[list[pa.Table]] = [[], [], []]
@@ -716,9 +728,5 @@ def _write(
             for i in range(3):
                 if held[i]:
                     writers[i].write_table(pa.concat_tables(pending[i]), row_group_size=group_rows)
-                writers[i].close()
-        finally:
-            for o in outs:
-                o.__exit__(None, None, None)
         for name, doc in docs.items():
             storage.write_json(storage.join(tmp, name), doc)
