@@ -204,7 +204,7 @@ class TabularRowGroups:
         """
         for f, md in zip(self._files, self._metadata, strict=True):
             with self._fs.open_input_file(f.path) as fh:
-                pf = pq.ParquetFile(fh)
+                pf = pq.ParquetFile(fh, pre_buffer=False)  # else it caches each group read
                 for i in range(md.num_row_groups):
                     table = pf.read_row_group(i, columns=[*self.features, self.target])
                     x, y = empty_rows(table.num_rows, len(self.features), self.task)

@@ -56,7 +56,7 @@ def _target_head(uri: str, cfg: PreprocessConfig, rows: int) -> tuple[pa.Table, 
     with storage.open_input(uri) as f:
         magic = f.read(4)
         if magic == b"PAR1":
-            pf = pq.ParquetFile(storage.local_path(uri) or f)
+            pf = pq.ParquetFile(storage.local_path(uri) or f, pre_buffer=False)
             _check_unique_names(pf.schema_arrow.names, uri)
             if cfg.target not in pf.schema_arrow.names:
                 return pf.schema_arrow.empty_table(), False  # names the columns in the refusal

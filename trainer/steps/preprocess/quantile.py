@@ -46,7 +46,10 @@ class RankSelect:
     collect: bool = False
     """This pass collects the prefix's values instead of counting the next bits."""
     hist: np.ndarray = field(default_factory=lambda: np.zeros(_BINS, np.int64))
-    collected: list[np.ndarray] = field(default_factory=list)
+    collected: np.ndarray | None = None
+    """The bin's keys, in one buffer sized from the histogram: many small arrays kept across
+    a pass would pin the allocator's heap between the pass's freed temporaries."""
+    filled: int = 0
     value: float | None = None
 
     def feed(self, keys: np.ndarray) -> None:
@@ -56,7 +59,9 @@ class RankSelect:
         if self.shift:
             keys = keys[(keys >> np.uint64(64 - self.shift)) == np.uint64(self.prefix)]
         if self.collect:
-            self.collected.append(keys)
+            assert self.collected is not None
+            self.collected[self.filled : self.filled + keys.size] = keys
+            self.filled += keys.size
             return
         digit = (keys >> np.uint64(64 - self.shift - BITS)) & np.uint64(_BINS - 1)
         self.hist += np.bincount(digit.astype(np.intp), minlength=_BINS)
@@ -66,10 +71,12 @@ class RankSelect:
         if self.value is not None:
             return True
         if self.collect:
-            keys = np.concatenate(self.collected) if self.collected else np.empty(0, np.uint64)
+            assert self.collected is not None
+            keys = self.collected[: self.filled]
             k = self.rank - self.below
-            self.value = float(_from_keys(np.partition(keys, k)[k : k + 1])[0])
-            self.collected = []
+            keys.partition(k)  # in place: the buffer is this selection's own (or shared)
+            self.value = float(_from_keys(keys[k : k + 1])[0])
+            self.collected = None
             return True
         cum = np.cumsum(self.hist)
         b = int(np.searchsorted(cum, self.rank - self.below, side="right"))
@@ -82,6 +89,9 @@ class RankSelect:
             self.value = float(_from_keys(np.array([self.prefix], np.uint64))[0])
             return True
         self.collect = in_bin <= self.cap
+        if self.collect:
+            self.collected = np.empty(in_bin, dtype=np.uint64)
+            self.filled = 0
         return False
 
 
@@ -143,7 +153,11 @@ class MedianSelect:
             self._first = None
         elif len(self.parts) == 2 and self._shared():
             self.parts[1].collected = self.parts[0].collected
-        return all([part.end_pass() for part in self.parts])
+            self.parts[1].filled = self.parts[0].filled
+        done = all([part.end_pass() for part in self.parts])
+        if not done and len(self.parts) == 2 and self._shared():
+            self.parts[1].collected = None  # the upper rank reads the lower one's buffer
+        return done
 
     @property
     def value(self) -> float:

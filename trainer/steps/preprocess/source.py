@@ -179,11 +179,13 @@ def _is_str(t: pa.DataType) -> bool:
 
 def _open_parquet(uri: str, **options: Any) -> pq.ParquetFile:
     """A Parquet file by local path or storage URI (read through pyarrow's filesystems)."""
+    # pre_buffer off: with it, pyarrow keeps every column chunk it has read cached until the
+    # file closes, so one pass over a file held all of it (measured: 16M rows, +700 MB).
     local = storage.local_path(uri)
     if local is not None:
-        return pq.ParquetFile(local, **options)
+        return pq.ParquetFile(local, pre_buffer=False, **options)
     fs, path = storage.resolve(uri)
-    return pq.ParquetFile(fs.open_input_file(path), **options)
+    return pq.ParquetFile(fs.open_input_file(path), pre_buffer=False, **options)
 
 
 def data_hash(files: list[str]) -> str:
