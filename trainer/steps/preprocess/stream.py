@@ -80,6 +80,9 @@ file closes, and the trainer reads a row group at a time."""
 CATEGORY_CAP = 1 << 18
 """Distinct values counted exactly per categorical column; beyond it the rarest half is
 forgotten (the kept top categories are then those of a lossy count)."""
+PROCESS_BYTES = 160 << 20
+"""What the process holds before any data: the interpreter with numpy, pyarrow and pandas
+(about 110 MiB resident) and the allocators' slack; the budget covers the whole process."""
 ROW_STATE_BYTES = 9
 """Bytes a row of per-row state costs while the split is drawn (label, target, permutation)."""
 
@@ -156,7 +159,7 @@ def release_memory() -> None:
 
 
 def _budget_rows(budget: int, n: int, row_bytes: int) -> int:
-    free = max(budget - ROW_STATE_BYTES * n - (8 << 20), budget // 4)
+    free = max(budget - ROW_STATE_BYTES * n - PROCESS_BYTES, budget // 4)
     return int(min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, free // max(row_bytes, 1))))
 
 
@@ -313,7 +316,8 @@ def _target(
     notes: list[Notice],
     batch_rows: int,
 ) -> tuple[np.ndarray, str, list[str] | None]:
-    """The target of every row, compact: int32 class ids or float32 values.
+    """The target of every row, compact: class ids (one byte each up to 127 classes) or float32
+    values.
 
     A text or true/false target is read batch by batch into int32 codes (4 bytes a row) and
     typed by the in-memory path's :func:`target_column` on its distinct values; a numeric one
@@ -334,7 +338,7 @@ def _target(
             )
         y, task, classes = target_column(src.raw_input(pa.table({name: x})), cfg, notes)
         del x
-        return (y.astype(np.int32), task, classes) if classes is not None else (y, task, None)
+        return (_narrow(y, classes), task, classes) if classes is not None else (y, task, None)
     codes = np.empty(src.num_rows, dtype=np.int32)
     ids: dict[Any, int] = {}
     for start, table in src.batches([name], batch_rows):
@@ -353,7 +357,13 @@ def _target(
     distinct = pa.table({name: pa.array(list(ids), type=field_type)})
     y_distinct, task, classes = target_column(src.raw_input(distinct), cfg, notes)
     np.take(y_distinct.astype(np.int32), codes, out=codes)  # in place: no second row array
-    return codes, task, classes
+    return _narrow(codes, classes), task, classes
+
+
+def _narrow(y: np.ndarray, classes: list[str] | None) -> np.ndarray:
+    """Class ids in the narrowest integer type that holds them (one byte for up to 127)."""
+    assert classes is not None
+    return y.astype(np.min_scalar_type(-max(len(classes), 1)))
 
 
 def _specs(columns: list[_Column], decisions: list[Decision], schema: pa.Schema) -> list[_Spec]:
