@@ -99,3 +99,41 @@ def test_the_in_memory_path_is_killed_under_the_same_cap(
         done = _preprocess_capped(cgroup, tables["parquet"], tmp_path / "out", 64 << 30)
     assert done.returncode in (-9, 137), (done.returncode, done.stderr[-2000:])
     assert not (tmp_path / "out").exists()
+
+
+PIPELINE_CAP = 3 << 30
+"""The whole run's limit: every process of it (kfp.local's tasks, torchrun and its worker, the
+registry) shares it, and the training processes import torch."""
+
+
+@pytest.mark.slow  # a whole pipeline run on 2.1M rows
+def test_the_whole_local_pipeline_succeeds_on_a_table_ten_times_the_budget(
+    tables: dict[str, Path], tmp_path: Path
+) -> None:
+    """``gpupipe run --local`` in a memory cgroup: preprocess streams the table (16 MiB budget,
+    ten times smaller than the table), train and evaluate read its row-group shards."""
+    gpupipe = Path(sys.executable).with_name("gpupipe")
+    root = tmp_path / "root"
+    argv = [
+        str(gpupipe), "run", "--local", "--root", str(root), "--json",
+        "--data", str(tables["parquet"]), "--target", "churned",
+        "--param", "epochs=1",
+        "--param", json.dumps({"memory_budget": BUDGET}).join(["preprocess_config_json=", ""]),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["OMP_NUM_THREADS"] = "1"
+    with memory_cgroup(PIPELINE_CAP) as cgroup:
+        script = f'echo $$ > {cgroup}/cgroup.procs && exec "$@"'
+        done = subprocess.run(
+            ["sh", "-c", script, "sh", *argv],
+            capture_output=True, text=True, timeout=1800, cwd=tmp_path, env=env,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["state"] == "SUCCEEDED"
+    assert summary["metrics"]["accuracy"] > 0.6, summary["metrics"]
+    (train,) = root.rglob("train.parquet")
+    meta = pq.ParquetFile(train).metadata
+    # The streaming path's row groups (the budget's); the whole-table path writes 131,072-row ones.
+    assert meta.num_rows > 1_000_000
+    assert meta.row_group(0).num_rows < 131_072
