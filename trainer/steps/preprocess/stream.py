@@ -142,6 +142,7 @@ class _NumStats:
 @dataclass(slots=True)
 class _CatStats:
     counts: dict[str, list[int]] = field(default_factory=dict)  # value -> [all, train]
+    present: int = 0
     missing: int = 0
     train_missing: int = 0
     approximate: bool = False
@@ -439,6 +440,7 @@ def _count_categories(
     all_c = np.bincount(shifted, minlength=len(values) + 1)
     train_c = np.bincount(shifted[is_train], minlength=len(values) + 1)
     st.missing += int(all_c[0])
+    st.present += int(codes.size - all_c[0])
     st.train_missing += int(train_c[0])
     counts = st.counts
     for i in np.flatnonzero(all_c[1:]).tolist():
@@ -568,13 +570,16 @@ def _stats_of(s: _Spec, num: dict[str, _NumStats], cat: dict[str, _CatStats]) ->
         }
     c = cat[s.name]
     top = sorted(c.counts.items(), key=lambda kv: (-kv[1][0], kv[0]))[:10]
-    return {
+    out: dict[str, Any] = {
         "kind": "categorical",
-        "count": sum(v[0] for v in c.counts.values()),
+        "count": c.present,
         "missing": c.missing,
         "distinct": len(c.counts),
         "top": [{"value": v, "count": counts[0]} for v, counts in top if counts[0] > 0],
     }
+    if c.approximate:  # past CATEGORY_CAP: distinct is a lower bound, top counts lossy
+        out["approximate"] = True
+    return out
 
 
 def _target_stats(
