@@ -25,6 +25,7 @@ from trainer.steps.preprocess import (
     preprocess,
     preview,
     stream,
+    stream_stats,
 )
 from trainer.steps.preprocess.encode import split_indices, split_labels
 from trainer.steps.preprocess.preview import inspect_data
@@ -316,7 +317,7 @@ def test_category_counts_past_the_cap_keep_the_frequent_categories(
     city = np.where(rng.random(n) < 0.7, common, rare)
     table = pa.table({"city": city, "x": rng.normal(size=n), "y": rng.choice(["p", "q"], n)})
     pq.write_table(table, tmp_path / "d.parquet", row_group_size=1000)
-    monkeypatch.setattr(stream, "CATEGORY_CAP", 64)
+    monkeypatch.setattr(stream_stats, "CATEGORY_CAP", 64)
     monkeypatch.setattr(stream, "MIN_BATCH_ROWS", 500)
     cfg = from_dict(PreprocessConfig, {"target": "y", "max_categories": 3})
     res = preprocess_streaming(

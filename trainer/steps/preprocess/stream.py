@@ -22,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import math
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,7 +43,6 @@ from trainer.steps.preprocess.columns import (
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.encode import (
     MISSING,
-    OTHER,
     CategoricalFit,
     NumericFit,
     split_labels,
@@ -61,6 +58,15 @@ from trainer.steps.preprocess.published import (
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
 from trainer.steps.preprocess.source import BatchSource, data_hash, open_source
 from trainer.steps.preprocess.splits import check_splits
+from trainer.steps.preprocess.stream_stats import (
+    CatStats,
+    NumStats,
+    Spec,
+    count_categories,
+    fit_of,
+    stats_of,
+    target_stats,
+)
 from trainer.steps.preprocess.tabular import (
     dictionary_codes,
     is_number,
@@ -77,75 +83,11 @@ MIN_BATCH_ROWS = 1024
 MIN_GROUP_ROWS = 1 << 14
 """Fewest rows in an output row group: each adds footer metadata per column, held until the
 file closes, and the trainer reads a row group at a time."""
-CATEGORY_CAP = 1 << 18
-"""Distinct values counted exactly per categorical column; beyond it the rarest half is
-forgotten (the kept top categories are then those of a lossy count)."""
 PROCESS_BYTES = 160 << 20
 """What the process holds before any data: the interpreter with numpy, pyarrow and pandas
 (about 110 MiB resident) and the allocators' slack; the budget covers the whole process."""
 ROW_STATE_BYTES = 9
 """Bytes a row of per-row state costs while the split is drawn (label, target, permutation)."""
-
-
-@dataclass(slots=True)
-class Moments:
-    """Count, mean, sum of squared deviations, min and max, merged batch by batch (Chan)."""
-
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-    lo: float = math.inf
-    hi: float = -math.inf
-
-    def add(self, x: np.ndarray) -> None:
-        """Merge the values ``x`` (no NaN)."""
-        nb = int(x.size)
-        if not nb:
-            return
-        mb = float(x.mean(dtype=np.float64))
-        m2b = float(np.square(x - mb, dtype=np.float64).sum())
-        n = self.n + nb
-        delta = mb - self.mean
-        self.mean += delta * nb / n
-        self.m2 += m2b + delta * delta * self.n * nb / n
-        self.n = n
-        self.lo = min(self.lo, float(x.min()))
-        self.hi = max(self.hi, float(x.max()))
-
-    @property
-    def std(self) -> float:
-        """Population standard deviation."""
-        return math.sqrt(max(self.m2, 0.0) / self.n) if self.n else 0.0
-
-
-@dataclass(slots=True)
-class _Spec:
-    """How one output column is computed from one input column, batch by batch."""
-
-    name: str
-    source: str
-    how: str  # number | text_number | date | category
-    kind: str
-    dtype: str
-    part: str = ""
-
-
-@dataclass(slots=True)
-class _NumStats:
-    all: Moments = field(default_factory=Moments)
-    train: Moments = field(default_factory=Moments)
-    missing: int = 0
-    train_missing: int = 0
-    median: MedianSelect | None = None
-
-
-@dataclass(slots=True)
-class _CatStats:
-    counts: dict[str, list[int]] = field(default_factory=dict)  # value -> [all, train]
-    present: int = 0
-    missing: int = 0
-    train_missing: int = 0
-    approximate: bool = False
 
 
 def release_memory() -> None:
@@ -230,8 +172,8 @@ def _run(
     release_memory()
     sources = sorted({s.source for s in specs}, key=src.schema.names.index)
 
-    num: dict[str, _NumStats] = {s.name: _NumStats() for s in specs if s.kind == "numeric"}
-    cat: dict[str, _CatStats] = {s.name: _CatStats() for s in specs if s.kind == "categorical"}
+    num: dict[str, NumStats] = {s.name: NumStats() for s in specs if s.kind == "numeric"}
+    cat: dict[str, CatStats] = {s.name: CatStats() for s in specs if s.kind == "categorical"}
     # Values a median may collect in memory: both middle ranks of every column within half the
     # budget (8 bytes a value).
     cap = max(MIN_BATCH_ROWS, budget // (32 * max(len(num), 1)))
@@ -242,7 +184,7 @@ def _run(
         for spec in specs:
             v = values[spec.name]
             if isinstance(v, tuple):
-                _count_categories(cat[spec.name], v[0], v[1], is_train)
+                count_categories(cat[spec.name], v[0], v[1], is_train)
             else:
                 st = num[spec.name]
                 present = ~np.isnan(v)
@@ -266,10 +208,10 @@ def _run(
     _medians(src, specs, num, labels, batch_rows, cfg)
     release_memory()
 
-    fits = [_fit(s, num, cat, n_train, cfg) for s in specs]
+    fits = [fit_of(s, num, cat, n_train, cfg) for s in specs]
     features = feature_names(fits, cfg.target, data_uri)
     splits = {k: int(np.count_nonzero(labels == i)) for i, k in enumerate(("train", "val", "test"))}
-    stats = {s.name: _stats_of(s, num, cat) for s in specs}
+    stats = {s.name: stats_of(s, num, cat) for s in specs}
     schema_doc = {
         "format": SCHEMA_FORMAT,
         "target": cfg.target,
@@ -290,7 +232,7 @@ def _run(
         "rows": n,
         "columns": stats,
         "target": {
-            name: _target_stats(y, labels, i, classes)
+            name: target_stats(y, labels, i, classes)
             for i, name in enumerate(("train", "val", "test"))
         },
     }
@@ -367,26 +309,26 @@ def _narrow(y: np.ndarray, classes: list[str] | None) -> np.ndarray:
     return y.astype(np.min_scalar_type(-max(len(classes), 1)))
 
 
-def _specs(columns: list[_Column], decisions: list[Decision], schema: pa.Schema) -> list[_Spec]:
+def _specs(columns: list[_Column], decisions: list[Decision], schema: pa.Schema) -> list[Spec]:
     dated = {d.column for d in decisions if d.action == "date"}
     specs = []
     for c in columns:
         base, _, part = c.name.rpartition("__")
         if base in dated and (part in DATE_PARTS or part == "hour"):
-            specs.append(_Spec(c.name, base, "date", "numeric", c.dtype, part))
+            specs.append(Spec(c.name, base, "date", "numeric", c.dtype, part))
             continue
         t = schema.field(c.name).type
         if c.kind == "categorical":
-            specs.append(_Spec(c.name, c.name, "category", "categorical", c.dtype))
+            specs.append(Spec(c.name, c.name, "category", "categorical", c.dtype))
         elif is_text(t):
-            specs.append(_Spec(c.name, c.name, "text_number", "numeric", c.dtype))
+            specs.append(Spec(c.name, c.name, "text_number", "numeric", c.dtype))
         else:
-            specs.append(_Spec(c.name, c.name, "number", "numeric", c.dtype))
+            specs.append(Spec(c.name, c.name, "number", "numeric", c.dtype))
     return specs
 
 
 def _batch_values(
-    specs: list[_Spec], table: pa.Table, view: Any, cfg: PreprocessConfig
+    specs: list[Spec], table: pa.Table, view: Any, cfg: PreprocessConfig
 ) -> dict[str, np.ndarray | tuple[np.ndarray, list[str]]]:
     """Each output column of one batch: float64 values (NaN missing) or (codes, values)."""
     out: dict[str, np.ndarray | tuple[np.ndarray, list[str]]] = {}
@@ -433,33 +375,10 @@ def _batch_values(
     return out
 
 
-def _count_categories(
-    st: _CatStats, codes: np.ndarray, values: list[str], is_train: np.ndarray
-) -> None:
-    shifted = codes + 1
-    all_c = np.bincount(shifted, minlength=len(values) + 1)
-    train_c = np.bincount(shifted[is_train], minlength=len(values) + 1)
-    st.missing += int(all_c[0])
-    st.present += int(codes.size - all_c[0])
-    st.train_missing += int(train_c[0])
-    counts = st.counts
-    for i in np.flatnonzero(all_c[1:]).tolist():
-        entry = counts.get(values[i])
-        if entry is None:
-            counts[values[i]] = [int(all_c[i + 1]), int(train_c[i + 1])]
-        else:
-            entry[0] += int(all_c[i + 1])
-            entry[1] += int(train_c[i + 1])
-    if len(counts) > CATEGORY_CAP:
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
-        st.counts = dict(ranked[: CATEGORY_CAP // 2])
-        st.approximate = True
-
-
 def _medians(
     src: BatchSource,
-    specs: list[_Spec],
-    num: dict[str, _NumStats],
+    specs: list[Spec],
+    num: dict[str, NumStats],
     labels: np.ndarray,
     batch_rows: int,
     cfg: PreprocessConfig,
@@ -499,108 +418,6 @@ def _no_training_values(name: str, n_train: int, cfg: PreprocessConfig, data_uri
     )
 
 
-def _fit(
-    s: _Spec,
-    num: dict[str, _NumStats],
-    cat: dict[str, _CatStats],
-    n_train: int,
-    cfg: PreprocessConfig,
-) -> NumericFit | CategoricalFit:
-    if s.kind == "numeric":
-        st = num[s.name]
-        assert st.median is not None
-        median = st.median.value
-        m, q = st.train.n, n_train - st.train.n
-        # Moments of the imputed training values: the present ones and q copies of the median.
-        mean = (m * st.train.mean + q * median) / n_train
-        m2 = st.train.m2 + m * (st.train.mean - mean) ** 2 + q * (median - mean) ** 2
-        std = math.sqrt(max(m2, 0.0) / n_train)
-        if not math.isfinite(std) or std == 0.0:
-            std = 1.0
-        outputs = [s.name]
-        if cfg.missing_indicator and q:
-            outputs.append(f"{s.name}__missing")
-        return NumericFit(
-            name=s.name,
-            dtype=s.dtype,
-            missing=st.missing,
-            train_missing=q,
-            median=median,
-            mean=mean,
-            std=std,
-            outputs=outputs,
-        )
-    c = cat[s.name]
-    categories = _categories(c, cfg.max_categories)
-    return CategoricalFit(
-        name=s.name,
-        dtype=s.dtype,
-        missing=c.missing,
-        categories=categories,
-        outputs=[f"{s.name}={v}" for v in [*categories, OTHER]],
-    )
-
-
-def _categories(c: _CatStats, max_categories: int) -> list[str]:
-    """The kept categories as :func:`~trainer.steps.preprocess.encode.encode_categorical`
-    chooses them: most frequent in training (ties by value), sorted, then ``__missing__``."""
-    # None stands for the missing slot, ranked under its label like encode_categorical's.
-    ranked: list[tuple[str | None, int]] = [
-        (v, counts[1]) for v, counts in c.counts.items() if counts[1] > 0 and v != OTHER
-    ]
-    if c.train_missing:
-        ranked.append((None, c.train_missing))
-    ranked.sort(key=lambda vc: (-vc[1], MISSING if vc[0] is None else vc[0]))
-    kept = ranked[:max_categories]
-    values = sorted(v for v, _ in kept if v is not None)
-    return values + ([MISSING] if any(v is None for v, _ in kept) else [])
-
-
-def _stats_of(s: _Spec, num: dict[str, _NumStats], cat: dict[str, _CatStats]) -> dict[str, Any]:
-    if s.kind == "numeric":
-        st = num[s.name]
-        return {
-            "kind": "numeric",
-            "count": st.all.n,
-            "missing": st.missing,
-            "min": st.all.lo,
-            "max": st.all.hi,
-            "mean": st.all.mean,
-            "std": st.all.std,
-        }
-    c = cat[s.name]
-    top = sorted(c.counts.items(), key=lambda kv: (-kv[1][0], kv[0]))[:10]
-    out: dict[str, Any] = {
-        "kind": "categorical",
-        "count": c.present,
-        "missing": c.missing,
-        "distinct": len(c.counts),
-        "top": [{"value": v, "count": counts[0]} for v, counts in top if counts[0] > 0],
-    }
-    if c.approximate:  # past CATEGORY_CAP: distinct is a lower bound, top counts lossy
-        out["approximate"] = True
-    return out
-
-
-def _target_stats(
-    y: np.ndarray, labels: np.ndarray, split: int, classes: list[str] | None
-) -> dict[str, Any]:
-    if classes is not None:
-        counts = np.bincount(y[labels == split], minlength=len(classes))
-        return {
-            "rows": int(counts.sum()),
-            "classes": dict(zip(classes, counts.tolist(), strict=True)),
-        }
-    mom = Moments()
-    step = 1 << 20
-    for lo in range(0, y.size, step):
-        part = y[lo : lo + step]
-        mom.add(part[labels[lo : lo + step] == split].astype(np.float64))
-    if not mom.n:
-        return {"rows": 0}
-    return {"rows": mom.n, "mean": mom.mean, "std": mom.std, "min": mom.lo, "max": mom.hi}
-
-
 def _check_labels(
     src: BatchSource,
     cfg: PreprocessConfig,
@@ -623,7 +440,7 @@ def _check_labels(
 
 
 def _encode_batch(
-    specs: list[_Spec],
+    specs: list[Spec],
     fits: list[NumericFit | CategoricalFit],
     values: dict[str, np.ndarray | tuple[np.ndarray, list[str]]],
     view: Any,
@@ -672,7 +489,7 @@ def _encode_batch(
 def _write(
     src: BatchSource,
     cfg: PreprocessConfig,
-    specs: list[_Spec],
+    specs: list[Spec],
     fits: list[NumericFit | CategoricalFit],
     features: list[str],
     classes: list[str] | None,
