@@ -136,3 +136,15 @@ def test_tabular_device_trains_the_demo_step_and_reads_settings_written_where_kf
     assert len(trained) == 2 and all("accuracy" in line for line in trained)  # warm-up + 1
     assert re.fullmatch(r"tabular_device cpu_seconds: \d+\.\d\d \(no CUDA device: no ratio\)",
                         lines[-1])  # fmt: skip
+
+
+def test_preprocess_scale_prints_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    """At a tiny size: ours, DuckDB and the in-memory path all run, ours equals the in-memory
+    path row for row, and the ours/DuckDB ratio is the last line."""
+    from benchmarks import preprocess_scale
+
+    rc = preprocess_scale.main(["--sizes", "5000", "--budget", str(256 << 20)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, "\n".join(lines)
+    assert sum(" in-memory " in line for line in lines) == 1
+    assert re.fullmatch(r"preprocess_scale ratio: \d+\.\d\d \(.*goal <= 1\.0\)", lines[-1])

@@ -667,3 +667,52 @@ def test_python_m_trainer_evaluate_inside_the_model_folder_runs_none_of_its_code
         assert last.endswith("(./model.json)")
     assert not marker.exists()
     assert not (tmp_path / "report.html").exists()
+
+
+# --- Scoring a split row group by row group ------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_a_split_of_many_row_groups_is_scored_in_one_streamed_pass(
+    tmp_path: Path, task: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The split (and the training split the baselines fit on) is read a row group at a time,
+    never whole, and the metrics, the champion's and the baselines' equal those of the whole
+    split scored at once."""
+    table = make_split(task, rows=3000, seed=4)
+    train = make_split(task, rows=2000, seed=5)
+    data = tmp_path / "d"
+    write_dataset(data, table)
+    write_dataset(data, train, split="train")
+    for split, t in (("test", table), ("train", train)):  # 64 row groups of ~47 rows
+        cols: dict[str, Any] = {name: t.x[:, i] for i, name in enumerate(FEATURES)}
+        pq.write_table(pa.table({**cols, "label": t.y}), data / f"{split}.parquet",
+                       row_group_size=47)  # fmt: skip
+    model = write_model(tmp_path / "m", table, task, skill=0.8)
+    champ = write_model(tmp_path / "c", table, task, skill=0.5)
+    seen: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def one_group(self: pq.ParquetFile, i: int, *a: Any, **kw: Any) -> pa.Table:
+        got = real(self, i, *a, **kw)
+        seen.append(got.num_rows)
+        return got
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", one_group)
+    result = run(tmp_path, model, str(data), champion_model_uri=champ)
+    assert max(seen) == 47 and sum(seen) == 3000 + 2000
+    from trainer.steps.evaluate.baselines import fit_and_score
+    from trainer.steps.evaluate.metrics import score_predictions, softmax
+
+    def whole(uri: str) -> dict[str, float]:
+        out = predictions(uri, table)
+        predicted = softmax(out) if task == "classification" else out.double().numpy()
+        return score_predictions(task, table.y, predicted).metrics
+
+    assert result.metrics == pytest.approx(whole(model), rel=1e-9)
+    assert result.champion_metrics == pytest.approx(whole(champ), rel=1e-9)
+    k = table.weights.shape[1] if task == "classification" else None
+    ref = fit_and_score(task, train.x, train.y, table.x, table.y, num_classes=k)
+    assert result.baselines.keys() == ref.keys()
+    for name, scored in ref.items():
+        assert result.baselines[name] == pytest.approx(scored.metrics, rel=1e-9), name

@@ -361,6 +361,22 @@ def open_input(uri: str) -> Iterator[pa.NativeFile]:
 
 
 @contextmanager
+def open_input_stream(uri: str) -> Iterator[pa.NativeFile]:
+    """Open ``uri`` for reading front to back, decompressed by its name (``.gz``, ``.bz2``,
+    ``.zst``) as it is read: a compressed file is never held whole.
+
+    Raises:
+        FileNotFoundError: If ``uri`` (or its bucket) does not exist.
+        RuntimeError: If the object store fails.
+    """
+    fs, path = resolve(uri)
+    with _translate(f"opening {uri}", uri):
+        stream = fs.open_input_stream(path)
+    with stream:
+        yield stream
+
+
+@contextmanager
 def open_output(uri: str) -> Iterator[IO[bytes]]:
     """Open ``uri`` for writing; the file appears, whole, only if the block exits normally.
 

@@ -163,6 +163,64 @@ class TabularDataset:
         return self.features.index_select(0, idx), self.target.index_select(0, idx)
 
 
+class TabularRowGroups:
+    """A tabular split read row group by row group: validated ``(x, y)`` numpy blocks (float32
+    features ``[rows, F]``, int64 class ids or float32 targets), never the whole table.
+
+    The same columns, checks and messages as :meth:`TabularDataset.from_parquet`, which holds
+    every row; this holds one row group at a time, so a split of any size can be scored.
+    """
+
+    def __init__(
+        self, uri: str, *, target: str, features: list[str] | None = None, task: str
+    ) -> None:
+        """Reads the footers only.
+
+        Raises:
+            ValueError: a missing or non-numeric column, or no rows (naming the file).
+        """
+        self.task = check_task(task)
+        self.target = target
+        self._fs, self._files = parquet_files(uri)
+        names: list[str] | None = None
+        self._metadata = []
+        for f in self._files:
+            md = read_metadata(self._fs, f)
+            names = resolve_columns(
+                md.schema.to_arrow_schema(), target=target, features=names or features, where=f.name
+            )
+            self._metadata.append(md)
+        assert names is not None
+        self.features: list[str] = names
+        self.num_rows = sum(md.num_rows for md in self._metadata)
+        if self.num_rows == 0:
+            raise InputError("E_DATA", "dataset is empty: 0 rows", uri)
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The row groups in order (files sorted by name), each validated as it is read.
+
+        Raises:
+            ValueError: nulls, NaN/inf, or bad class labels (naming the column and the file).
+        """
+        for f, md in zip(self._files, self._metadata, strict=True):
+            with self._fs.open_input_file(f.path) as fh:
+                pf = pq.ParquetFile(fh, pre_buffer=False)  # else it caches each group read
+                for i in range(md.num_row_groups):
+                    table = pf.read_row_group(i, columns=[*self.features, self.target])
+                    x, y = empty_rows(table.num_rows, len(self.features), self.task)
+                    fill_rows(
+                        table,
+                        features=self.features,
+                        target=self.target,
+                        task=self.task,
+                        where=f.name,
+                        x=x,
+                        y=y,
+                    )
+                    del table
+                    yield x, y
+
+
 class TokenDataset:
     """A flat stream of token ids cut into samples of `seq_len + 1` tokens (x and y shifted by 1).
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,16 @@ from threadpoolctl import threadpool_limits
 
 from trainer.steps.evaluate.metrics import Scored, score_predictions
 
-__all__ = ["BASELINES", "MAX_FIT_ROWS", "baseline_label", "fit_and_score"]
+__all__ = [
+    "BASELINES",
+    "MAX_FIT_ROWS",
+    "FittedBaseline",
+    "baseline_label",
+    "fit_and_score",
+    "fit_baselines",
+    "log_scored",
+    "sample_rows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +87,76 @@ def _predicted(model: Any, x: np.ndarray, task: str, num_classes: int | None) ->
     return proba / proba.sum(axis=1, keepdims=True)
 
 
+@dataclass(slots=True)
+class FittedBaseline:
+    """A baseline fitted on the training rows, ready to predict batch by batch."""
+
+    name: str
+    model: Any
+    threads: int | None
+    rows: int
+    seconds: float
+
+    def predict(self, x: np.ndarray, task: str, num_classes: int | None) -> np.ndarray:
+        """Probabilities over all classes, or values, for the rows ``x``."""
+        with threadpool_limits(limits=self.threads):
+            return _predicted(self.model, x, task, num_classes)
+
+
+def sample_rows(n: int, seed: int = 0) -> np.ndarray | None:
+    """The sorted rows of ``n`` training rows that the baselines fit on, or None for all of them
+    (at most :data:`MAX_FIT_ROWS`, drawn with ``seed``)."""
+    if n <= MAX_FIT_ROWS:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, MAX_FIT_ROWS, False))
+
+
+def fit_baselines(
+    task: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    *,
+    seed: int = 0,
+    names: tuple[str, ...] = BASELINES,
+) -> list[FittedBaseline]:
+    """Fit each baseline on the training rows (a sample of :data:`MAX_FIT_ROWS` if more).
+
+    A baseline needs at least two classes in the training rows (classification) except
+    ``trivial``; one that cannot be fitted is left out, with a log line saying why.
+    """
+    keep = sample_rows(len(y_train), seed)
+    if keep is not None:
+        x_train, y_train = x_train[keep], y_train[keep]
+    out = []
+    one_class = task == "classification" and len(np.unique(y_train)) < 2
+    for name in names:
+        if one_class and name != "trivial":
+            log.info("baseline %s skipped: the training split holds a single class", name)
+            continue
+        started = time.perf_counter()
+        # Small fits lose more to OpenMP's thread start-up and spinning than they gain
+        # (4-10x slower with 2 threads on a busy 2-core machine): one thread below that size.
+        threads = 1 if x_train.size <= SINGLE_THREAD_CELLS else None
+        with threadpool_limits(limits=threads):
+            model = _estimator(name, task, seed).fit(x_train, y_train)
+        out.append(
+            FittedBaseline(name, model, threads, len(y_train), time.perf_counter() - started)
+        )
+    return out
+
+
+def log_scored(fitted: FittedBaseline, task: str, scored: Scored) -> None:
+    """The log line of a baseline fitted and scored."""
+    log.info(
+        "baseline %s (%s) fitted on %d rows in %.1f s: %s",
+        fitted.name,
+        baseline_label(fitted.name, task),
+        fitted.rows,
+        fitted.seconds,
+        ", ".join(f"{k} {v:.4g}" for k, v in scored.metrics.items()),
+    )
+
+
 def fit_and_score(
     task: str,
     x_train: np.ndarray,
@@ -101,33 +181,13 @@ def fit_and_score(
         names: Which baselines, in order.
 
     Returns:
-        Each baseline's predictions and metrics, by name. A baseline needs at least two
-        classes in the training rows (classification) except ``trivial``; one that cannot be
-        fitted is left out, with a log line saying why.
+        Each baseline's predictions and metrics, by name (see :func:`fit_baselines`).
     """
-    if len(y_train) > MAX_FIT_ROWS:
-        keep = np.sort(np.random.default_rng(seed).choice(len(y_train), MAX_FIT_ROWS, False))
-        x_train, y_train = x_train[keep], y_train[keep]
     out: dict[str, Scored] = {}
-    one_class = task == "classification" and len(np.unique(y_train)) < 2
-    for name in names:
-        if one_class and name != "trivial":
-            log.info("baseline %s skipped: the training split holds a single class", name)
-            continue
+    for fitted in fit_baselines(task, x_train, y_train, seed=seed, names=names):
         started = time.perf_counter()
-        # Small fits lose more to OpenMP's thread start-up and spinning than they gain
-        # (4-10x slower with 2 threads on a busy 2-core machine): one thread below that size.
-        threads = 1 if x_train.size <= SINGLE_THREAD_CELLS else None
-        with threadpool_limits(limits=threads):
-            model = _estimator(name, task, seed).fit(x_train, y_train)
-            predicted = _predicted(model, x_eval, task, num_classes)
-        out[name] = score_predictions(task, y_eval, predicted)
-        log.info(
-            "baseline %s (%s) fitted on %d rows in %.1f s: %s",
-            name,
-            baseline_label(name, task),
-            len(y_train),
-            time.perf_counter() - started,
-            ", ".join(f"{k} {v:.4g}" for k, v in out[name].metrics.items()),
-        )
+        predicted = fitted.predict(x_eval, task, num_classes)
+        fitted.seconds += time.perf_counter() - started
+        out[fitted.name] = score_predictions(task, y_eval, predicted)
+        log_scored(fitted, task, out[fitted.name])
     return out

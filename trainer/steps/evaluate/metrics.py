@@ -14,9 +14,6 @@ from typing import Any, TypeGuard
 import numpy as np
 import torch
 
-from trainer.data.datasets import TabularDataset
-from trainer.models.export import LoadedModel, predict
-
 __all__ = [
     "AUTO_METRIC",
     "HIGHER_IS_BETTER",
@@ -26,8 +23,8 @@ __all__ = [
     "Scored",
     "is_number",
     "roc",
-    "score",
     "score_predictions",
+    "softmax",
 ]
 
 TASK_METRICS: dict[str, tuple[str, ...]] = {
@@ -109,7 +106,8 @@ def is_number(value: Any) -> TypeGuard[int | float]:
 # --- Metrics --------------------------------------------------------------------------------------
 
 
-def _softmax(logits: torch.Tensor) -> np.ndarray:
+def softmax(logits: torch.Tensor) -> np.ndarray:
+    """Class probabilities of logits, float64."""
     # float64: sklearn checks that multiclass probabilities sum to 1, which float32 can miss.
     return torch.softmax(logits.double(), dim=-1).numpy()
 
@@ -161,17 +159,6 @@ def roc(y: np.ndarray, proba: np.ndarray) -> dict[str, list[float]] | None:
         "tpr": [float(v) for v in tpr[keep]],
         "thresholds": [float(v) for v in thr[keep]],
     }
-
-
-def score(loaded: LoadedModel, ds: TabularDataset, batch_size: int) -> Scored:
-    """Predict the split and compute the task's metrics (non-finite ones are left out)."""
-    out = predict(loaded, ds.features, batch_size=batch_size)
-    y = ds.target.numpy()
-    if loaded.spec.task == "classification":
-        k = loaded.spec.num_classes
-        assert k is not None  # ModelSpec guarantees it for classification
-        return score_predictions("classification", y, _softmax(out))
-    return score_predictions("regression", y, out.double().numpy())
 
 
 def score_predictions(task: str, y: np.ndarray, predicted: np.ndarray) -> Scored:

@@ -10,17 +10,29 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import torch
 
 from trainer.base import outputs, storage
 from trainer.base.errors import InputError
 from trainer.base.redact import redact
 from trainer.base.typedconfig import from_dict
-from trainer.data.datasets import TabularDataset
+from trainer.data.datasets import TabularRowGroups
 from trainer.models import validate_plugin_entries
-from trainer.models.export import LoadedModel, load_model
-from trainer.steps.evaluate.baselines import BASELINES, baseline_label, fit_and_score
+from trainer.models.export import LoadedModel, load_model, predict
+from trainer.steps.evaluate.baselines import (
+    BASELINES,
+    FittedBaseline,
+    baseline_label,
+    fit_baselines,
+    log_scored,
+    sample_rows,
+)
 from trainer.steps.evaluate.gate import MIN_GATE_ROWS, GateConfig, decide_gate, stored_metric
 from trainer.steps.evaluate.metrics import (
     AUTO_METRIC,
@@ -28,7 +40,8 @@ from trainer.steps.evaluate.metrics import (
     EvaluateResult,
     is_number,
     roc,
-    score,
+    score_predictions,
+    softmax,
 )
 from trainer.steps.evaluate.report import render_report
 from trainer.steps.train import AUTO_SETTINGS_FILE, COST_FILE
@@ -147,8 +160,9 @@ def _split_columns(split_uri: str) -> list[str]:
         raise InputError("E_DATA", f"dataset split is not readable Parquet: {e}", first) from e
 
 
-def _load_split(loaded: LoadedModel, split_uri: str, columns: list[str]) -> TabularDataset:
-    """The split's rows in the model's feature order; missing columns are one E_SCHEMA error."""
+def _open_split(loaded: LoadedModel, split_uri: str, columns: list[str]) -> TabularRowGroups:
+    """The split, to be read row group by row group in the model's feature order; missing
+    columns are one E_SCHEMA error."""
     features: list[str] = list(loaded.meta["features"])
     target: str = loaded.meta["target"]
     missing = [c for c in [*features, target] if c not in columns]
@@ -159,22 +173,36 @@ def _load_split(loaded: LoadedModel, split_uri: str, columns: list[str]) -> Tabu
             split_uri,
         )
     try:
-        ds = TabularDataset.from_parquet(
-            split_uri, target=target, features=features, task=loaded.spec.task
-        )
+        return TabularRowGroups(split_uri, target=target, features=features, task=loaded.spec.task)
     except InputError:
         raise
     except ValueError as e:  # names the column and file already
         raise InputError("E_DATA", str(e), split_uri) from e
+
+
+def _row_groups(
+    loaded: LoadedModel, rows: TabularRowGroups, split_uri: str
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``rows``' blocks, each checked against the model's classes; bad values are E_DATA."""
     k = loaded.spec.num_classes
-    if k is not None and len(ds) and int(ds.target.max()) >= k:
-        raise InputError(
-            "E_SCHEMA",
-            f"target {target!r} holds class {int(ds.target.max())}, but the model knows "
-            f"{k} classes (0..{k - 1})",
-            split_uri,
-        )
-    return ds
+    blocks = iter(rows)
+    while True:
+        try:
+            x, y = next(blocks)
+        except StopIteration:
+            return
+        except InputError:
+            raise
+        except ValueError as e:  # names the column and file already
+            raise InputError("E_DATA", str(e), split_uri) from e
+        if k is not None and len(y) and int(y.max()) >= k:
+            raise InputError(
+                "E_SCHEMA",
+                f"target {rows.target!r} holds class {int(y.max())}, but the model knows "
+                f"{k} classes (0..{k - 1})",
+                split_uri,
+            )
+        yield x, y
 
 
 def _labels(loaded: LoadedModel) -> list[str]:
@@ -238,29 +266,34 @@ def _read_data_decisions(dataset_uri: str) -> dict[str, Any]:
     return {"decisions": doc.get("decisions") or [], "warnings": doc.get("warnings") or []}
 
 
-def _baselines(
-    candidate: LoadedModel, dataset_uri: str, ds: TabularDataset
-) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
-    """Every baseline fitted on the training split and scored on the rows ``ds`` holds, and
-    each one's label in words (the trivial regressor's with the training mean it predicts)."""
+def _fit_baselines(
+    candidate: LoadedModel, dataset_uri: str
+) -> tuple[list[FittedBaseline], dict[str, str]]:
+    """Every baseline fitted on the training split (the rows :func:`sample_rows` draws, gathered
+    row group by row group) and each one's label in words (the trivial regressor's with the
+    training mean it predicts)."""
     train_uri = storage.join(dataset_uri, "train.parquet")
     if not storage.exists(train_uri):
-        return {}, {}
-    train = _load_split(candidate, train_uri, _split_columns(train_uri))
+        return [], {}
+    rows = _open_split(candidate, train_uri, _split_columns(train_uri))
+    keep = sample_rows(rows.num_rows)
+    xs, ys, total, off = [], [], 0.0, 0
+    for x, y in _row_groups(candidate, rows, train_uri):
+        total += float(y.astype(np.float64).sum())
+        if keep is None:
+            xs.append(x)
+            ys.append(y)
+        else:
+            lo, hi = np.searchsorted(keep, [off, off + len(y)])
+            xs.append(x[keep[lo:hi] - off])
+            ys.append(y[keep[lo:hi] - off])
+        off += len(y)
     task = candidate.spec.task
     labels = {name: baseline_label(name, task) for name in BASELINES}
-    if task == "regression" and len(train.target):
-        mean = float(train.target.double().mean())
-        labels["trivial"] = f"{labels['trivial']} {mean:.4g}"
-    scored = fit_and_score(
-        candidate.spec.task,
-        train.features.numpy(),
-        train.target.numpy(),
-        ds.features.numpy(),
-        ds.target.numpy(),
-        num_classes=candidate.spec.num_classes,
-    )
-    return {name: s.metrics for name, s in scored.items()}, labels
+    if task == "regression" and off:
+        labels["trivial"] = f"{labels['trivial']} {total / off:.4g}"
+    fitted = fit_baselines(task, np.concatenate(xs), np.concatenate(ys))
+    return fitted, labels
 
 
 def _incompatibility(candidate: LoadedModel, champion: LoadedModel) -> str | None:
@@ -277,24 +310,11 @@ def _incompatibility(candidate: LoadedModel, champion: LoadedModel) -> str | Non
     return None
 
 
-def _score_champion(
-    cfg: EvaluateConfig,
-    candidate: LoadedModel,
-    ds: TabularDataset,
-    metric: str,
-    champion_uri: str,
-    stored_metrics: dict[str, float] | None,
+def _champion_stored(
+    champion: LoadedModel, why: str, metric: str, stored_metrics: dict[str, float] | None
 ) -> tuple[dict[str, float], float | None, str]:
-    """The champion's metrics, its gate-metric value, and a note when they are stored ones.
-
-    Re-scored on the candidate's rows when it is compatible; else its stored metrics
-    (``stored_metrics`` from the registry, else its ``metrics.json``), and the note says why.
-    """
-    champion = _load(champion_uri, "champion", cfg.model_plugins)
-    why = _incompatibility(candidate, champion)
-    if why is None:
-        metrics = score(champion, ds, cfg.batch_size).metrics
-        return metrics, metrics.get(metric), ""
+    """The champion's stored metrics (``stored_metrics`` from the registry, else its
+    ``metrics.json``), its gate-metric value, and the note that says why it was not re-scored."""
     source = "its metrics.json"
     stored: dict[str, Any] = champion.metrics
     if stored_metrics is not None:
@@ -302,6 +322,53 @@ def _score_champion(
     metrics = {k: float(v) for k, v in stored.items() if is_number(v) and math.isfinite(v)}
     value, key = stored_metric(metrics, metric)
     return metrics, value, f"stored {key} from {source}: {why}, so it was not re-scored"
+
+
+def _outputs(loaded: LoadedModel, x: np.ndarray, batch_size: int) -> np.ndarray:
+    """What the metrics take of a model's predictions for rows ``x``: class probabilities
+    (float64) or predicted values."""
+    out = predict(loaded, torch.from_numpy(x), batch_size=batch_size)
+    if loaded.spec.task == "classification":
+        return softmax(out)
+    return out.double().numpy()
+
+
+@dataclass(slots=True)
+class _SplitPredictions:
+    """One pass over the split: its targets, and each model's and baseline's predictions."""
+
+    y: np.ndarray
+    models: list[np.ndarray]
+    baselines: dict[str, np.ndarray]
+
+
+def _predict_split(
+    candidate: LoadedModel,
+    rows: TabularRowGroups,
+    split_uri: str,
+    models: list[LoadedModel],
+    baselines: list[FittedBaseline],
+    batch_size: int,
+) -> _SplitPredictions:
+    """Score every model and baseline on the split, row group by row group: the features are
+    never held whole, only the predictions (a number per class, or one, per row)."""
+    task, k = candidate.spec.task, candidate.spec.num_classes
+    ys: list[np.ndarray] = []
+    outs: list[list[np.ndarray]] = [[] for _ in models]
+    base: dict[str, list[np.ndarray]] = {b.name: [] for b in baselines}
+    for x, y in _row_groups(candidate, rows, split_uri):
+        ys.append(y)
+        for i, model in enumerate(models):
+            outs[i].append(_outputs(model, x, batch_size))
+        for b in baselines:
+            started = time.perf_counter()
+            base[b.name].append(b.predict(x, task, k))
+            b.seconds += time.perf_counter() - started
+    return _SplitPredictions(
+        y=np.concatenate(ys),
+        models=[np.concatenate(o) for o in outs],
+        baselines={name: np.concatenate(o) for name, o in base.items()},
+    )
 
 
 # --- The step -------------------------------------------------------------------------------------
@@ -362,21 +429,38 @@ def evaluate(
         )
     split_uri = storage.join(dataset_uri, f"{cfg.split}.parquet")
     columns = _split_columns(split_uri)
-    ds = _load_split(candidate, split_uri, columns)
-    scored = score(candidate, ds, cfg.batch_size)
+    rows = _open_split(candidate, split_uri, columns)
 
     champion_metrics, champion_value, champion_note = None, None, ""
+    models = [candidate]
     if champion_model_uri is not None:
-        champion_metrics, champion_value, champion_note = _score_champion(
-            cfg, candidate, ds, metric, champion_model_uri, champion_stored_metrics
-        )
+        champion = _load(champion_model_uri, "champion", cfg.model_plugins)
+        why = _incompatibility(candidate, champion)
+        if why is None:
+            models.append(champion)  # re-scored on the candidate's rows, in the same pass
+        else:
+            champion_metrics, champion_value, champion_note = _champion_stored(
+                champion, why, metric, champion_stored_metrics
+            )
     # Too few rows to gate on: the baselines still say what the split can tell (the gate refuses
     # it anyway), except with many classes, where gradient boosting alone takes minutes.
     many_classes = (candidate.spec.num_classes or 0) > MANY_CLASSES
-    skip = len(ds) < MIN_GATE_ROWS and many_classes
-    baselines, labels = (
-        _baselines(candidate, dataset_uri, ds) if cfg.baselines and not skip else ({}, {})
+    skip = rows.num_rows < MIN_GATE_ROWS and many_classes
+    fitted, labels = (
+        _fit_baselines(candidate, dataset_uri) if cfg.baselines and not skip else ([], {})
     )
+    pred = _predict_split(candidate, rows, split_uri, models, fitted, cfg.batch_size)
+    scored = score_predictions(task, pred.y, pred.models[0])
+    if len(models) > 1:
+        champion_metrics = score_predictions(task, pred.y, pred.models[1]).metrics
+        champion_value = champion_metrics.get(metric)
+    baselines: dict[str, dict[str, float]] = {}
+    for b in fitted:
+        scored_b = score_predictions(task, pred.y, pred.baselines[b.name])
+        log_scored(b, task, scored_b)
+        baselines[b.name] = scored_b.metrics
+    n_rows = rows.num_rows
+    del pred
     passed, reason = decide_gate(
         metric=metric,
         value=scored.metrics.get(metric),
@@ -392,7 +476,7 @@ def evaluate(
             if metric in m
         },
         baseline=cfg.gate.baseline,
-        rows=len(ds),
+        rows=n_rows,
     )
 
     result = EvaluateResult(
@@ -405,7 +489,7 @@ def evaluate(
         labels=None,
         roc=None,
         gate_metric=metric,
-        num_rows=len(ds),
+        num_rows=n_rows,
         baselines=baselines,
         auto_settings=_read_auto_settings(model_uri),
         cost=_read_cost(model_uri),

@@ -6,6 +6,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trainer.base.memory import MIN_BUDGET, default_memory_budget
 from trainer.base.typedconfig import apply_overrides, from_dict, json_object, require
 from trainer.steps.preprocess.tabular import CsvOptions
 
@@ -51,6 +52,11 @@ class PreprocessConfig:
     csv_decimal: str = "."
     """Decimal separator of numbers in CSV input: ``.`` or ``,`` (``26,9``). With ``,`` and
     ``csv_delimiter`` ``auto``, fields are separated by ``;`` (a tab for ``.tsv`` files)."""
+    memory_budget: int | None = None
+    """Bytes of memory the step plans its work in (batches, row groups, per-row state). A table
+    whose in-memory size would exceed it is read in record batches, in passes, never whole.
+    None: half the memory limit of the step's cgroup (the pod's limit), or 2 GiB where there is
+    no limit. At least 16 MiB."""
 
     def __post_init__(self) -> None:
         require(bool(self.target), "target", "must name a column", self.target)
@@ -110,10 +116,21 @@ class PreprocessConfig:
             f"must differ from csv_delimiter {self.csv_delimiter!r}",
             self.csv_decimal,
         )
+        if self.memory_budget is not None:
+            require(
+                isinstance(self.memory_budget, int) and self.memory_budget >= MIN_BUDGET,
+                "memory_budget",
+                f"must be a number of bytes >= {MIN_BUDGET} (16 MiB), or null for the default",
+                self.memory_budget,
+            )
         for value in self.csv_null_values:
             require(
                 isinstance(value, str), "csv_null_values", "must hold strings", self.csv_null_values
             )
+
+    def budget(self) -> int:
+        """:attr:`memory_budget`, or the default read from the cgroup."""
+        return self.memory_budget if self.memory_budget is not None else default_memory_budget()
 
     def csv_options(self) -> CsvOptions:
         """How CSV input is parsed."""

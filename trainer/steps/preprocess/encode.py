@@ -70,6 +70,55 @@ def split_indices(
     return np.flatnonzero(label == 0), np.flatnonzero(label == 1), np.flatnonzero(label == 2)
 
 
+SPLIT_CHUNK = 1 << 16
+"""Rows of the shuffled order handled at a time by :func:`split_labels`."""
+
+
+def split_labels(
+    n: int,
+    *,
+    classes: np.ndarray | None,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+) -> np.ndarray:
+    """The split of each row (0 train, 1 validation, 2 test) as int8: :func:`split_indices`'s
+    split exactly, in 5 bytes a row (a 32-bit shuffle and the labels) instead of about 50.
+
+    The shuffle is the same draw (``Generator.shuffle`` of ``0..n-1`` is what
+    ``Generator.permutation(n)`` does, whatever the integer width); a class's first rows in
+    shuffled order go to test, then validation, counted chunk by chunk.
+    """
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    np.random.default_rng(seed).shuffle(order)
+    label = np.zeros(n, dtype=np.int8)
+    if classes is None:
+        n_test = int(_round_half_up(np.array(n * test_fraction)))
+        n_val = int(_round_half_up(np.array(n * val_fraction)))
+        label[order[n_test : n_test + n_val]] = 1
+        label[order[:n_test]] = 2
+        return label
+    counts = np.bincount(classes, minlength=int(classes.max()) + 1 if n else 0)
+    n_test_c = _round_half_up(counts * test_fraction)
+    n_held_c = n_test_c + _round_half_up(counts * val_fraction)
+    seen = np.zeros(len(counts), dtype=np.int64)
+    for lo in range(0, n, SPLIT_CHUNK):
+        rows = order[lo : lo + SPLIT_CHUNK]
+        cls = classes[rows]
+        # Rank of each row among its class so far: its class's earlier count plus its
+        # position among the chunk's rows of that class (a stable sort groups them).
+        by_class = np.argsort(cls, kind="stable")
+        chunk_counts = np.bincount(cls, minlength=len(counts))
+        starts = np.cumsum(chunk_counts) - chunk_counts
+        sorted_cls = cls[by_class]
+        rank = np.empty(rows.size, dtype=np.int64)
+        rank[by_class] = np.arange(rows.size) - starts[sorted_cls] + seen[sorted_cls]
+        seen += chunk_counts
+        label[rows[(rank < n_held_c[cls]) & (rank >= n_test_c[cls])]] = 1
+        label[rows[rank < n_test_c[cls]]] = 2
+    return label
+
+
 @dataclass(slots=True)
 class NumericFit:
     """A numeric column's training-split statistics and its output features."""

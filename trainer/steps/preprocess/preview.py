@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from trainer.base import storage
 from trainer.base.errors import InputError
-from trainer.steps.evaluate import MIN_GATE_ROWS
 from trainer.steps.preprocess.column_checks import DATE_PARTS, date_features
 from trainer.steps.preprocess.columns import _comma_numbers_notice, target_column
 from trainer.steps.preprocess.config import PreprocessConfig
+from trainer.steps.preprocess.source import partition_values
 from trainer.steps.preprocess.splits import check_splits
 from trainer.steps.preprocess.tabular import (
+    COMPRESSED_SUFFIXES,
     HEAD_BYTES,
     RawInput,
     _check_unique_names,
     _parse_csv,
     _read_file,
-    _reader,
     dictionary_codes,
     dtype_name,
     input_files,
@@ -41,29 +42,92 @@ SAMPLE_ROWS = 10_000
 """Rows of the first file whose feature columns are inspected."""
 
 
-def _target_table(files: list[str], cfg: PreprocessConfig) -> tuple[pa.Table, list[bool]]:
-    """The target column of every file, concatenated, read as preprocess reads it."""
+CHECK_ROWS = 1_000_000
+"""Rows whose target the check reads, the first ones: its verdicts on a larger table are those
+of its first rows (preprocess itself reads them all). Bounds the check's memory and time."""
+
+
+def _target_head(uri: str, cfg: PreprocessConfig, rows: int) -> tuple[pa.Table, bool]:
+    """The target column of the first ``rows`` rows of one file, read incrementally, and
+    whether the file is CSV. A CSV that the incremental reader cannot parse is read whole, as
+    preprocess reads it, for preprocess's own message."""
     csv = cfg.csv_options()
+    limit = rows
+    with storage.open_input(uri) as f:
+        magic = f.read(4)
+        if magic == b"PAR1":
+            pf = pq.ParquetFile(storage.local_path(uri) or f, pre_buffer=False)
+            _check_unique_names(pf.schema_arrow.names, uri)
+            if cfg.target not in pf.schema_arrow.names:
+                return pf.schema_arrow.empty_table(), False  # names the columns in the refusal
+            batches = []
+            for batch in pf.iter_batches(batch_size=min(rows, 1 << 16), columns=[cfg.target]):
+                batches.append(batch)
+                rows -= batch.num_rows
+                if rows <= 0:
+                    break
+            table = pa.Table.from_batches(batches, schema=pf.schema_arrow.empty_table().select(
+                [cfg.target]).schema)  # fmt: skip
+            return readable_types(table).slice(0, limit), False
+    gzip_named_plain = magic[:2] == b"\x1f\x8b" and not uri.lower().endswith(COMPRESSED_SUFFIXES)
+    if csv.header:
+        try:
+            return _csv_target_head(uri, cfg, rows, gzip_named_plain).slice(0, limit), True
+        except (pa.ArrowException, UnicodeDecodeError):
+            pass  # read whole below, for the message preprocess gives
+    table = _read_file(uri, storage.read_bytes(uri), csv)[0]
+    if cfg.target in table.column_names:
+        table = table.select([cfg.target])
+    return table.slice(0, rows), True
+
+
+def _csv_target_head(uri: str, cfg: PreprocessConfig, rows: int, gzipped: bool) -> pa.Table:
+    csv = cfg.csv_options()
+    null_values = [*pacsv.ConvertOptions().null_values, *csv.null_values]
+    with storage.open_input_stream(uri) as raw:
+        stream = pa.CompressedInputStream(raw, "gzip") if gzipped else raw
+        reader = pacsv.open_csv(
+            stream,
+            read_options=pacsv.ReadOptions(encoding=csv.encoding, block_size=1 << 20),
+            parse_options=pacsv.ParseOptions(delimiter=csv.delimiter_for(uri)),
+            convert_options=pacsv.ConvertOptions(
+                strings_can_be_null=True,
+                null_values=null_values,
+                check_utf8=True,
+                decimal_point=csv.decimal,
+                include_columns=[cfg.target],
+            ),
+        )
+        batches = []
+        for batch in reader:
+            batches.append(batch)
+            rows -= batch.num_rows
+            if rows <= 0:
+                break
+        return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def _target_table(
+    data_uri: str, files: list[str], cfg: PreprocessConfig
+) -> tuple[pa.Table, list[bool]]:
+    """The target column of the first :data:`CHECK_ROWS` rows, concatenated, read as
+    preprocess reads it (a Hive folder's partition keys are columns too)."""
     chunks, is_csv = [], []
+    left = CHECK_ROWS
     for uri in files:
-        blob = storage.read_bytes(uri)
-        if blob[:4] == b"PAR1":
-            # Arrow-owned memory (_reader): a reader over Python bytes may be let go by a pool
-            # thread after interpreter shutdown began, which aborts the process (exit 134).
-            schema = pq.read_schema(_reader(blob))
-            _check_unique_names(schema.names, uri)
-            if cfg.target not in schema.names:
-                table = schema.empty_table()  # its names, for the refusal that lists them
-            else:
-                table = pq.read_table(_reader(blob), columns=[cfg.target])
-            table = readable_types(table)
-            is_csv.append(False)
+        if left <= 0:
+            break
+        parts = partition_values(data_uri, uri)
+        if cfg.target in parts:  # a Hive partition key: one value per file
+            with storage.open_input(uri) as f:
+                n = pq.ParquetFile(f).metadata.num_rows
+            table = pa.table({cfg.target: pa.array([parts[cfg.target]] * min(n, left))})
+            text = False
         else:
-            table = _read_file(uri, blob, csv)[0]
-            if cfg.target in table.column_names:
-                table = table.select([cfg.target])
-            is_csv.append(True)
+            table, text = _target_head(uri, cfg, left)
         chunks.append(table)
+        is_csv.append(text)
+        left -= table.num_rows
     if any(cfg.target not in t.column_names for t in chunks):
         return chunks[0], is_csv  # target_column names the missing target and the columns
     types = {t.schema.types[0] for t in chunks}
@@ -106,7 +170,7 @@ def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
     """
     files = input_files(data_uri)
     try:
-        target, is_csv = _target_table(files, cfg)
+        target, is_csv = _target_table(data_uri, files, cfg)
     except (OSError, RuntimeError, pa.ArrowException) as e:
         raise InputError("E_DATA", f"cannot read the data: {e}", data_uri) from None
     # One file's bookkeeping for all rows: the messages name the dataset, not a row's file.
@@ -129,6 +193,9 @@ def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:
         seed=cfg.seed,
     )
     check_splits(raw, cfg, y, classes, train, val, test)
+    # Imported here: the evaluate package imports torch, which reading a table does not need.
+    from trainer.steps.evaluate import MIN_GATE_ROWS
+
     if test.size < MIN_GATE_ROWS:
         notes.append(
             Notice(

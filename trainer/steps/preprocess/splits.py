@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from trainer.base.errors import InputError
-from trainer.steps.evaluate import MIN_GATE_ROWS
 from trainer.steps.preprocess.columns import MAX_AUTO_CLASSES
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.tabular import NumericFit, RawInput, param, role_param
@@ -101,6 +100,10 @@ def check_splits(
             shares = {}
             break
         shares[key] = share
+    # Here, not at the top: the evaluate package imports torch, which preprocess (a step that
+    # reads tables in a small memory budget) has no use for.
+    from trainer.steps.evaluate import MIN_GATE_ROWS
+
     counts = np.bincount(y) if classes is not None else np.array([n])
     test_share = shares.get("test_fraction")
     if test_share and int(np.floor(counts * test_share + 0.5).sum()) < MIN_GATE_ROWS:

@@ -7,11 +7,8 @@ Its config is :mod:`trainer.steps.preprocess.config`; the column checks are
 
 from __future__ import annotations
 
-import dataclasses
-import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,13 +22,23 @@ from trainer.steps.preprocess.columns import target_column
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
 from trainer.steps.preprocess.fingerprint import data_fingerprint
+from trainer.steps.preprocess.published import (
+    _PARQUET_OPTIONS,
+    SCHEMA_FORMAT,
+    PreprocessResult,
+    display_uri,
+)
+from trainer.steps.preprocess.published import feature_names as _feature_names
 from trainer.steps.preprocess.splits import check_scaled, check_splits
 from trainer.steps.preprocess.tabular import (
+    COMPRESSED_SUFFIXES,
     CategoricalFit,
     NoTrainingValues,
     NumericFit,
     encode_categorical,
     encode_numeric,
+    input_files,
+    is_hive,
     param,
     read_input,
     role_param,
@@ -39,34 +46,7 @@ from trainer.steps.preprocess.tabular import (
 )
 from trainer.steps.preprocess.text_values import Notice
 
-SCHEMA_FORMAT = "gpupipe.schema/v1"
-
-
-# Fixed writer options: the same table always gives the same bytes.
-_PARQUET_OPTIONS: dict[str, Any] = {
-    "compression": "snappy",
-    "row_group_size": 128 * 1024,
-    "write_statistics": True,
-}
-
-
-@dataclass(slots=True)
-class PreprocessResult:
-    """What preprocess produced; also recorded in ``schema.json``."""
-
-    train_rows: int
-    val_rows: int
-    test_rows: int
-    features: list[str]
-    task: str
-    classes: list[str] | None
-    data_hash: str
-    notices: list[str] = dataclasses.field(default_factory=list)
-    """The decisions and warnings a person should read (``NOTE``/``WARNING`` lines)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form (for KFP outputs and logs)."""
-        return dataclasses.asdict(self)
+__all__ = ["SCHEMA_FORMAT", "PreprocessResult", "display_uri", "needs_streaming", "preprocess"]
 
 
 def _numeric_stats(x: np.ndarray) -> dict[str, Any]:
@@ -115,11 +95,6 @@ def _write_parquet(uri: str, table: pa.Table, dictionary_columns: list[str]) -> 
         pq.write_table(table, f, use_dictionary=dictionary_columns, **_PARQUET_OPTIONS)
 
 
-def display_uri(uri: str) -> str:
-    """``uri`` without credentials (``s3://key:secret@bucket`` -> ``s3://bucket``), for records."""
-    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1", uri)
-
-
 def _check_fingerprint(data_uri: str, expected: str) -> str:
     """The data's fingerprint now; E_DATA_CHANGED if it is not the one the run was keyed on.
 
@@ -135,6 +110,51 @@ def _check_fingerprint(data_uri: str, expected: str) -> str:
             data_uri,
         )
     return now
+
+
+IN_MEMORY_FACTOR = 8
+"""Peak memory of the in-memory path per byte of the table's uncompressed size (measured:
+about 0.33 KB a row of a 10-column table whose Parquet data is ~40 bytes a row)."""
+COMPRESSED_TEXT_FACTOR = 5
+"""Assumed compression ratio of a ``.gz``/``.bz2``/``.zst`` text file."""
+
+
+def in_memory_bytes(data_uri: str) -> int:
+    """The memory the in-memory path would take for ``data_uri``, estimated from metadata only:
+    Parquet footers' uncompressed sizes, text files' sizes (compressed ones times
+    :data:`COMPRESSED_TEXT_FACTOR`)."""
+    total = 0
+    for uri in input_files(data_uri):
+        with storage.open_input(uri) as f:
+            magic = f.read(4)
+        if magic == b"PAR1":
+            try:
+                with storage.open_input(uri) as f:
+                    meta = pq.ParquetFile(f).metadata
+                    total += sum(
+                        meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)
+                    )
+            except (pa.ArrowException, OSError):
+                total += storage_size(uri)  # unreadable: the reader names the problem
+        else:
+            size = storage_size(uri)
+            compressed = uri.lower().endswith(COMPRESSED_SUFFIXES) or magic[:2] == b"\x1f\x8b"
+            total += size * (COMPRESSED_TEXT_FACTOR if compressed else 1)
+    return total * IN_MEMORY_FACTOR
+
+
+def storage_size(uri: str) -> int:
+    """Size in bytes of file ``uri``."""
+    fs, path = storage.resolve(uri)
+    return int(fs.get_file_info(path).size or 0)
+
+
+def needs_streaming(data_uri: str, budget: int) -> bool:
+    """Whether preprocess reads ``data_uri`` in record batches: a Hive-partitioned folder, or a
+    table whose in-memory size (:func:`in_memory_bytes`) exceeds ``budget``."""
+    if is_hive(data_uri, input_files(data_uri)):
+        return True
+    return in_memory_bytes(data_uri) > budget
 
 
 def preprocess(
@@ -171,6 +191,13 @@ def preprocess(
     # Before any work: never write into the data, the working directory or anyone's files.
     check_output_location(output_uri, "preprocess", inputs={"data": data_uri})
     fingerprint = _check_fingerprint(data_uri, expected_fingerprint)
+    budget = cfg.budget()
+    if needs_streaming(data_uri, budget):
+        from trainer.steps.preprocess.stream import preprocess_streaming
+
+        return preprocess_streaming(
+            cfg, data_uri=data_uri, output_uri=output_uri, fingerprint=fingerprint, budget=budget
+        )
     data = read_input(data_uri, cfg.csv_options())
     n = data.table.num_rows
     if n == 0:
@@ -306,23 +333,6 @@ def _encode_columns(
         fits.append(fit)
         outputs.extend(arrays)
     return fits, outputs, stats
-
-
-def _feature_names(
-    fits: list[NumericFit | CategoricalFit], target: str, data_uri: str
-) -> list[str]:
-    """The output feature names, refusing one produced twice or equal to the target."""
-    features = [name for fit in fits for name in fit.outputs]
-    clash = sorted({f for f in features if features.count(f) > 1} | ({target} & set(features)))
-    if clash:
-        raise InputError(
-            "E_SCHEMA",
-            f"output feature name {clash[0]!r} is produced twice (a categorical column's "
-            "'<column>=<value>' features collide with a column of that name, or with the "
-            "target); rename a column in the data",
-            data_uri,
-        )
-    return features
 
 
 def _publish(

@@ -187,10 +187,34 @@ def input_files(data_uri: str) -> list[str]:
         if n.lower().endswith(DATA_SUFFIXES) and not n.startswith((".", "_"))
     ]
     if not names:
+        names = hive_files(data_uri)
+    if not names:
         raise InputError(
             "E_DATA", f"dataset folder holds no data files ({', '.join(DATA_SUFFIXES)})", data_uri
         )
     return [storage.join(data_uri, n) for n in names]
+
+
+def hive_files(data_uri: str) -> list[str]:
+    """The data files of a Hive-partitioned folder (``year=2024/month=1/part-0.parquet``),
+    relative to it and sorted, or ``[]`` if it is not one.
+
+    Every folder between the root and a file must be ``key=value``; other files are ignored.
+    """
+    found = []
+    for rel in storage.list_files(data_uri):
+        *folders, name = rel.split("/")
+        if not folders or name.startswith((".", "_")) or not name.lower().endswith(DATA_SUFFIXES):
+            continue
+        if all("=" in f and not f.startswith((".", "_", "=")) for f in folders):
+            found.append(rel)
+    return sorted(found)
+
+
+def is_hive(data_uri: str, files: list[str]) -> bool:
+    """Whether ``files`` (from :func:`input_files`) lie in ``key=value`` folders of ``data_uri``."""
+    root = data_uri.rstrip("/") + "/"
+    return any("/" in f[len(root) :] for f in files if f.startswith(root))
 
 
 def _check_unique_names(names: list[str], uri: str) -> None:
@@ -369,9 +393,20 @@ def read_columns(data_uri: str, csv: CsvOptions) -> list[str]:
     Raises:
         InputError: The dataset is missing, unreadable, or not Parquet/CSV as named.
     """
-    import pyarrow.parquet as pq
+    files = input_files(data_uri)
+    uri = files[0]
+    # A Hive folder's partition keys (``region=east/``) are columns too, after the files' own.
+    keys = list(dict.fromkeys(k for f in files for k in _partition_keys(data_uri, f)))
+    return [*_file_columns(uri, csv), *keys]
 
-    uri = input_files(data_uri)[0]
+
+def _partition_keys(data_uri: str, uri: str) -> list[str]:
+    rel = uri[len(data_uri.rstrip("/")) + 1 :] if uri != data_uri else ""
+    return [p.split("=", 1)[0] for p in rel.split("/")[:-1] if "=" in p]
+
+
+def _file_columns(uri: str, csv: CsvOptions) -> list[str]:
+    """The column names of one data file (its footer or its header)."""
     try:
         with storage.open_input(uri) as f:
             head = f.read(HEAD_BYTES)
@@ -388,7 +423,16 @@ def text_head(uri: str, raw_head: bytes) -> bytes:
     """The first :data:`HEAD_BYTES` of a text file as preprocess reads it (decompressed), cut
     at a line end; ``raw_head`` is its first bytes as stored."""
     if raw_head[:2] == _GZIP_MAGIC or uri.lower().endswith(COMPRESSED_SUFFIXES):
-        raw_head = decompressed(uri, storage.read_bytes(uri))[:HEAD_BYTES]
+        # Decompressed as read, only as far as the head: never the whole file.
+        gzip_named_plain = not uri.lower().endswith(COMPRESSED_SUFFIXES)
+        try:
+            with storage.open_input_stream(uri) as raw:
+                stream = pa.CompressedInputStream(raw, "gzip") if gzip_named_plain else raw
+                raw_head = stream.read(HEAD_BYTES)
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(
+                "E_DATA", f"the file is gzip-compressed but cannot be decompressed ({e})", uri
+            ) from None
     if len(raw_head) == HEAD_BYTES and b"\n" in raw_head:
         raw_head = raw_head[: raw_head.rindex(b"\n") + 1]
     return raw_head

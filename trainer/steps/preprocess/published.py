@@ -1,0 +1,61 @@
+"""What preprocess publishes, shared by its in-memory and streaming paths: the result, the
+schema format, the Parquet writer's options and the output feature names."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.base.errors import InputError
+from trainer.steps.preprocess.encode import CategoricalFit, NumericFit
+
+SCHEMA_FORMAT = "gpupipe.schema/v1"
+
+
+# Fixed writer options: the same table always gives the same bytes.
+_PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "snappy",
+    "row_group_size": 128 * 1024,
+    "write_statistics": True,
+}
+
+
+@dataclass(slots=True)
+class PreprocessResult:
+    """What preprocess produced; also recorded in ``schema.json``."""
+
+    train_rows: int
+    val_rows: int
+    test_rows: int
+    features: list[str]
+    task: str
+    classes: list[str] | None
+    data_hash: str
+    notices: list[str] = dataclasses.field(default_factory=list)
+    """The decisions and warnings a person should read (``NOTE``/``WARNING`` lines)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (for KFP outputs and logs)."""
+        return dataclasses.asdict(self)
+
+
+def display_uri(uri: str) -> str:
+    """``uri`` without credentials (``s3://key:secret@bucket`` -> ``s3://bucket``), for records."""
+    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1", uri)
+
+
+def feature_names(fits: list[NumericFit | CategoricalFit], target: str, data_uri: str) -> list[str]:
+    """The output feature names, refusing one produced twice or equal to the target."""
+    features = [name for fit in fits for name in fit.outputs]
+    clash = sorted({f for f in features if features.count(f) > 1} | ({target} & set(features)))
+    if clash:
+        raise InputError(
+            "E_SCHEMA",
+            f"output feature name {clash[0]!r} is produced twice (a categorical column's "
+            "'<column>=<value>' features collide with a column of that name, or with the "
+            "target); rename a column in the data",
+            data_uri,
+        )
+    return features
