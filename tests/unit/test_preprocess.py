@@ -484,11 +484,12 @@ BAD_INPUTS = [
         ["line 3", "expected 2 fields", "'2,no,extra'", "csv_delimiter", "data.csv"],
     ),
     (
+        # (";" alone is read as meant under csv_delimiter=auto: tests/unit/test_file_kinds.py)
         "wrong-delimiter",
-        _csv(_rows("1;yes", "2;no", header="x;churned")),
+        _csv(_rows("1|yes", "2|no", header="x|churned")),
         {},
         "E_COLUMN",
-        ["'churned' not found", "--param 'csv_delimiter=;'", "data.csv"],
+        ["'churned' not found", "--param 'csv_delimiter=|'", "data.csv"],
     ),
     (
         "mixed-schemas",
@@ -715,7 +716,7 @@ ADVICE_CASES = [
         "wrong-delimiter",
         # x repeats (i % 13): a column unique per row would be left out as an identifier
         _csv(
-            _rows(*[f"{i % 13};{'yes' if i % 2 else 'no'}" for i in range(40)], header="x;churned")
+            _rows(*[f"{i % 13}|{'yes' if i % 2 else 'no'}" for i in range(40)], header="x|churned")
         ),
     ),
     (

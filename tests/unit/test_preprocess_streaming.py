@@ -336,3 +336,38 @@ def test_category_counts_past_the_cap_keep_the_frequent_categories(
     assert (lossy["count"], lossy["missing"]) == (exact["count"], exact["missing"])
     assert lossy["distinct"] < exact["distinct"]
     assert lossy["top"][:3] == exact["top"][:3]  # the frequent values, counted in full
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["in-memory", "streaming"])
+def test_labels_differing_only_in_spaces_or_case_are_named_with_their_counts(
+    tmp_path: Path, streaming: bool
+) -> None:
+    """Issue 60, item 14: tried as a new user would, a hand-edited export with ``yes`` and
+    ``yes `` made classes ``no``, ``yes``, ``yes `` without a word."""
+    rng = np.random.default_rng(0)
+    labels = np.array(["no", "yes", "yes ", "Yes"], dtype=object)[rng.integers(0, 4, 2000)]
+    table = pa.table({"x": rng.normal(size=2000), "y": pa.array(labels.tolist())})
+    data = _write(table, tmp_path / "data", "csv")
+    cfg = from_dict(PreprocessConfig, {"target": "y"})
+    out = tmp_path / "out"
+    if streaming:
+        preprocess_streaming(cfg, data_uri=str(data), output_uri=str(out), fingerprint="",
+                             budget=16 << 20)  # fmt: skip
+    else:
+        preprocess(cfg, data_uri=str(data), output_uri=str(out))
+    schema = json.loads((out / "schema.json").read_text())
+    assert schema["classes"] == ["Yes", "no", "yes", "yes "]  # still what the data says
+    (line,) = [w for w in schema["warnings"] if "W_LABELS" in w]
+    counts = {v: int((labels == v).sum()) for v in ("Yes", "yes", "yes ")}
+    for label, n in counts.items():
+        assert f"{label!r} ({n} rows)" in line, line
+    assert "'no'" not in line and "merge them in the data" in line
+
+
+def test_distinct_labels_raise_no_label_warning(tmp_path: Path) -> None:
+    table = pa.table({"x": [0.1, 0.2, 0.3, 0.4] * 50, "y": ["no", "yes", "maybe", "no"] * 50})
+    data = _write(table, tmp_path / "data", "parquet")
+    preprocess(from_dict(PreprocessConfig, {"target": "y"}), data_uri=str(data),
+               output_uri=str(tmp_path / "out"))  # fmt: skip
+    schema = json.loads((tmp_path / "out" / "schema.json").read_text())
+    assert not [w for w in schema["warnings"] if "W_LABELS" in w]

@@ -297,6 +297,36 @@ def _check_regression_target(data: RawInput, name: str, x: np.ndarray) -> None:
         )
 
 
+def label_variants(
+    name: str, classes: list[str] | None, y: np.ndarray, notes: list[Notice]
+) -> None:
+    """``W_LABELS`` when class labels differ only in surrounding spaces or in case (``yes`` and
+    ``yes `` in a hand-edited export): each is a class of its own, and a model split across
+    them is worse and says so nowhere. Named with their row counts and how to merge them."""
+    if not classes:
+        return
+    groups: dict[str, list[int]] = {}
+    for i, label in enumerate(classes):
+        groups.setdefault(label.strip().casefold(), []).append(i)
+    clashes = [ix for ix in groups.values() if len(ix) > 1]
+    if not clashes:
+        return
+    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(classes))
+    shown = "; ".join(
+        " and ".join(f"{classes[i]!r} ({int(counts[i])} rows)" for i in ix) for ix in clashes[:5]
+    )
+    more = f" (and {len(clashes) - 5} more such groups)" if len(clashes) > 5 else ""
+    notes.append(
+        Notice(
+            "W_LABELS",
+            f"target {name!r} has labels that differ only in surrounding spaces or case, each "
+            f"a class of its own: {shown}{more}; if they mean one class, merge them in the data "
+            "(strip the spaces and use one spelling) and run again",
+            name,
+        )
+    )
+
+
 def target_column(
     data: RawInput, cfg: PreprocessConfig, notes: list[Notice] | None = None
 ) -> tuple[np.ndarray, str, list[str] | None]:

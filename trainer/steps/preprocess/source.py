@@ -25,8 +25,10 @@ import pyarrow.parquet as pq
 
 from trainer.base import storage
 from trainer.base.errors import InputError
+from trainer.steps.preprocess.file_kind import refuse_non_csv
 from trainer.steps.preprocess.tabular import (
     COMPRESSED_SUFFIXES,
+    HEAD_BYTES,
     PARQUET_SUFFIXES,
     CsvOptions,
     RawInput,
@@ -35,6 +37,7 @@ from trainer.steps.preprocess.tabular import (
     input_files,
     readable_types,
     role_param,
+    text_head,
 )
 
 HASH_CHUNK = 8 << 20
@@ -295,6 +298,13 @@ def _spill_csv(uri: str, csv: CsvOptions, block_bytes: int, path: str) -> tuple[
     column's type widens it (integers to float64, anything to text) and the file is parsed
     again, as the in-memory reader, which sees every value before typing, would type it.
     """
+    try:
+        with storage.open_input(uri) as f:
+            head = text_head(uri, f.read(HEAD_BYTES))[:65536]
+    except (OSError, pa.ArrowException) as e:
+        raise InputError("E_DATA", f"cannot read the dataset: {e}", uri) from None
+    refuse_non_csv(uri, head)
+    csv = csv.for_head(uri, head)
     types: dict[str, pa.DataType] = {}
     for _ in range(1000):
         try:

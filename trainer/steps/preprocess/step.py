@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from trainer.base import storage
 from trainer.base.errors import InputError
 from trainer.base.outputs import atomic_dir, check_output_location
-from trainer.steps.preprocess.columns import target_column
+from trainer.steps.preprocess.columns import label_variants, target_column
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
 from trainer.steps.preprocess.fingerprint import data_fingerprint
@@ -205,6 +205,7 @@ def preprocess(
         raise InputError("E_EMPTY", f"dataset has no rows, only the columns ({shown})", data_uri)
     notes: list[Notice] = []
     y, task, classes = target_column(data, cfg, notes)
+    label_variants(cfg.target, classes, y, notes)
     columns, dropped, decisions = feature_columns(data, cfg, notes)
     decisions += leakage_warnings(data, columns, y, classes, cfg.target, notes)
     train_idx, val_idx, test_idx = split_indices(

@@ -38,6 +38,7 @@ from trainer.steps.preprocess.columns import (
     _Column,
     _numbers,
     _text_as_numbers,
+    label_variants,
     target_column,
 )
 from trainer.steps.preprocess.config import PreprocessConfig
@@ -154,6 +155,7 @@ def _run(
     head = src.head(head_rows)
     notes: list[Notice] = []
     y, task, classes = _target(src, cfg, head, notes, batch_rows)
+    label_variants(cfg.target, classes, y, notes)
     head_in = src.raw_input(head)
     columns, dropped, decisions = feature_columns(head_in, cfg, notes)
     decisions += leakage_warnings(head_in, columns, y[:head_rows], classes, cfg.target, notes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -36,6 +37,7 @@ from trainer.steps.preprocess.encode import (  # noqa: F401 - re-exported
     encode_numeric,
     split_indices,
 )
+from trainer.steps.preprocess.file_kind import refuse_non_csv, sniff_separators
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
@@ -69,6 +71,18 @@ class CsvOptions:
     """Values read as missing, besides the empty field and pyarrow's defaults (NA, null ...)."""
     decimal: str = "."
     """Decimal separator of numbers: ``.`` or ``,``."""
+
+    def for_head(self, uri: str, head: bytes) -> CsvOptions:
+        """These options for the file ``uri`` whose first bytes (decompressed) are ``head``:
+        with ``delimiter`` ``auto`` and the default decimal point, a header separated by ``;``
+        with no comma reads as ``;``, with decimal commas where the first lines have them (a
+        European spreadsheet's export), instead of one column."""
+        if self.delimiter != "auto" or self.decimal != "." or self.delimiter_for(uri) != ",":
+            return self
+        found = sniff_separators(head, self.encoding)
+        if found is None:
+            return self
+        return dataclasses.replace(self, delimiter=found[0], decimal=found[1])
 
     def delimiter_for(self, uri: str) -> str:
         """The field separator of file ``uri`` (``auto`` with decimal commas: ``;``)."""
@@ -272,8 +286,14 @@ def _csv_parse_error(uri: str, blob: bytes, csv: CsvOptions, e: Exception) -> In
 
     delimiter = csv.delimiter_for(uri)
     # Parse again on one thread, which numbers rows, only to say where the first bad one is.
-    with contextlib.suppress(pa.ArrowException, UnicodeDecodeError):
-        _parse_csv(blob, csv, delimiter, use_threads=False, invalid_row_handler=first_bad)
+    # pyarrow hands the handler each bad row decoded as UTF-8: with bytes that are not, its
+    # callback fails inside pyarrow, which prints "Exception ignored ... Traceback" and the raw
+    # bytes on stderr. Such a file (binary, or text in another encoding than the one given)
+    # gets the message without the line.
+    transcoded = codecs.lookup(csv.encoding).name != "utf-8"
+    if transcoded or _bad_encoding(uri, blob, "utf-8") is None:
+        with contextlib.suppress(pa.ArrowException, UnicodeDecodeError):
+            _parse_csv(blob, csv, delimiter, use_threads=False, invalid_row_handler=first_bad)
     shown = "tab" if delimiter == "\t" else delimiter
     guess = guess_delimiter(blob[: blob.find(b"\n")].decode("utf-8", "replace"), delimiter)
     hint = (
@@ -377,7 +397,9 @@ def _read_file(uri: str, blob: bytes, csv: CsvOptions) -> tuple[pa.Table, bool]:
         what = "empty (0 bytes)" if not blob else "not Parquet: it lacks Parquet's PAR1 header"
         code = "E_EMPTY" if not blob else "E_DATA"
         raise InputError(code, f"the file is named like Parquet but is {what}", uri)
-    return _read_csv(uri, decompressed(uri, blob), csv), True
+    text = decompressed(uri, blob)
+    refuse_non_csv(uri, text[:65536])
+    return _read_csv(uri, text, csv.for_head(uri, text[:65536])), True
 
 
 HEAD_BYTES = 1 << 20
