@@ -453,6 +453,14 @@ CODES: dict[str, Code] = {
         "`1.5`): it is read as a regression.",
         "If the values are labels, set `task=classification`.",
     ),
+    "W_LABELS": Code(
+        None,
+        "Target labels differ only in surrounding spaces or in case (`yes` and `yes `, as "
+        "hand-edited exports have): each is a class of its own, and the model is split across "
+        "them.",
+        "If they mean one class, strip the spaces and use one spelling in the data, then run "
+        "again.",
+    ),
     "W_TEST_SPLIT": Code(
         None,
         "The test split will have fewer than 30 rows: the model is trained and scored but not "
