@@ -59,3 +59,38 @@ def feature_names(fits: list[NumericFit | CategoricalFit], target: str, data_uri
             data_uri,
         )
     return features
+
+
+def schema_document(
+    *,
+    target: str,
+    task: str,
+    fits: list[Any],
+    dropped: Any,
+    decisions: list[Any],
+    notes: list[Any],
+    classes: list[str] | None,
+    data_hash: str,
+    fingerprint: str,
+    data_uri: str,
+    seed: int,
+    splits: dict[str, int],
+    features: list[str],
+) -> dict[str, Any]:
+    """``schema.json``'s content, the same from the in-memory and the streaming path."""
+    return {
+        "format": SCHEMA_FORMAT,
+        "target": target,
+        "task": task,
+        "features": features,
+        "columns": [fit.to_dict() for fit in fits],
+        "dropped": dropped,
+        "decisions": [d.to_dict() for d in decisions],
+        "warnings": [note.line("preprocess") for note in notes if note.code.startswith("W_")],
+        "classes": classes,
+        "data_hash": data_hash,
+        "data_fingerprint": fingerprint,
+        "source": display_uri(data_uri),
+        "seed": seed,
+        "splits": splits,
+    }

@@ -27,6 +27,7 @@ from trainer.steps.preprocess.published import (
     SCHEMA_FORMAT,
     PreprocessResult,
     display_uri,
+    schema_document,
 )
 from trainer.steps.preprocess.published import feature_names as _feature_names
 from trainer.steps.preprocess.splits import check_scaled, check_splits
@@ -231,22 +232,11 @@ def preprocess(
         + [pa.field(cfg.target, target_type, nullable=False)]
     )
     splits = {name: hi - lo for name, (lo, hi) in bounds.items()}
-    schema_doc = {
-        "format": SCHEMA_FORMAT,
-        "target": cfg.target,
-        "task": task,
-        "features": features,
-        "columns": [fit.to_dict() for fit in fits],
-        "dropped": dropped,
-        "decisions": [d.to_dict() for d in decisions],
-        "warnings": [note.line("preprocess") for note in notes if note.code.startswith("W_")],
-        "classes": classes,
-        "data_hash": data.data_hash,
-        "data_fingerprint": fingerprint,
-        "source": display_uri(data_uri),
-        "seed": cfg.seed,
-        "splits": splits,
-    }
+    schema_doc = schema_document(
+        target=cfg.target, task=task, fits=fits, dropped=dropped, decisions=decisions,
+        notes=notes, classes=classes, data_hash=data.data_hash, fingerprint=fingerprint,
+        data_uri=data_uri, seed=cfg.seed, splits=splits, features=features,
+    )  # fmt: skip
     stats_doc = {
         "rows": n,
         "columns": stats,

@@ -51,10 +51,9 @@ from trainer.steps.preprocess.encode import (
 from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
 from trainer.steps.preprocess.published import (
     _PARQUET_OPTIONS,
-    SCHEMA_FORMAT,
     PreprocessResult,
-    display_uri,
     feature_names,
+    schema_document,
 )
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
 from trainer.steps.preprocess.source import BatchSource, data_hash, open_source
@@ -214,22 +213,11 @@ def _run(
     features = feature_names(fits, cfg.target, data_uri)
     splits = {k: int(np.count_nonzero(labels == i)) for i, k in enumerate(("train", "val", "test"))}
     stats = {s.name: stats_of(s, num, cat) for s in specs}
-    schema_doc = {
-        "format": SCHEMA_FORMAT,
-        "target": cfg.target,
-        "task": task,
-        "features": features,
-        "columns": [fit.to_dict() for fit in fits],
-        "dropped": dropped,
-        "decisions": [d.to_dict() for d in decisions],
-        "warnings": [note.line("preprocess") for note in notes if note.code.startswith("W_")],
-        "classes": classes,
-        "data_hash": data_hash(src.files),
-        "data_fingerprint": fingerprint,
-        "source": display_uri(data_uri),
-        "seed": cfg.seed,
-        "splits": splits,
-    }
+    schema_doc = schema_document(
+        target=cfg.target, task=task, fits=fits, dropped=dropped, decisions=decisions,
+        notes=notes, classes=classes, data_hash=data_hash(src.files), fingerprint=fingerprint,
+        data_uri=data_uri, seed=cfg.seed, splits=splits, features=features,
+    )  # fmt: skip
     stats_doc = {
         "rows": n,
         "columns": stats,
