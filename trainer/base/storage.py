@@ -421,8 +421,10 @@ def _open_local_output(path: str) -> Iterator[IO[bytes]]:
     fsync_dir(directory)
 
 
-def read_bytes(uri: str) -> bytes:
-    """The whole content of file ``uri``.
+def read_bytes(uri: str, limit: int | None = None) -> bytes:
+    """The whole content of file ``uri`` (decompressed where its name says so), or, with
+    ``limit``, at most ``limit + 1`` bytes of it: a caller that gets more than ``limit`` knows
+    the file is larger, without holding it all.
 
     Raises:
         FileNotFoundError: If ``uri`` (or its bucket) does not exist.
@@ -430,7 +432,7 @@ def read_bytes(uri: str) -> bytes:
     """
     fs, path = resolve(uri)
     with _translate(f"reading {uri}", uri), fs.open_input_stream(path) as f:
-        return f.read()
+        return f.read() if limit is None else f.read(limit + 1)
 
 
 def write_bytes(uri: str, data: bytes) -> None:

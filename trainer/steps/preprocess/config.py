@@ -58,8 +58,23 @@ class PreprocessConfig:
     None: half the memory limit of the step's cgroup (the pod's limit), or 2 GiB where there is
     no limit. At least 16 MiB."""
 
+    max_input_bytes: int = 256 << 30
+    """Bytes the input may take once decompressed and parsed (Arrow's in-memory size): read
+    from Parquet footers before any work, counted while a CSV is read. Past it the step stops
+    with one ``E_DATA`` line: a small compressed file of repeated rows (a decompression bomb)
+    never fills the pod's memory or disk."""
+    max_columns: int = 10_000
+    """Columns the input may have (read from the Parquet footer or the CSV header first)."""
+    max_features: int = 20_000
+    """Output features (the encoded width: numeric columns, their missing indicators and each
+    categorical column's one-hot categories) the step may write; checked once the columns are
+    typed and their categories counted, before any split is written."""
+
     def __post_init__(self) -> None:
         require(bool(self.target), "target", "must name a column", self.target)
+        for name in ("max_input_bytes", "max_columns", "max_features"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value > 0, name, "must be > 0", value)
         require(
             self.task in ("auto", "classification", "regression"),
             "task",

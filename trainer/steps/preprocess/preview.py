@@ -82,7 +82,9 @@ def _target_head(uri: str, cfg: PreprocessConfig, rows: int) -> tuple[pa.Table, 
 
 
 def _csv_target_head(uri: str, cfg: PreprocessConfig, rows: int, gzipped: bool) -> pa.Table:
-    csv = cfg.csv_options()
+    with storage.open_input(uri) as f:
+        head = text_head(uri, f.read(HEAD_BYTES))
+    csv = cfg.csv_options().for_head(uri, head[:65536])  # ";" and decimal commas, as read
     null_values = [*pacsv.ConvertOptions().null_values, *csv.null_values]
     with storage.open_input_stream(uri) as raw:
         stream = pa.CompressedInputStream(raw, "gzip") if gzipped else raw
@@ -154,7 +156,8 @@ def _sample(uri: str, cfg: PreprocessConfig) -> pa.Table:
                 )
             return readable_types(table)
     head = text_head(uri, head)
-    return _parse_csv(head, cfg.csv_options(), cfg.csv_options().delimiter_for(uri))
+    csv = cfg.csv_options().for_head(uri, head[:65536])
+    return _parse_csv(head, csv, csv.delimiter_for(uri))
 
 
 def inspect_data(data_uri: str, cfg: PreprocessConfig) -> list[Notice]:

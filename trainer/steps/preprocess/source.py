@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from trainer.base import storage
 from trainer.base.errors import InputError
 from trainer.steps.preprocess.file_kind import refuse_non_csv
+from trainer.steps.preprocess.limits import check_input_bytes
 from trainer.steps.preprocess.tabular import (
     COMPRESSED_SUFFIXES,
     HEAD_BYTES,
@@ -205,13 +206,17 @@ def data_hash(files: list[str]) -> str:
     return digest.hexdigest()
 
 
-def open_source(data_uri: str, csv: CsvOptions, block_bytes: int) -> BatchSource:
+def open_source(
+    data_uri: str, csv: CsvOptions, block_bytes: int, max_bytes: int | None = None
+) -> BatchSource:
     """Open a dataset for batch reads; CSV files are spilled to local Parquet first.
 
     Args:
         data_uri: A file, a folder of files, or a Hive-partitioned folder.
         csv: How CSV files are parsed.
         block_bytes: Bytes of CSV text parsed at a time.
+        max_bytes: The most the CSV files may take once parsed, counted while they are read
+            (``preprocess.max_input_bytes``); None: no limit.
 
     Raises:
         InputError: Missing, unreadable, empty or malformed files (named), or files that
@@ -241,7 +246,7 @@ def open_source(data_uri: str, csv: CsvOptions, block_bytes: int) -> BatchSource
                 if src._spill is None:
                     src._spill = tempfile.mkdtemp(prefix="gpupipe-spill-")
                 path = f"{src._spill}/{len(src._parquet):06d}.parquet"
-                schema, n = _spill_csv(uri, csv, block_bytes, path)
+                schema, n = _spill_csv(uri, csv, block_bytes, path, max_bytes)
                 src._parquet.append(path)
             schemas.append(readable_types(schema.empty_table()).schema)
             rows.append(n)
@@ -291,7 +296,9 @@ def _unified(
     return pa.schema(fields)
 
 
-def _spill_csv(uri: str, csv: CsvOptions, block_bytes: int, path: str) -> tuple[pa.Schema, int]:
+def _spill_csv(
+    uri: str, csv: CsvOptions, block_bytes: int, path: str, max_bytes: int | None = None
+) -> tuple[pa.Schema, int]:
     """Parse CSV file ``uri`` block by block into Parquet file ``path``; (schema, rows).
 
     Column types are inferred from the first block; a later block that does not fit a
@@ -308,7 +315,7 @@ def _spill_csv(uri: str, csv: CsvOptions, block_bytes: int, path: str) -> tuple[
     types: dict[str, pa.DataType] = {}
     for _ in range(1000):
         try:
-            return _spill_once(uri, csv, block_bytes, path, types)
+            return _spill_once(uri, csv, block_bytes, path, types, max_bytes)
         except pa.ArrowInvalid as e:
             m = _CSV_COLUMN_RE.search(str(e))
             if not m or not types:
@@ -326,7 +333,12 @@ def _csv_error(uri: str, e: Exception) -> InputError:
 
 
 def _spill_once(
-    uri: str, csv: CsvOptions, block_bytes: int, path: str, types: dict[str, pa.DataType]
+    uri: str,
+    csv: CsvOptions,
+    block_bytes: int,
+    path: str,
+    types: dict[str, pa.DataType],
+    max_bytes: int | None = None,
 ) -> tuple[pa.Schema, int]:
     read = pacsv.ReadOptions(
         use_threads=True,
@@ -342,7 +354,7 @@ def _spill_once(
         column_types=dict(types),
     )
     parse = pacsv.ParseOptions(delimiter=csv.delimiter_for(uri))
-    rows = 0
+    rows = parsed = 0
     with storage.open_input(uri) as raw:
         gzip_named_plain = raw.read(2) == b"\x1f\x8b" and not uri.lower().endswith(
             COMPRESSED_SUFFIXES
@@ -371,4 +383,8 @@ def _spill_once(
                     batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
                 writer.write_batch(batch)
                 rows += batch.num_rows
+                parsed += batch.nbytes
+                if max_bytes is not None and parsed > max_bytes:
+                    # Stop here: the rest is never read (a decompression bomb ends in seconds).
+                    check_input_bytes(parsed, max_bytes, uri, so_far=True)
     return schema, rows

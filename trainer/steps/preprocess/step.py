@@ -22,6 +22,13 @@ from trainer.steps.preprocess.columns import label_variants, target_column
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
 from trainer.steps.preprocess.fingerprint import data_fingerprint
+from trainer.steps.preprocess.limits import (
+    InputTooLarge,
+    check_columns,
+    check_features,
+    check_input_bytes,
+    parquet_bytes,
+)
 from trainer.steps.preprocess.published import (
     _PARQUET_OPTIONS,
     SCHEMA_FORMAT,
@@ -41,6 +48,7 @@ from trainer.steps.preprocess.tabular import (
     input_files,
     is_hive,
     param,
+    read_columns,
     read_input,
     role_param,
     split_indices,
@@ -193,13 +201,25 @@ def preprocess(
     check_output_location(output_uri, "preprocess", inputs={"data": data_uri})
     fingerprint = _check_fingerprint(data_uri, expected_fingerprint)
     budget = cfg.budget()
-    if needs_streaming(data_uri, budget):
+    # The input's shape from its footers and header, before any work (limits.py).
+    try:
+        names = read_columns(data_uri, cfg.csv_options())
+    except InputError:
+        names = []  # an unreadable file: the reader below names what is wrong with it
+    check_columns(len(names), cfg.max_columns, data_uri)
+    check_input_bytes(parquet_bytes(input_files(data_uri)), cfg.max_input_bytes, data_uri)
+    try:
+        if needs_streaming(data_uri, budget):
+            raise InputTooLarge(data_uri)
+        # A compressed file is read only as far as the budget: one that expands further than
+        # its name promised goes the streaming way (which counts it against max_input_bytes).
+        data = read_input(data_uri, cfg.csv_options(), max_text_bytes=budget // IN_MEMORY_FACTOR)
+    except InputTooLarge:
         from trainer.steps.preprocess.stream import preprocess_streaming
 
         return preprocess_streaming(
             cfg, data_uri=data_uri, output_uri=output_uri, fingerprint=fingerprint, budget=budget
         )
-    data = read_input(data_uri, cfg.csv_options())
     n = data.table.num_rows
     if n == 0:
         shown = ", ".join(map(repr, data.table.column_names[:20]))
@@ -225,6 +245,7 @@ def preprocess(
 
     fits, outputs, stats = _encode_columns(columns, perm, n_train, cfg, data, data_uri)
     features = _feature_names(fits, cfg.target, data_uri)
+    check_features(len(features), cfg.max_features, data_uri)
     y_perm = y[perm]
     target_type = pa.int64() if classes is not None else pa.float32()
     schema = pa.schema(

@@ -49,6 +49,7 @@ from trainer.steps.preprocess.encode import (
     split_labels,
 )
 from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
+from trainer.steps.preprocess.limits import check_features
 from trainer.steps.preprocess.published import (
     _PARQUET_OPTIONS,
     PreprocessResult,
@@ -131,7 +132,10 @@ def preprocess_streaming(
     """
     csv = cfg.csv_options()
     with open_source(
-        data_uri, csv, block_bytes=int(min(max(budget // 16, 1 << 20), 64 << 20))
+        data_uri,
+        csv,
+        block_bytes=int(min(max(budget // 16, 1 << 20), 64 << 20)),
+        max_bytes=cfg.max_input_bytes,
     ) as src:
         return _run(cfg, src, data_uri, output_uri, fingerprint, budget)
 
@@ -211,6 +215,7 @@ def _run(
 
     fits = [fit_of(s, num, cat, n_train, cfg) for s in specs]
     features = feature_names(fits, cfg.target, data_uri)
+    check_features(len(features), cfg.max_features, data_uri)
     splits = {k: int(np.count_nonzero(labels == i)) for i, k in enumerate(("train", "val", "test"))}
     stats = {s.name: stats_of(s, num, cat) for s in specs}
     schema_doc = schema_document(

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import gzip
 import hashlib
+import io
 import json
 import shlex
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from trainer.steps.preprocess.encode import (  # noqa: F401 - re-exported
     split_indices,
 )
 from trainer.steps.preprocess.file_kind import refuse_non_csv, sniff_separators
+from trainer.steps.preprocess.limits import InputTooLarge
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
@@ -128,7 +130,7 @@ def strip_compression(uri: str) -> str:
     return uri
 
 
-def decompressed(uri: str, blob: bytes) -> bytes:
+def decompressed(uri: str, blob: bytes, limit: int | None = None) -> bytes:
     """``blob`` itself, or its gzip-decompressed content when it starts with gzip's magic bytes.
 
     Storage streams decompress a ``.gz`` name already; this catches a gzip file named like
@@ -141,7 +143,13 @@ def decompressed(uri: str, blob: bytes) -> bytes:
     if blob[:2] != _GZIP_MAGIC:
         return blob
     try:
-        return gzip.decompress(blob)
+        if limit is None:
+            return gzip.decompress(blob)
+        with gzip.GzipFile(fileobj=io.BytesIO(blob)) as z:
+            out = z.read(limit + 1)
+        if len(out) > limit:
+            raise InputTooLarge(uri)
+        return out
     except (OSError, EOFError, gzip.BadGzipFile) as e:
         raise InputError(
             "E_DATA", f"the file is gzip-compressed but cannot be decompressed ({e})", uri
@@ -389,7 +397,9 @@ def _read_csv(uri: str, blob: bytes, csv: CsvOptions) -> pa.Table:
     return table
 
 
-def _read_file(uri: str, blob: bytes, csv: CsvOptions) -> tuple[pa.Table, bool]:
+def _read_file(
+    uri: str, blob: bytes, csv: CsvOptions, max_text_bytes: int | None = None
+) -> tuple[pa.Table, bool]:
     """Parse one file (Parquet by its magic bytes, else CSV); returns (table, is_csv)."""
     if blob[:4] == b"PAR1":
         return _read_parquet(uri, blob), False
@@ -397,7 +407,7 @@ def _read_file(uri: str, blob: bytes, csv: CsvOptions) -> tuple[pa.Table, bool]:
         what = "empty (0 bytes)" if not blob else "not Parquet: it lacks Parquet's PAR1 header"
         code = "E_EMPTY" if not blob else "E_DATA"
         raise InputError(code, f"the file is named like Parquet but is {what}", uri)
-    text = decompressed(uri, blob)
+    text = decompressed(uri, blob, max_text_bytes)
     refuse_non_csv(uri, text[:65536])
     return _read_csv(uri, text, csv.for_head(uri, text[:65536])), True
 
@@ -514,8 +524,12 @@ def _concat(tables: list[pa.Table], files: list[str]) -> pa.Table:
     return pa.table(columns, names=names)
 
 
-def read_input(data_uri: str, csv: CsvOptions) -> RawInput:
+def read_input(data_uri: str, csv: CsvOptions, max_text_bytes: int | None = None) -> RawInput:
     """Read every input file once: hash its bytes and parse them.
+
+    ``max_text_bytes``: the most a file's (decompressed) content may take here; past it
+    :class:`~trainer.steps.preprocess.limits.InputTooLarge` is raised after reading at most
+    that much (preprocess then streams the table instead).
 
     Raises:
         InputError: A missing, unreadable, empty or malformed file (named), duplicate column
@@ -526,13 +540,15 @@ def read_input(data_uri: str, csv: CsvOptions) -> RawInput:
     tables, is_csv = [], []
     for uri in files:
         try:
-            blob = storage.read_bytes(uri)
+            blob = storage.read_bytes(uri, max_text_bytes)
         except FileNotFoundError as e:
             raise InputError("E_DATA", "dataset file not found", uri) from e
         except (OSError, RuntimeError) as e:
             raise InputError("E_DATA", f"cannot read the dataset file: {e}", uri) from e
+        if max_text_bytes is not None and len(blob) > max_text_bytes:
+            raise InputTooLarge(uri)
         digest.update(blob)
-        table, is_text_file = _read_file(uri, blob, csv)
+        table, is_text_file = _read_file(uri, blob, csv, max_text_bytes)
         del blob  # parsed: the raw bytes need not outlive this iteration
         tables.append(table)
         is_csv.append(is_text_file)
