@@ -449,9 +449,15 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(at: I
         # Disabled on its page in the UI: the API and `gpupipe schedule --list` say so.
         at.page.goto(f"{at.url}/#/recurringrun/details/{rid}")
         at.page.locator("#disableBtn").click()
+        # KFP patches the ScheduledWorkflow before it answers, but its API (which the page
+        # reads) can say ENABLE for up to a minute after: the persistence agent may copy the
+        # ScheduledWorkflow of the run that just ended back over it (kfp.expect_mode). The CI
+        # of cc9e602 clicked, and the page still read ENABLE 30 s later. Once the API reads
+        # DISABLE, the page, loaded again, shows it.
+        kfp.expect_mode(at.host, rid, "DISABLE")
+        at.page.reload()
         expect(at.page.locator("#enableBtn")).to_be_enabled()
         expect(at.page.locator("#disableBtn")).to_be_disabled()
-        kfp.expect_mode(at.host, rid, "DISABLE")
         at.shot(at.page, "ui-recurring-run-disabled")
         listed = gpupipe("schedule", "--host", at.host, "--list")
         assert listed.returncode == 0, listed.stderr
