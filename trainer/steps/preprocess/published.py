@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,3 +95,29 @@ def schema_document(
         "seed": seed,
         "splits": splits,
     }
+
+
+def published_result(
+    splits: dict[str, int],
+    features: list[str],
+    task: str,
+    classes: list[str] | None,
+    data_hash: str,
+    notes: list[Any],
+) -> PreprocessResult:
+    """The result of a preprocess that published its outputs, its notes printed into the step's
+    log (stderr: stdout carries results; a failure prints one line instead), the same from the
+    in-memory and the streaming path."""
+    lines = [note.line("preprocess") for note in notes]
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return PreprocessResult(
+        train_rows=splits["train"],
+        val_rows=splits["val"],
+        test_rows=splits["test"],
+        features=features,
+        task=task,
+        classes=classes,
+        data_hash=data_hash,
+        notices=lines,
+    )

@@ -33,6 +33,7 @@ from trainer.steps.preprocess.tabular import (
     PARQUET_SUFFIXES,
     CsvOptions,
     RawInput,
+    _check_unique_names,
     _common_type,
     dtype_name,
     input_files,
@@ -263,16 +264,7 @@ def _unified(
     schemas: list[pa.Schema], files: list[str], partitions: list[dict[str, str]], keys: list[str]
 ) -> pa.Schema:
     names = [n for n in schemas[0].names if not n.startswith("__index_level_")]
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise InputError(
-                "E_SCHEMA",
-                f"column name {name!r} appears {names.count(name)} times; "
-                "rename the columns so that each name is unique",
-                files[0],
-            )
-        seen.add(name)
+    _check_unique_names(names, files[0])
     for schema, uri in zip(schemas[1:], files[1:], strict=True):
         have = [n for n in schema.names if not n.startswith("__index_level_")]
         extra = [n for n in have if n not in names]

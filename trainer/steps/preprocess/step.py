@@ -7,7 +7,6 @@ Its config is :mod:`trainer.steps.preprocess.config`; the column checks are
 
 from __future__ import annotations
 
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +33,7 @@ from trainer.steps.preprocess.published import (
     SCHEMA_FORMAT,
     PreprocessResult,
     display_uri,
+    published_result,
     schema_document,
 )
 from trainer.steps.preprocess.published import feature_names as _feature_names
@@ -278,19 +278,7 @@ def preprocess(
     }
     docs = {"schema.json": schema_doc, "stats.json": stats_doc}
     _publish(output_uri, tables, dictionary_columns, docs)
-    for note in notes:  # into the step's log once it succeeded: a failure prints one line
-        # stderr: stdout carries results (``python -m trainer preprocess`` prints JSON there).
-        print(note.line("preprocess"), file=sys.stderr, flush=True)
-    return PreprocessResult(
-        train_rows=splits["train"],
-        val_rows=splits["val"],
-        test_rows=splits["test"],
-        features=features,
-        task=task,
-        classes=classes,
-        data_hash=data.data_hash,
-        notices=[note.line("preprocess") for note in notes],
-    )
+    return published_result(splits, features, task, classes, data.data_hash, notes)
 
 
 def _encode_columns(

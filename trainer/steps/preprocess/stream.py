@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import sys
 from typing import Any
 
 import numpy as np
@@ -54,6 +53,7 @@ from trainer.steps.preprocess.published import (
     _PARQUET_OPTIONS,
     PreprocessResult,
     feature_names,
+    published_result,
     schema_document,
 )
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
@@ -233,18 +233,7 @@ def _run(
     }
     _write(src, cfg, specs, fits, features, classes, y, labels, output_uri, budget, sources,
            {"schema.json": schema_doc, "stats.json": stats_doc})  # fmt: skip
-    for note in notes:
-        print(note.line("preprocess"), file=sys.stderr, flush=True)
-    return PreprocessResult(
-        train_rows=splits["train"],
-        val_rows=splits["val"],
-        test_rows=splits["test"],
-        features=features,
-        task=task,
-        classes=classes,
-        data_hash=str(schema_doc["data_hash"]),
-        notices=[note.line("preprocess") for note in notes],
-    )
+    return published_result(splits, features, task, classes, str(schema_doc["data_hash"]), notes)
 
 
 def _target(
