@@ -456,3 +456,12 @@ def label_selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         if not held:
             return False
     return True
+
+
+def gpupipe_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``gpupipe ARGV`` in this process: its exit code, stdout and stderr."""
+    from pipelines.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.fakes.kfp_api import FakeKfp, serve
 from tests.helpers import TORCHRUN_VARS
 from trainer.distributed import dist
 
@@ -20,3 +21,14 @@ def ctx(monkeypatch: pytest.MonkeyPatch) -> Iterator[dist.DistContext]:
     c = dist.init("auto", timeout_s=30)
     yield c
     dist.close(c)
+
+
+@pytest.fixture
+def kfp(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKfp]:
+    """A fake KFP v2beta1 API server on 127.0.0.1, the client's backoffs short, no token file."""
+    from pipelines import cluster, cluster_auth
+
+    monkeypatch.setattr(cluster, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(cluster, "MAX_POLL_S", 0.02)
+    monkeypatch.delenv(cluster_auth.TOKEN_PATH_ENV, raising=False)
+    yield from serve()

@@ -6,31 +6,19 @@ import dataclasses
 import json
 import re
 import socket
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from pipelines import cluster, cluster_auth, cluster_package, cron
-from pipelines.cli import main
-from tests.fakes.kfp_api import FakeKfp, RunScript, check_model, serve
+from tests.fakes.kfp_api import FakeKfp, RunScript, check_model
+from tests.helpers import gpupipe_cli
 
 TOKEN = "s3cr3t-token-value"
 
 
-@pytest.fixture
-def kfp(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKfp]:
-    monkeypatch.setattr(cluster, "BACKOFF_S", 0.01)
-    monkeypatch.setattr(cluster, "MAX_POLL_S", 0.02)
-    monkeypatch.delenv(cluster_auth.TOKEN_PATH_ENV, raising=False)
-    yield from serve()
-
-
-def _gp(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+_gp = gpupipe_cli
 
 
 def _body(fake: FakeKfp, method: str, path: str) -> dict:

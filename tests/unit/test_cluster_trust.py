@@ -13,25 +13,14 @@ import pytest
 import urllib3
 
 from pipelines import cluster, cluster_auth
-from pipelines.cli import main
 from tests.fakes.kfp_api import FakeKfp, RunScript, private_ca, serve
+from tests.helpers import gpupipe_cli
 from trainer.base.errors import InputError
 
 TOKEN = "s3cr3t-token-value"
 
 
-@pytest.fixture
-def kfp(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKfp]:
-    monkeypatch.setattr(cluster, "BACKOFF_S", 0.01)
-    monkeypatch.setattr(cluster, "MAX_POLL_S", 0.02)
-    monkeypatch.delenv(cluster_auth.TOKEN_PATH_ENV, raising=False)
-    yield from serve()
-
-
-def _gp(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+_gp = gpupipe_cli
 
 
 # -- item 4: the token goes only where --host says, as the transport reads it ---------------------
