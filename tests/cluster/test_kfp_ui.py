@@ -448,7 +448,14 @@ def test_a_recurring_run_made_in_the_ui_starts_a_run_and_is_disabled_there(at: I
         assert done["state"] == "SUCCEEDED", kfp.failure_report(done)
         # Disabled on its page in the UI: the API and `gpupipe schedule --list` say so.
         at.page.goto(f"{at.url}/#/recurringrun/details/{rid}")
-        at.page.locator("#disableBtn").click()
+        # The click only sends the request: wait for KFP's answer before looking (the CI of
+        # ceb1ff4 read the ScheduledWorkflow at once and found it still enabled).
+        with at.page.expect_response(
+            lambda r: r.request.method == "POST" and rid in r.url and "disable" in r.url,
+            timeout=60_000,
+        ) as answered:
+            at.page.locator("#disableBtn").click()
+        assert answered.value.ok, (answered.value.status, answered.value.text())
         # KFP patches the ScheduledWorkflow before it answers, but its API (which the page
         # reads) can say ENABLE for up to a minute after: the persistence agent may copy the
         # ScheduledWorkflow of the run that just ended back over it (kfp.expect_mode). The CI

@@ -254,6 +254,27 @@ def test_cgroup_memory_limit(tmp_path: Path, files: dict[str, str], want: int | 
 def test_default_budget_follows_the_limit() -> None:
     assert memory.default_memory_budget(1 << 30) == 512 << 20
     assert memory.default_memory_budget(1 << 20) == memory.MIN_BUDGET
+    # What is in use already (the interpreter, KFP's launcher) is not the data's.
+    assert memory.default_memory_budget(256 << 20, in_use=128 << 20) == 64 << 20
+    assert memory.default_memory_budget(256 << 20, in_use=300 << 20) == memory.MIN_BUDGET
+
+
+@pytest.mark.parametrize(
+    ("files", "want"),
+    [
+        ({"memory.stat": "anon 104857600\nfile 5\n"}, 100 << 20),  # v2
+        ({"memory/pod/memory.stat": "cache 7\nrss 1\ntotal_rss 52428800\n"}, 50 << 20),  # v1
+        ({}, None),
+    ],
+    ids=["v2", "v1-own", "none"],
+)
+def test_cgroup_memory_in_use(tmp_path: Path, files: dict[str, str], want: int | None) -> None:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text("4:memory:/pod\n1:cpu:/\n" if "memory/pod" in str(files) else "0::/\n")
+    assert memory.cgroup_memory_in_use(tmp_path, proc) == want
 
 
 @pytest.mark.parametrize("bad", [0, 1 << 20, -5, "1GiB"])
@@ -264,6 +285,7 @@ def test_memory_budget_is_checked(bad: Any) -> None:
 
 def test_memory_budget_default_is_read_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "cgroup_memory_limit", lambda *a: 256 << 20)
+    monkeypatch.setattr(memory, "cgroup_memory_in_use", lambda *a: 0)
     assert PreprocessConfig(target="y").budget() == 128 << 20
     assert PreprocessConfig(target="y", memory_budget=64 << 20).budget() == 64 << 20
 

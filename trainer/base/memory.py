@@ -60,10 +60,39 @@ def cgroup_memory_limit(
     return None
 
 
-def default_memory_budget(limit: int | None = None) -> int:
-    """The budget a step plans its batches with: :data:`BUDGET_SHARE` of the cgroup limit
-    (never under :data:`MIN_BUDGET`), else :data:`DEFAULT_BUDGET`."""
-    limit = cgroup_memory_limit() if limit is None else limit
+def cgroup_memory_in_use(
+    root: Path = _ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """Anonymous memory charged to this process's cgroup now, in bytes (every process of it:
+    in a pod, KFP's launcher beside the step), or None where it cannot be read. The page cache
+    is left out: the kernel reclaims it before it kills anything.
+
+    Reads cgroup v2's ``memory.stat`` ``anon`` or cgroup v1's ``total_rss``, beside the limit
+    file :func:`cgroup_memory_limit` reads.
+    """
+    keys = {"anon", "total_rss"}
+    for limit_file in _limit_files(root, proc_cgroup):
+        try:
+            lines = (limit_file.parent / "memory.stat").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, _, value = line.partition(" ")
+            if key in keys and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def default_memory_budget(limit: int | None = None, in_use: int | None = None) -> int:
+    """The budget a step plans its batches with: :data:`BUDGET_SHARE` of what the cgroup limit
+    leaves beside the memory already in use (the interpreter with pyarrow and numpy loaded, and
+    in a pod KFP's launcher: about 150 MiB), never under :data:`MIN_BUDGET`; else
+    :data:`DEFAULT_BUDGET`. (Half the limit alone was too much under 192 MiB: the process was
+    killed with 96 MiB planned.)"""
+    if limit is None:
+        limit = cgroup_memory_limit()
+        if limit is not None and in_use is None:
+            in_use = cgroup_memory_in_use()
     if limit is None:
         return DEFAULT_BUDGET
-    return max(MIN_BUDGET, int(limit * BUDGET_SHARE))
+    return max(MIN_BUDGET, int(max(0, limit - (in_use or 0)) * BUDGET_SHARE))
