@@ -7,12 +7,13 @@
 #                                  beside its stage 2 once its foreground is done)
 #
 # KFP's tests run in three streams: the API's (whole runs with PyTorchJobs, the cache, a
-# failure, terminate), the UI's, and the schedule's, the retry's and the refusal's. In two (the
-# schedule's with the UI's), the API's was the longer (about 1600 s cold, 2026-11-29) and ended
-# the cold .ci/run. Their step pods ask for a twentieth of a CPU, a PyTorchJob's two pods a tenth
-# each: the three streams' jobs fit together beside the cluster's own requests (1014m of 2000m).
-# At a quarter they did not, and jobs that each got one pod waited on each other (both terminate
-# tests, 900 s, in 14da96b's CI: tests/cluster/test_kfp.py's JOB_SETTINGS).
+# failure, terminate), the UI's, and the side stream's (the schedule's, the retry's, the refusal's
+# and the big table's). In two (the schedule's with the UI's), the API's was the longer (about
+# 1600 s cold, 2026-11-29) and ended the cold .ci/run. Their step pods ask for a twentieth of a
+# CPU, a PyTorchJob's two pods a tenth each: the three streams' jobs fit together beside the
+# cluster's own requests (1014m of 2000m). At a quarter they did not, and jobs that each got one
+# pod waited on each other (both terminate tests, 900 s, in 14da96b's CI:
+# tests/cluster/test_kfp.py's JOB_SETTINGS).
 # The other tests stay in one stream: their job pods ask for a quarter CPU each,
 # and two streams of them (Katib's trials beside a TrainJob's nodes) do not fit (tried: pods stayed
 # Pending on "Insufficient cpu" and the tests timed out). With a tenth of a CPU each they fit, but
@@ -50,6 +51,7 @@ side=(
   "${kfp_api}::test_a_schedule_really_starts_a_run_and_is_updated_disabled_enabled_and_deleted"
   "${kfp_api}::test_a_deleted_train_step_pod_is_retried_and_re_attaches_to_its_job"
   "${kfp_api}::test_a_train_step_that_refuses_its_input_runs_once"
+  "${kfp_api}::test_a_table_larger_than_the_preprocess_pods_memory_limit_goes_through"
 )
 "${pytest[@]}" tests/cluster/test_kfp_ui.py --durations=8 >"${logs}/kfp-ui-tests.log" 2>&1 &
 ui_tests=$!
@@ -66,7 +68,7 @@ wait "$side_tests" || rc=1
 trap - EXIT
 echo ">> the KFP UI's tests (beside the above; ${logs}/kfp-ui-tests.log):"
 cat "${logs}/kfp-ui-tests.log"
-echo ">> the schedule's, the retry's and the refusal's (beside the above; ${logs}/kfp-side-tests.log):"
+echo ">> the schedule's, the retry's, the refusal's and the big table's (beside the above; ${logs}/kfp-side-tests.log):"
 cat "${logs}/kfp-side-tests.log"
 printf ">> KFP's tests (three streams) done in %d s (total %d s)\n" "$((SECONDS - t1))" "$((SECONDS - t0))"
 exit "$rc"

@@ -541,6 +541,74 @@ def test_a_train_step_that_refuses_its_input_runs_once(
     assert any("(exit code 1): ERROR [train] E_CONFIG: " in m for m in said), said
 
 
+# -- 7. a table larger than the preprocess pod's memory -----------------------------------------
+
+BIG_ROWS = 4_000_000
+"""312 MiB as an Arrow table (a 47 MiB Parquet file): more than the preprocess pod may hold."""
+PREPROCESS_LIMIT = "288Mi"
+"""The preprocess pod's memory limit here (compiled: 16Gi). Under it the step plans its batches
+from what the cgroup leaves beside the interpreter and KFP's launcher (trainer/base/memory.py);
+the whole-table path needs about five times the table."""
+
+
+def test_a_table_larger_than_the_preprocess_pods_memory_limit_goes_through(
+    host: str, store: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 61, item 3: a version compiled with the preprocess pod's limit set low on purpose
+    (GPUPIPE_STEP_RESOURCES, as a platform team sets it) preprocesses a table larger than that
+    limit, streaming, with no OOM kill and no retry, and the run trains (200 steps: a whole
+    epoch of its 3.2M training rows takes about 300 s on this node), evaluates the whole test
+    split and registers, to SUCCEEDED."""
+    import pyarrow.parquet as pq
+
+    from trainer.base import storage
+    from trainer.steps.preprocess import make_demo_table
+
+    table = make_demo_table(BIG_ROWS, seed=0)
+    assert table.nbytes > 288 << 20, table.nbytes  # the pod's limit
+    path = tmp_path / "big.parquet"
+    pq.write_table(table, path)
+    del table
+    uri = kfp.upload_table(path, f"{kube.unique('gpupipe-big')}/big.parquet")
+    steps = {**kfp.SMALL_STEPS}
+    steps["preprocess"] = {**steps["preprocess"], "memory_limit": PREPROCESS_LIMIT}
+    name = kube.unique("gpupipe-capped")
+    up = gpupipe(
+        "upload", "--host", host, "--pipeline", name,
+        env={"GPUPIPE_STEP_RESOURCES": json.dumps(steps)},
+    )  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    model = kube.unique("gpupipe-big-model")
+    params = run_params(
+        uri, model, tune_enabled=False, epochs=1, launcher="local", nodes=1,
+        train_config_json=json.dumps({"train.max_steps": 200}),
+    )  # fmt: skip
+    out = start_run(host, name, model, params, wait=True)
+    run_id = run_id_of(out)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    pod = _executor_pod(run_id, "preprocess")
+    assert pod is not None, "no preprocess pod: served from a cache?"
+    (main,) = [c for c in pod["spec"]["containers"] if c["name"] == "main"]
+    assert main["resources"]["limits"]["memory"] == PREPROCESS_LIMIT, main["resources"]
+    (status,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "main"]
+    assert status["restartCount"] == 0, status
+    assert status["state"]["terminated"]["reason"] == "Completed", status
+    # One pod for the step: no OOM-killed attempt before it.
+    tries = [p for p in kfp.run_pods(run_id) if kfp.task_of(p) == ("preprocess", "executor")]
+    assert len(tries) == 1, [p["metadata"]["name"] for p in tries]
+    # Every row went to a split, written a row group at a time.
+    dataset = next(
+        u for u in _artifact_uris(run_id) if "/preprocess/" in u and u.endswith("/dataset")
+    )
+    rows = 0
+    for split in ("train", "val", "test"):
+        with storage.open_input(storage.join(dataset, f"{split}.parquet")) as f:
+            meta = pq.ParquetFile(f).metadata
+            rows += meta.num_rows
+            assert meta.num_row_groups > 1, (split, meta.num_row_groups)
+    assert rows == BIG_ROWS
+
+
 # -- helpers -----------------------------------------------------------------------------------
 
 
