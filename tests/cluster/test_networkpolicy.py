@@ -148,16 +148,22 @@ def _probe(probes: Probes) -> dict[str, dict[str, list[str]]]:
             kube.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
 
 
-def test_a_pod_outside_the_policy_cannot_reach_mlflow(outside: str) -> None:
+def test_a_pod_outside_the_policy_cannot_reach_mlflow(outside: str, profile: str) -> None:
     got = _probe(
         {
-            "plain": (outside, {}, [MLFLOW]),
-            "kfp-step": (outside, KFP_LABEL, [MLFLOW]),
+            "plain": (profile, {}, [MLFLOW]),
+            "kfp-step": (profile, KFP_LABEL, [MLFLOW]),
+            "kfp-step-in-kubeflow": (NS, KFP_LABEL, [MLFLOW]),
+            "kfp-step-elsewhere": (outside, KFP_LABEL, [MLFLOW]),
         }
     )
-    # Refused on every try; the same namespace's pod with KFP's run label reaches it.
+    # Refused on every try; the same namespace's pod with KFP's run label reaches it, in the
+    # pipeline namespaces (kubeflow, and a profile namespace) only: elsewhere the label opens
+    # nothing (issue 60: anyone who can make a pod can label it).
     assert got["plain"][MLFLOW] == ["refused"] * TRIES, got
     assert got["kfp-step"][MLFLOW][-1] == "reached", got
+    assert got["kfp-step-in-kubeflow"][MLFLOW][-1] == "reached", got
+    assert got["kfp-step-elsewhere"][MLFLOW] == ["refused"] * TRIES, got
 
 
 def test_only_the_pipelines_pods_reach_the_object_store(outside: str, profile: str) -> None:
@@ -166,9 +172,12 @@ def test_only_the_pipelines_pods_reach_the_object_store(outside: str, profile: s
             "plain": (outside, {}, [STORE]),
             "profile": (profile, {}, [STORE, MLFLOW]),
             "kubeflow": (NS, {}, [STORE]),
-            "kfp-step": (outside, KFP_LABEL, [STORE]),
-            "job": (outside, JOB_LABEL, [STORE, MLFLOW]),
+            "kfp-step": (profile, KFP_LABEL, [STORE]),
+            "kfp-step-elsewhere": (outside, KFP_LABEL, [STORE]),
+            "job": (profile, JOB_LABEL, [STORE, MLFLOW]),
+            "job-elsewhere": (outside, JOB_LABEL, [STORE]),
             "kfp-api-server": (NS, {"app": "ml-pipeline"}, [STORE]),
+            "kfp-api-server-elsewhere": (outside, {"app": "ml-pipeline"}, [STORE]),
         }
     )
     # Upstream's policy admitted any pod of kubeflow and of a profile namespace; manifests/kfp's
@@ -177,12 +186,15 @@ def test_only_the_pipelines_pods_reach_the_object_store(outside: str, profile: s
     assert got["profile"][STORE] == ["refused"] * TRIES, got
     assert got["kubeflow"][STORE] == ["refused"] * TRIES, got
     assert got["profile"][MLFLOW] == ["refused"] * TRIES, got
-    # ...and admits, from any namespace, a run's pod and a training job's (the launchers' label),
-    # and in its own the API server; the job's label does not open MLflow (a run's pods only).
+    # ...and admits, in the pipeline namespaces, a run's pod and a training job's (the
+    # launchers' label), and in its own the API server; the job's label does not open MLflow (a
+    # run's pods only). Outside the pipeline namespaces no label opens it.
     assert got["kfp-step"][STORE][-1] == "reached", got
     assert got["job"][STORE][-1] == "reached", got
     assert got["kfp-api-server"][STORE][-1] == "reached", got
     assert got["job"][MLFLOW] == ["refused"] * TRIES, got
+    for role in ("kfp-step-elsewhere", "job-elsewhere", "kfp-api-server-elsewhere"):
+        assert got[role][STORE] == ["refused"] * TRIES, (role, got)
 
 
 # "kfp" in its name: KFP's database comes with KFP's add-on, so the runs that select KFP's tests
@@ -220,3 +232,61 @@ def test_the_node_reaches_them_through_their_cluster_ips(service: str, port: int
     except urllib.error.HTTPError as e:  # unauthenticated: 401 (MLflow), 403 (SeaweedFS)
         status = e.code
     assert status in (200, 401, 403), (url, status)
+
+
+KFP_API = "ml-pipeline.kubeflow:8888"
+KFP_GRPC = "tcp:ml-pipeline.kubeflow:8887"
+MLMD = "tcp:metadata-grpc-service.kubeflow:8080"
+MLMD_WEB = "metadata-envoy-service.kubeflow:9090"
+KFP_UI = "ml-pipeline-ui.kubeflow:80"
+KATIB_DB_MANAGER = "tcp:katib-db-manager.kubeflow:6789"
+
+
+def test_kfp_and_katib_servers_admit_the_pipeline_namespaces_callers_only(
+    outside: str, profile: str
+) -> None:
+    """Issue 60, item 1: standalone KFP asks no caller who they are, and any pod could start a
+    run through the API server (its steps then read what pipeline-runner may), or write ML
+    Metadata. manifests/kfp's policies admit KFP's own servers and a run's pods, in the pipeline
+    namespaces only; manifests/katib's the pods of those namespaces to Katib's DB manager."""
+    for name in ("ml-pipeline", "metadata-grpc-service", "ml-pipeline-ui", "katib-db-manager"):
+        if kube.kubectl("get", "service", "-n", NS, name, check=False).returncode != 0:
+            pytest.skip(f"Service {NS}/{name} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+    every = [KFP_API, KFP_GRPC, MLMD, MLMD_WEB, KFP_UI, KATIB_DB_MANAGER]
+    ui = {"app": "ml-pipeline-ui"}
+    got = _probe(
+        {
+            "elsewhere": (outside, {}, every),
+            "elsewhere-labelled": (outside, {**KFP_LABEL, **ui}, every),
+            "kubeflow": (NS, {}, [KFP_API, MLMD, MLMD_WEB, KFP_UI, KATIB_DB_MANAGER]),
+            "kfp-step": (NS, KFP_LABEL, [KFP_API, KFP_GRPC, MLMD, MLMD_WEB, KFP_UI]),
+            "kfp-step-profile": (profile, KFP_LABEL, [KFP_API, MLMD, MLMD_WEB, KATIB_DB_MANAGER]),
+            "kfp-ui": (NS, ui, [KFP_API, MLMD_WEB]),
+        }
+    )
+    refused, reached = ["refused"] * TRIES, "reached"
+    # Outside the pipeline namespaces: nothing, labels or not.
+    for role in ("elsewhere", "elsewhere-labelled"):
+        for target in every:
+            assert got[role][target] == refused, (role, target, got[role])
+    # In kubeflow without a label: Katib's DB manager only (its experiments' pods carry no label
+    # of ours: suggestions, early stopping, the trials' metrics collectors).
+    for target in (KFP_API, MLMD, MLMD_WEB, KFP_UI):
+        assert got["kubeflow"][target] == refused, (target, got["kubeflow"])
+    assert got["kubeflow"][KATIB_DB_MANAGER][-1] == reached, got["kubeflow"]
+    # A run's pod, in kubeflow or a profile namespace: the API server and ML Metadata, not the
+    # UI's side (its grpc-web proxy, the UI itself).
+    for role in ("kfp-step", "kfp-step-profile"):
+        assert got[role][KFP_API][-1] == reached, (role, got[role])
+        assert got[role][MLMD][-1] == reached, (role, got[role])
+        assert got[role][MLMD_WEB] == refused, (role, got[role])
+    assert got["kfp-step"][KFP_GRPC][-1] == reached, got["kfp-step"]
+    assert got["kfp-step"][KFP_UI] == refused, got["kfp-step"]
+    assert got["kfp-step-profile"][KATIB_DB_MANAGER][-1] == reached, got["kfp-step-profile"]
+    # The UI's server: the API server and the grpc-web proxy.
+    assert got["kfp-ui"][KFP_API][-1] == reached, got["kfp-ui"]
+    assert got["kfp-ui"][MLMD_WEB][-1] == reached, got["kfp-ui"]
+    # People reach the UI from the node (a port-forward, a browser on it).
+    url = f"http://{kube.service_address(NS, 'ml-pipeline-ui', 80)}/"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.status == 200, url

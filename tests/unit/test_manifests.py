@@ -244,28 +244,48 @@ def test_the_podmonitor_scrapes_the_job_pods() -> None:
     assert annotation_labels <= sources
 
 
-def _store_admits(policy: dict[str, Any], namespace: str, labels: dict[str, str]) -> bool:
-    """Whether ``policy`` admits a pod of another namespace than its own (``namespace``, with no
-    labels but its name) to port 8333."""
-    ns_labels = {"kubernetes.io/metadata.name": namespace}
+PROFILE = {"app.kubernetes.io/part-of": "kubeflow-profile"}
+"""The label Kubeflow's profile controller puts on a user's namespace (a Namespace's label: only
+who may patch Namespaces sets it)."""
+
+
+def _admits(
+    policy: dict[str, Any],
+    namespace: str,
+    labels: dict[str, str],
+    port: int,
+    ns_labels: dict[str, str] | None = None,
+) -> bool:
+    """Whether ``policy`` admits a pod with ``labels`` of ``namespace`` (labelled with its name and
+    ``ns_labels``) to ``port``."""
+    own = policy["metadata"].get("namespace", "kubeflow")
+    names = {"kubernetes.io/metadata.name": namespace, **(ns_labels or {})}
     for rule in policy["spec"]["ingress"]:
-        if rule.get("ports") and 8333 not in [p["port"] for p in rule["ports"]]:
+        ports = [p["port"] for p in rule.get("ports", [])]
+        if ports and port not in ports and not [p for p in ports if isinstance(p, str)]:
             continue
-        for peer in rule["from"]:
-            if "namespaceSelector" not in peer:  # the policy's own namespace only
+        for peer in rule.get("from", []):
+            if "namespaceSelector" in peer:
+                if not label_selects(peer["namespaceSelector"], names):
+                    continue
+            elif namespace != own:  # no namespaceSelector: the policy's own namespace only
                 continue
-            if label_selects(peer["namespaceSelector"], ns_labels) and label_selects(
-                peer.get("podSelector") or {}, labels
-            ):
+            if label_selects(peer.get("podSelector") or {}, labels):
                 return True
     return False
 
 
+def _store_admits(policy: dict[str, Any], namespace: str, labels: dict[str, str]) -> bool:
+    return _admits(policy, namespace, labels, 8333, PROFILE if namespace == "team-a" else None)
+
+
 def test_the_object_store_admits_the_pipelines_pods_and_no_other() -> None:
-    """manifests/kfp's store policy admits, from any namespace, the pods KFP runs (its run label)
-    and the pods of the jobs the launchers build (PyTorchJob, so Katib's trials too, and TrainJob
-    through its runtime patch), by the labels the code gives them; a pod without them is refused,
-    and upstream's policy, which admitted whole namespaces, is gone."""
+    """manifests/kfp's store policy admits, in the pipeline namespaces (kubeflow by name, and a
+    profile namespace by its profile label), the pods KFP runs (its run label) and the pods of
+    the jobs the launchers build (PyTorchJob, so Katib's trials too, and TrainJob through its
+    runtime patch), by the labels the code gives them; a pod without them is refused, so is a pod
+    with them in any other namespace, and upstream's policy, which admitted whole namespaces, is
+    gone."""
     from tests.unit.specs import job_spec
     from trainer.launch.pytorchjob import build_pytorchjob
     from trainer.launch.trainjob import build_trainjob
@@ -284,13 +304,97 @@ def test_the_object_store_admits_the_pipelines_pods_and_no_other() -> None:
     }
     for what, labels in pods.items():
         assert _store_admits(policy, "team-a", labels), (what, labels)
+        assert _store_admits(policy, "kubeflow", labels), (what, labels)
+        assert not _admits(policy, "elsewhere", labels, 8333), (what, labels)
     assert not _store_admits(policy, "team-a", {})
     assert not _store_admits(policy, "team-a", {"app": "ml-pipeline"})  # only in kubeflow
+    assert _store_admits(policy, "kubeflow", {"app": "ml-pipeline"})
     # Every selector is written as expressions: the test cluster's object-store add-on applies
     # the file under kustomize `labels` with includeSelectors, which would add its label to any
     # `matchLabels` and then admit nothing of ours.
     peers = [p for r in policy["spec"]["ingress"] for p in r["from"]]
     assert not [p for p in peers for sel in p.values() if "matchLabels" in sel], peers
+
+
+def _policies() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (str(folder.relative_to(MANIFESTS)), o)
+        for folder, rendered in RENDERED.items()
+        for o in rendered.objects
+        if o["kind"] == "NetworkPolicy"
+    ]
+
+
+def test_no_policy_admits_a_namespace_by_what_its_pods_authors_set() -> None:
+    """Issue 60, item 1: ``namespaceSelector: {}`` (every namespace) with a pod label admitted any
+    pod author who set the label. Each namespace selector names namespaces, or selects the
+    profile controller's namespace label."""
+    found = _policies()
+    assert {o["metadata"]["name"] for _, o in found} >= {
+        "mlflow", "seaweedfs-pipeline-pods", "ml-pipeline", "metadata-grpc-server",
+        "metadata-envoy", "ml-pipeline-ui", "katib-db-manager", "mysql", "katib-mysql",
+    }  # fmt: skip
+    allowed = {"kubernetes.io/metadata.name", *PROFILE}
+    for folder, policy in found:
+        for rule in policy["spec"]["ingress"]:
+            for peer in rule.get("from", []):
+                if "namespaceSelector" not in peer:
+                    continue
+                sel = peer["namespaceSelector"]
+                keys = set(sel.get("matchLabels", {})) | {
+                    e["key"] for e in sel.get("matchExpressions", [])
+                }
+                assert keys and keys <= allowed, (folder, policy["metadata"]["name"], sel)
+
+
+@pytest.mark.parametrize(
+    ("server", "port", "caller", "namespace", "admitted"),
+    [
+        ("ml-pipeline", 8888, {"pipelines.kubeflow.org/v2_component": "true"}, "kubeflow", True),
+        ("ml-pipeline", 8887, {"pipelines.kubeflow.org/v2_component": "true"}, "team-a", True),
+        ("ml-pipeline", 8888, {"pipelines.kubeflow.org/v2_component": "true"}, "elsewhere", False),
+        ("ml-pipeline", 8888, {"app": "ml-pipeline-persistenceagent"}, "kubeflow", True),
+        ("ml-pipeline", 8887, {"app": "ml-pipeline-scheduledworkflow"}, "kubeflow", True),
+        ("ml-pipeline", 8888, {"app": "ml-pipeline-ui"}, "team-a", False),
+        ("ml-pipeline", 8888, {}, "kubeflow", False),
+        (
+            "metadata-grpc-server",
+            8080,
+            {"pipelines.kubeflow.org/v2_component": "true"},
+            "team-a",
+            True,
+        ),
+        ("metadata-grpc-server", 8080, {"component": "metadata-envoy"}, "kubeflow", True),
+        ("metadata-grpc-server", 8080, {}, "kubeflow", False),
+        ("metadata-envoy", 9090, {"app": "ml-pipeline-ui"}, "kubeflow", True),
+        (
+            "metadata-envoy",
+            9090,
+            {"pipelines.kubeflow.org/v2_component": "true"},
+            "kubeflow",
+            False,
+        ),
+        ("ml-pipeline-ui", 3000, {"app": "ml-pipeline"}, "kubeflow", False),
+        ("ml-pipeline-ui", 3000, {}, "istio-system", True),
+        ("katib-db-manager", 6789, {}, "kubeflow", True),
+        ("katib-db-manager", 6789, {}, "team-a", True),
+        (
+            "katib-db-manager",
+            6789,
+            {"katib.kubeflow.org/component": "controller"},
+            "elsewhere",
+            False,
+        ),
+        ("mlflow", "http", {"pipelines.kubeflow.org/v2_component": "true"}, "elsewhere", False),
+        ("mlflow", "http", {"pipelines.kubeflow.org/v2_component": "true"}, "team-a", True),
+    ],
+)
+def test_each_server_admits_its_callers_in_the_pipeline_namespaces_only(
+    server: str, port: Any, caller: dict[str, str], namespace: str, admitted: bool
+) -> None:
+    (policy,) = [o for _, o in _policies() if o["metadata"]["name"] == server]
+    ns_labels = PROFILE if namespace == "team-a" else None
+    assert _admits(policy, namespace, caller, port, ns_labels) is admitted
 
 
 OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
@@ -347,10 +451,14 @@ def test_install_overlays_pin_the_expected_release(folder: str, repo: str, tag: 
     expected = {
         "kfp/platform-agnostic": [
             ("ConfigMap", "mysql-kfp-grants"),
+            ("NetworkPolicy", "metadata-envoy"),
+            ("NetworkPolicy", "metadata-grpc-server"),
+            ("NetworkPolicy", "ml-pipeline"),
+            ("NetworkPolicy", "ml-pipeline-ui"),
             ("NetworkPolicy", "mysql"),
             ("NetworkPolicy", "seaweedfs-pipeline-pods"),
         ],
-        "katib": [("NetworkPolicy", "katib-mysql")],
+        "katib": [("NetworkPolicy", "katib-db-manager"), ("NetworkPolicy", "katib-mysql")],
     }.get(folder, [])
     assert own == expected, "install overlays only point at upstream"
     assert len(rendered.remote) == 1

@@ -339,7 +339,9 @@ addon_verify() {
   need_cluster "$PIECE"
   check_credentials "$PIECE" object-store kfp-db
   local pod=gpupipe-verify-mlmd out overrides
-  overrides="$(printf '{"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["python","/opt/mlmd/mlmd_check.py","metadata-grpc-service.%s","8080"],%s}]}}' \
+  # Labelled as KFP labels a run's pods: ML Metadata's NetworkPolicy admits those and KFP's own
+  # servers only (manifests/kfp/platform-agnostic/kfp-networkpolicy.yaml).
+  overrides="$(printf '{"metadata":{"labels":{"pipelines.kubeflow.org/v2_component":"true"}},"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["python","/opt/mlmd/mlmd_check.py","metadata-grpc-service.%s","8080"],%s}]}}' \
     "$RESTRICTED_POD" "$pod" "$MLMD_IMAGE" "$NS" "$RESTRICTED_CONTAINER")"
   out="$(run_pod "$NS" "$pod" "$MLMD_IMAGE" "$overrides" 300)" ||
     die "${PIECE}: ML Metadata's check from a pod failed: ${out}"
