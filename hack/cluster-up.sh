@@ -283,3 +283,8 @@ stage ""
 rm -f "$UNAVAILABLE_FILE"
 printf '==> cluster ready in %d s (state: %s)\n' "$((SECONDS - total_start))" "$STATE"
 echo "export KUBECONFIG=${KUBECONFIG_ADMIN}"
+if [[ " $addons " == *" kfp "* ]]; then
+  # README.md's block for this cluster, as written there (a cluster test runs the same lines).
+  echo "The pipeline on this cluster (README.md, \"On the test cluster\"):"
+  sed -n '/^<!-- test-cluster-demo/,/^```$/p' "${REPO_ROOT}/README.md" | sed -e '1,2d' -e '$d' -e 's/^/  /'
+fi

@@ -41,6 +41,10 @@ MAX_POLL_S = 15.0
 """The longest wait between two polls of a run."""
 MODE_SETTLE_S = 60.0
 """How long ``set_schedule`` waits for KFP to read back a recurring run's new mode."""
+REFUSED_GRACE_S = 10.0
+"""How long a client of a host on this machine retries a refused connection, from its first
+request: a port-forward started a moment before (`kubectl port-forward ... &` and the next
+line at once, as the README's blocks read when pasted) is not listening yet."""
 CONNECT_TIMEOUT_S = 10.0
 """How long one request waits for its connection (a port-forward that accepts and then stalls
 would otherwise hold a command for ever)."""
@@ -88,6 +92,20 @@ def _name_filter(key: str, value: str) -> str:
     return json.dumps(
         {"predicates": [{"operation": _FILTER_EQUALS, "key": key, "stringValue": value}]}
     )
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a base URL) names this machine: localhost, 127.0.0.0/8 or ::1."""
+    import ipaddress
+    import urllib.parse
+
+    name = urllib.parse.urlsplit(host).hostname or ""
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def server_text(value: object, limit: int = 300) -> str:
@@ -165,6 +183,7 @@ class KfpCluster:
         self.max_poll_s = MAX_POLL_S if max_poll_s is None else max_poll_s
         self.sleep = sleep or time.sleep
         self.timeouts_s = timeouts_s or (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+        self._refused_until: float | None = None  # set at the first request (REFUSED_GRACE_S)
         config = kapi.Configuration(host=self.host)
         config.retries = 0
         if ca_cert is not None:
@@ -229,12 +248,19 @@ class KfpCluster:
         """``fn(*args, **kwargs)`` with a timeout on every try (bounded by ``deadline``, a
         ``time.monotonic()``), 5xx answers retried; every failure is one :class:`ClusterError`."""
         delay = self.backoff_s
-        for attempt in range(self.retries + 1):
+        if self._refused_until is None:
+            self._refused_until = time.monotonic() + REFUSED_GRACE_S
+        attempt = -1
+        while attempt < self.retries:
+            attempt += 1
             timeouts = self._timeouts(deadline)
             try:
                 return fn(*args, _request_timeout=timeouts, **kwargs)
             except urllib3.exceptions.HTTPError as e:
                 reason = getattr(e, "reason", None) or e
+                if self._refused_in_grace(reason, deadline):
+                    attempt -= 1  # not a try of the server's: nothing listened yet
+                    continue
                 # (urllib3 makes a refused connection a ConnectTimeoutError too)
                 if isinstance(reason, urllib3.exceptions.TimeoutError) and not isinstance(
                     reason, NewConnectionError
@@ -266,6 +292,18 @@ class KfpCluster:
                         continue
                 raise self._api_error(what, e, attempts=attempt + 1) from e
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _refused_in_grace(self, reason: object, deadline: float | None) -> bool:
+        """Whether a refused connection to a host on this machine is waited for (half a second)
+        and tried again: within :data:`REFUSED_GRACE_S` of this client's first request."""
+        refused = isinstance(reason, NewConnectionError) and "refused" in str(reason).lower()
+        now = time.monotonic()
+        if not refused or not _is_loopback(self.host) or self._refused_until is None:
+            return False
+        if now >= self._refused_until or (deadline is not None and now >= deadline):
+            return False
+        self.sleep(0.5)
+        return True
 
     def _api_error(self, what: str, e: kapi.ApiException, *, attempts: int) -> ClusterError:
         text = _error_text(e)

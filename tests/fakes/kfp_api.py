@@ -658,14 +658,15 @@ def private_ca(folder: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def serve(tls: tuple[Path, Path] | None = None) -> Iterator[FakeKfp]:
+def serve(tls: tuple[Path, Path] | None = None, port: int = 0) -> Iterator[FakeKfp]:
     """Start a fake on a free port (``fake.url``), yield it, stop it. Use as a fixture body.
 
     Args:
         tls: (certificate, key) PEM files: serve https with them (see :func:`private_ca`).
+        port: the port to listen on (0: a free one).
     """
     fake = FakeKfp()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(fake))
     server.daemon_threads = True
     scheme = "http"
     if tls is not None:

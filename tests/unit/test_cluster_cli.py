@@ -6,13 +6,15 @@ import dataclasses
 import json
 import re
 import socket
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from pipelines import cluster, cluster_auth, cluster_package, cron
-from tests.fakes.kfp_api import FakeKfp, RunScript, check_model
+from tests.fakes.kfp_api import FakeKfp, RunScript, check_model, serve
 from tests.helpers import gpupipe_cli
 
 TOKEN = "s3cr3t-token-value"
@@ -583,8 +585,9 @@ def test_missing_token_401_says_how_to_pass_one(
 
 
 def test_unreachable_host_is_one_line_with_port_forward_hint(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(cluster, "REFUSED_GRACE_S", 1.0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again below: nothing listens there
@@ -595,6 +598,43 @@ def test_unreachable_host_is_one_line_with_port_forward_hint(
         "connection refused (is the port-forward running? "
         "kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80)"
     )
+
+
+def test_a_port_forward_started_a_moment_before_is_waited_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`kubectl port-forward ... &` then `gpupipe upload` at once (the README's block pasted):
+    the port listens a moment later, and the upload goes through."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    up = threading.Event()
+    done = threading.Event()
+
+    def listen() -> None:
+        time.sleep(1.5)
+        for _ in serve(port=port):
+            up.set()
+            done.wait(60)
+
+    t = threading.Thread(target=listen)
+    t.start()
+    try:
+        code, out, err = _gp(capsys, "upload", "--host", f"http://127.0.0.1:{port}")
+    finally:
+        done.set()
+        t.join()
+    assert up.is_set()
+    assert code == 0, err
+    assert "created pipeline and version" in out
+
+
+def test_a_refused_remote_host_is_not_waited_for() -> None:
+    from pipelines.cluster import _is_loopback
+
+    assert _is_loopback("http://localhost:8080") and _is_loopback("http://127.0.0.2:80")
+    assert _is_loopback("http://[::1]:8080")
+    assert not _is_loopback("https://kfp.example.com") and not _is_loopback("http://10.0.0.1:80")
 
 
 def test_forbidden_namespace_names_it(kfp: FakeKfp, capsys: pytest.CaptureFixture[str]) -> None:
