@@ -23,7 +23,11 @@ RUN_TIMEOUT_S = 900
 # The module's fixture makes two runs inside its first test's time.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2 * RUN_TIMEOUT_S + 300)]
 EPOCHS = "3"
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEP_LINE = re.compile(
+    r"^  (?P<task>[\w-]+) +(?P<state>RUNNING|SUCCEEDED|FAILED|CACHED)(?: +\d+\.\d s)?$"
+)
+"""A step's line as ``gpupipe run --local`` prints it when the step starts and ends."""
+STEPS = ("fingerprint", "preprocess", "tune", "train", "evaluate", "register", "notify")
 
 
 @dataclass
@@ -40,8 +44,14 @@ class Run:
         return json.loads(lines[-1])
 
     def executed(self, task: str) -> bool:
-        """Whether kfp.local started the task's process in this run (not served from cache)."""
-        return f"Executing task '{task}'" in _ANSI.sub("", self.stderr)
+        """Whether kfp.local started the task's process in this run (not served from cache):
+        its line ``  <task>  RUNNING`` (on stderr, under ``--json``)."""
+        return re.search(rf"^  {re.escape(task)} +RUNNING$", self.stderr, re.M) is not None
+
+    def step_lines(self) -> list[tuple[str, str]]:
+        """``(task, state)`` of each step line the run printed."""
+        lines = map(STEP_LINE.match, self.stderr.splitlines())
+        return [(m["task"], m["state"]) for m in lines if m]
 
 
 def gpupipe(*args: str, cwd: Path) -> Run:
@@ -102,6 +112,27 @@ def test_first_run_trains_evaluates_and_registers(two_runs: TwoRuns) -> None:
 
 
 @pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
+def test_a_run_prints_a_line_per_step_and_logs_the_rest(two_runs: TwoRuns) -> None:
+    """Issue 62, item 5: before, a run printed about 800 lines, 14 of them library warnings;
+    now a line per step as it starts and ends, the log's path and the summary."""
+    first = two_runs.first
+    s = first.summary
+    assert first.step_lines() == [(task, state) for task in STEPS for state in
+                                  ("RUNNING", "SUCCEEDED")]  # fmt: skip
+    (head,) = [line for line in first.stderr.splitlines() if not STEP_LINE.match(line)]
+    assert head == f"run {s['run_id']}: the steps' output goes to {s['log']}; -v prints it here too"
+    assert len(first.stderr.splitlines()) == 1 + 2 * len(STEPS)
+    assert Path(s["log"]).parent == Path(s["run_dir"]).parent
+    log = Path(s["log"]).read_text()
+    for expected in ("Executing task 'train'", "have no effect", "non-Python base image",
+                     '"event": "registered"'):  # fmt: skip
+        assert expected in log, expected
+    assert "\x1b[" not in log
+    # The second run: what came from kfp.local's cache is one line.
+    assert ("preprocess", "CACHED") in two_runs.second.step_lines()
+
+
+@pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
 def test_second_run_meets_the_champion(two_runs: TwoRuns) -> None:
     assert two_runs.second.returncode == 0, two_runs.second.stderr[-4000:]
     s = two_runs.second.summary
@@ -116,8 +147,7 @@ def test_second_run_meets_the_champion(two_runs: TwoRuns) -> None:
 def test_second_run_serves_preprocess_from_cache(two_runs: TwoRuns) -> None:
     first, second = two_runs.first, two_runs.second
     assert first.executed("preprocess") and first.executed("train")
-    # kfp.local 2.17 logs its cache hit at INFO on the root logger, which is not shown: a cached
-    # task is one that kfp.local never starts and that gets no folder in the new run.
+    # A cached task is one that kfp.local never starts and that gets no folder in the new run.
     assert second.executed("train"), "train must not be cached"
     assert not second.executed("preprocess"), "preprocess ran again instead of coming from cache"
     assert not (Path(second.summary["run_dir"]) / "preprocess").exists()
@@ -157,7 +187,7 @@ def test_missing_data_is_refused_before_any_step(tmp_path: Path) -> None:
     assert len(errors) == 1, run.stderr[-3000:]
     assert errors[0].startswith("ERROR [gpupipe run] E_DATA: ")
     assert str(missing) in errors[0]
-    assert "Executing task" not in run.stderr
+    assert "RUNNING" not in run.stderr
     assert not (tmp_path / "root").exists()
 
 

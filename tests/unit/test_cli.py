@@ -217,7 +217,13 @@ def test_cluster_only_flags_with_local_are_refused(
 
 @pytest.mark.parametrize(
     "extra",
-    [["--root", "r"], ["--json"], ["--registry-timeout", "9"], ["--runner", "docker"]],
+    [
+        ["--root", "r"],
+        ["--json"],
+        ["--registry-timeout", "9"],
+        ["--runner", "docker"],
+        ["--verbose"],
+    ],
     ids=lambda v: v[0],
 )
 def test_local_only_flags_with_host_are_refused(
