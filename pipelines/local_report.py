@@ -132,6 +132,16 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             for k, v in artifact.get("metadata", {}).items()
             if k != "gate_passed" and isinstance(v, int | float)
         }
+    # The baselines' scores are evaluate's own artifact; the summary lists them with the
+    # model's, as baseline_<baseline>_<metric> (one "vs" line a baseline).
+    for artifact in ev.get("artifacts", {}).get("baselines", {}).get("artifacts", []):
+        out.setdefault("metrics", {}).update(
+            {
+                f"baseline_{k}": v
+                for k, v in artifact.get("metadata", {}).items()
+                if isinstance(v, int | float)
+            }
+        )
     report = run_dir / "evaluate" / "report"
     if report.exists():
         out["report"] = str(report)

@@ -244,7 +244,8 @@ def print_summary(s: dict[str, Any]) -> None:
     for name, value in sorted(metrics.items()):
         if not name.startswith("baseline_"):
             say(f"  {name:<14} {value:.4f}")
-    # evaluate logs each baseline's scores as baseline_<name>_<metric>: one line per baseline
+    # the summaries list evaluate's baselines artifact as baseline_<name>_<metric>: one line a
+    # baseline
     baselines: dict[str, list[str]] = {}
     for key, value in sorted(metrics.items()):
         if key.startswith("baseline_"):

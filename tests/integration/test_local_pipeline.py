@@ -109,6 +109,15 @@ def test_first_run_trains_evaluates_and_registers(two_runs: TwoRuns) -> None:
     assert html.escape(s["gate_reason"]) in report or s["gate_reason"] in report
     assert s["registered_version"] == "1"
     assert Path(s["registry_uri"].removeprefix("sqlite:///")).parent == two_runs.root
+    # Evaluate's metrics artifact holds the model's own; the baselines' are an artifact apart
+    # (issue 62, item 3), which the summary lists as before.
+    ev = json.loads((Path(s["run_dir"]) / "evaluate" / "executor_output.json").read_text())
+    (own,) = ev["artifacts"]["metrics"]["artifacts"]
+    (baselines,) = ev["artifacts"]["baselines"]["artifacts"]
+    assert {"accuracy", "roc_auc", "gate_passed"} <= set(own["metadata"])
+    assert not any("baseline" in key or "trivial" in key for key in own["metadata"])
+    assert {"trivial_accuracy", "linear_accuracy", "hgb_accuracy"} <= set(baselines["metadata"])
+    assert s["metrics"]["baseline_trivial_accuracy"] == baselines["metadata"]["trivial_accuracy"]
 
 
 @pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
@@ -164,9 +173,14 @@ def test_run_registers_in_mlflow_server(two_runs: TwoRuns, mlflow_server: str) -
     assert s["registry_uri"] == mlflow_server
     assert s["gate_passed"] is True and s["registered_version"] == "1", s
 
-    version = mlflow.MlflowClient(tracking_uri=mlflow_server).get_model_version(name, "1")
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    version = client.get_model_version(name, "1")
     run_id = version.tags.get("gpupipe.pipeline_run_id")
     assert run_id, version.tags
+    # the model's metrics and, from evaluate's baselines artifact, the baselines'
+    recorded = client.get_run(version.run_id).data.metrics
+    assert recorded["accuracy"] == s["metrics"]["accuracy"]
+    assert recorded["baseline_trivial_accuracy"] == s["metrics"]["baseline_trivial_accuracy"]
     train_out = json.loads((Path(s["run_dir"]) / "train" / "executor_output.json").read_text())
     (model_artifact,) = train_out["artifacts"]["model"]["artifacts"]
     from trainer.launch.jobspec import job_name

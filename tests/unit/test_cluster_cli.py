@@ -753,12 +753,12 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
         json.dumps(
             {
                 "accuracy": 0.91,
-                "baseline_trivial_accuracy": 0.6,
                 "gate_passed": 1.0,
                 "gate_reason": "accuracy 0.910 >= trivial 0.600",
             }
         )
     )
+    (metrics.parent / "baselines").write_text(json.dumps({"trivial_accuracy": 0.6}))
     (run_dir / "evaluate" / "123" / "report").write_text("<html></html>")
     model = run_dir / "train-2" / "456" / "model"
     model.mkdir(parents=True)
