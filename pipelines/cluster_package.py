@@ -53,6 +53,27 @@ def parameter_defaults(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def baked_defaults(pairs: list[str]) -> dict[str, Any]:
+    """``--set name=value`` pairs, typed and checked as ``--param`` values are (what KFP must not
+    store included), for a package's defaults: ``gpupipe upload --set`` and ``compile --set``.
+
+    Raises:
+        InputError: ``E_PARAM`` naming ``--set`` (or the parameter) for a pair without ``=``, a
+            name the pipeline does not have, or a value its type or its step refuses.
+    """
+    from pipelines.params import check_cluster_parameters, check_parameters, typed_parameters
+
+    try:
+        values = typed_parameters(pairs, require=False)
+    except InputError as e:
+        where = "--set" if e.where == "--param" else e.where
+        raise InputError(e.code, e.message.replace("name=value", "NAME=VALUE"), where) from None
+    # Checked over the pipeline's defaults, with a stand-in table where none is baked: the
+    # values' own checks (their types, their steps' configs) do not depend on which table.
+    check_cluster_parameters(check_parameters({"data_uri": "s3://bucket/table.parquet", **values}))
+    return values
+
+
 def with_defaults(compiled: Compiled, values: dict[str, Any]) -> Compiled:
     """``compiled`` with ``values`` as its parameters' defaults (``--set``): what the KFP UI's
     Create run form opens with, and what a run given no value takes. The values are listed in
@@ -66,7 +87,7 @@ def with_defaults(compiled: Compiled, values: dict[str, Any]) -> Compiled:
         return compiled
     docs = [d for d in yaml.safe_load_all(compiled.yaml_text) if d]
     params = ((docs[0].get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
-    baked = []
+    baked = set_values(values)
     for name, value in sorted(values.items()):
         if name not in params:
             raise InputError(
@@ -74,7 +95,6 @@ def with_defaults(compiled: Compiled, values: dict[str, Any]) -> Compiled:
             )
         params[name]["defaultValue"] = value
         params[name]["isOptional"] = True
-        baked.append(f"{name}={json.dumps(value)}")
     info = docs[0].setdefault("pipelineInfo", {})
     note = "Defaults set by the platform team (gpupipe --set): " + ", ".join(baked) + "."
     description = f"{compiled.description.rstrip()}\n\n{note}".lstrip()
@@ -87,6 +107,12 @@ def with_defaults(compiled: Compiled, values: dict[str, Any]) -> Compiled:
         description=description,
         baked=tuple(baked),
     )
+
+
+def set_values(values: dict[str, Any]) -> list[str]:
+    """``name=<JSON value>`` of each ``--set`` value, by name: how packages and commands list
+    them."""
+    return [f"{name}={json.dumps(value)}" for name, value in sorted(values.items())]
 
 
 def version_description(compiled: Compiled) -> str:
@@ -112,12 +138,16 @@ def compile_training_pipeline() -> Compiled:
     with tempfile.TemporaryDirectory(prefix="gpupipe-") as tmp:
         path = Path(tmp) / f"{PIPELINE_NAME}.yaml"
         compiler.Compiler().compile(training_pipeline, str(path))
-        text = path.read_text()
-    info = (next(yaml.safe_load_all(text)) or {}).get("pipelineInfo", {})
+        return compiled_package(PIPELINE_NAME, path.read_text())
+
+
+def compiled_package(name: str, yaml_text: str) -> Compiled:
+    """The YAML that KFP's compiler wrote for pipeline ``name``, as a :class:`Compiled`."""
+    info = (next(yaml.safe_load_all(yaml_text)) or {}).get("pipelineInfo", {})
     return Compiled(
-        name=PIPELINE_NAME,
-        yaml_text=text,
-        digest=content_digest(text),
+        name=name,
+        yaml_text=yaml_text,
+        digest=content_digest(yaml_text),
         description=str(info.get("description", "")),
     )
 

@@ -4,10 +4,11 @@ KFP's REST API says how each task ended but not what it produced (artifact conte
 parameters live in ML Metadata and the artifact store). What the steps wrote is in the store under
 the run's own folder, ``<pipeline root>/<pipeline name>/<run id>/<task>/<salt>/<output>``, as
 KFP 2.17's driver names output URIs: the evaluate step's metrics file (its metrics, the gate and
-the gate's reason), the trained model (``model.json``, ``cost.json``) and the report. They are
-read with the trainer's own storage layer, so ``minio://`` needs ``MINIO_ENDPOINT`` and the
-store's keys (``MINIO_ACCESS_KEY``/``MINIO_SECRET_KEY``) where the run's pipeline root is KFP's
-default store; without them the summary says so and names what to set.
+the gate's reason) and baselines file, the trained model (``model.json``, ``cost.json``) and the
+report. They are read with the trainer's own storage layer, so ``minio://`` needs
+``MINIO_ENDPOINT`` and the store's keys (``MINIO_ACCESS_KEY``/``MINIO_SECRET_KEY``) where the
+run's pipeline root is KFP's default store; without them the summary says so and names what to
+set.
 
 The pipeline root and the run id come from the server: they are used only when they have the
 shape KFP gives them (a remote store's URI, a UUID), so no answer can make this read a local
@@ -128,6 +129,15 @@ def run_summary(
             for k, v in values.items()
             if k != "gate_passed" and isinstance(v, int | float) and not isinstance(v, bool)
         }
+    if "baselines" in evaluate:  # listed with the model's, as baseline_<baseline>_<metric>
+        values = storage.read_json(evaluate["baselines"])
+        summary.setdefault("metrics", {}).update(
+            {
+                f"baseline_{k}": v
+                for k, v in values.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+        )
     if "report" in evaluate:
         summary["report"] = evaluate["report"]
     for task, outs in sorted(outputs.items()):

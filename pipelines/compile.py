@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kfp import compiler
 
 from components import ALL as COMPONENTS
+from pipelines.cluster_package import compiled_package, with_defaults
 from pipelines.training import PIPELINES
 from trainer.base import outputs, storage
 
@@ -28,12 +30,20 @@ def _compiled(obj: object) -> bytes:
         return path.read_bytes()
 
 
-def compile_all(out_dir: Path | None, *, components_dir: Path | None) -> list[Path]:
+def compile_all(
+    out_dir: Path | None,
+    *,
+    components_dir: Path | None,
+    defaults: dict[str, Any] | None = None,
+) -> list[Path]:
     """Write ``<out_dir>/<pipeline>.yaml`` and ``<components_dir>/<name>/component.yaml``.
 
     Args:
         out_dir: folder for the pipeline YAML; None writes none.
         components_dir: folder for the components' YAML; None writes none.
+        defaults: pipeline parameters' defaults to bake into the pipeline YAML (``--set``,
+            checked by :func:`pipelines.cluster_package.baked_defaults`), listed in its
+            description: the package ``gpupipe upload --set`` would upload.
 
     Returns:
         The written paths, pipelines first.
@@ -45,7 +55,11 @@ def compile_all(out_dir: Path | None, *, components_dir: Path | None) -> list[Pa
     planned: list[tuple[Path, bytes]] = []
     if out_dir is not None:
         for name, pipeline in sorted(PIPELINES.items()):
-            planned.append((out_dir / f"{name}.yaml", _compiled(pipeline)))
+            data = _compiled(pipeline)
+            if defaults:
+                package = with_defaults(compiled_package(name, data.decode()), defaults)
+                data = package.yaml_text.encode()
+            planned.append((out_dir / f"{name}.yaml", data))
     if components_dir is not None:
         for name, component in sorted(COMPONENTS.items()):
             planned.append((components_dir / name / "component.yaml", _compiled(component)))

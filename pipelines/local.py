@@ -28,6 +28,7 @@ from pipelines.local_checks import (
     check_registry,
     prepare_root,
 )
+from pipelines.local_progress import LOG_NAME, Progress, captured, open_log
 from pipelines.local_report import StepLog, failed_task, failure_details, summarize
 from pipelines.params import check_parameters, parameter_types
 from trainer.base.errors import InputError
@@ -123,9 +124,14 @@ def run_local(
     registry_timeout_s: float = REGISTRY_TIMEOUT_S,
     runner: str = "subprocess",
     image_overrides: dict[str, str] | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Run ``training_pipeline`` under kfp.local (caching on): each step as a host process, or
     with ``runner="docker"`` in its image (see :mod:`pipelines.local_docker`).
+
+    The terminal gets a line per step as it starts and ends (:mod:`pipelines.local_progress`)
+    and the summary; each step's output, kfp.local's own lines and library warnings go to
+    ``runs/<run id>/run.log`` (its path printed first), and with ``verbose`` to the terminal too.
 
     Everything lands under ``root``: ``runs/<run id>/`` (this run's artifacts), ``cache/``
     (kfp.local's cache, shared by runs), ``mlflow.db`` (the embedded registry, shared so later
@@ -137,14 +143,15 @@ def run_local(
         target: target column (required with ``data``).
         params: typed pipeline parameters (see :func:`pipelines.params.typed_parameters`).
         root: the folder for everything the run writes.
-        quiet: send kfp.local's output to stderr, keeping stdout for the summary.
+        quiet: print the steps' lines (or the log) to stderr, keeping stdout for the summary.
         registry_timeout_s: how long the pre-flight check waits for a registry server.
         runner: ``subprocess`` (host processes) or ``docker`` (each step in its image).
         image_overrides: with ``docker``, step images to replace (``{original: replacement}``).
+        verbose: print the run's whole log as it is written, not only the steps' lines.
 
     Returns:
-        The run summary: ``state`` (``SUCCEEDED`` or ``FAILED``), ``run_dir``, metrics, gate,
-        model, report, registry version; on failure ``failed_step``, ``error`` and
+        The run summary: ``state`` (``SUCCEEDED`` or ``FAILED``), ``run_dir``, ``log``, metrics,
+        gate, model, report, registry version; on failure ``failed_step``, ``error`` and
         ``exit_code`` (2 when the step rejected the user's input, 1 otherwise).
 
     Raises:
@@ -191,7 +198,6 @@ def run_local(
         if not demo.exists():
             write_demo_data(str(demo), rows=4000, task="classification", seed=0)
         arguments["data_uri"] = str(demo)
-    _prepare_registry(arguments["registry_uri"])
     types = parameter_types()
     arguments = {k: v for k, v in arguments.items() if k in types}
 
@@ -205,48 +211,59 @@ def run_local(
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run_id = new_run_id()
     pipeline_root = root / "runs" / run_id
-    task_runner: Any = local.SubprocessRunner(use_venv=False)
-    if runner == "docker":
-        pipeline_root.mkdir(parents=True)  # Docker would create a missing one owned by root
-        task_runner = local_docker.docker_runner(root, arguments["data_uri"])
-    local.init(
-        runner=task_runner,
-        pipeline_root=str(pipeline_root),
-        cache_root=str(root / "cache"),
-        enable_caching=True,
-        raise_on_error=True,
-    )
-    step_log = StepLog(sys.stderr if quiet else sys.stdout)
+    # Made here, not by kfp.local: the log goes in it (and Docker would make it owned by root).
+    pipeline_root.mkdir(parents=True)
+    terminal = sys.stderr if quiet else sys.stdout
+    log_path = pipeline_root / LOG_NAME
+    where = "" if verbose else "; -v prints it here too"
+    print(f"run {run_id}: the steps' output goes to {log_path}{where}", file=terminal, flush=True)
     failure: tuple[str, list[str]] | None = None
-    try:
-        with (
-            _sigterm_as_interrupt(),
-            _run_tmpdir(pipeline_root),
-            contextlib.redirect_stdout(step_log),
-        ):
-            try:
-                training_pipeline(**arguments)
-            finally:
-                step_log.close_line()
-    except KeyboardInterrupt:
-        stop_children()
-        raise RunInterrupted(_interrupted_summary(pipeline_root, run_id)) from None
-    except RuntimeError as e:
-        failure = failed_task(str(e))
-        if failure is None:
-            raise
+    with open_log(pipeline_root) as log_file:
+        progress = Progress(log_file, terminal, verbose=verbose)
+        step_log = StepLog(progress)
+        try:
+            with (
+                _sigterm_as_interrupt(),
+                _run_tmpdir(pipeline_root),
+                captured(step_log),
+            ):
+                try:
+                    _prepare_registry(arguments["registry_uri"])
+                    task_runner: Any = local.SubprocessRunner(use_venv=False)
+                    if runner == "docker":
+                        task_runner = local_docker.docker_runner(root, arguments["data_uri"])
+                    local.init(
+                        runner=task_runner,
+                        pipeline_root=str(pipeline_root),
+                        cache_root=str(root / "cache"),
+                        enable_caching=True,
+                        raise_on_error=True,
+                    )
+                    training_pipeline(**arguments)
+                finally:
+                    step_log.close_line()
+        except KeyboardInterrupt:
+            stop_children()
+            summary = _interrupted_summary(pipeline_root, run_id)
+            summary["log"] = str(log_path)
+            raise RunInterrupted(summary) from None
+        except RuntimeError as e:
+            failure = failed_task(str(e))
+            if failure is None:
+                raise
     runs = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*"))
     if not runs:
         raise RuntimeError(f"kfp.local produced no run folder under {pipeline_root}")
     summary = summarize(runs[-1])
     summary["run_id"] = run_id
+    summary["log"] = str(log_path)
     summary["registry_uri"] = _redact(arguments["registry_uri"])
     summary["registered_model_name"] = arguments.get("registered_model_name", "gpupipe-model")
     if failure is None:
         summary["state"] = "SUCCEEDED"
         summary["exit_code"] = 0
     else:
-        summary.update(failure_details(failure, step_log))
+        summary.update(failure_details(failure, step_log, log=log_path))
     return summary
 
 

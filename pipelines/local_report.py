@@ -24,11 +24,12 @@ _EXCEPTION_LINE = re.compile(
 
 
 class StepLog(io.TextIOBase):
-    """Forwards kfp.local's output line by line with credentials masked, and remembers each
-    step's error line and last exception.
+    """Forwards kfp.local's output line by line with credentials masked (to the run's log and
+    progress lines, :class:`pipelines.local_progress.Progress`), and remembers each step's error
+    line and last exception.
 
     kfp.local prints every task's executor input, parameters included, so a registry URI with
-    ``user:password@`` in it would otherwise reach the terminal.
+    ``user:password@`` in it would otherwise reach the log and the terminal.
     """
 
     def __init__(self, out: Any) -> None:
@@ -79,8 +80,11 @@ def failed_task(message: str) -> tuple[str, list[str]] | None:
     return (chain[0] if chain else "", chain)
 
 
-def failure_details(failure: tuple[str, list[str]], step_log: StepLog) -> dict[str, Any]:
-    """``state``, ``failed_step``, ``error`` and ``exit_code`` of a failed run."""
+def failure_details(
+    failure: tuple[str, list[str]], step_log: StepLog, *, log: Path | None = None
+) -> dict[str, Any]:
+    """``state``, ``failed_step``, ``error`` and ``exit_code`` of a failed run (``log``: the
+    run's log file, named when the step printed no error line)."""
     step, chain = failure
     lines = [line for s, line in step_log.error_lines if s == step] or [
         line for _, line in step_log.error_lines
@@ -90,7 +94,8 @@ def failure_details(failure: tuple[str, list[str]], step_log: StepLog) -> dict[s
         parsed = parse_error_line(error, error[error.index("[") + 1 : error.index("]")])
         code = parsed.code if parsed is not None else "E_FAILED"
     else:
-        last = step_log.exceptions[-1] if step_log.exceptions else "see the step's log above"
+        where = f"see the step's log in {log}" if log else "see the step's log above"
+        last = step_log.exceptions[-1] if step_log.exceptions else where
         code = "E_FAILED"
         error = f"ERROR [{step}] E_FAILED: the step failed: {' '.join(last.split())}"
     return {
@@ -127,6 +132,16 @@ def summarize(run_dir: Path) -> dict[str, Any]:
             for k, v in artifact.get("metadata", {}).items()
             if k != "gate_passed" and isinstance(v, int | float)
         }
+    # The baselines' scores are evaluate's own artifact; the summary lists them with the
+    # model's, as baseline_<baseline>_<metric> (one "vs" line a baseline).
+    for artifact in ev.get("artifacts", {}).get("baselines", {}).get("artifacts", []):
+        out.setdefault("metrics", {}).update(
+            {
+                f"baseline_{k}": v
+                for k, v in artifact.get("metadata", {}).items()
+                if isinstance(v, int | float)
+            }
+        )
     report = run_dir / "evaluate" / "report"
     if report.exists():
         out["report"] = str(report)

@@ -62,8 +62,9 @@ def pipeline_tasks(compiled: dict[str, Any]) -> dict[str, Task]:
             label = spec.get("taskInfo", {}).get("name", name)
             deps = inherited | set(spec.get("dependentTasks", []))
             if "dag" in comp:
-                # KFP's own wrapper of an If/Else pair has a generated name: not a condition.
-                shown = [] if label.startswith("condition-branches-") else [label]
+                # KFP's own wrapper of an If/Else pair (named launcher-choice for the UI): not a
+                # condition of its own, its branches are.
+                shown = [] if name.startswith("condition-branches-") else [label]
                 leaves[name] = walk(comp["dag"], [*groups, *shown], deps)
                 inside |= leaves[name]
                 continue

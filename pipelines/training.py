@@ -196,6 +196,27 @@ def _train_launcher(
     return job
 
 
+GROUP_NAMES = {"condition-branches": "launcher-choice"}
+"""Display names of the groups KFP's SDK names itself: ``dsl.ExitHandler``, ``dsl.If`` and
+``dsl.Else`` take a ``name`` (each group here has one), but the group KFP 2.17 wraps an If/Else
+pair in (``ConditionBranches``, the two train branches) takes none, and the run graph would show
+``condition-branches-2``. The task keys (``exit-handler-1``, ``condition-3``) stay KFP's: they
+are what the spec wires by, and the UI's graph labels a group by its display name."""
+
+
+def _name_generated_groups(pipeline: Any) -> None:
+    """Give the groups in :data:`GROUP_NAMES` their display name (``taskInfo.name``) in the
+    compiled spec, which the compiler, kfp.local and uploads all read."""
+    spec = pipeline.pipeline_spec
+    dags = [spec.root.dag]
+    dags += [c.dag for c in spec.components.values() if c.WhichOneof("implementation") == "dag"]
+    for dag in dags:
+        for key, task in dag.tasks.items():
+            kind = key.rsplit("-", 1)[0]
+            if kind in GROUP_NAMES and task.task_info.name == key:
+                task.task_info.name = GROUP_NAMES[kind]
+
+
 def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> Any:
     """Build the pipeline: ``retries`` per step; ``cluster`` adds the cluster-job branch
     (PyTorchJob or TrainJob).
@@ -456,6 +477,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 reg = register(
                     model=model,
                     metrics=ev.outputs["metrics"],
+                    baselines=ev.outputs["baselines"],
                     evaluation=ev.outputs["report"],
                     data_hash=prep.outputs["data_hash"],
                     gate_passed=True,
@@ -468,6 +490,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 _registry_account(reg, registry_secret)
                 reg.set_caching_options(False)
 
+    _name_generated_groups(training_pipeline)
     return training_pipeline
 
 

@@ -11,6 +11,7 @@ def evaluate(
     model: Input[Model],
     dataset: Input[Dataset],
     metrics: Output[Metrics],
+    baselines: Output[Metrics],
     classification: Output[ClassificationMetrics],
     report: Output[HTML],
     gate_metric: str = "auto",
@@ -23,10 +24,12 @@ def evaluate(
     """Score the candidate (and the registry's champion, if any) on the test split.
 
     Returns whether the gate passed: the step's single output, which the pipeline's condition
-    reads (the reason is in the report's metadata, ``gate_reason``). ``gate_threshold`` 0 means
+    reads (the reason is in the report's metadata, ``gate_reason``). ``metrics`` holds the
+    model's own metrics and ``gate_passed``; ``baselines`` the baselines' scores on the same
+    split, as ``<baseline>_<metric>`` (``trivial_accuracy``, ``linear_roc_auc``): apart, so
+    that the KFP UI's metrics table opens on the model's. ``gate_threshold`` 0 means
     no threshold; ``gate_baseline`` ``trivial`` fails a candidate worse than the trivial
-    predictor, ``best`` one that does not beat the best baseline (their metrics are logged as
-    ``baseline_<name>_<metric>``); ``registry_uri`` empty means
+    predictor, ``best`` one that does not beat the best baseline; ``registry_uri`` empty means
     ``MLFLOW_TRACKING_URI``, else the embedded local registry; in a Kubernetes pod with neither,
     the step refuses before any work (that registry would die with the pod).
     ``model_name`` is the pipeline's model: a plugin (``package.module:build``) named there is
@@ -64,10 +67,10 @@ def evaluate(
     result = run_guarded("evaluate", body)
     for key, value in sorted(result.metrics.items()):
         metrics.log_metric(key, value)
+    metrics.log_metric("gate_passed", float(result.gate_passed))
     for name, scores in result.baselines.items():
         for key, value in sorted(scores.items()):
-            metrics.log_metric(f"baseline_{name}_{key}", value)
-    metrics.log_metric("gate_passed", float(result.gate_passed))
+            baselines.log_metric(f"{name}_{key}", value)
     if result.confusion_matrix is not None and result.labels:
         classification.log_confusion_matrix(result.labels, result.confusion_matrix)
     if result.roc:
@@ -82,5 +85,6 @@ def evaluate(
     # The file also carries the gate's reason: on a cluster it is what `gpupipe run --host
     # --wait` reads back from the store for its summary (the metadata lives in ML Metadata).
     write_metadata_file(metrics.path, {**metrics.metadata, "gate_reason": result.gate_reason})
+    write_metadata_file(baselines.path, dict(baselines.metadata))
     write_metadata_file(classification.path, dict(classification.metadata))
     return result.gate_passed

@@ -19,11 +19,14 @@ def register(
     registry_uri: str = "",
     registered_model_name: str = "gpupipe-model",
     params_json: str = "{}",
+    baselines: Input[Metrics] = None,
 ) -> NamedTuple("RegisterOutputs", [("version", str), ("model_uri", str), ("champion", bool)]):
     """Register ``model`` with its run id, data hash, parameters and evaluation metrics.
 
     ``evaluation`` is evaluate's report: its metadata names the gate metric and the champion
     version evaluate compared against, so the alias moves only if that decision still holds.
+    ``baselines`` (optional) is evaluate's baselines artifact: its scores are recorded too, as
+    ``baseline_<baseline>_<metric>``.
     """
     import json
     from collections import namedtuple
@@ -39,11 +42,17 @@ def register(
             evaluated_metric=str(evaluation.metadata.get("gate_metric", "")),
             evaluated_champion=str(evaluation.metadata.get("champion_version", "")),
         )
-        values = {
-            k: float(v)
-            for k, v in metrics.metadata.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
+
+        def numbers(artifact, prefix=""):
+            return {
+                f"{prefix}{k}": float(v)
+                for k, v in artifact.metadata.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+
+        values = numbers(metrics)
+        if baselines is not None:
+            values.update(numbers(baselines, "baseline_"))
         return run(
             cfg,
             model_uri=model.path,

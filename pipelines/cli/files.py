@@ -21,9 +21,18 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from pipelines.cluster_package import baked_defaults, set_values
     from pipelines.compile import compile_all
 
     out, components_dir = args.out, args.components_dir
+    values = baked_defaults(list(args.set)) if args.set else {}
+    if values and (out is None or Path(out).absolute() == Path(DEFAULT_COMPILED).absolute()):
+        raise InputError(
+            "E_PARAM",
+            "--set bakes a platform's defaults into a package of its own: give --out FOLDER "
+            f"(the golden files in {DEFAULT_COMPILED}/ keep the pipeline's own defaults)",
+            "--set",
+        )
     if out is None and components_dir is None:  # `gpupipe compile`: the golden files
         out, components_dir = DEFAULT_COMPILED, DEFAULT_COMPONENTS
     for flag, value in (("--out", out), ("--components-dir", components_dir)):
@@ -32,9 +41,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     written = compile_all(
         Path(out) if out is not None else None,
         components_dir=Path(components_dir) if components_dir is not None else None,
+        defaults=values,
     )
     for path in written:
         print(f"wrote {path}")
+    if values:
+        print(f"  defaults     {', '.join(set_values(values))}")
     return 0
 
 
@@ -80,6 +92,16 @@ def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
         "--components-dir",
         help="folder whose <name>/component.yaml files are (re)written "
         f"(default {DEFAULT_COMPONENTS}, only when --out is not given either)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --out: make VALUE the compiled pipeline's default for parameter NAME "
+        "(repeatable), typed and checked as --param is, listed in the pipeline's description: "
+        "the package `gpupipe upload --set` would upload, e.g. registry_uri=http://mlflow."
+        "kubeflow:5000, gpus_per_node=0",
     )
     p.set_defaults(func=cmd_compile)
 

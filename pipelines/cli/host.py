@@ -49,22 +49,6 @@ def cluster_params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-def baked_defaults(pairs: list[str]) -> dict[str, Any]:
-    """``--set name=value`` pairs, typed and checked as ``--param`` values are (what KFP must not
-    store included), for a version's defaults."""
-    from pipelines.params import check_cluster_parameters, check_parameters, typed_parameters
-
-    try:
-        values = typed_parameters(pairs, require=False)
-    except InputError as e:
-        where = "--set" if e.where == "--param" else e.where
-        raise InputError(e.code, e.message.replace("name=value", "NAME=VALUE"), where) from None
-    # Checked over the pipeline's defaults, with a stand-in table where none is baked: the
-    # values' own checks (their types, their steps' configs) do not depend on which table.
-    check_cluster_parameters(check_parameters({"data_uri": "s3://bucket/table.parquet", **values}))
-    return values
-
-
 def refuse_unnamed_registry(params: dict[str, Any], defaults: dict[str, Any]) -> None:
     """Refuse a cluster run with no model registry: in a pod an empty ``registry_uri`` would be
     a SQLite file in the register step's container, gone with the pod, and the run would report

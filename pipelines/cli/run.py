@@ -51,6 +51,7 @@ LOCAL_ONLY_FLAGS = (
     ("runner", "--runner"),
     ("image_override", "--image-override"),
     ("metrics_port", "--metrics-port"),
+    ("verbose", "--verbose"),
 )
 
 
@@ -128,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ),
             runner=args.runner or "subprocess",
             image_overrides=parse_image_overrides(args.image_override),
+            verbose=args.verbose,
         )
     except RunInterrupted as e:
         if args.json:  # every exit prints the JSON line, a stopped run too
@@ -242,7 +244,8 @@ def print_summary(s: dict[str, Any]) -> None:
     for name, value in sorted(metrics.items()):
         if not name.startswith("baseline_"):
             say(f"  {name:<14} {value:.4f}")
-    # evaluate logs each baseline's scores as baseline_<name>_<metric>: one line per baseline
+    # the summaries list evaluate's baselines artifact as baseline_<name>_<metric>: one line a
+    # baseline
     baselines: dict[str, list[str]] = {}
     for key, value in sorted(metrics.items()):
         if key.startswith("baseline_"):
@@ -265,6 +268,8 @@ def print_summary(s: dict[str, Any]) -> None:
         say(f"  metrics        {s['metrics_url']} (Prometheus, while train ran)")
     say(f"  model          {s.get('model_uri')}")
     say(f"  report         {s.get('report')}")
+    if s.get("log"):
+        say(f"  log            {s['log']}")
     version = s.get("registered_version")
     say(
         f"  registry       {s.get('registry_uri')} "
@@ -335,6 +340,13 @@ def add_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--json", action="store_true", help="--local: last stdout line: the summary as JSON"
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="--local: print every step's output as it comes (default: a line per step as it "
+        "starts and ends; the output goes to the run's log, <root>/runs/<run id>/run.log)",
     )
     p.add_argument(
         "--registry-timeout",

@@ -6,12 +6,17 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.cli.host import add_cluster_args, baked_defaults, connect
+from pipelines.cli.host import add_cluster_args, connect
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
     from pipelines.cluster import server_text
-    from pipelines.cluster_package import compile_training_pipeline, read_package, with_defaults
+    from pipelines.cluster_package import (
+        baked_defaults,
+        compile_training_pipeline,
+        read_package,
+        with_defaults,
+    )
 
     values = baked_defaults(list(args.set)) if args.set else {}
     compiled = read_package(Path(args.package)) if args.package else compile_training_pipeline()

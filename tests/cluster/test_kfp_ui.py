@@ -323,13 +323,20 @@ def test_a_run_created_in_the_ui_succeeds_and_shows_the_logs_plots_and_metrics(
     _open_node(at.page, "artifact.evaluate.metrics", "Visualization")
     expect(at.page.get_by_text(re.compile(r"^Scalar Metrics: "))).to_be_visible()
     expect(at.page.get_by_text("accuracy", exact=True).first).to_be_visible()
+    # The model's own metrics on the table's first page; the baselines' apart (issue 62, item 3).
+    expect(at.page.get_by_text(re.compile(r"^baseline_"))).to_have_count(0)
     at.shot(at.page, "ui-run-evaluate-metrics")
+    _open_node(at.page, "artifact.evaluate.baselines", "Visualization")
+    expect(at.page.get_by_text("trivial_accuracy", exact=True).first).to_be_visible()
+    at.shot(at.page, "ui-run-evaluate-baselines")
     _open_node(at.page, "artifact.evaluate.report", "Visualization")
     expect(at.page.frame_locator("iframe").first.locator("body")).to_contain_text(
         "Model evaluation report"
     )
     at.shot(at.page, "ui-run-evaluate-report")
-    # The train step (the local launcher's branch) and its logs: the trainer's own lines.
+    # The train step (the local launcher's branch) and its logs: the trainer's own lines. The
+    # group around both branches has a name a person reads (issue 62, item 3).
+    expect(_node(at.page, "condition-branches-2")).to_contain_text("launcher-choice")
     _open_sub_dag(at.page, "condition-branches-2")
     expect(_done_icon(at.page, "condition-4")).to_be_visible()
     expect(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,9 +48,12 @@ def test_the_pipeline_runs_every_step_in_its_image(cpu_image: str, shared: Path)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["state"] == "SUCCEEDED", summary
     assert summary["registered_version"] == "1"
-    # every step ran in a container of the image (kfp.local says which image it started)
-    log = proc.stdout + proc.stderr
+    # every step ran in a container of the image (kfp.local says which image it started, in
+    # the run's log); the terminal got a line per step as it started and ended
+    log = Path(summary["log"]).read_text()
     assert log.count(f"Found image '{CPU_IMAGE}'") >= 4, log[-3000:]
+    assert "Found image" not in proc.stdout + proc.stderr
+    assert re.search(r"^  train +SUCCEEDED +\d+\.\d s$", proc.stderr, re.M), proc.stderr
     # written by the pod's uid, inside the root; the user's data untouched, nothing beside it
     run_dir = Path(summary["run_dir"])
     model = run_dir / "train" / "model" / "model.safetensors"

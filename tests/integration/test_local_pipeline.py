@@ -23,7 +23,11 @@ RUN_TIMEOUT_S = 900
 # The module's fixture makes two runs inside its first test's time.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2 * RUN_TIMEOUT_S + 300)]
 EPOCHS = "3"
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEP_LINE = re.compile(
+    r"^  (?P<task>[\w-]+) +(?P<state>RUNNING|SUCCEEDED|FAILED|CACHED)(?: +\d+\.\d s)?$"
+)
+"""A step's line as ``gpupipe run --local`` prints it when the step starts and ends."""
+STEPS = ("fingerprint", "preprocess", "tune", "train", "evaluate", "register", "notify")
 
 
 @dataclass
@@ -40,8 +44,14 @@ class Run:
         return json.loads(lines[-1])
 
     def executed(self, task: str) -> bool:
-        """Whether kfp.local started the task's process in this run (not served from cache)."""
-        return f"Executing task '{task}'" in _ANSI.sub("", self.stderr)
+        """Whether kfp.local started the task's process in this run (not served from cache):
+        its line ``  <task>  RUNNING`` (on stderr, under ``--json``)."""
+        return re.search(rf"^  {re.escape(task)} +RUNNING$", self.stderr, re.M) is not None
+
+    def step_lines(self) -> list[tuple[str, str]]:
+        """``(task, state)`` of each step line the run printed."""
+        lines = map(STEP_LINE.match, self.stderr.splitlines())
+        return [(m["task"], m["state"]) for m in lines if m]
 
 
 def gpupipe(*args: str, cwd: Path) -> Run:
@@ -99,6 +109,36 @@ def test_first_run_trains_evaluates_and_registers(two_runs: TwoRuns) -> None:
     assert html.escape(s["gate_reason"]) in report or s["gate_reason"] in report
     assert s["registered_version"] == "1"
     assert Path(s["registry_uri"].removeprefix("sqlite:///")).parent == two_runs.root
+    # Evaluate's metrics artifact holds the model's own; the baselines' are an artifact apart
+    # (issue 62, item 3), which the summary lists as before.
+    ev = json.loads((Path(s["run_dir"]) / "evaluate" / "executor_output.json").read_text())
+    (own,) = ev["artifacts"]["metrics"]["artifacts"]
+    (baselines,) = ev["artifacts"]["baselines"]["artifacts"]
+    assert {"accuracy", "roc_auc", "gate_passed"} <= set(own["metadata"])
+    assert not any("baseline" in key or "trivial" in key for key in own["metadata"])
+    assert {"trivial_accuracy", "linear_accuracy", "hgb_accuracy"} <= set(baselines["metadata"])
+    assert s["metrics"]["baseline_trivial_accuracy"] == baselines["metadata"]["trivial_accuracy"]
+
+
+@pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
+def test_a_run_prints_a_line_per_step_and_logs_the_rest(two_runs: TwoRuns) -> None:
+    """Issue 62, item 5: before, a run printed about 800 lines, 14 of them library warnings;
+    now a line per step as it starts and ends, the log's path and the summary."""
+    first = two_runs.first
+    s = first.summary
+    assert first.step_lines() == [(task, state) for task in STEPS for state in
+                                  ("RUNNING", "SUCCEEDED")]  # fmt: skip
+    (head,) = [line for line in first.stderr.splitlines() if not STEP_LINE.match(line)]
+    assert head == f"run {s['run_id']}: the steps' output goes to {s['log']}; -v prints it here too"
+    assert len(first.stderr.splitlines()) == 1 + 2 * len(STEPS)
+    assert Path(s["log"]).parent == Path(s["run_dir"]).parent
+    log = Path(s["log"]).read_text()
+    for expected in ("Executing task 'train'", "have no effect", "non-Python base image",
+                     '"event": "registered"'):  # fmt: skip
+        assert expected in log, expected
+    assert "\x1b[" not in log
+    # The second run: what came from kfp.local's cache is one line.
+    assert ("preprocess", "CACHED") in two_runs.second.step_lines()
 
 
 @pytest.mark.slow  # a whole pipeline run (make test stays under 15 minutes)
@@ -116,8 +156,7 @@ def test_second_run_meets_the_champion(two_runs: TwoRuns) -> None:
 def test_second_run_serves_preprocess_from_cache(two_runs: TwoRuns) -> None:
     first, second = two_runs.first, two_runs.second
     assert first.executed("preprocess") and first.executed("train")
-    # kfp.local 2.17 logs its cache hit at INFO on the root logger, which is not shown: a cached
-    # task is one that kfp.local never starts and that gets no folder in the new run.
+    # A cached task is one that kfp.local never starts and that gets no folder in the new run.
     assert second.executed("train"), "train must not be cached"
     assert not second.executed("preprocess"), "preprocess ran again instead of coming from cache"
     assert not (Path(second.summary["run_dir"]) / "preprocess").exists()
@@ -134,9 +173,14 @@ def test_run_registers_in_mlflow_server(two_runs: TwoRuns, mlflow_server: str) -
     assert s["registry_uri"] == mlflow_server
     assert s["gate_passed"] is True and s["registered_version"] == "1", s
 
-    version = mlflow.MlflowClient(tracking_uri=mlflow_server).get_model_version(name, "1")
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    version = client.get_model_version(name, "1")
     run_id = version.tags.get("gpupipe.pipeline_run_id")
     assert run_id, version.tags
+    # the model's metrics and, from evaluate's baselines artifact, the baselines'
+    recorded = client.get_run(version.run_id).data.metrics
+    assert recorded["accuracy"] == s["metrics"]["accuracy"]
+    assert recorded["baseline_trivial_accuracy"] == s["metrics"]["baseline_trivial_accuracy"]
     train_out = json.loads((Path(s["run_dir"]) / "train" / "executor_output.json").read_text())
     (model_artifact,) = train_out["artifacts"]["model"]["artifacts"]
     from trainer.launch.jobspec import job_name
@@ -157,7 +201,7 @@ def test_missing_data_is_refused_before_any_step(tmp_path: Path) -> None:
     assert len(errors) == 1, run.stderr[-3000:]
     assert errors[0].startswith("ERROR [gpupipe run] E_DATA: ")
     assert str(missing) in errors[0]
-    assert "Executing task" not in run.stderr
+    assert "RUNNING" not in run.stderr
     assert not (tmp_path / "root").exists()
 
 

@@ -35,8 +35,10 @@ def test_a_priced_run_reports_its_estimate_and_its_actual_cost(tmp_path: Path) -
     # the CPU and neither the estimate nor the actual bills a GPU-hour (issue 60, item 13).
     assert "measured; on the CPU: no GPU-hours" in estimate
     assert "$0.0000 (0.000000 GPU-hours, on the CPU)" in actual
-    assert "cost estimate:" in text.stdout  # the train step's log, with its assumptions
-    assert "samples/s for the whole job (measured)" in text.stdout
+    # the train step's log (in the run's log, whose path the summary names), with its assumptions
+    log = Path(next(ln for ln in lines if ln.startswith("  log ")).split(maxsplit=1)[1])
+    assert "cost estimate:" in log.read_text()
+    assert "samples/s for the whole job (measured)" in log.read_text()
 
     summary = json.loads(
         gpupipe(*argv, "--json", "--param", "seed=1", cwd=tmp_path).stdout.splitlines()[-1]

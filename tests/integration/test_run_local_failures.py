@@ -418,7 +418,7 @@ def test_ctrl_c_stops_every_step_process_and_exits_130(workspace: Path) -> None:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         for line in proc.stdout:
             seen.append(line)
-            if "Executing task" in line and "'train'" in line:
+            if line.split() == ["train", "RUNNING"]:  # the step's line as it starts
                 break
             assert time.monotonic() < deadline, "train never started"
         from pipelines.local import _descendants

@@ -180,6 +180,40 @@ def test_summary_shows_each_baseline_on_one_line(capsys: pytest.CaptureFixture[s
     assert not any("baseline_" in line for line in lines)
 
 
+def test_local_summary_lists_evaluate_s_baselines_artifact_with_the_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Evaluate writes the model's metrics and the baselines' in two artifacts (issue 62, item
+    3); the summary lists both, as before."""
+    from pipelines.cli.run import print_summary
+    from pipelines.local_report import summarize
+
+    def artifact(metadata: dict[str, float]) -> dict:
+        return {"artifacts": [{"metadata": metadata}]}
+
+    (tmp_path / "evaluate").mkdir()
+    (tmp_path / "evaluate" / "executor_output.json").write_text(
+        json.dumps(
+            {
+                "parameterValues": {"Output": True},
+                "artifacts": {
+                    "metrics": artifact({"accuracy": 0.81, "gate_passed": 1.0}),
+                    "baselines": artifact({"trivial_accuracy": 0.62, "linear_accuracy": 0.8}),
+                },
+            }
+        )
+    )
+    s = summarize(tmp_path)
+    assert s["metrics"] == {
+        "accuracy": 0.81,
+        "baseline_trivial_accuracy": 0.62,
+        "baseline_linear_accuracy": 0.8,
+    }
+    print_summary({**s, "state": "SUCCEEDED"})
+    lines = capsys.readouterr().out.splitlines()
+    assert "  accuracy       0.8100" in lines and "  vs trivial     accuracy 0.6200" in lines
+
+
 # --- issue 22: refusals and help a new user meets ------------------------------------------
 
 
@@ -217,7 +251,13 @@ def test_cluster_only_flags_with_local_are_refused(
 
 @pytest.mark.parametrize(
     "extra",
-    [["--root", "r"], ["--json"], ["--registry-timeout", "9"], ["--runner", "docker"]],
+    [
+        ["--root", "r"],
+        ["--json"],
+        ["--registry-timeout", "9"],
+        ["--runner", "docker"],
+        ["--verbose"],
+    ],
     ids=lambda v: v[0],
 )
 def test_local_only_flags_with_host_are_refused(

@@ -147,6 +147,81 @@ def test_upload_set_refuses_a_bad_default_before_any_request(
     assert not kfp.calls()
 
 
+def test_compile_set_bakes_the_defaults_upload_set_would(
+    tmp_path: Path, kfp: FakeKfp, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 62, item 2: ``gpupipe compile --set`` writes the package ``upload --set`` uploads
+    (one code path), for a platform team that uploads with its own tools or ``--package``."""
+    import yaml
+    from kfp import components
+
+    out = tmp_path / "platform"
+    code, stdout, err = _gp(
+        capsys, "compile", "--out", str(out), "--set", f"registry_uri={REGISTRY}",
+        "--set", "gpus_per_node=0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert f'defaults     gpus_per_node=0, registry_uri="{REGISTRY}"' in stdout
+    (path,) = out.glob("*.yaml")  # the pipeline only: the components have no --set
+    spec = next(yaml.safe_load_all(path.read_text()))
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["registry_uri"]["defaultValue"] == REGISTRY
+    assert params["gpus_per_node"] == {**params["gpus_per_node"], "defaultValue": 0}
+    assert f'gpus_per_node=0, registry_uri="{REGISTRY}"' in spec["pipelineInfo"]["description"]
+    upload = cluster_package.with_defaults(
+        cluster_package.compile_training_pipeline(),
+        {"registry_uri": REGISTRY, "gpus_per_node": 0},
+    )
+    assert path.read_text() == upload.yaml_text
+    # KFP's SDK reads the defaults; uploaded as a package, the version opens the form with them.
+    loaded = components.load_component_from_file(str(path))
+    assert loaded.component_spec.inputs["registry_uri"].default == REGISTRY
+    assert _gp(capsys, "upload", "--host", kfp.url, "--package", str(path))[0] == 0
+    (pipeline,) = kfp.pipelines.values()
+    (version,) = kfp.versions[pipeline.pipeline_id]
+    uploaded = version.pipeline_spec["root"]["inputDefinitions"]["parameters"]
+    assert uploaded["registry_uri"]["defaultValue"] == REGISTRY
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--set", "nope=1"], "unknown pipeline parameter 'nope'"),
+        (["--set", "gpus_per_node=two"], "gpus_per_node must be an integer"),
+        (["--set", "registry_uri=http://u:pw@mlflow:5000"], "must not hold an account"),
+        (["--set", "registry_uri"], "NAME=VALUE"),
+        (["--set", "epochs=-1"], "epochs"),
+    ],
+    ids=["unknown", "wrong-type", "secret", "no-equals", "step-refuses"],
+)
+def test_compile_set_refuses_a_bad_default_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    out = tmp_path / "platform"
+    code, _, err = _gp(capsys, "compile", "--out", str(out), *argv)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith("ERROR [gpupipe compile] E_PARAM: ") and expected in line, line
+    assert "pw@" not in line  # the password is never repeated
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("out", [None, "pipelines/compiled"], ids=["no-out", "golden"])
+def test_compile_set_never_bakes_into_the_golden_files(
+    capsys: pytest.CaptureFixture[str], out: str | None
+) -> None:
+    golden = Path("pipelines/compiled/gpupipe-training.yaml")
+    before = golden.read_bytes()
+    code, _, err = _gp(
+        capsys, "compile", *(["--out", out] if out else []), "--set", "gpus_per_node=0"
+    )
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert "E_PARAM: --set bakes a platform's defaults into a package of its own" in line
+    assert "--out FOLDER" in line
+    assert golden.read_bytes() == before
+
+
 def test_upload_changed_content_adds_a_version(
     uploaded: FakeKfp, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -718,12 +793,12 @@ def test_cluster_summary_reads_what_the_steps_wrote_under_the_runs_folder(
         json.dumps(
             {
                 "accuracy": 0.91,
-                "baseline_trivial_accuracy": 0.6,
                 "gate_passed": 1.0,
                 "gate_reason": "accuracy 0.910 >= trivial 0.600",
             }
         )
     )
+    (metrics.parent / "baselines").write_text(json.dumps({"trivial_accuracy": 0.6}))
     (run_dir / "evaluate" / "123" / "report").write_text("<html></html>")
     model = run_dir / "train-2" / "456" / "model"
     model.mkdir(parents=True)

@@ -594,6 +594,44 @@ def test_register_runs_only_when_evaluate_passes_the_gate(compiled: Compiled) ->
     assert evaluate in task.get("dependentTasks", [])
 
 
+_GENERATED_GROUP = re.compile(r"^(condition|condition-branches|exit-handler|for-loop)-\d+$")
+"""The names KFP's SDK gives a group that has none of its own."""
+
+
+def _group_names(c: Compiled) -> dict[str, str]:
+    """Task key -> display name (``taskInfo.name``, the UI's label) of every group task."""
+    return {
+        key: task["taskInfo"]["name"]
+        for dag in c._dags().values()
+        for key, task in dag["tasks"].items()
+        if "dag" in c.spec["components"][task["componentRef"]["name"]]
+    }
+
+
+def test_every_group_has_a_name_a_person_reads(
+    compiled: Compiled, local_compiled: Compiled
+) -> None:
+    """Issue 62, item 3: the run graph labels a group by its display name; KFP's own
+    (``condition-branches-2``) says nothing to a person."""
+    groups = _group_names(compiled)
+    assert sorted(groups.values()) == [
+        "gate-passed", "launcher-choice", "train-in-step", "train-on-cluster", "training"
+    ]  # fmt: skip
+    assert sorted(_group_names(local_compiled).values()) == ["gate-passed", "training"]
+    for key, name in groups.items():
+        assert not _GENERATED_GROUP.match(name), f"group {key} is shown as {name!r}"
+
+
+def test_evaluate_keeps_the_baselines_apart_and_register_records_both(compiled: Compiled) -> None:
+    """Issue 62, item 3: the UI's metrics table pages at 10 rows; evaluate's ``metrics`` holds
+    the model's own, ``baselines`` the 12 baseline scores, and register takes both."""
+    component = compiled.spec["components"][compiled.task("evaluate")["componentRef"]["name"]]
+    outputs = component["outputDefinitions"]["artifacts"]
+    for name in ("metrics", "baselines"):
+        assert outputs[name]["artifactType"]["schemaTitle"] == "system.Metrics"
+        assert compiled.artifact_producers("register", name) == (set(), {("evaluate", name)})
+
+
 def test_notify_is_the_exit_handler_with_final_status(compiled: Compiled) -> None:
     assert compiled.owner(EXIT_HANDLER) == ROOT
     task = compiled.task(EXIT_HANDLER)

@@ -76,6 +76,7 @@ def _artifact(kind: str) -> str:
             {"model": _artifact("Model"), "dataset": _artifact("Dataset")},
             {
                 "metrics": _artifact("Metrics"),
+                "baselines": _artifact("Metrics"),
                 "classification": _artifact("ClassificationMetrics"),
                 "report": _artifact("HTML"),
                 "Output": "Boolean",
@@ -86,6 +87,7 @@ def _artifact(kind: str) -> str:
             {
                 "model": _artifact("Model"),
                 "metrics": _artifact("Metrics"),
+                "baselines": _artifact("Metrics"),  # optional: a user's pipeline may leave it
                 "evaluation": _artifact("HTML"),
                 "data_hash": "String",
                 "gate_passed": "Boolean",

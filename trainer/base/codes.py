@@ -343,7 +343,8 @@ CODES: dict[str, Code] = {
         _SYSTEM,
         "A step of `gpupipe run --local` failed without printing its own error line (it "
         "crashed); the last exception of its log is quoted.",
-        "Read the step's log above the summary; a traceback there is a bug worth an issue.",
+        "Read the step's log: the run's `run.log`, whose path the summary prints (`-v` "
+        "prints it above the summary too); a traceback there is a bug worth an issue.",
     ),
     "E_INTERNAL": Code(
         _SYSTEM,
