@@ -256,6 +256,7 @@ _EVALUATE_FIELDS = {
     "gate.threshold": "gate_threshold",
     "gate.baseline": "gate_baseline",
     "model_plugins": "model_name",
+    "max_champion_bytes": "max_champion_bytes",
 }
 _PREPROCESS_FIELDS = {
     "column_roles": "column_roles_json",

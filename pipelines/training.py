@@ -271,6 +271,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         gate_metric: str = "auto",
         gate_threshold: float = 0.0,
         gate_baseline: str = "trivial",
+        max_champion_bytes: int = 1 << 30,
         registry_uri: str = "",
         registered_model_name: str = "gpupipe-model",
         registry_secret: str = REGISTRY_SECRET,
@@ -348,6 +349,9 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             gate_baseline: ``trivial``: the candidate must not be worse than the trivial
                 predictor (majority class, mean); ``best``: it must beat the best baseline
                 (trivial, linear, gradient boosting), all scored on the same split.
+            max_champion_bytes: the most bytes of the registry's champion the evaluate step
+                downloads to compare with (1 GiB); a larger one fails the step in one E_MODEL
+                line, before or while it is fetched.
             registry_uri: MLflow tracking URI, e.g. ``http://mlflow.kubeflow:5000``. Empty: on
                 a cluster, ``MLFLOW_TRACKING_URI`` from the steps' environment, else the run
                 is refused at its first step (an embedded store would die with the pod);
@@ -468,6 +472,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 registry_uri=registry_uri,
                 registered_model_name=registered_model_name,
                 model_name=model_name,
+                max_champion_bytes=max_champion_bytes,
             )
             _configure(ev, "evaluate", object_store_secret, retries=retries)
             _registry_account(ev, registry_secret)

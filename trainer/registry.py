@@ -21,6 +21,7 @@ from trainer.base.errors import InputError
 # import, and every import of it in the suite comes after this module's.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 from trainer.base.redact import redact
+from trainer.registry_files import MAX_CHAMPION_BYTES, SizeLimit, download_bounded
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -499,8 +500,10 @@ def get_champion(
     alias: str = "champion",
     *,
     dst_dir: str | None = None,
+    limit: SizeLimit | None = None,
 ) -> Champion | None:
-    """Find the version that holds ``alias`` and download its gpupipe model directory.
+    """Find the version that holds ``alias`` and download its gpupipe model directory, within
+    ``limit`` (:func:`trainer.registry_files.download_bounded`).
 
     Args:
         tracking_uri: MLflow tracking URI; None resolves as in :func:`resolve_tracking_uri`.
@@ -508,12 +511,17 @@ def get_champion(
         alias: The alias that marks the champion.
         dst_dir: Local folder to download into; None makes a fresh temporary folder, which the
             caller owns (and may delete).
+        limit: The bound on the downloaded bytes and the setting that raises it; None:
+            :data:`~trainer.registry_files.MAX_CHAMPION_BYTES`, raised by the pipeline
+            parameter ``max_champion_bytes``.
 
     Returns:
         The champion, or None when the model is not registered or no version holds ``alias``.
 
     Raises:
-        InputError: If the name or alias is malformed.
+        InputError: If the name or alias is malformed; E_MODEL when the version's files are
+            larger than the limit (refused from the listing, a Content-Length, or counted while
+            they stream; nothing of the download is left).
         RuntimeError: If the registry or its artifact store fails, naming the tracking URI and
             the model version.
     """
@@ -526,8 +534,6 @@ def get_champion(
     if version is None:
         return None
 
-    import mlflow.artifacts
-
     what = f"downloading model {model_name!r} version {version}"
     with mlflow_errors(what, uri):
         mv = client.get_model_version(model_name, version)
@@ -535,9 +541,8 @@ def get_champion(
         os.makedirs(dst, exist_ok=True)
         # The version's source is a run artifact URI (mlflow-artifacts:/..., file:///...);
         # resolving it against the tracking URI goes through the server's artifact proxy.
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=mv.source, dst_path=dst, tracking_uri=uri
-        )
+        bound = limit or SizeLimit(MAX_CHAMPION_BYTES, "pipeline parameter max_champion_bytes")
+        local = download_bounded(mv.source or "", dst, uri, bound)
         metrics: dict[str, float] = {}
         if mv.run_id:
             metrics = {k: float(v) for k, v in client.get_run(mv.run_id).data.metrics.items()}

@@ -20,6 +20,7 @@ def evaluate(
     registry_uri: str = "",
     registered_model_name: str = "gpupipe-model",
     model_name: str = "mlp",
+    max_champion_bytes: int = 1 << 30,
 ) -> bool:
     """Score the candidate (and the registry's champion, if any) on the test split.
 
@@ -34,7 +35,7 @@ def evaluate(
     the step refuses before any work (that registry would die with the pod).
     ``model_name`` is the pipeline's model: a plugin (``package.module:build``) named there is
     the only code a model artifact may make this step import, and only from the installed
-    environment.
+    environment. ``max_champion_bytes`` bounds the champion's download (one E_MODEL line past it).
     """
     from trainer.entry import run_guarded, write_metadata_file
     from trainer.steps.evaluate import evaluate as run
@@ -42,14 +43,17 @@ def evaluate(
 
     def body():
         from trainer.registry import get_champion
+        from trainer.registry_files import SizeLimit
 
         cfg = evaluate_config(
             gate_metric=gate_metric,
             gate_threshold=gate_threshold,
             gate_baseline=gate_baseline,
             model_name=model_name,
+            max_champion_bytes=max_champion_bytes,
         )
-        champion = get_champion(registry_uri or None, registered_model_name)
+        limit = SizeLimit(cfg.max_champion_bytes, "pipeline parameter max_champion_bytes")
+        champion = get_champion(registry_uri or None, registered_model_name, limit=limit)
         # register re-checks the alias against this version: a concurrent run may move it.
         report.metadata["champion_version"] = champion.version if champion else ""
         if champion is None:

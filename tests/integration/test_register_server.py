@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import registry
+from trainer import registry, registry_files
+from trainer.base.errors import InputError
 from trainer.models.export import load_model
 from trainer.steps.register import RegisterConfig, register
 
@@ -90,6 +91,35 @@ def test_register_is_idempotent_and_the_champion_downloads_through_the_server(
     x = torch.randn(4, 3)
     expected = load_model(second_dir).module(x)
     assert torch.equal(load_model(champion.local_model_dir).module(x), expected)
+
+
+def test_a_champion_over_max_champion_bytes_is_one_e_model_line_and_leaves_nothing(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str], tmp_path: Path
+) -> None:
+    # Issue 60, item 8: through the real server's artifact proxy, the version's listing is over
+    # the limit: refused before any file is fetched; within it, the same call downloads.
+    register(
+        cfg,
+        model_uri=make_model_dir(),
+        pipeline_run_id="kfp-run-1",
+        data_hash="sha256:1",
+        params={},
+        metrics=METRICS,
+        gate_passed=True,
+    )
+    small = registry_files.SizeLimit(1000, "pipeline parameter max_champion_bytes")
+
+    with pytest.raises(InputError) as caught:
+        registry.get_champion(
+            cfg.tracking_uri, cfg.model_name, dst_dir=str(tmp_path / "small"), limit=small
+        )
+
+    assert caught.value.code == "E_MODEL" and "\n" not in str(caught.value)
+    assert "over max_champion_bytes 1000" in str(caught.value)
+    assert not list((tmp_path / "small").rglob("*"))
+    champion = registry.get_champion(cfg.tracking_uri, cfg.model_name, dst_dir=str(tmp_path / "ok"))
+    assert champion is not None
+    load_model(champion.local_model_dir)
 
 
 def test_unreachable_tracking_uri_fails_fast_with_one_line_naming_it(

@@ -5,7 +5,8 @@ The layers, lowest first; a module may import its own layer and those below it:
     0  trainer.base        torch-free: errors, exit codes, redaction, storage, outputs, version,
                            the typed-config machinery. Imports nothing else of the project.
     1  trainer.config      the worker's config schema; trainer.entry, trainer.registry (front
-                           doors that components and the steps name; torch-free)
+                           doors that components and the steps name; torch-free) and its
+                           bounded download, trainer.registry_files
     2  trainer.data, trainer.distributed        the data path; processes and devices
     3  trainer.checkpoint, trainer.models       checkpoints; models and the model artifact
     4  trainer.training    the run loop and its state
@@ -53,6 +54,7 @@ LAYERS = {
     "trainer.config": 1,
     "trainer.entry": 1,
     "trainer.registry": 1,
+    "trainer.registry_files": 1,
     "trainer.data": 2,
     "trainer.distributed": 2,
     "trainer.checkpoint": 3,

@@ -55,10 +55,11 @@ def test_values_are_typed_by_the_pipeline_signature(
         ({"tune_engine": "ray"}, "tune_engine", "tune_engine must be one of"),
         ({"gate_baseline": "linear"}, "gate_baseline",
          "gate_baseline must be one of ['trivial', 'best'], got 'linear'"),
+        ({"max_champion_bytes": 0}, "max_champion_bytes", "max_champion_bytes must be > 0"),
     ],
     ids=["epochs", "lr", "gpus", "hyperparams-value", "hyperparams-list", "train-config",
          "tune-space", "threshold-nan", "model-name", "registry-uri", "launcher", "tune-engine",
-         "gate-baseline"],
+         "gate-baseline", "max-champion-bytes"],
 )  # fmt: skip
 def test_every_bad_value_is_named_by_its_parameter(
     params: dict[str, Any], where: str, text: str

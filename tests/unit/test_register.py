@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import registry
+from trainer import registry, registry_files
 from trainer.base.errors import InputError
 from trainer.models.export import WEIGHTS_FILE, load_model
 from trainer.steps.register import RegisterConfig, flatten_params, register
@@ -164,6 +164,35 @@ def test_get_champion_downloads_a_model_that_loads(
     loaded, original = load_model(champion.local_model_dir), load_model(model_dir)
     x = torch.randn(4, 3)
     assert torch.equal(loaded.module(x), original.module(x))
+
+
+@pytest.mark.parametrize("max_bytes", [1000, 0], ids=["listing", "after-a-file"])
+def test_get_champion_over_its_limit_is_one_e_model_line_and_leaves_nothing(
+    cfg: RegisterConfig, make_model_dir: Callable[..., str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, max_bytes: int,
+) -> None:  # fmt: skip
+    # Issue 60, item 8: the champion's download is bounded. "after-a-file": the store's listing
+    # says nothing of sizes, so the bound holds once a file is fetched.
+    _register(cfg, make_model_dir(), "kfp-run-1", gate=True)
+    if not max_bytes:
+        from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+        listing = LocalArtifactRepository.list_artifacts
+        monkeypatch.setattr(
+            LocalArtifactRepository,
+            "list_artifacts",
+            lambda self, path=None: [type(f)(f.path, f.is_dir, None) for f in listing(self, path)],
+        )
+        max_bytes = 1000
+    limit = registry_files.SizeLimit(max_bytes, "pipeline parameter max_champion_bytes")
+
+    with pytest.raises(InputError) as caught:
+        registry.get_champion(cfg.tracking_uri, "churn", dst_dir=str(tmp_path / "dl"), limit=limit)
+
+    assert caught.value.code == "E_MODEL"
+    assert "over max_champion_bytes 1000" in str(caught.value)
+    assert "pipeline parameter max_champion_bytes=" in str(caught.value)
+    assert not list((tmp_path / "dl").rglob("*")), "a partial download is left"
 
 
 @pytest.mark.parametrize(

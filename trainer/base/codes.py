@@ -172,11 +172,14 @@ CODES: dict[str, Code] = {
     "E_MODEL": Code(
         _BAD,
         "A model artifact cannot be used: its folder is missing or incomplete, it names a "
-        "plugin (`package.module:build`) the step is not allowed to import, or its task does "
-        "not match what the step scores.",
+        "plugin (`package.module:build`) the step is not allowed to import, its task does "
+        "not match what the step scores, or the registry's champion is larger than "
+        "`max_champion_bytes` (its listing, a file's length, or the bytes counted as they "
+        "came; nothing of the download is left).",
         "Point the step at a model folder a train step wrote; allow a plugin in the step's "
         "`model_plugins` (it is then imported from the installed environment, never from the "
-        "artifact).",
+        "artifact); check the registry's champion, or raise the pipeline parameter "
+        "`max_champion_bytes`.",
     ),
     "E_OUTPUT": Code(
         _BAD,

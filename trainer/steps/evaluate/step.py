@@ -25,6 +25,7 @@ from trainer.base.typedconfig import from_dict
 from trainer.data.datasets import TabularRowGroups
 from trainer.models import validate_plugin_entries
 from trainer.models.export import LoadedModel, load_model, predict
+from trainer.registry_files import MAX_CHAMPION_BYTES
 from trainer.steps.evaluate.baselines import (
     BASELINES,
     FittedBaseline,
@@ -74,12 +75,22 @@ class EvaluateConfig:
     environment only. Built-in models always load; a model whose ``model.json`` names any
     other plugin is refused (E_MODEL) before anything is imported: an artifact never chooses
     which code runs."""
+    max_champion_bytes: int = MAX_CHAMPION_BYTES
+    """The most bytes of the registry's champion that the step downloads (1 GiB): more, told
+    by the registry's listing, a file's Content-Length or counted while it streams, is one
+    E_MODEL line naming this limit, and nothing of the download is left."""
 
     def __post_init__(self) -> None:
         try:
             validate_plugin_entries(self.model_plugins, "model_plugins")
         except ValueError as e:
             raise InputError("E_CONFIG", str(e), "model_plugins") from e
+        if self.max_champion_bytes <= 0:
+            raise InputError(
+                "E_CONFIG",
+                f"max_champion_bytes must be > 0, got {self.max_champion_bytes!r}",
+                "max_champion_bytes",
+            )
         if self.batch_size <= 0:
             raise InputError(
                 "E_CONFIG", f"batch_size must be > 0, got {self.batch_size!r}", "batch_size"
@@ -93,7 +104,12 @@ class EvaluateConfig:
 
 
 def evaluate_config(
-    *, gate_metric: str, gate_threshold: float, gate_baseline: str, model_name: str
+    *,
+    gate_metric: str,
+    gate_threshold: float,
+    gate_baseline: str,
+    model_name: str,
+    max_champion_bytes: int,
 ) -> EvaluateConfig:
     """The evaluate step's config for pipeline parameters (same names, defaulted once, in the
     pipeline's signature): the one mapping the component and the pipeline's parameter check
@@ -105,11 +121,14 @@ def evaluate_config(
 
     Raises:
         InputError: a bad value, naming the field (``gate.metric``, ``gate.threshold``,
-            ``gate.baseline``, ``model_plugins``).
+            ``gate.baseline``, ``model_plugins``, ``max_champion_bytes``).
     """
     gate = {"metric": gate_metric, "threshold": gate_threshold or None, "baseline": gate_baseline}
     plugins = [model_name] if ":" in model_name else []
-    return from_dict(EvaluateConfig, {"gate": gate, "model_plugins": plugins})
+    return from_dict(
+        EvaluateConfig,
+        {"gate": gate, "model_plugins": plugins, "max_champion_bytes": max_champion_bytes},
+    )
 
 
 # --- Loading --------------------------------------------------------------------------------------
