@@ -56,6 +56,26 @@ def test_a_decompression_bomb_stops_at_max_input_bytes_while_it_is_read(tmp_path
     assert time.monotonic() - started < 60
 
 
+def test_a_parquet_bomb_is_refused_from_its_footer(tmp_path: Path) -> None:
+    # Repeated values are dictionary- and run-length-encoded: the footer's page sizes say a
+    # few KB for what Arrow holds in 16 MB (it was read whole, then failed on its columns).
+    rows = 1_000_000
+    table = pa.table({"x": np.full(rows, 0.5), "churned": np.arange(rows) % 2})
+    pq.write_table(table, tmp_path / "bomb.parquet")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 64 << 10
+    line = _refused(_cfg(max_input_bytes=4 << 20), tmp_path / "bomb.parquet", tmp_path / "o")
+    assert "the dataset takes 16000000 bytes parsed, over max_input_bytes 4194304" in line, line
+
+
+def test_a_csv_that_fits_the_memory_budget_is_still_held_to_max_input_bytes(
+    tmp_path: Path,
+) -> None:
+    # The in-memory path read a 4 MB gzip CSV whole under a 256 KiB max_input_bytes and went on.
+    data = _bomb(tmp_path / "bomb.csv.gz", 50_000)
+    line = _refused(_cfg(max_input_bytes=256 << 10), data, tmp_path / "o")
+    assert "over max_input_bytes 262144" in line and '{"max_input_bytes": 524288}' in line
+
+
 def test_a_compressed_file_larger_than_its_name_promised_is_streamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

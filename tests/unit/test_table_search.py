@@ -3,7 +3,11 @@
 Hypothesis generates small tables (0 to 5 rows; a few wide ones), of many Arrow types (integers,
 floats with NaN, inf and extremes, booleans, text, binary, dates, time-zone-aware timestamps,
 decimals, nulls, lists), with duplicate, empty and non-ASCII column names, as Parquet or as CSV
-(mixed-type cells, other encodings, gzip or bz2, with or without the suffix). Each goes through
+(mixed-type cells, other encodings, gzip or bz2, with or without the suffix), and inputs past
+preprocess's limits (issue 60, item 8): decompression bombs (gzip or zstd CSV, or Parquet, of
+repeated rows beyond ``max_input_bytes``) and tables wider than ``max_columns`` or encoding
+wider than ``max_features``, each of which must end in one ``E_DATA`` line naming its limit and
+``preprocess_config_json``. Each goes through
 the pre-check of ``gpupipe run --local`` (:func:`pipelines.local_checks.check_data`) and the
 preprocess step, as a run does. The promise for each: it succeeds, or it raises an
 ``InputError`` whose one line is ``ERROR [<step>] E_<CODE>: what (where)`` (exit 2 at the entry
@@ -32,9 +36,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
 from pipelines.local_checks import check_data
@@ -168,8 +173,88 @@ def _odd_file(kind: str, table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
+def _encoded(text: bytes, codec: str | None) -> bytes:
+    """``text`` compressed with ``codec`` (``gzip``, ``zstd``; None: as it is)."""
+    if codec is None:
+        return text
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, codec) as f:
+        f.write(text)
+    return sink.getvalue().to_pybytes()
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+LIMITS = ("max_input_bytes", "max_columns", "max_features")
+FORMATS = ("t.parquet", "t.csv.gz", "t.csv.zst", "t.csv+gzip", "t.csv")
+"""How an input past a limit is written: Parquet, CSV gzip- or zstd-compressed (``+gzip``:
+named plain ``.csv``), or plain CSV."""
+
+
+def over_limit(
+    limit: str, size: int, fmt: str, limit_value: int, streamed: bool
+) -> tuple[str, bytes, dict[str, Any], str]:
+    """(file name, bytes, parameters, ``limit``): an input past one of preprocess's limits
+    (limits.py), set low (``limit_value``) so that the search stays fast.
+
+    ``max_input_bytes``: a bomb, ``size`` rows of two (one of each class) repeated: a few MB
+    parsed, kilobytes on disk. The others: ``size`` numeric columns (each one feature) and a
+    two-class target over 40 rows (enough for the splits). ``streamed``: a 16 MiB budget, so
+    that preprocess reads in record batches.
+    """
+    config: dict[str, Any] = {limit: limit_value}
+    if streamed:
+        config["memory_budget"] = 16 << 20
+    if limit == "max_input_bytes":
+        head = "c0,c1,y\n"
+        text = (head + "0.5,1.5,0\n1.5,0.5,1\n" * (size // 2)).encode()
+        table = pacsv.read_csv(io.BytesIO(text)) if fmt == "t.parquet" else None
+    else:
+        rng = np.random.default_rng(size)
+        cols: dict[str, Any] = {f"c{i}": rng.normal(size=40) for i in range(size)}
+        table = pa.table({**cols, "y": np.arange(40) % 2})
+        text = _csv_bytes(table, "utf-8", ",")
+    name, _, codec = fmt.partition("+")
+    if fmt == "t.parquet":
+        assert table is not None
+        blob = _parquet(table)
+    else:
+        codec = codec or {".gz": "gzip", ".zst": "zstd"}.get(Path(name).suffix, "")
+        blob = _encoded(text, codec or None)
+    return name, blob, {"preprocess_config_json": json.dumps(config)}, limit
+
+
 @st.composite
-def files(draw: st.DrawFn) -> tuple[str, bytes, dict[str, Any]]:
+def over_a_limit(draw: st.DrawFn) -> tuple[str, bytes, dict[str, Any], str]:
+    """An input past one of preprocess's limits (:func:`over_limit`), drawn."""
+    limit = draw(st.sampled_from(LIMITS))
+    fmt = draw(st.sampled_from(FORMATS))
+    streamed = draw(st.booleans())
+    if limit == "max_input_bytes":
+        rows = draw(st.integers(20_000, 150_000))
+        value = draw(st.integers(16 << 10, rows * 4))  # parsed: >= 8 bytes a row
+        return over_limit(limit, rows, fmt, value, streamed)
+    width = draw(st.sampled_from([30, 200, 3000]))
+    value = draw(st.integers(1, width - 1)) if limit == "max_columns" else width - 1
+    return over_limit(limit, width, fmt, value, streamed)
+
+
+@st.composite
+def files(draw: st.DrawFn) -> tuple[str, bytes, dict[str, Any], str | None]:
+    """(file name, bytes, pipeline parameters besides the target, the limit it passes or None)
+    for a generated table."""
+    if draw(st.integers(0, 7)) == 0:
+        return draw(over_a_limit())
+    name, blob, params = draw(plain_files())
+    return name, blob, params, None
+
+
+@st.composite
+def plain_files(draw: st.DrawFn) -> tuple[str, bytes, dict[str, Any]]:
     """(file name, bytes, pipeline parameters besides the target) for a generated table."""
     table = draw(tables())
     params: dict[str, Any] = {
@@ -206,8 +291,9 @@ def files(draw: st.DrawFn) -> tuple[str, bytes, dict[str, Any]]:
     return name, compress(blob) if compress else blob, params
 
 
-def _outcome(run: Any, out: Path) -> str:
-    """``ok`` or the error code; fails the test on any other exception or a written output."""
+def _outcome(run: Any, out: Path) -> tuple[str, str]:
+    """``ok`` or the error code, and the error's line; fails the test on any other exception
+    or a written output."""
     try:
         run()
     except InputError as e:
@@ -215,8 +301,8 @@ def _outcome(run: Any, out: Path) -> str:
         assert "\n" not in line and line.isprintable(), line
         assert _LINE.match(line), line
         assert not out.exists(), f"{e.code} left {out}"
-        return e.code
-    return "ok"
+        return e.code, line
+    return "ok", ""
 
 
 # A callback that fails inside pyarrow prints "Exception ignored ... Traceback" on stderr (a
@@ -233,9 +319,17 @@ def test_generated_tables_succeed_or_say_one_line(capsys: pytest.CaptureFixture[
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+    # Each limit once whatever the seed: a Parquet bomb (dictionary pages of repeated values,
+    # bytes on disk), a zstd bomb read in batches, a table too wide as gzip CSV named .csv, an
+    # encoding too wide.
+    @example(over_limit("max_input_bytes", 100_000, "t.parquet", 64 << 10, False), "y")
+    @example(over_limit("max_input_bytes", 100_000, "t.csv.zst", 64 << 10, True), "y")
+    @example(over_limit("max_columns", 3000, "t.csv+gzip", 1000, False), "y")
+    @example(over_limit("max_features", 200, "t.parquet", 199, True), "y")
     @given(files(), st.sampled_from(["y"] * 12 + ["x", "", "é", "missing"]))
-    def search(file: tuple[str, bytes, dict[str, Any]], target: str) -> None:
-        name, blob, params = file
+    def search(file: tuple[str, bytes, dict[str, Any], str | None], target: str) -> None:
+        name, blob, params, limit = file
+        target = "y" if limit else target  # past a limit: nothing else wrong with it
         with tempfile.TemporaryDirectory(prefix="gpupipe-search-") as tmp:
             path = Path(tmp) / name
             path.write_bytes(blob)
@@ -247,8 +341,17 @@ def test_generated_tables_succeed_or_say_one_line(capsys: pytest.CaptureFixture[
             except InputError as e:  # a bad parameter (an empty target): refused up front
                 outcomes[f"param {e.code}"] += 1
                 return
-            pre = _outcome(lambda: check_data(str(path), target, p), out)
-            step = _outcome(lambda: preprocess(cfg, data_uri=str(path), output_uri=str(out)), out)
+            pre, _ = _outcome(lambda: check_data(str(path), target, p), out)
+            step, line = _outcome(
+                lambda: preprocess(cfg, data_uri=str(path), output_uri=str(out)), out
+            )
+            if limit:
+                # Past a limit: one E_DATA line naming it and how to raise it, never a
+                # traceback or the memory of the whole file.
+                assert step == "E_DATA" and f"over {limit} " in line, (name, params, line)
+                assert f'preprocess_config_json {{"{limit}": ' in line, line
+                outcomes[f"past {limit}: pre-check {pre}, preprocess {step}"] += 1
+                return
             if step == "ok":
                 assert (out / "schema.json").exists()
             outcomes[f"pre-check {pre}, preprocess {step}"] += 1
@@ -261,3 +364,5 @@ def test_generated_tables_succeed_or_say_one_line(capsys: pytest.CaptureFixture[
             print(f"  {count:4d}  {what}")
     assert sum(outcomes.values()) >= min(EXAMPLES, 100)
     assert any(k.endswith("preprocess ok") for k in outcomes), outcomes
+    for limit in ("max_input_bytes", "max_columns", "max_features"):
+        assert any(k.startswith(f"past {limit}:") for k in outcomes), (limit, outcomes)

@@ -60,9 +60,10 @@ class PreprocessConfig:
 
     max_input_bytes: int = 256 << 30
     """Bytes the input may take once decompressed and parsed (Arrow's in-memory size): read
-    from Parquet footers before any work, counted while a CSV is read. Past it the step stops
-    with one ``E_DATA`` line: a small compressed file of repeated rows (a decompression bomb)
-    never fills the pod's memory or disk."""
+    from Parquet footers before any work (the rows times the columns' widths where that is
+    more than the pages: repeated values take bytes on disk), counted while a CSV is read.
+    Past it the step stops with one ``E_DATA`` line: a small file of repeated rows (a
+    decompression bomb) never fills the pod's memory or disk."""
     max_columns: int = 10_000
     """Columns the input may have (read from the Parquet footer or the CSV header first)."""
     max_features: int = 20_000

@@ -64,8 +64,25 @@ def check_features(features: int, limit: int, uri: str) -> None:
         )
 
 
+def _row_width(schema: pa.Schema) -> float:
+    """The fewest bytes a row of ``schema`` takes in Arrow: each fixed-width column's width, a
+    variable-width one's offset (its values' bytes come on top), a dictionary's index."""
+    width = 0.0
+    for field in schema:
+        t = field.type.index_type if pa.types.is_dictionary(field.type) else field.type
+        try:
+            width += t.bit_width / 8
+        except ValueError:  # not fixed-width: an offset a value, 8 bytes for the large types
+            large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+            width += 8 if large or pa.types.is_large_list(t) else 4
+    return width
+
+
 def parquet_bytes(files: list[str]) -> int:
-    """The uncompressed size of the Parquet files among ``files``, from their footers."""
+    """What the Parquet files among ``files`` take once read, from their footers: each row
+    group's uncompressed pages, or its rows times the columns' widths where that is more (a
+    dictionary- or run-length-encoded column of repeated values takes bytes on disk and
+    gigabytes in memory: 15 KB of Parquet was 15 MB of Arrow, a Parquet bomb)."""
     total = 0
     for uri in files:
         with storage.open_input(uri) as f:
@@ -73,8 +90,11 @@ def parquet_bytes(files: list[str]) -> int:
                 continue
         try:
             with storage.open_input(uri) as f:
-                meta = pq.ParquetFile(f).metadata
-                total += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+                pf = pq.ParquetFile(f)
+                meta, width = pf.metadata, _row_width(pf.schema_arrow)
+                for i in range(meta.num_row_groups):
+                    group = meta.row_group(i)
+                    total += max(group.total_byte_size, int(group.num_rows * width))
         except (pa.ArrowException, OSError):
             continue  # the reader names an unreadable file
     return total

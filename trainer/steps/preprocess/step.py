@@ -211,9 +211,13 @@ def preprocess(
     try:
         if needs_streaming(data_uri, budget):
             raise InputTooLarge(data_uri)
-        # A compressed file is read only as far as the budget: one that expands further than
-        # its name promised goes the streaming way (which counts it against max_input_bytes).
-        data = read_input(data_uri, cfg.csv_options(), max_text_bytes=budget // IN_MEMORY_FACTOR)
+        # A compressed file is read only as far as the budget, and no further than
+        # max_input_bytes of text: one that expands further than its name promised goes the
+        # streaming way (which counts it against max_input_bytes as it is parsed).
+        most = min(budget // IN_MEMORY_FACTOR, cfg.max_input_bytes)
+        data = read_input(data_uri, cfg.csv_options(), max_text_bytes=most)
+        if data.any_csv:  # Parquet's size was read from its footers above
+            check_input_bytes(data.table.nbytes, cfg.max_input_bytes, data_uri)
     except InputTooLarge:
         from trainer.steps.preprocess.stream import preprocess_streaming
 
