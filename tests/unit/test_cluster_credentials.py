@@ -349,6 +349,15 @@ def _kfp_objects(*paths: str) -> list[dict[str, Any]]:
     return out
 
 
+KATIB_PATCHED = (
+    "manifests/v1beta1/components/mysql/mysql.yaml",
+    "manifests/v1beta1/components/db-manager/db-manager.yaml",
+    # (patched so that the pod mutator leaves KFP's run pods and Katib's own alone)
+    "manifests/v1beta1/components/webhook/webhooks.yaml",
+)
+"""The upstream files whose objects manifests/katib patches."""
+
+
 def _katib_objects(*paths: str) -> list[dict[str, Any]]:
     gomodcache = Path(os.environ.get("GOMODCACHE", Path.home() / "go" / "pkg" / "mod"))
     src = gomodcache / "github.com" / "kubeflow" / f"katib@v{VERSIONS['KATIB_VERSION']}"
@@ -455,11 +464,7 @@ def test_kfp_user_path_keeps_no_upstream_credential() -> None:
 
 
 def test_katib_user_path_keeps_no_upstream_credential() -> None:
-    upstream = _katib_objects(
-        "manifests/v1beta1/components/mysql/secret.yaml",
-        "manifests/v1beta1/components/mysql/mysql.yaml",
-        "manifests/v1beta1/components/db-manager/db-manager.yaml",
-    )
+    upstream = _katib_objects("manifests/v1beta1/components/mysql/secret.yaml", *KATIB_PATCHED)
     objects = _user_path("katib", upstream)
     assert ("Secret", "katib-mysql-secrets") not in objects
     mysql = _env(objects[("Deployment", "katib-mysql")])
@@ -543,9 +548,7 @@ def test_each_database_admits_its_own_servers_only(
     step pod has KFP's run label and none of these)."""
     if folder == "katib":
         upstream = _katib_objects(
-            "manifests/v1beta1/components/mysql/mysql.yaml",
-            "manifests/v1beta1/components/db-manager/db-manager.yaml",
-            "manifests/v1beta1/components/controller/controller.yaml",
+            *KATIB_PATCHED, "manifests/v1beta1/components/controller/controller.yaml"
         )
     else:
         upstream = _kfp_objects(
