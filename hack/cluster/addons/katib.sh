@@ -336,7 +336,7 @@ addon_install() {
   local d
   ensure_namespace "$NS"
   ensure_credentials "$PIECE" katib-db
-  hostpath_pv "$PIECE" "$NS" katib-mysql 10Gi
+  hostpath_pv "$PIECE" "$NS" katib-mysql 10Gi 999:999
   apply_overlay "$PIECE"
   crds_established "$PIECE" {experiments,suggestions,trials}.kubeflow.org
   for d in katib-mysql katib-db-manager katib-controller; do rollout "$PIECE" "$NS" "$d" 300; done

@@ -316,8 +316,8 @@ addon_install() {
   for tag in $(addon_images); do import_image "$tag"; done
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"
-  hostpath_pv "$PIECE" "$NS" mysql-pv-claim 20Gi
-  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
+  hostpath_pv "$PIECE" "$NS" mysql-pv-claim 20Gi 999:999
+  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi 1000:1000
   apply_k "$PIECE" "${dir}/cluster-scoped-resources"
   # The user path leaves both Secrets out (upstream's hold minio/minio123 and root with no
   # password): they are made before anything that reads them.

@@ -88,7 +88,7 @@ addon_install() {
   ensure_namespace "$NS"
   ensure_auth_secret mlflow-admin admin
   ensure_auth_secret mlflow-auth pipeline
-  hostpath_pv "$PIECE" "$NS" mlflow 10Gi
+  hostpath_pv "$PIECE" "$NS" mlflow 10Gi 1000:1000
   local dir
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"
