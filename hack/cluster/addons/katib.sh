@@ -69,7 +69,7 @@ image_of() { printf 'gpupipe.local/katib-%s:v%s' "${1#katib-}" "$V"; }
 
 check_user_path() {
   local k="${REPO_ROOT}/manifests/katib/kustomization.yaml"
-  grep -q "?ref=v${V}\$" "$k" || die "${PIECE}: ${k} does not pin v${V} (KATIB_VERSION): make them agree"
+  grep -q "?ref=${KATIB_COMMIT}\$" "$k" || die "${PIECE}: ${k} does not pin v${V}'s commit ${KATIB_COMMIT} (versions.env): make them agree"
 }
 
 addon_images() {

@@ -78,7 +78,8 @@ check_user_path() {
   local k
   for k in "${REPO_ROOT}/manifests/kfp/cluster-scoped-resources/kustomization.yaml" \
     "${REPO_ROOT}/manifests/kfp/platform-agnostic/kustomization.yaml"; do
-    grep -q "?ref=${V}\$" "$k" || die "${PIECE}: ${k} does not pin ${V} (KFP_VERSION): make them agree"
+    grep -q "?ref=${KFP_COMMIT}\$" "$k" ||
+      die "${PIECE}: ${k} does not pin ${V}'s commit ${KFP_COMMIT} (versions.env): make them agree"
   done
 }
 
@@ -233,7 +234,7 @@ localize_user_path() {
   local part="$1" dir="$2" up
   user_files "${REPO_ROOT}/manifests/kfp/${part}" "${dir}/${part}" >/dev/null
   up="$(realpath --relative-to "${dir}/${part}" "${SRC}/manifests/kustomize")"
-  sed -E "s#github.com/kubeflow/pipelines/manifests/kustomize/([^?]*)\?ref=${V}#${up}/\1#" \
+  sed -E "s#github.com/kubeflow/pipelines/manifests/kustomize/([^?]*)\?ref=${KFP_COMMIT}#${up}/\1#" \
     "${REPO_ROOT}/manifests/kfp/${part}/kustomization.yaml" >"${dir}/${part}/kustomization.yaml"
   ! grep -q "github.com/" "${dir}/${part}/kustomization.yaml" ||
     die "${PIECE}: manifests/kfp/${part} names a remote base other than KFP ${V}'s manifests/kustomize"
