@@ -201,7 +201,7 @@ addon_image() {
     read -r name bin _ <<<"$s"
     go_image "$name" "$bin" "${BIN_DIR}/argo-${AV}"
   done
-  python_image "$MLMD_IMAGE" "${DF_DIR}/Dockerfile.mlmd" "${DF_DIR}/requirements-mlmd.txt" \
+  python_image "$MLMD_IMAGE" "${DF_DIR}/Dockerfile.mlmd" "${DF_DIR}/requirements-mlmd.lock" \
     "${DF_DIR}/mlmd_server.py" "${DF_DIR}/mlmd_check.py"
   python_image "$WAIT_IMAGE" "${DF_DIR}/Dockerfile.wait"
   mariadb_image "$PIECE"
