@@ -53,6 +53,10 @@ compile: setup ## the golden files: pipelines and components compiled to YAML, a
 	$(BIN)/gpupipe compile
 	$(BIN)/python -m pipelines.reference
 
+.PHONY: lock
+lock: ## the images' hashed lock files (pip install --require-hashes) from constraints.txt and the add-ons' pins
+	hack/lock-images.sh
+
 # The documentation site (mkdocs.yml). --strict: a broken link, a missing page or anchor, or a
 # missing included file fails the build. NO_MKDOCS_2_WARNING: Material's banner about its future.
 MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs

@@ -4,14 +4,15 @@
 #   cpu   a plain venv, then torch==<constraints.txt's pin>+cpu alone, --no-deps, from the index
 #         (default PyTorch's CPU index): it satisfies constraints.txt's torch==2.13.0 and leaves
 #         out the ~3 GB of CUDA libraries PyPI's Linux wheel pulls in; its dependencies come
-#         with the requirements (install-deps.sh), at constraints.txt's versions.
+#         with the requirements (install-deps.sh, requirements.lock).
 #   cuda  a venv over the base's site-packages: PyTorch's CUDA image, and its torch; or, with an
 #         index, torch and its nvidia-* wheels from there (PyPI's Linux torch is the CUDA 13.0
 #         build) over a plain Python base.
 # `--check` checks the venv's torch (after install-deps.sh, which brings the CPU torch's
 # dependencies, and its trim): constraints.txt's version; for cuda, a CUDA build with NCCL,
 # checked at once too (the base or the index brought its dependencies).
-# Usage: sh install-torch.sh FLAVOUR VENV [INDEX_URL]   (run where constraints.txt is)
+# Usage: sh install-torch.sh FLAVOUR VENV [INDEX_URL]   (run where constraints.txt and the
+#        torch-*.lock files are)
 #        sh install-torch.sh FLAVOUR VENV --check
 set -eu
 flavour="$1"
@@ -57,14 +58,19 @@ if [ "$index" = "--check" ]; then
   exit 0
 fi
 
+# Each file pip fetches is checked against its lock's sha256 (hack/lock-images.sh made both from
+# constraints.txt's pin): torch-cpu.lock, the CPU wheel (images/wheels.sha256's);
+# torch-cuda.lock, PyPI's Linux torch with every CUDA wheel it needs.
 if [ "$flavour" = cpu ]; then
   python -m venv "$venv"
   index="${index:-https://download.pytorch.org/whl/cpu}"
-  "$venv/bin/python" -m pip install --no-cache-dir --no-deps -c constraints.txt --index-url "$index" torch
+  "$venv/bin/python" -m pip install --no-cache-dir --require-hashes --no-deps \
+    --index-url "$index" -r torch-cpu.lock
 else
   python -m venv --system-site-packages "$venv"
   if [ -n "$index" ]; then
-    "$venv/bin/python" -m pip install --no-cache-dir -c constraints.txt --index-url "$index" torch
+    "$venv/bin/python" -m pip install --no-cache-dir --require-hashes --no-deps \
+      --index-url "$index" -r torch-cuda.lock
   fi
   check
 fi

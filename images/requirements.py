@@ -1,7 +1,8 @@
 """Print the requirements of gpupipe (and the given extras) from pyproject.toml, one a line.
 
-The images install these first, from constraints.txt, so that a change to the package's code
-rebuilds only the last layer. Self-references (``gpupipe[...]``) are left out.
+hack/lock-images.sh (make lock) resolves these at constraints.txt's versions into
+images/requirements.lock, the hashed lock the images install first, so that a change to the
+package's code rebuilds only the last layer. Self-references (``gpupipe[...]``) are left out.
 Usage: python requirements.py pyproject.toml [extra ...]
 """
 

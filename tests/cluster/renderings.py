@@ -1,11 +1,11 @@
 """Render a user's overlay in `manifests/` and the test cluster's overlay side by side.
 
 What a user applies (`manifests/<piece>`, `make kind-up`) names an upstream base by its GitHub
-URL at a release tag; the test cluster applies the same upstream files from a local copy (a Go
-module download, KFP's tarball) under an overlay of its own in the state folder. Both are rendered
-with the cluster's own kubectl (kustomize built in), the user's with its remote base pointed at
-that local copy, and compared object by object with image references reduced to their upstream
-names. Used by tests/cluster/test_kfp_manifests.py and test_addon_manifests.py.
+URL at its release's commit; the test cluster applies the same upstream files from a local copy (a
+Go module download, KFP's tarball) under an overlay of its own in the state folder. Both are
+rendered with the cluster's own kubectl (kustomize built in), the user's with its remote base
+pointed at that local copy, and compared object by object with image references reduced to their
+upstream names. Used by tests/cluster/test_kfp_manifests.py and test_addon_manifests.py.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def user_path(part: str, remote: str, local: Path, tmp: Path) -> list[dict[str, 
             shutil.copy(own, folder / own.name)
     relative = os.path.relpath(local, folder)  # kustomize wants a relative path
     localized, n = re.subn(remote, rf"{relative}/\1", text)
-    assert n == 1, f"manifests/{part} should name its upstream base once, at the release tag"
+    assert n == 1, f"manifests/{part} should name its upstream base once, at its release's commit"
     (folder / "kustomization.yaml").write_text(localized)
     return kustomize(folder)
 

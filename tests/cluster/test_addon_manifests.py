@@ -64,7 +64,7 @@ INIT_TEMPLATE = (
 CASES: dict[str, Addon] = {
     "training-operator": Addon(
         user="training-operator",
-        remote=r"github\.com/kubeflow/training-operator\.git/manifests/(\S*)\?ref=v[\d.]+",
+        remote=r"github\.com/kubeflow/training-operator\.git/manifests/(\S*)\?ref=[0-9a-f]{40}",
         upstream=ADDONS / "training-operator" / "upstream",
         cluster=ADDONS / "training-operator",
         only_cluster={
@@ -78,13 +78,13 @@ CASES: dict[str, Addon] = {
     ),
     "trainer": Addon(
         user="trainer/manager",
-        remote=r"github\.com/kubeflow/trainer\.git/manifests/(\S*)\?ref=v[\d.]+",
+        remote=r"github\.com/kubeflow/trainer\.git/manifests/(\S*)\?ref=[0-9a-f]{40}",
         upstream=ADDONS / "trainer" / "upstream",
         cluster=ADDONS / "trainer",
     ),
     "trainer-runtimes": Addon(
         user="trainer/runtimes",
-        remote=r"github\.com/kubeflow/trainer\.git/manifests/(\S*)\?ref=v[\d.]+",
+        remote=r"github\.com/kubeflow/trainer\.git/manifests/(\S*)\?ref=[0-9a-f]{40}",
         upstream=ADDONS / "trainer" / "upstream",
         cluster=ADDONS / "trainer" / "runtime",
         only_user={
@@ -107,7 +107,7 @@ CASES: dict[str, Addon] = {
     ),
     "katib": Addon(
         user="katib",
-        remote=r"github\.com/kubeflow/katib\.git/manifests/v1beta1/(\S*)\?ref=v[\d.]+",
+        remote=r"github\.com/kubeflow/katib\.git/manifests/v1beta1/(\S*)\?ref=[0-9a-f]{40}",
         upstream=ADDONS / "katib" / "upstream",
         cluster=ADDONS / "katib",
         only_user={

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 import uuid
 from typing import Any
 
@@ -213,3 +214,46 @@ def test_katibs_db_manager_logs_in_as_the_account() -> None:
         "secretKeyRef": {"name": "katib-mysql-secrets", "key": "DB_PASSWORD"}
     }
     kube.kubectl("-n", NS, "rollout", "status", "deployment/katib-db-manager", "--timeout=60s")
+
+
+def _command_lines() -> dict[int, bytes]:
+    """Every process's arguments on this node (the cluster's pods run here), by pid."""
+    lines = {}
+    for proc in os.listdir("/proc"):
+        if proc.isdigit():
+            try:
+                with open(f"/proc/{proc}/cmdline", "rb") as f:
+                    lines[int(proc)] = f.read()
+            except OSError:
+                continue  # gone, or not ours to read
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("secret", "keys", "deployment"),
+    [
+        pytest.param("mysql-secret", ("password", "root-password"), "metadata-grpc-deployment",
+                     id="kfp-db"),
+        pytest.param("katib-mysql-secrets", ("MYSQL_ROOT_PASSWORD", "DB_PASSWORD"), "katib-mysql",
+                     id="katib-db"),
+    ],
+)  # fmt: skip
+def test_no_process_on_the_node_has_a_database_password_in_its_arguments(
+    secret: str, keys: tuple[str, ...], deployment: str
+) -> None:
+    """Issue 60, item 10: ML Metadata's server ran with --mysql_config_password=<password> and
+    Katib's database probes with -p<root password> every 5 s; any local user reads either in
+    /proc/*/cmdline. Read for 20 s (four probe periods), every process each second."""
+    need(deployment)
+    passwords = {kube.secret_value(NS, secret, key).encode() for key in keys}
+    assert all(len(p) >= 8 for p in passwords), "the Secret holds no generated password"
+    seen = 0
+    for _ in range(20):
+        for pid, line in _command_lines().items():
+            seen += 1
+            leaked = [p for p in passwords if p in line]
+            assert not leaked, f"pid {pid} has {secret}'s password in its arguments: " + (
+                line.split(b"\0")[0].decode(errors="replace")
+            )
+        time.sleep(1)
+    assert seen > 100, "too few processes read: is this the cluster's node?"

@@ -38,9 +38,10 @@ UI = {
 }
 """What the UI's add-on applies (its own overlay) and kfp.sh leaves out."""
 UI_ADDON = ADDONS / "kfp-ui"
-REMOTE = r"github\.com/kubeflow/pipelines/manifests/kustomize/([^?\s]*)\?ref=" + kube.VERSIONS[
-    "KFP_VERSION"
-].replace(".", r"\.")
+REMOTE = (
+    r"github\.com/kubeflow/pipelines/manifests/kustomize/([^?\s]*)\?ref="
+    + kube.VERSIONS["KFP_COMMIT"]
+)
 
 pytestmark = pytest.mark.skipif(
     not (ADDONS / "kfp" / "install").is_dir() or not SRC.is_dir(),

@@ -69,13 +69,15 @@ def test_minio_uris_default_to_the_store_kfp_drivers_use() -> None:
 
 def test_training_operator_version_is_the_user_paths() -> None:
     text = (ROOT / "manifests" / "training-operator" / "kustomization.yaml").read_text()
-    assert f"?ref=v{VERSIONS['TRAINING_OPERATOR_VERSION']}\n" in text
+    assert f"?ref={VERSIONS['TRAINING_OPERATOR_COMMIT']}\n" in text
+    assert f"# v{VERSIONS['TRAINING_OPERATOR_VERSION']}: the commit" in text
 
 
 @pytest.mark.parametrize("part", ["manager", "runtimes"])
 def test_trainer_version_is_the_user_paths(part: str) -> None:
     text = (ROOT / "manifests" / "trainer" / part / "kustomization.yaml").read_text()
-    assert f"?ref=v{VERSIONS['TRAINER_VERSION']}\n" in text
+    assert f"?ref={VERSIONS['TRAINER_COMMIT']}\n" in text
+    assert f"# v{VERSIONS['TRAINER_VERSION']}: the commit" in text
 
 
 def _default_addons() -> list[str]:

@@ -119,7 +119,7 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
     steps = _instructions(dockerfile)
     args = dict(a.split("=", 1) for k, a in steps if k == "ARG" and "=" in a)
     stages = _stages(steps)
-    assert list(stages) == ["requirements", "deps", "package", "final"]
+    assert list(stages) == ["deps", "package", "final"]
 
     for base in [a.split()[0] for k, a in steps if k == "FROM" and a.split()[0] != "deps"]:
         image = _resolve(base, args)
@@ -152,14 +152,18 @@ def test_dockerfile_follows_the_house_rules(dockerfile: Path) -> None:
         for command in re.split(r"&&|;", run):
             if "pip install" in command:
                 assert "--no-cache-dir" in command, f"pip install without --no-cache-dir: {run}"
-                assert "-c constraints.txt" in command, f"pip install without constraints: {run}"
-    # Dependencies first (from pyproject.toml, before any source is copied), the package last.
+                # From an index, each file checked against a hashed lock (issue 60, item 12);
+                # the package itself from the build context, with no index at all.
+                hashed = "--require-hashes" in command and "--no-deps" in command
+                local = "--no-index" in command and command.rstrip().endswith(" .")
+                assert hashed or local, f"pip install without --require-hashes: {run}"
+    # Dependencies first (from their lock, before any source is copied), the package last.
     deps_copies = [a for k, a in stages["deps"] if k == "COPY"]
     assert not any(re.search(r"\b(trainer|components|pipelines)\b", a) for a in deps_copies)
-    assert any("/requirements.py /pyproject.toml pipelines" in a for _, a in stages["requirements"])
-    assert "--from=requirements /requirements.txt ./" in deps_copies
+    assert "images/requirements.lock ./" in deps_copies
+    assert any("images/torch-cpu.lock images/torch-cuda.lock" in a for a in deps_copies)
     package_runs = [a for k, a in stages["package"] if k == "RUN"]
-    assert package_runs and all("--no-deps" in a for a in package_runs)
+    assert package_runs and all("--no-deps" in a and "--no-index" in a for a in package_runs)
     # The final stage: a compiler (torch.compile) and the user (install-runtime.sh, removed
     # after), then only the venv and the package layered over it; no pip in it, no sources.
     final = stages["final"]
@@ -276,7 +280,8 @@ def test_dockerignore_sends_only_what_the_images_copy() -> None:
     assert "*" in lines
     needed_files = ("constraints.txt", "pyproject.toml", "trainer/", "components/", "pipelines/")
     copied = {f"images/{name}" for d in DOCKERFILES for name in _copied_scripts(_instructions(d))}
-    for needed in (*needed_files, "images/requirements.py", *sorted(copied)):
+    locks = ("images/requirements.lock", "images/torch-cpu.lock", "images/torch-cuda.lock")
+    for needed in (*needed_files, *locks, *sorted(copied)):
         assert f"!{needed}" in lines
 
 
@@ -346,7 +351,9 @@ def test_every_package_an_image_installs_is_pinned_by_the_constraints() -> None:
             words = command.replace("\\", " ").split()
             named = [w for w in words if not w.startswith(("-", "$", '"$')) and w != "."]
             named = [
-                w.strip('"') for w in named if w not in ("requirements.txt", "constraints.txt")
+                w.strip('"')
+                for w in named
+                if w not in ("requirements.txt", "constraints.txt") and not w.endswith(".lock")
             ]
             for name in named:
                 assert re.fullmatch(r"[A-Za-z0-9_.-]+", name), f"{dockerfile.name}: {name!r}"

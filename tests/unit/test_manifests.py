@@ -45,7 +45,15 @@ CLUSTER_SCOPED_KINDS = {
     "ValidatingWebhookConfiguration",
 }
 REMOTE = re.compile(r"^(https?://|git@|github\.com/)")
-EXACT_TAG = re.compile(r"^v?\d+\.\d+\.\d+$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+"""A remote base's ref: a commit (a release tag can be moved to other files; a commit cannot)."""
+VERSIONS = dict(
+    re.findall(
+        r"^([A-Z0-9_]+)=(\S+)$",
+        (Path(__file__).resolve().parents[2] / "hack/cluster/versions.env").read_text(),
+        re.M,
+    )
+)
 
 # Katib calls of the tune step.
 KATIB_CALLS = set(KATIB_API_CALLS)
@@ -423,26 +431,31 @@ def test_nothing_cluster_wide(obj: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("url", REMOTE_REFS)
-def test_remote_base_is_pinned_to_a_release_tag(url: str) -> None:
+def test_remote_base_is_pinned_to_a_commit(url: str) -> None:
     refs = re.findall(r"[?&]ref=([^&]+)", url)
     assert len(refs) == 1, f"{url}: no ?ref= pin"
-    assert EXACT_TAG.match(refs[0]), f"{url}: ref {refs[0]!r} is not an exact release tag"
+    assert COMMIT.match(refs[0]), f"{url}: ref {refs[0]!r} is not a commit (40 hex digits)"
 
 
 @pytest.mark.parametrize(
-    ("folder", "repo", "tag"),
+    ("folder", "repo", "release"),
     [
-        ("training-operator", "github.com/kubeflow/training-operator.git", "v1.9.2"),
+        ("training-operator", "github.com/kubeflow/training-operator.git", "TRAINING_OPERATOR"),
         # Kubeflow Trainer v2 (TrainJob): the release whose CRDs are in ../shared/crds.
-        ("trainer/manager", "github.com/kubeflow/trainer.git", "v2.3.0"),
-        ("trainer/runtimes", "github.com/kubeflow/trainer.git", "v2.3.0"),
-        ("katib", "github.com/kubeflow/katib.git", "v0.19.0"),
+        ("trainer/manager", "github.com/kubeflow/trainer.git", "TRAINER"),
+        ("trainer/runtimes", "github.com/kubeflow/trainer.git", "TRAINER"),
+        ("katib", "github.com/kubeflow/katib.git", "KATIB"),
         # The KFP backend release of the SDK that compiles the pipelines (constraints.txt).
-        ("kfp/cluster-scoped-resources", "github.com/kubeflow/pipelines", "2.17.0"),
-        ("kfp/platform-agnostic", "github.com/kubeflow/pipelines", "2.17.0"),
+        ("kfp/cluster-scoped-resources", "github.com/kubeflow/pipelines", "KFP"),
+        ("kfp/platform-agnostic", "github.com/kubeflow/pipelines", "KFP"),
     ],
 )
-def test_install_overlays_pin_the_expected_release(folder: str, repo: str, tag: str) -> None:
+def test_install_overlays_pin_the_expected_release(folder: str, repo: str, release: str) -> None:
+    """Each base at the commit of the release the test cluster builds (versions.env's
+    <release>_VERSION and _COMMIT), its tag named beside it."""
+    tag = VERSIONS[f"{release}_VERSION"]
+    text = (MANIFESTS / folder / "kustomization.yaml").read_text()
+    assert re.search(rf"^  # v?{re.escape(tag)}: the commit its release tag names", text, re.M)
     rendered = RENDERED[MANIFESTS / folder]
     # Objects of our own: KFP's grant of ML Metadata's database to the generated account
     # (hack/credentials.sh), which the database runs on its first start, each database's
@@ -463,7 +476,7 @@ def test_install_overlays_pin_the_expected_release(folder: str, repo: str, tag: 
     assert own == expected, "install overlays only point at upstream"
     assert len(rendered.remote) == 1
     assert rendered.remote[0].startswith(repo + "/")
-    assert rendered.remote[0].endswith(f"?ref={tag}")
+    assert rendered.remote[0].endswith(f"?ref={VERSIONS[f'{release}_COMMIT']}")
 
 
 def test_kfp_install_leaves_out_only_the_v1_parts() -> None:
@@ -490,9 +503,10 @@ def test_kfp_install_leaves_out_only_the_v1_parts() -> None:
 
 
 def test_kfp_backend_matches_the_sdk() -> None:
-    sdk = importlib.metadata.version("kfp")
+    assert importlib.metadata.version("kfp") == VERSIONS["KFP_VERSION"]
     for folder in ("kfp/cluster-scoped-resources", "kfp/platform-agnostic"):
-        assert RENDERED[MANIFESTS / folder].remote[0].endswith(f"?ref={sdk}"), folder
+        remote = RENDERED[MANIFESTS / folder].remote[0]
+        assert remote.endswith(f"?ref={VERSIONS['KFP_COMMIT']}"), folder
 
 
 def _expected_calls() -> set[tuple[str, str, str]]:

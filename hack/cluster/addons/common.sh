@@ -305,16 +305,23 @@ check_credentials() {
   say "$out"
 }
 
-# hostpath_pv PIECE NAMESPACE PVC SIZE: the cluster has no StorageClass and no provisioner, so each
-# add-on's PersistentVolumeClaim gets a PersistentVolume made here: a folder on the node under
-# ${STATE}/volumes/ (world-writable, as kind's local-path provisioner makes them: pods run as
-# non-root users without fsGroup support on hostPath), pre-bound to that claim by claimRef.
+# hostpath_pv PIECE NAMESPACE PVC SIZE UID:GID: the cluster has no StorageClass and no provisioner,
+# so each add-on's PersistentVolumeClaim gets a PersistentVolume made here: a folder on the node
+# under ${STATE}/volumes/, pre-bound to that claim by claimRef. The folder is owned by the uid and
+# gid the claiming pod runs as (its manifest's securityContext: runAsUser, runAsGroup; a hostPath
+# volume gets no fsGroup) and is theirs alone (0700): the databases, models and objects in it are
+# no other local user's to read or change (it was 0777 without the sticky bit, issue 60 item 10).
+# tests/unit/test_cluster_volumes.py holds each call to its pod's manifest.
 # `make cluster-down` removes the state folder, and the data with it.
 hostpath_pv() {
-  local piece="$1" ns="$2" pvc="$3" size="$4" dir
+  local piece="$1" ns="$2" pvc="$3" size="$4" owner="${5:-}" dir
+  [[ "$owner" =~ ^[0-9]+:[0-9]+$ ]] ||
+    die "${piece}: the volume of ${ns}/${pvc} needs its pod's UID:GID (got '${owner}')"
   dir="${STATE}/volumes/${ns}-${pvc}"
+  install -d -m 0700 "${STATE}/volumes"
   mkdir -p "$dir"
-  chmod 0777 "$dir"
+  chown "$owner" "$dir"
+  chmod 0700 "$dir"
   # Made once: the PV controller completes claimRef (uid) when it binds, and claimRef is atomic,
   # so a second apply would fight it over the whole field.
   kubectl_ get pv "gpupipe-${ns}-${pvc}" >/dev/null 2>&1 && return 0

@@ -69,7 +69,7 @@ image_of() { printf 'gpupipe.local/katib-%s:v%s' "${1#katib-}" "$V"; }
 
 check_user_path() {
   local k="${REPO_ROOT}/manifests/katib/kustomization.yaml"
-  grep -q "?ref=v${V}\$" "$k" || die "${PIECE}: ${k} does not pin v${V} (KATIB_VERSION): make them agree"
+  grep -q "?ref=${KATIB_COMMIT}\$" "$k" || die "${PIECE}: ${k} does not pin v${V}'s commit ${KATIB_COMMIT} (versions.env): make them agree"
 }
 
 addon_images() {
@@ -113,8 +113,8 @@ py_image() {
   tag="$(image_of "$name")"
   src="$(go_module_dir "$PIECE" "${MODULE}@v${V}")"
   base="$("${REPO_ROOT}/hack/base-image.sh")"
-  pins="${DF_DIR}/constraints-${name}.txt"
-  [[ -f "$pins" ]] || die "${PIECE}: ${pins} is missing: every package of an image is pinned"
+  pins="${DF_DIR}/requirements-${name}.lock"
+  [[ -f "$pins" ]] || die "${PIECE}: ${pins} is missing: every package of an image is pinned and hashed (make lock)"
   recipe="$(RECIPE_EXTRA="$V $name $svc $base" recipe_of "${DF_DIR}/Dockerfile.python" "${src}/${svc}/requirements.txt" "$pins")"
   image_is_built "$tag" "$recipe" && return 0
   ctx="$(mktemp -d)"
@@ -123,7 +123,7 @@ py_image() {
   mkdir "${ctx}/service"
   cp "${src}/${svc}/main.py" "${src}/${svc}/requirements.txt" "${ctx}/service/"
   cp "${DF_DIR}/Dockerfile.python" "${ctx}/Dockerfile"
-  cp "$pins" "${ctx}/constraints.txt"
+  cp "$pins" "${ctx}/requirements.lock"
   chmod -R u+w "$ctx"
   docker_build "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BASE=${base}" --build-arg "SERVICE_DIR=${svc}"
   rm -rf "$ctx"
@@ -336,7 +336,7 @@ addon_install() {
   local d
   ensure_namespace "$NS"
   ensure_credentials "$PIECE" katib-db
-  hostpath_pv "$PIECE" "$NS" katib-mysql 10Gi
+  hostpath_pv "$PIECE" "$NS" katib-mysql 10Gi 999:999
   apply_overlay "$PIECE"
   crds_established "$PIECE" {experiments,suggestions,trials}.kubeflow.org
   for d in katib-mysql katib-db-manager katib-controller; do rollout "$PIECE" "$NS" "$d" 300; done

@@ -78,7 +78,8 @@ check_user_path() {
   local k
   for k in "${REPO_ROOT}/manifests/kfp/cluster-scoped-resources/kustomization.yaml" \
     "${REPO_ROOT}/manifests/kfp/platform-agnostic/kustomization.yaml"; do
-    grep -q "?ref=${V}\$" "$k" || die "${PIECE}: ${k} does not pin ${V} (KFP_VERSION): make them agree"
+    grep -q "?ref=${KFP_COMMIT}\$" "$k" ||
+      die "${PIECE}: ${k} does not pin ${V}'s commit ${KFP_COMMIT} (versions.env): make them agree"
   done
 }
 
@@ -200,7 +201,7 @@ addon_image() {
     read -r name bin _ <<<"$s"
     go_image "$name" "$bin" "${BIN_DIR}/argo-${AV}"
   done
-  python_image "$MLMD_IMAGE" "${DF_DIR}/Dockerfile.mlmd" "${DF_DIR}/requirements-mlmd.txt" \
+  python_image "$MLMD_IMAGE" "${DF_DIR}/Dockerfile.mlmd" "${DF_DIR}/requirements-mlmd.lock" \
     "${DF_DIR}/mlmd_server.py" "${DF_DIR}/mlmd_check.py"
   python_image "$WAIT_IMAGE" "${DF_DIR}/Dockerfile.wait"
   mariadb_image "$PIECE"
@@ -233,7 +234,7 @@ localize_user_path() {
   local part="$1" dir="$2" up
   user_files "${REPO_ROOT}/manifests/kfp/${part}" "${dir}/${part}" >/dev/null
   up="$(realpath --relative-to "${dir}/${part}" "${SRC}/manifests/kustomize")"
-  sed -E "s#github.com/kubeflow/pipelines/manifests/kustomize/([^?]*)\?ref=${V}#${up}/\1#" \
+  sed -E "s#github.com/kubeflow/pipelines/manifests/kustomize/([^?]*)\?ref=${KFP_COMMIT}#${up}/\1#" \
     "${REPO_ROOT}/manifests/kfp/${part}/kustomization.yaml" >"${dir}/${part}/kustomization.yaml"
   ! grep -q "github.com/" "${dir}/${part}/kustomization.yaml" ||
     die "${PIECE}: manifests/kfp/${part} names a remote base other than KFP ${V}'s manifests/kustomize"
@@ -316,8 +317,8 @@ addon_install() {
   for tag in $(addon_images); do import_image "$tag"; done
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"
-  hostpath_pv "$PIECE" "$NS" mysql-pv-claim 20Gi
-  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
+  hostpath_pv "$PIECE" "$NS" mysql-pv-claim 20Gi 999:999
+  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi 1000:1000
   apply_k "$PIECE" "${dir}/cluster-scoped-resources"
   # The user path leaves both Secrets out (upstream's hold minio/minio123 and root with no
   # password): they are made before anything that reads them.

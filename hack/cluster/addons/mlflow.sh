@@ -44,7 +44,8 @@ addon_image() {
   [[ -n "$boto3" ]] || die "${PIECE}: constraints.txt pins no boto3"
   grep -qx "mlflow==${V}" "${ADDONS_HACK}/images/mlflow/constraints.txt" ||
     die "${PIECE}: images/mlflow/constraints.txt does not pin mlflow==${V} (MLFLOW_VERSION)"
-  recipe="$(RECIPE_EXTRA="$V $boto3 $base_id" recipe_of "$df" "${ADDONS_HACK}/images/mlflow/constraints.txt")"
+  recipe="$(RECIPE_EXTRA="$V $boto3 $base_id" recipe_of "$df" "${ADDONS_HACK}/images/mlflow/constraints.txt" \
+    "${ADDONS_HACK}/images/mlflow/requirements.lock")"
   image_is_built "$IMAGE" "$recipe" && return 0
   # pip inside the build reaches PyPI through the host's network (the base trusts the host's CAs).
   docker_build "$PIECE" "$IMAGE" "$recipe" "${ADDONS_HACK}/images/mlflow" --network host \
@@ -88,7 +89,7 @@ addon_install() {
   ensure_namespace "$NS"
   ensure_auth_secret mlflow-admin admin
   ensure_auth_secret mlflow-auth pipeline
-  hostpath_pv "$PIECE" "$NS" mlflow 10Gi
+  hostpath_pv "$PIECE" "$NS" mlflow 10Gi 1000:1000
   local dir
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"

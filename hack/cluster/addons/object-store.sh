@@ -153,7 +153,7 @@ addon_install() {
   kfp_source "$PIECE"
   ensure_namespace "$NS"
   ensure_credentials "$PIECE" object-store
-  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi
+  hostpath_pv "$PIECE" "$NS" seaweedfs-pvc 20Gi 1000:1000
   local dir
   dir="$(addon_state "$PIECE")"
   write_overlay "$dir"

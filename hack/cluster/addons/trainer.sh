@@ -34,8 +34,8 @@ NS=kubeflow-system
 check_user_path() {
   local k
   for k in manager runtimes; do
-    grep -q "?ref=v${V}\$" "${REPO_ROOT}/manifests/trainer/${k}/kustomization.yaml" ||
-      die "${PIECE}: manifests/trainer/${k}/kustomization.yaml does not pin v${V} (TRAINER_VERSION): make them agree"
+    grep -q "?ref=${TRAINER_COMMIT}\$" "${REPO_ROOT}/manifests/trainer/${k}/kustomization.yaml" ||
+      die "${PIECE}: manifests/trainer/${k}/kustomization.yaml does not pin v${V}'s commit ${TRAINER_COMMIT} (versions.env): make them agree"
   done
 }
 

@@ -26,8 +26,8 @@ NS=kubeflow
 # The user path applies the same release: a drift between the two is a bug.
 check_user_path() {
   local k="${REPO_ROOT}/manifests/training-operator/kustomization.yaml"
-  grep -q "?ref=v${V}\$" "$k" ||
-    die "${PIECE}: ${k} does not pin v${V} (TRAINING_OPERATOR_VERSION): make them agree"
+  grep -q "?ref=${TRAINING_OPERATOR_COMMIT}\$" "$k" ||
+    die "${PIECE}: ${k} does not pin v${V}'s commit ${TRAINING_OPERATOR_COMMIT} (versions.env): make them agree"
 }
 
 addon_images() {

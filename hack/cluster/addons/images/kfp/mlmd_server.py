@@ -9,7 +9,11 @@ and its bytes back: no message is parsed here, and every method of the service i
 It takes the upstream binary's flags (the ones KFP's manifests pass), so the image replaces
 upstream's in KFP's own Deployment unchanged:
   --grpc_port, --mysql_config_{host,port,database,user,password}, --enable_database_upgrade,
-  --grpc_channel_arguments (name=value,... ints); and --sqlite_filename_uri for a local store.
+  --grpc_channel_arguments (name=value,... ints); --metadata_store_server_config_file (a
+  MetadataStoreServerConfig text proto: its connection_config and migration_options, in place
+  of the --mysql_config_* flags and --enable_database_upgrade, as upstream reads it: how
+  manifests/kfp keeps the password off the command line); and --sqlite_filename_uri for a local
+  store.
 Three methods the wheel lacks answer UNIMPLEMENTED (see `unimplemented`).
 Calls are made one at a time (a lock): the extension's store object holds one database
 connection, which is not safe to share between threads.
@@ -44,15 +48,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mysql_config_user", default="")
     p.add_argument("--mysql_config_password", default="")
     p.add_argument("--sqlite_filename_uri", default="")
+    p.add_argument("--metadata_store_server_config_file", default="")
     p.add_argument("--enable_database_upgrade", default="false")
     p.add_argument("--grpc_channel_arguments", default="")
     args = p.parse_args(argv)
-    if bool(args.mysql_config_host) == bool(args.sqlite_filename_uri):
-        p.error("give exactly one of --mysql_config_host and --sqlite_filename_uri")
+    sources = [args.mysql_config_host, args.sqlite_filename_uri]
+    if not args.metadata_store_server_config_file and sum(map(bool, sources)) != 1:
+        p.error(
+            "give --metadata_store_server_config_file, or exactly one of --mysql_config_host "
+            "and --sqlite_filename_uri"
+        )
     return args
 
 
+def server_config(path: str) -> metadata_store_pb2.MetadataStoreServerConfig:
+    """The MetadataStoreServerConfig text proto at ``path`` (upstream's
+    --metadata_store_server_config_file: it overrides the --mysql_config_* flags)."""
+    from google.protobuf import text_format
+
+    with open(path, encoding="utf-8") as f:
+        return text_format.Parse(f.read(), metadata_store_pb2.MetadataStoreServerConfig())
+
+
 def connection_config(args: argparse.Namespace) -> metadata_store_pb2.ConnectionConfig:
+    if args.metadata_store_server_config_file:
+        return server_config(args.metadata_store_server_config_file).connection_config
     cfg = metadata_store_pb2.ConnectionConfig()
     if args.sqlite_filename_uri:
         cfg.sqlite.filename_uri = args.sqlite_filename_uri
@@ -122,6 +142,9 @@ def serve(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     upgrade = args.enable_database_upgrade.lower() in ("true", "1")
+    if args.metadata_store_server_config_file:
+        config = server_config(args.metadata_store_server_config_file)
+        upgrade = config.migration_options.enable_upgrade_migration
     store = Store(connection_config(args), upgrade)
     methods = metadata_store_service_pb2.DESCRIPTOR.services_by_name["MetadataStoreService"].methods
     handlers = {
