@@ -17,8 +17,10 @@ class InputTooLarge(Exception):
     larger than its name promised): preprocess reads it in record batches instead."""
 
 
-def _raise(what: str, name: str, limit: int, advice: str, uri: str) -> None:
-    setting = f'preprocess_config_json {{"{name}": {limit * 2}}}'
+def _raise(what: str, name: str, limit: int, needed: int, advice: str, uri: str) -> None:
+    """The ``E_DATA`` line; the setting it suggests is at least what this input ``needed`` (a
+    doubled limit alone could still be too small: 41 columns over a limit of 20)."""
+    setting = f'preprocess_config_json {{"{name}": {max(limit * 2, needed)}}}'
     raise InputError(
         "E_DATA", f"{what}, over {name} {limit}: {advice}, or raise it ({setting})", uri
     )
@@ -31,6 +33,7 @@ def check_columns(columns: int, limit: int, uri: str) -> None:
             f"the dataset has {columns} columns",
             "max_columns",
             limit,
+            columns,
             "leave out the columns the model does not need",
             uri,
         )
@@ -45,6 +48,7 @@ def check_input_bytes(size: int, limit: int, uri: str, *, so_far: bool = False) 
             what,
             "max_input_bytes",
             limit,
+            size * 2 if so_far else size,  # read only so far: the whole is larger
             "check that the file is what you meant (a small compressed file of repeated rows "
             "expands without bound)",
             uri,
@@ -59,6 +63,7 @@ def check_features(features: int, limit: int, uri: str) -> None:
             "one-hot categories)",
             "max_features",
             limit,
+            features,
             "lower max_categories, or drop wide categorical columns with column_roles_json",
             uri,
         )
