@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("GPUPIPE_CLUSTER_DIR", "/var/lib/gpupipe-cluster"))
 KUBECONFIG = STATE / "kubeconfig"
@@ -95,6 +97,33 @@ def unavailable() -> str | None:
     if why.exists():
         return f"hack/cluster-up.sh: {why.read_text().strip()}"
     return down
+
+
+def declared_addons() -> list[str]:
+    """The add-ons this cluster was brought up with: ``GPUPIPE_CLUSTER_ADDONS`` where set, else
+    hack/cluster-up.sh's default list (read from the script: one list, never two)."""
+    if "GPUPIPE_CLUSTER_ADDONS" in os.environ:
+        return os.environ["GPUPIPE_CLUSTER_ADDONS"].split()
+    script = (ROOT / "hack" / "cluster-up.sh").read_text()
+    found = re.search(r'^addons="\$\{GPUPIPE_CLUSTER_ADDONS-([^}]*)\}"', script, re.M)
+    assert found, "hack/cluster-up.sh has no default add-on list (addons=...)"
+    return found.group(1).split()
+
+
+def need_addon(addon: str, present: bool | None = None, what: str = "") -> None:
+    """Go on where ``addon`` is in this cluster (``present``, else its folder under the state's
+    ``addons/``); else skip, saying so, where the cluster was brought up without it, and fail
+    where it was brought up with it (:func:`declared_addons`): a declared add-on that is missing
+    is a broken cluster, and a skip would pass for an untested one."""
+    if present is None:
+        present = (STATE / "addons" / addon).is_dir()
+    if present:
+        return
+    missing = f"{what or 'the add-on ' + addon} is not in this cluster"
+    declared = declared_addons()
+    if addon in declared:
+        pytest.fail(f"{missing}, though it was brought up with {addon} ({' '.join(declared)})")
+    pytest.skip(f"{missing}: brought up without {addon} (GPUPIPE_CLUSTER_ADDONS)")
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:

@@ -141,8 +141,9 @@ def test_the_test_cluster_applies_the_user_path_with_only_the_named_changes(
     name: str, tmp_path: Path
 ) -> None:
     addon = CASES[name]
-    if not (addon.cluster / "kustomization.yaml").is_file() or not addon.upstream.is_dir():
-        pytest.skip(f"the {name} add-on is not installed in this cluster")
+    kube.need_addon(
+        name, (addon.cluster / "kustomization.yaml").is_file() and addon.upstream.is_dir()
+    )
     local = image_names(addon.cluster / "kustomization.yaml")
     user = by_key(user_path(addon.user, addon.remote, addon.upstream, tmp_path), local)
     cluster = by_key(kustomize(addon.cluster), local)
@@ -179,8 +180,8 @@ def test_the_test_cluster_applies_the_user_path_with_only_the_named_changes(
 
 def test_jobset_is_the_release_trainers_user_path_installs() -> None:
     third_party = ADDONS / "trainer" / "upstream" / "third-party" / "jobset" / "kustomization.yaml"
-    if not third_party.is_file() or not (ADDONS / "jobset" / "upstream.version").is_file():
-        pytest.skip("the trainer and jobset add-ons are not installed in this cluster")
+    kube.need_addon("trainer", third_party.is_file())
+    kube.need_addon("jobset", (ADDONS / "jobset" / "upstream.version").is_file())
     (release,) = yaml.safe_load(third_party.read_text())["resources"]
     built = (ADDONS / "jobset" / "upstream.version").read_text().strip()
     assert release.endswith(f"/releases/download/v{built}/manifests.yaml"), (release, built)

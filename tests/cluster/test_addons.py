@@ -24,8 +24,7 @@ def _installed(addon: str) -> bool:
 
 @pytest.mark.parametrize("addon", _with_verify())
 def test_addon_verifies_from_inside_the_cluster(addon: str) -> None:
-    if not _installed(addon):
-        pytest.skip(f"add-on {addon} is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+    kube.need_addon(addon)
     out = subprocess.run(
         [str(Path(ADDONS, f"{addon}.sh")), "verify"],
         capture_output=True,

@@ -27,13 +27,20 @@ NS = "kubeflow"
 SCRIPT = kube.ROOT / "hack" / "credentials.sh"
 
 
-def installed(deployment: str) -> bool:
-    return kube.kubectl("-n", NS, "get", "deployment", deployment, check=False).returncode == 0
+ADDON_OF = {
+    "seaweedfs": "object-store",
+    "mysql": "kfp",
+    "ml-pipeline": "kfp",
+    "metadata-grpc-deployment": "kfp",
+    "katib-mysql": "katib",
+    "katib-db-manager": "katib",
+}
+"""The add-on that installs each Deployment these tests read."""
 
 
 def need(deployment: str) -> None:
-    if not installed(deployment):
-        pytest.skip(f"Deployment {NS}/{deployment} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+    present = kube.kubectl("-n", NS, "get", "deployment", deployment, check=False).returncode == 0
+    kube.need_addon(ADDON_OF[deployment], present, f"Deployment {NS}/{deployment}")
 
 
 def in_pod(deployment: str, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -72,8 +72,8 @@ def tune_config(image: str, search: dict[str, Any], **over: Any) -> dict[str, An
 
 @pytest.fixture(scope="module")
 def namespace() -> Iterator[str]:
-    if kube.kubectl("get", "crd", "experiments.kubeflow.org", check=False).returncode != 0:
-        pytest.skip("Katib is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS lacks katib)")
+    present = kube.kubectl("get", "crd", "experiments.kubeflow.org", check=False).returncode == 0
+    kube.need_addon("katib", present, "Katib's Experiment CRD")
     name = kube.unique("gpupipe-katib")
     make_namespace(name, role(), enforce="baseline", labels=INJECTION)
     yield name

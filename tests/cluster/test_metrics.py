@@ -50,8 +50,8 @@ def test_rank0_serves_its_metrics_on_its_pod_ip_while_it_trains(
 ) -> None:
     cfg = kube.train_config(image, kind, train__epochs=16)
     if kind == "trainjob":
-        if kube.kubectl("get", "crd", "trainjobs.trainer.kubeflow.org", check=False).returncode:
-            pytest.skip("Kubeflow Trainer is not installed in this cluster")
+        crd = kube.kubectl("get", "crd", "trainjobs.trainer.kubeflow.org", check=False)
+        kube.need_addon("trainer", crd.returncode == 0, "Kubeflow Trainer's TrainJob CRD")
         cfg["cluster"]["runtime"] = GPUPIPE_RUNTIME
     run = launch(namespace, image, dataset, cfg)
     pod = kube.wait_until(

@@ -39,15 +39,29 @@ TRIES = 5
 new pod's address to the policies' ipsets on the sync its start triggers)."""
 
 
+ADDON_OF = {
+    "mlflow": "mlflow",
+    "seaweedfs": "object-store",
+    "mysql": "kfp",
+    "ml-pipeline": "kfp",
+    "metadata-grpc-service": "kfp",
+    "ml-pipeline-ui": "kfp-ui",
+    "katib-mysql": "katib",
+    "katib-db-manager": "katib",
+}
+"""The add-on that installs each Service these tests reach."""
+
+
+def _need_services(*names: str) -> None:
+    for name in names:
+        present = kube.kubectl("get", "service", "-n", NS, name, check=False).returncode == 0
+        kube.need_addon(ADDON_OF[name], present, f"Service {NS}/{name}")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _enforced() -> None:
-    if not (kube.STATE / "addons" / "network-policy").is_dir():
-        pytest.skip(
-            "the network-policy add-on is not installed in this cluster (GPUPIPE_CLUSTER_ADDONS)"
-        )
-    for name in ("mlflow", "seaweedfs"):
-        if kube.kubectl("get", "service", "-n", NS, name, check=False).returncode != 0:
-            pytest.skip(f"Service {NS}/{name} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+    kube.need_addon("network-policy")
+    _need_services("mlflow", "seaweedfs")
 
 
 def _namespace(labels: dict[str, str]) -> Iterator[str]:
@@ -200,9 +214,7 @@ def test_only_the_pipelines_pods_reach_the_object_store(outside: str, profile: s
 # "kfp" in its name: KFP's database comes with KFP's add-on, so the runs that select KFP's tests
 # (`-k kfp`: .ci/run's stage 3, `make test-cluster`'s KFP stream) run it, where it can.
 def test_only_their_own_servers_reach_the_kfp_and_katib_databases() -> None:
-    for name in ("mysql", "katib-mysql"):
-        if kube.kubectl("get", "service", "-n", NS, name, check=False).returncode != 0:
-            pytest.skip(f"Service {NS}/{name} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+    _need_services("mysql", "katib-mysql")
     got = _probe(
         {
             # A run's step pod: in a standalone install it shares the databases' namespace.
@@ -249,9 +261,7 @@ def test_kfp_and_katib_servers_admit_the_pipeline_namespaces_callers_only(
     run through the API server (its steps then read what pipeline-runner may), or write ML
     Metadata. manifests/kfp's policies admit KFP's own servers and a run's pods, in the pipeline
     namespaces only; manifests/katib's the pods of those namespaces to Katib's DB manager."""
-    for name in ("ml-pipeline", "metadata-grpc-service", "ml-pipeline-ui", "katib-db-manager"):
-        if kube.kubectl("get", "service", "-n", NS, name, check=False).returncode != 0:
-            pytest.skip(f"Service {NS}/{name} is not in this cluster (GPUPIPE_CLUSTER_ADDONS)")
+    _need_services("ml-pipeline", "metadata-grpc-service", "ml-pipeline-ui", "katib-db-manager")
     every = [KFP_API, KFP_GRPC, MLMD, MLMD_WEB, KFP_UI, KATIB_DB_MANAGER]
     ui = {"app": "ml-pipeline-ui"}
     got = _probe(
