@@ -353,10 +353,7 @@ def open_input(uri: str) -> Iterator[pa.NativeFile]:
         FileNotFoundError: If ``uri`` (or its bucket) does not exist.
         RuntimeError: If the object store fails.
     """
-    fs, path = resolve(uri)
-    with _translate(f"opening {uri}", uri):
-        stream = fs.open_input_file(path)
-    with stream:
+    with _opened(uri, "open_input_file") as stream:
         yield stream
 
 
@@ -369,9 +366,16 @@ def open_input_stream(uri: str) -> Iterator[pa.NativeFile]:
         FileNotFoundError: If ``uri`` (or its bucket) does not exist.
         RuntimeError: If the object store fails.
     """
+    with _opened(uri, "open_input_stream") as stream:
+        yield stream
+
+
+@contextmanager
+def _opened(uri: str, opener: str) -> Iterator[pa.NativeFile]:
+    """``uri`` opened by its filesystem's ``opener`` method, its errors translated, closed after."""
     fs, path = resolve(uri)
     with _translate(f"opening {uri}", uri):
-        stream = fs.open_input_stream(path)
+        stream = getattr(fs, opener)(path)
     with stream:
         yield stream
 

@@ -38,8 +38,8 @@ from trainer.steps.preprocess.tabular import (
     dtype_name,
     input_files,
     readable_types,
-    role_param,
     text_head,
+    types_disagree,
 )
 
 HASH_CHUNK = 8 << 20
@@ -169,13 +169,8 @@ def _cast(col: pa.ChunkedArray, want: pa.DataType, name: str, uri: str) -> pa.Ch
     try:
         return col.cast(want)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise InputError(
-            "E_SCHEMA",
-            f"files disagree on the type of column {name!r}: {dtype_name(col.type)} here, "
-            f"{dtype_name(want)} elsewhere; make the files agree, or drop the column with "
-            f"{role_param(name, 'drop')}",
-            uri,
-        ) from e
+        there = f"{dtype_name(want)} elsewhere"
+        raise types_disagree(name, dtype_name(col.type), there, uri) from e
 
 
 def _is_str(t: pa.DataType) -> bool:

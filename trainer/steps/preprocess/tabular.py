@@ -480,6 +480,17 @@ def is_number(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
+def types_disagree(name: str, here: str, there: str, uri: str) -> InputError:
+    """``E_SCHEMA``: the files of a dataset give column ``name`` different types (``here`` in
+    ``uri``, ``there`` in another)."""
+    return InputError(
+        "E_SCHEMA",
+        f"files disagree on the type of column {name!r}: {here} here, {there}; make the files "
+        f"agree, or drop the column with {role_param(name, 'drop')}",
+        uri,
+    )
+
+
 def _common_type(types: list[pa.DataType]) -> pa.DataType:
     """One type for a column whose files disagree: text wins, so mixed values get checked."""
     real = [t for t in types if not pa.types.is_null(t)]
@@ -513,13 +524,8 @@ def _concat(tables: list[pa.Table], files: list[str]) -> pa.Table:
             try:
                 chunks.extend(t.column(name).cast(common).chunks)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise InputError(
-                    "E_SCHEMA",
-                    f"files disagree on the type of column {name!r}: {dtype_name(tp)} here, "
-                    f"{dtype_name(types[0])} in {files[0]}; make the files agree, or drop the "
-                    f"column with {role_param(name, 'drop')}",
-                    uri,
-                ) from e
+                there = f"{dtype_name(types[0])} in {files[0]}"
+                raise types_disagree(name, dtype_name(tp), there, uri) from e
         columns.append(pa.chunked_array(chunks, type=common))
     return pa.table(columns, names=names)
 
