@@ -261,16 +261,6 @@ secretGenerator:
       disableNameSuffixHash: true
 patches:
 $(roll_on_images '{kind: Deployment}')
-  # The pod mutator (the metrics collector's injection) fails closed for every pod created in a
-  # labelled namespace, Katib's own included: its controller's pod would wait for itself. Katib's
-  # own pods (they all carry katib.kubeflow.org/component) are left out.
-  - target: {kind: MutatingWebhookConfiguration, name: katib.kubeflow.org}
-    patch: |-
-      - op: add
-        path: /webhooks/1/objectSelector
-        value:
-          matchExpressions:
-            - {key: katib.kubeflow.org/component, operator: DoesNotExist}
 $(user_path_patches)
 YAML
   grep -q 'name: mutator.pod.katib.kubeflow.org' "${dir}/upstream/components/webhook/webhooks.yaml" ||

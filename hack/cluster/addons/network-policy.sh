@@ -13,9 +13,11 @@
 #            (hack/cluster/pki.sh), then the process (log: logs/kube-router.log, restarted when its
 #            flags change); waits for its first full sync (its explicit-accept rule in
 #            KUBE-ROUTER-FORWARD)
-#   verify   from pods in a namespace of its own, which neither policy admits: a pod without KFP's
-#            label is refused by MLflow and by SeaweedFS; one with it reaches MLflow (the positive
-#            control: the refusals are the policy's, not a dead service)
+#   verify   from pods of two namespaces of its own: in a plain one, which no policy admits, a
+#            pod is refused by MLflow and by SeaweedFS, with KFP's run label or without; in one
+#            labelled as Kubeflow's profile controller labels a pipeline namespace, a pod with the
+#            label reaches both (the positive control: the refusals are the policy's, not a dead
+#            service)
 #   images   none
 #   flags    print the command line it runs, one argument a line
 # No listening port: the health port is off (upstream's binds every interface), metrics are off.
@@ -33,6 +35,7 @@ MODULE="github.com/cloudnativelabs/kube-router/v2"
 GOMOD="${CLUSTER_HACK}/gomod/kube-router"
 USER_NAME="gpupipe:kube-router"
 VERIFY_NS=gpupipe-verify-netpol
+VERIFY_PROFILE_NS=gpupipe-verify-netpol-profile
 
 # The binary's version folder: the release and a hash of the wrapper module and the Go release, so
 # that a raised dependency or a newer Go builds it again.
@@ -169,28 +172,34 @@ exit \$fail
 SH
 }
 
-# probe POD LABELS EXPECT HOST:PORT...: run probe_script in a restricted busybox pod of VERIFY_NS.
+# probe NS POD LABELS EXPECT HOST:PORT...: run probe_script in a restricted busybox pod of NS.
 probe() {
-  local pod="$1" labels="$2" expect="$3" overrides
-  shift 3
+  local ns="$1" pod="$2" labels="$3" expect="$4" overrides
+  shift 4
   overrides="$(printf '{"metadata":{"labels":{%s}},"spec":{%s,"containers":[{"name":"%s","image":"%s","command":["sh","-c",%s],%s}]}}' \
     "$labels" "$RESTRICTED_POD" "$pod" "$BUSYBOX_IMAGE" "$(probe_script "$expect" "$@" | json_string)" "$RESTRICTED_CONTAINER")"
-  run_pod "$VERIFY_NS" "$pod" "$BUSYBOX_IMAGE" "$overrides" 120
+  run_pod "$ns" "$pod" "$BUSYBOX_IMAGE" "$overrides" 120
 }
 
 addon_verify() {
   need_cluster "$PIECE"
   running kube-router || die "${PIECE}: kube-router does not run (log: ${LOG_DIR}/kube-router.log)"
   ensure_namespace "$VERIFY_NS"
-  local out
-  out="$(probe gpupipe-verify-netpol-out '"app":"gpupipe-verify"' refused mlflow.kubeflow:5000 seaweedfs.kubeflow:9000)" ||
+  ensure_namespace "$VERIFY_PROFILE_NS"
+  kubectl_ label --overwrite namespace "$VERIFY_PROFILE_NS" app.kubernetes.io/part-of=kubeflow-profile >/dev/null ||
+    die "${PIECE}: cannot label namespace ${VERIFY_PROFILE_NS}"
+  local out kfp='"pipelines.kubeflow.org/v2_component":"true"'
+  out="$(probe "$VERIFY_NS" gpupipe-verify-netpol-out '"app":"gpupipe-verify"' refused mlflow.kubeflow:5000 seaweedfs.kubeflow:9000)" ||
     die "${PIECE}: a pod outside both policies was not refused: ${out}"
   say "$out"
-  out="$(probe gpupipe-verify-netpol-kfp '"pipelines.kubeflow.org/v2_component":"true"' reached mlflow.kubeflow:5000 seaweedfs.kubeflow:9000)" ||
-    die "${PIECE}: a pod with KFP's label did not reach MLflow and SeaweedFS (the positive control): ${out}"
+  out="$(probe "$VERIFY_NS" gpupipe-verify-netpol-kfp-out "$kfp" refused mlflow.kubeflow:5000 seaweedfs.kubeflow:9000)" ||
+    die "${PIECE}: a pod with KFP's label outside the pipeline namespaces was not refused: ${out}"
   say "$out"
-  kubectl_ delete namespace "$VERIFY_NS" --wait=false >/dev/null 2>&1 || true
-  say "a pod outside the policies is refused by MLflow and SeaweedFS; a pod with KFP's label reaches both"
+  out="$(probe "$VERIFY_PROFILE_NS" gpupipe-verify-netpol-kfp "$kfp" reached mlflow.kubeflow:5000 seaweedfs.kubeflow:9000)" ||
+    die "${PIECE}: a pod with KFP's label in a pipeline namespace did not reach MLflow and SeaweedFS (the positive control): ${out}"
+  say "$out"
+  kubectl_ delete namespace "$VERIFY_NS" "$VERIFY_PROFILE_NS" --wait=false >/dev/null 2>&1 || true
+  say "outside the pipeline namespaces a pod is refused by MLflow and SeaweedFS, KFP's label or not; in one, a pod with the label reaches both"
 }
 
 case "${1:-}" in

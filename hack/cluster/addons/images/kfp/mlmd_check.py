@@ -9,7 +9,9 @@ Usage: python mlmd_check.py HOST PORT
 
 from __future__ import annotations
 
+import socket
 import sys
+import time
 import uuid
 
 from ml_metadata import errors
@@ -28,7 +30,23 @@ def check(what: str, ok: bool, got: object = "") -> None:
     print(f"mlmd-check: ok {what}", flush=True)
 
 
+def wait_for(host: str, port: int, seconds: float = 30) -> None:
+    """Until a connection opens: ML Metadata's NetworkPolicy admits this pod once kube-router has
+    synced its address, a moment after it starts (a check at once was refused two runs in three)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+            return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                print(f"mlmd-check: FAILED no connection to {host}:{port} in {seconds:g} s: {e}")
+                sys.exit(1)
+            time.sleep(0.5)
+
+
 def main(host: str, port: int) -> None:
+    wait_for(host, port)
     cfg = pb.MetadataStoreClientConfig(host=host, port=port)
     store = metadata_store.MetadataStore(cfg)
     tag = uuid.uuid4().hex[:8]
