@@ -171,6 +171,11 @@ def test_upload_in_the_ui_draws_the_graph_and_the_cli_adds_a_version_the_ui_list
     assert [v["pipeline_version_id"] for v in versions] == [vid]
     at.page.goto(f"{at.url}/#/pipelines/details/{pid}/version/{vid}")
     expect(at.page.get_by_text(f"{name} ({name})")).to_be_visible()
+    # The sidebar's stamp is the release the cluster built, linked to its commit (not "unknown").
+    stamp = at.page.get_by_text("Version:", exact=True).locator("xpath=..")
+    expect(stamp).to_have_text(f"Version: {kube.VERSIONS['KFP_VERSION']}")
+    link = stamp.get_by_role("link")
+    assert link.get_attribute("href", timeout=5_000).endswith(kube.VERSIONS["KFP_COMMIT"])
     # The root: the training steps' exit handler and the notify step that always runs.
     expect(_node(at.page, "exit-handler-1")).to_contain_text("training")
     expect(_node(at.page, "notify")).to_be_visible()

@@ -156,7 +156,8 @@ frontend_image() {
   recipe="$(RECIPE_EXTRA="$(dist_key) ${base_id}" recipe_of "$df")"
   image_is_built "$FRONTEND_IMAGE" "$recipe" && return 0
   build_frontend
-  docker_build "$PIECE" "$FRONTEND_IMAGE" "$recipe" "$FE_DIST" -f "$df" --build-arg "BASE=${base}"
+  docker_build "$PIECE" "$FRONTEND_IMAGE" "$recipe" "$FE_DIST" -f "$df" --build-arg "BASE=${base}" \
+    --build-arg "COMMIT_HASH=${KFP_COMMIT}" --build-arg "BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }
 
 grpcweb_image() {

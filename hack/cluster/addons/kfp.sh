@@ -154,7 +154,7 @@ build_argo() {
 # shell: the start commands and the init containers' scripts use it), with upstream's start
 # command; the API server gets its config folder, the controller the time zone database.
 go_image() {
-  local name="$1" bin="$2" bindir="$3" tag recipe ctx bb_id
+  local name="$1" bin="$2" bindir="$3" tag recipe ctx bb_id stamp=()
   tag="$(image_of "$name")"
   bb_id="$(docker image inspect --format '{{.Id}}' "$BUSYBOX_IMAGE")"
   recipe="$(RECIPE_EXTRA="$V $AV $name $bin $bb_id $(start_command "$bin")" recipe_of "${DF_DIR}/Dockerfile.go")"
@@ -164,12 +164,15 @@ go_image() {
   mkdir -p "${ctx}/bin" "${ctx}/config" "${ctx}/zoneinfo"
   cp "${bindir}/${bin}" "${ctx}/bin/"
   case "$bin" in
-  apiserver) cp "${SRC}/backend/src/apiserver/config/config.json" "${ctx}/config/" ;;
+  apiserver)
+    cp "${SRC}/backend/src/apiserver/config/config.json" "${ctx}/config/"
+    stamp=(--build-arg "TAG_NAME=${V}" --build-arg "COMMIT_SHA=${KFP_COMMIT}")
+    ;;
   controller) cp -r /usr/share/zoneinfo/. "${ctx}/zoneinfo/" ;;
   esac
   cp "${DF_DIR}/Dockerfile.go" "${ctx}/Dockerfile"
   start_command "$bin" >>"${ctx}/Dockerfile"
-  build_context "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}"
+  build_context "$PIECE" "$tag" "$recipe" "$ctx" --build-arg "BUSYBOX=${BUSYBOX_IMAGE}" "${stamp[@]}"
 }
 
 python_image() {

@@ -13,4 +13,9 @@ ADD tmp.tar /
 # Upstream's defaults for the variables the start commands read.
 ENV LOG_LEVEL=info NAMESPACE="" TTL_SECONDS_AFTER_WORKFLOW_FINISH=86400 NUM_WORKERS=2 \
     EXECUTIONTYPE=Workflow
+# The API server's /healthz reports them (the UI's sidebar shows "Version: <tag>"): upstream's
+# backend/Dockerfile stamps them from build arguments (kfp.sh gives them to the API server's).
+ARG TAG_NAME=unknown
+ARG COMMIT_SHA=unknown
+ENV TAG_NAME=${TAG_NAME} COMMIT_SHA=${COMMIT_SHA}
 USER 65532:65532
