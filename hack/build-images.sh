@@ -3,8 +3,13 @@
 # from pyproject.toml:
 #   <registry>/trainer-cpu:<version>   FLAVOUR=cpu, over a Python base
 #   <registry>/trainer-cuda:<version>  FLAVOUR=cuda, over PyTorch's CUDA runtime image
-# Usage: hack/build-images.sh [--print] [cpu|cuda|all]   (default: all)
+# Usage: hack/build-images.sh [--print] [--push|--push-only] [cpu|cuda|all]   (default: all)
 #   --print  only print the image references, build nothing
+#   --push   after building, push each image to its registry and record the digest the registry
+#            answered in the digest map GPUPIPE_IMAGE_DIGESTS (default build/image-digests.json;
+#            other images' entries are kept): `GPUPIPE_IMAGE_DIGESTS=<map> gpupipe compile` then
+#            compiles every image by that digest (components/images.py)
+#   --push-only  push and record as --push, images built before (tested, say), building nothing
 # Works with the public registries (the Dockerfile's defaults) and without any:
 #   - PYTHON_IMAGE unset: hack/base-image.sh picks python:3.11.14-slim-bookworm, or builds a
 #     local Debian bookworm base with debootstrap when that cannot be pulled;
@@ -26,11 +31,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 registry="${GPUPIPE_IMAGE_REGISTRY:-ghcr.io/gpupipe}"
 docker_cmd="${DOCKER:-docker}"
 print_only=false
-if [[ "${1:-}" == "--print" ]]; then
-  print_only=true
+push=false
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --print) print_only=true ;;
+    --push) push=true ;;
+    --push-only) push=only ;;
+    *)
+      echo "usage: $0 [--print] [--push|--push-only] [cpu|cuda|all]" >&2
+      exit 2
+      ;;
+  esac
   shift
-fi
+done
 which="${1:-all}"
+digests_file="${GPUPIPE_IMAGE_DIGESTS:-build/image-digests.json}"
 
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)"
 if [[ -z "$version" ]]; then
@@ -43,7 +58,7 @@ case "$which" in
   cuda) flavours=(cuda) ;;
   all) flavours=(cpu cuda) ;;
   *)
-    echo "usage: $0 [--print] [cpu|cuda|all]" >&2
+    echo "usage: $0 [--print] [--push|--push-only] [cpu|cuda|all]" >&2
     exit 2
     ;;
 esac
@@ -57,12 +72,23 @@ fi
 
 step() { printf '==> %s\n' "$*"; }
 
+if [[ "$push" == only ]]; then
+  for flavour in "${flavours[@]}"; do
+    image="${registry}/trainer-${flavour}:${version}"
+    "$docker_cmd" image inspect "$image" >/dev/null 2>&1 || {
+      echo "error: ${image} is not built: build it first (hack/build-images.sh ${flavour}), or use --push" >&2
+      exit 1
+    }
+  done
+fi
+
 extra_args=()
 if [[ -n "${DOCKER_BUILD_ARGS:-}" ]]; then
   read -r -a extra_args <<<"$DOCKER_BUILD_ARGS"
 fi
 torch_version="$(sed -n 's/^torch==\(.*\)$/\1/p' constraints.txt)"
-python_image="${PYTHON_IMAGE:-$(DOCKER="$docker_cmd" hack/base-image.sh)}"
+python_image=""
+[[ "$push" == only ]] || python_image="${PYTHON_IMAGE:-$(DOCKER="$docker_cmd" hack/base-image.sh)}"
 server_pid=""
 served_dir=""
 trap '[[ -z "$server_pid" ]] || kill "$server_pid" 2>/dev/null; [[ -z "$served_dir" ]] || rm -rf "$served_dir"' EXIT
@@ -111,7 +137,7 @@ check_wheel() {
 served_index=""
 wheel_sha256=""
 serve_wheel() {
-  local wheel="$1" dir port name token answer waited=0 starts=0 limit="${GPUPIPE_WHEEL_WAIT:-900}"
+  local wheel="$1" dir port name token answer owner orphan waited=0 starts=0 limit="${GPUPIPE_WHEEL_WAIT:-900}"
   check_wheel "$wheel"
   name="$(basename "$wheel")"
   dir="$(mktemp -d)"
@@ -133,6 +159,16 @@ serve_wheel() {
         echo "error: the wheel server on 127.0.0.1:${port} is not ours, nor another gpupipe build's (port taken by another process? set GPUPIPE_WHEEL_PORT)" >&2
         exit 1
       fi
+      # A server whose build was killed (SIGKILL runs no trap) is left behind: end it, and serve.
+      owner="" orphan=""
+      read -r owner orphan < <(curl -sf --max-time 5 "http://127.0.0.1:${port}/owner" 2>/dev/null) || true
+      if [[ -n "${orphan:-}" ]] && ! kill -0 "${owner:-0}" 2>/dev/null &&
+        tr '\0' ' ' <"/proc/${orphan}/cmdline" 2>/dev/null | grep -q 'http.server --bind 127.0.0.1'; then
+        printf '==> the wheel server on 127.0.0.1:%s outlived its build (pid %s): stopping it\n' "$port" "$owner"
+        kill "$orphan" 2>/dev/null || true
+        sleep 1
+        continue
+      fi
       if ((waited >= limit)); then
         echo "error: another gpupipe image build held 127.0.0.1:${port} for ${limit} s (GPUPIPE_WHEEL_WAIT)" >&2
         exit 1
@@ -148,7 +184,10 @@ serve_wheel() {
         kill -0 "$server_pid" 2>/dev/null || break
         sleep 0.1
       done
-      [[ "$answer" == "$token" ]] && kill -0 "$server_pid" 2>/dev/null && break
+      if [[ "$answer" == "$token" ]] && kill -0 "$server_pid" 2>/dev/null; then
+        printf '%s %s\n' "$$" "$server_pid" >"${dir}/owner"
+        break
+      fi
       kill "$server_pid" 2>/dev/null || true
       server_pid=""
       starts=$((starts + 1))
@@ -196,6 +235,7 @@ cuda_args() {
 }
 
 for flavour in "${flavours[@]}"; do
+  [[ "$push" != only ]] || break
   image="${registry}/trainer-${flavour}:${version}"
   "${flavour}_args"
   step "building ${image} from images/trainer/Dockerfile (FLAVOUR=${flavour})"
@@ -210,3 +250,47 @@ for flavour in "${flavours[@]}"; do
   size="$("$docker_cmd" image inspect --format '{{.Size}}' "$image" | awk '{printf "%.2f GB", $1/1e9}')"
   step "built ${image} in $((SECONDS - start)) s (${size})"
 done
+
+# The digest map: each pushed tag and the digest its registry answered (the push's own
+# "digest: sha256:..." line), merged into the map's other entries, written whole or not at all.
+record_digest() {
+  local image="$1" digest="$2"
+  python3 - "$digests_file" "$image" "${image%:*}@${digest}" <<'PY'
+import json, os, sys
+
+path, tag, ref = sys.argv[1:]
+try:
+    with open(path, encoding="utf-8") as f:
+        table = json.load(f)
+except FileNotFoundError:
+    table = {}
+if not isinstance(table, dict):
+    sys.exit(f"error: {path} is not a digest map (a JSON object): move it away or set GPUPIPE_IMAGE_DIGESTS")
+table[tag] = ref
+os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(table, f, indent=2, sort_keys=True)
+    f.write("\n")
+os.replace(path + ".tmp", path)
+PY
+}
+
+if [[ "$push" != false ]]; then
+  for flavour in "${flavours[@]}"; do
+    image="${registry}/trainer-${flavour}:${version}"
+    step "pushing ${image}"
+    start=$SECONDS
+    if ! out="$("$docker_cmd" push "$image" 2>&1)"; then
+      printf '%s\n' "$out" | tail -n 5 >&2
+      echo "error: docker push ${image} failed (above): is ${registry%%/*} a registry this engine can reach and log in to?" >&2
+      exit 1
+    fi
+    digest="$(printf '%s\n' "$out" | sed -n 's/^.*digest: \(sha256:[0-9a-f]\{64\}\) .*$/\1/p' | tail -n 1)"
+    if [[ -z "$digest" ]]; then
+      echo "error: docker push ${image} printed no digest: ${out##*$'\n'}" >&2
+      exit 1
+    fi
+    record_digest "$image" "$digest"
+    step "pushed ${image%:*}@${digest} in $((SECONDS - start)) s (recorded in ${digests_file})"
+  done
+fi

@@ -32,7 +32,7 @@ class PlainRawHelp(PlainHelp, argparse.RawDescriptionHelpFormatter):
 def version_text() -> str:
     """``gpupipe --version``: the package version and the image each step is compiled with."""
     from components import ALL
-    from components.images import REGISTRY
+    from components.images import DIGESTS, REGISTRY
     from trainer.base.version import __version__
 
     steps: dict[str, list[str]] = {}
@@ -42,7 +42,8 @@ def version_text() -> str:
     width = max(len(image) for image in steps)
     lines = [
         f"gpupipe {__version__}",
-        f"images compiled into pipelines (registry {REGISTRY}, GPUPIPE_IMAGE_REGISTRY):",
+        f"images compiled into pipelines (registry {REGISTRY}, GPUPIPE_IMAGE_REGISTRY"
+        + (f"; by digest from {DIGESTS}, GPUPIPE_IMAGE_DIGESTS):" if DIGESTS else "):"),
     ]
     lines += [f"  {image:<{width}}  {', '.join(names)}" for image, names in steps.items()]
     return "\n".join(lines)
@@ -52,5 +53,11 @@ class Version(argparse.Action):
     """``--version``: print :func:`version_text` and exit 0 (kfp is imported only then)."""
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        print(version_text())
+        from trainer.base.errors import error_line
+
+        try:
+            text = version_text()
+        except ValueError as e:  # GPUPIPE_IMAGE_DIGESTS names no usable map
+            parser.exit(2, error_line("gpupipe --version", e) + "\n")
+        print(text)
         parser.exit()

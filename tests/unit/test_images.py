@@ -503,3 +503,105 @@ def test_a_build_waits_for_another_build_only_so_long(tmp_path: Path, wheel: Pat
     assert out.stderr.strip().splitlines() == [
         f"error: another gpupipe image build held 127.0.0.1:{port} for 2 s (GPUPIPE_WHEEL_WAIT)"
     ]
+
+
+def test_a_wheel_server_whose_build_was_killed_is_stopped_and_replaced(
+    tmp_path: Path, wheel: Path
+) -> None:
+    """A build killed with SIGKILL (a test's timeout) runs no trap: its server stays. The next
+    build reads the server's owner (its build's pid, gone) and stops it instead of waiting."""
+    port = _port()
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    folder = tmp_path / "killed-build"
+    orphan = _occupy(port, folder, f'<a href="{wheel.name}#sha256={digest}">{wheel.name}</a>')
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (folder / "owner").write_text(f"{gone.pid} {orphan.pid}\n")
+    try:
+        out = _serve_wheel(tmp_path, wheel, port, wait=30)
+    finally:
+        orphan.kill()
+        orphan.wait(timeout=10)
+    assert out.returncode == 0, out.stderr
+    assert f"outlived its build (pid {gone.pid}): stopping it" in out.stdout
+    assert orphan.returncode is not None
+    assert f'href="{wheel.name}#sha256={digest}"' in out.stdout
+
+
+# --- images by digest: GPUPIPE_IMAGE_DIGESTS (hack/build-images.sh --push writes the map) -------
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_pinned_takes_the_digest_the_map_records_for_the_tag(tmp_path: Path) -> None:
+    import json
+
+    from components.images import pinned
+
+    tag = "registry.example/team/trainer-cpu:1.2.3"
+    table = tmp_path / "digests.json"
+    table.write_text(json.dumps({tag: f"registry.example/team/trainer-cpu@{DIGEST}"}))
+    assert pinned(tag, str(table)) == f"registry.example/team/trainer-cpu@{DIGEST}"
+    assert pinned(tag, "") == tag  # no map: the tag
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "no digest map there: write it with"),
+        ("{not json", "the digest map cannot be read"),
+        ('{"registry.example/team/trainer-cuda:1.2.3": "x"}', "has no digest for"),
+        ('["a list"]', "has no digest for"),
+        (f'{{"registry.example/team/trainer-cpu:1.2.3": "elsewhere/trainer-cpu@{DIGEST}"}}',
+         "not <repository>@sha256:<64 hex> of its repository"),
+        ('{"registry.example/team/trainer-cpu:1.2.3": "registry.example/team/trainer-cpu:1.2.3"}',
+         "not <repository>@sha256:<64 hex> of its repository"),
+    ],
+)  # fmt: skip
+def test_pinned_refuses_a_map_it_cannot_use_in_one_line(
+    tmp_path: Path, content: str | None, says: str
+) -> None:
+    from components.images import pinned
+    from trainer.base.errors import InputError
+
+    table = tmp_path / "digests.json"
+    if content is not None:
+        table.write_text(content)
+    with pytest.raises(InputError) as err:
+        pinned("registry.example/team/trainer-cpu:1.2.3", str(table))
+    assert err.value.code == "E_CONFIG"
+    assert says in err.value.message
+    assert err.value.where == f"GPUPIPE_IMAGE_DIGESTS={table}"
+    assert "\n" not in str(err.value)
+
+
+def test_compile_and_version_with_an_unusable_digest_map_exit_2_in_one_line(tmp_path: Path) -> None:
+    env = os.environ | {"GPUPIPE_IMAGE_DIGESTS": str(tmp_path / "missing.json")}
+    gpupipe = str(Path(sys.executable).parent / "gpupipe")
+    for args in (["compile", "--out", str(tmp_path / "out")], ["--version"]):
+        proc = subprocess.run(
+            [gpupipe, *args], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "E_CONFIG: no digest map there" in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_script_refuses_to_push_an_image_not_built(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        ["bash", "hack/build-images.sh", "--push-only", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={
+            "PATH": f"{tmp_path}:/usr/bin:/bin",
+            "GPUPIPE_IMAGE_REGISTRY": "registry.example/nobody-built-this",
+            "GPUPIPE_IMAGE_DIGESTS": str(tmp_path / "digests.json"),
+        },
+    )
+    assert proc.returncode == 1
+    assert "error: registry.example/nobody-built-this/trainer-cpu:" in proc.stderr
+    assert "is not built" in proc.stderr
+    assert not (tmp_path / "digests.json").exists()
