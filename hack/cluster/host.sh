@@ -206,7 +206,8 @@ our_iptables_ops() {
   for chain in CNI-FORWARD CNI-ADMIN; do
     recorded "chains.${ipt}.${table}" "$chain" || shared+="${chain} "
   done
-  awk -v ours="$ours" -v shared="$shared" -v ips="$POD_IPS" -v cidr="$POD_CIDR" -v comment="$CNI_COMMENT" '
+  # The comment through the environment: awk -v would read its backslashes as escapes.
+  CNI_COMMENT="$CNI_COMMENT" awk -v ours="$ours" -v shared="$shared" -v ips="$POD_IPS" -v cidr="$POD_CIDR" '
     function ip2int(s,   p) { split(s, p, "."); return ((p[1] * 256 + p[2]) * 256 + p[3]) * 256 + p[4] }
     function in_pods(a,   len, net) {
       sub(/\/32$/, "", a)
@@ -214,6 +215,7 @@ our_iptables_ops() {
       net = cidr; len = net; sub(/\/.*/, "", net); sub(/.*\//, "", len)
       return int(ip2int(a) / 2 ^ (32 - len)) == int(ip2int(net) / 2 ^ (32 - len))
     }
+    BEGIN { comment = ENVIRON["CNI_COMMENT"] }
     /^-A / {
       chain = $2
       if (index(ours, " " chain " ")) next # flushed with its chain
