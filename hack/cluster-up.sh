@@ -63,12 +63,12 @@ if ((${#missing[@]})); then
   "$(dirname "$0")/apt-install.sh" "${missing[@]}" ||
     cannot "could not install ${missing[*]} with apt-get"
 fi
-"$(dirname "$0")/docker-up.sh" >/dev/null || cannot "no Docker engine: the node's images are built with it"
-node_ip="$(node_ip)"
-[[ -n "$node_ip" ]] || cannot "this machine has no IPv4 default route: pods need the node's address"
 # Not beside another Kubernetes in this network namespace, nor on a range a route here has
 # (hack/cluster/host.sh): one line, and nothing made yet.
 refuse_neighbour_network
+"$(dirname "$0")/docker-up.sh" >/dev/null || cannot "no Docker engine: the node's images are built with it"
+node_ip="$(node_ip)"
+[[ -n "$node_ip" ]] || cannot "this machine has no IPv4 default route: pods need the node's address"
 fresh=1
 if running kubelet || running kube-proxy || ip link show gpupipe0 >/dev/null 2>&1; then fresh=0; fi
 mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR"
