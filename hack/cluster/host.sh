@@ -129,8 +129,7 @@ neighbour_kubernetes() {
 
 # refuse_neighbour_network: cluster-up's preflight: one line and exit 3 (through `cannot`) beside
 # another Kubernetes in this network namespace, or when the pod or service range overlaps a
-# route already here (GPUPIPE_POD_CIDR, GPUPIPE_SERVICE_CIDR choose others). Nothing is made
-# before it.
+# route already here (hack/cluster/versions.env names both ranges). Nothing is made before it.
 refuse_neighbour_network() {
   local why name cidr route
   if why="$(neighbour_kubernetes)"; then
@@ -140,7 +139,7 @@ refuse_neighbour_network() {
     cidr="${!name}"
     route="$(overlapping_route "$cidr")"
     [[ -z "$route" ]] ||
-      cannot "the cluster's ${name,,} ${cidr} overlaps a route of this host (${route}); set GPUPIPE_${name} to a free range"
+      cannot "the cluster's ${name} ${cidr} overlaps a route of this host (${route}): refusing to start on it (${name} in hack/cluster/versions.env)"
   done
 }
 

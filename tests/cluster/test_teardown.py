@@ -13,6 +13,7 @@ not ``cluster``: it takes the cluster down, so .ci/run runs it last (``pytest -m
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -101,6 +102,7 @@ def teardown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Teardown]:
     sh("ip", "netns", "delete", IP_NETNS, check=False)
     sh("iptables", "-t", "filter", "-D", "CNI-FORWARD", "-s", f"{PODMAN_ADDR}/32", "-j", "ACCEPT",
        check=False)  # fmt: skip
+    left_shared_cni_chains()
     for table, chain in CHAINS.items():
         sh("iptables", "-t", table, "-F", chain, check=False)
         sh("iptables", "-t", table, "-X", chain, check=False)
@@ -126,6 +128,22 @@ def start_beside_k3s(tmp: Path) -> tuple[subprocess.CompletedProcess[str], bool]
     if not had_marker:  # its line would make later cluster tests skip while no cluster answers
         marker.unlink(missing_ok=True)
     return refused, kube.unavailable() is None
+
+
+def left_shared_cni_chains() -> None:
+    """As podman would when its last container goes: the firewall plugin's shared CNI-FORWARD and
+    CNI-ADMIN chains, which cluster-down left because podman's rule was in CNI-FORWARD."""
+    rules = sh("iptables", "-S", "CNI-FORWARD", check=False).stdout.splitlines()
+    if [r for r in rules if r.startswith("-A") and not r.endswith("-j CNI-ADMIN")]:
+        return
+    if sh("iptables", "-S", "CNI-ADMIN", check=False).stdout.count("-A "):
+        return
+    for rule in sh("iptables", "-S", "FORWARD").stdout.splitlines():
+        if rule.endswith("-j CNI-FORWARD"):  # -A FORWARD ... as argv (its comment quoted)
+            sh("iptables", "-D", *shlex.split(rule)[1:], check=False)
+    for chain in ("CNI-FORWARD", "CNI-ADMIN"):
+        sh("iptables", "-F", chain, check=False)
+        sh("iptables", "-X", chain, check=False)
 
 
 def netns_names() -> list[str]:

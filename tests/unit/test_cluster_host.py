@@ -144,7 +144,7 @@ def test_cluster_up_refuses_a_pod_range_a_route_has_in_one_line(tmp_path: Path) 
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert (
-        f"pod_cidr {POD_CIDR} overlaps a route of this host ({POD_NET}.0.0/20 dev tun0)" in lines[0]
+        f"POD_CIDR {POD_CIDR} overlaps a route of this host ({POD_NET}.0.0/20 dev tun0)" in lines[0]
     )
     assert not (tmp_path / "state").exists()
 
