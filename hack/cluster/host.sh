@@ -225,7 +225,8 @@ our_iptables_ops() {
       if (mine) { sub(/^-A /, "-D "); del[++n] = $0 }
       else if (chain == "CNI-FORWARD" && !($0 ~ / -j CNI-ADMIN$/)) fwd_kept = 1
       else if (chain == "CNI-ADMIN") admin_kept = 1
-      else if (chain != "CNI-FORWARD") for (i = 3; i < NF; i++) if ($i == "-j" && ($(i + 1) == "CNI-FORWARD" || $(i + 1) == "CNI-ADMIN")) refs[$(i + 1)] = refs[$(i + 1)] " " chain
+      else if (chain != "CNI-FORWARD")
+        for (i = 3; i < NF; i++) if ($i == "-j" && $(i + 1) == "CNI-FORWARD") { sub(/^-A /, "-D "); jumps[++m] = $0 }
       next
     }
     /^:/ { name = substr($1, 2); present[name] = 1 }
@@ -235,8 +236,7 @@ our_iptables_ops() {
       # it came after the record and nothing of another network is left in it.
       fwd = present["CNI-FORWARD"] && index(shared, " CNI-FORWARD ") && !fwd_kept
       if (fwd) {
-        split(refs["CNI-FORWARD"], r, " ")
-        for (k in r) print "-D " r[k] " -j CNI-FORWARD"
+        for (i = 1; i <= m; i++) print jumps[i]
         print "-F CNI-FORWARD"
       }
       admin = fwd && present["CNI-ADMIN"] && index(shared, " CNI-ADMIN ") && !admin_kept

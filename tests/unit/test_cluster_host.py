@@ -266,6 +266,22 @@ def test_cluster_down_removes_its_rules_by_comment_record_and_bridge_never_by_ev
     assert "-D FORWARD -j KUBE-ROUTER-FORWARD" in filt and "-X KUBE-ROUTER-FORWARD" in filt
 
 
+def test_the_firewall_plugins_shared_chains_go_with_their_jump_once_nothing_else_is_in_them(
+    tmp_path: Path,
+) -> None:
+    bin_dir = _iptables_host(tmp_path)
+    filt = tmp_path / "filter"
+    filt.write_text(filt.read_text().replace("-A CNI-FORWARD -s 10.88.0.5/32 -j ACCEPT\n", ""))
+    out = _bash(
+        tmp_path, f'RAN_KUBE_ROUTER=1 POD_IPS=" {POD_NET}.0.5 " remove_our_iptables', bin_dir
+    )
+    assert out.returncode == 0, out.stderr
+    restored = (tmp_path / "restored").read_text()
+    jump = '-D FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD'
+    assert jump in restored
+    assert "-X CNI-FORWARD" in restored and "-X CNI-ADMIN" in restored
+
+
 def test_kubernetes_chains_stay_while_another_kubernetes_runs(tmp_path: Path) -> None:
     bin_dir = _iptables_host(tmp_path)
     theirs = tmp_path / "elsewhere" / "k3s-server"
