@@ -166,6 +166,11 @@ record_host() {
   mv "$tmp" "$HOST_RECORD"
 }
 
+# kube_router_chain CHAIN: one of the chains kube-router's network policy controller makes.
+kube_router_chain() {
+  [[ "$1" =~ ^KUBE-(ROUTER-(INPUT|FORWARD|OUTPUT)|POD-FW-[A-Z0-9]+|NWPLCY-[A-Z0-9]+)$ ]]
+}
+
 # kube_chain_ours CHAIN: a Kubernetes chain of this cluster's: one of the kubelet's, kube-proxy's
 # or (when this cluster ran it) kube-router's names, made after the record, and no other
 # Kubernetes runs here now (its chains would have the same names). RAN_KUBE_ROUTER and
@@ -173,7 +178,7 @@ record_host() {
 kube_chain_ours() {
   local chain="$1" ipt="$2" table="$3"
   recorded "chains.${ipt}.${table}" "$chain" && return 1
-  if [[ "$chain" =~ ^KUBE-(ROUTER-(INPUT|FORWARD|OUTPUT)|POD-FW-[A-Z0-9]+|NWPLCY-[A-Z0-9]+)$ ]]; then
+  if kube_router_chain "$chain"; then
     ((RAN_KUBE_ROUTER))
     return
   fi
