@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.teardown, pytest.mark.timeout(600)]
 NETNS = "cni-foreign-0000-gpupipe-test"
 PODMAN_NETNS = "netns-gpupipe-test-podman"  # podman names its namespaces netns-<uuid>
 PODMAN_ADDR = "10.88.0.7"  # podman's default network: the cluster's pod range before issue 60
+PODMAN_RULE = ("CNI-FORWARD", "-s", f"{PODMAN_ADDR}/32", "-j", "ACCEPT")  # its firewall plugin's
 IP_NETNS = "gpupipe-test-ip-netns"  # made with `ip netns add` while the cluster runs
 IPVS_SERVICE = "198.51.100.10:80"
 CHAINS = {"nat": "KUBE-FOREIGN-TEST", "filter": "CNI-FOREIGN-TEST"}
@@ -46,7 +47,8 @@ def ipvs_unavailable() -> str | None:
         return "no ipvsadm (hack/cluster-up.sh installs it)"
     probe = sh("ipvsadm", "-Ln", check=False)
     if probe.returncode != 0:
-        return f"the kernel has no IPVS (CONFIG_IP_VS): ipvsadm -Ln: {probe.stderr.strip()[:120]}"
+        first = (probe.stderr.strip().splitlines() or [""])[0][:120]
+        return f"the kernel has no IPVS (CONFIG_IP_VS): ipvsadm -Ln: {first}"
     return None
 
 
@@ -68,48 +70,50 @@ def teardown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Teardown]:
         pytest.skip(f"{CGROUP} exists already: another kubelet runs here")
     ours_before = [n for n in netns_names() if n.startswith("cni-")]
     refused, answered = start_beside_k3s(tmp_path_factory.mktemp("k3s"))
-    # As CNI makes one (a bind mount of the namespace on a file in /run/netns).
     path = Path("/run/netns") / NETNS
-    path.parent.mkdir(exist_ok=True)
-    path.touch()
-    sh("unshare", f"--net={path}", "true")
-    # As podman makes one on its default network: an address on 10.88.0.0/16, and its firewall
-    # plugin's rule for that address in the shared CNI-FORWARD chain.
     podman = Path("/run/netns") / PODMAN_NETNS
-    podman.touch()
-    sh("unshare", f"--net={podman}", "true")
-    sh("ip", "-n", PODMAN_NETNS, "link", "add", "eth0", "type", "dummy")
-    sh("ip", "-n", PODMAN_NETNS, "addr", "add", f"{PODMAN_ADDR}/16", "dev", "eth0")
-    sh("iptables", "-t", "filter", "-N", "CNI-FORWARD", check=False)
-    sh("iptables", "-t", "filter", "-A", "CNI-FORWARD", "-s", f"{PODMAN_ADDR}/32", "-j", "ACCEPT")
-    # iproute2's: the first `ip netns add` bind-mounts /run/netns over itself (when it is no
-    # mount point yet), over the pods' namespace mounts.
-    sh("ip", "netns", "add", IP_NETNS)
-    for table, chain in CHAINS.items():
-        sh("iptables", "-t", table, "-N", chain)
-        sh("iptables", "-t", table, "-A", chain, "-s", "198.51.100.7/32", "-j", "RETURN")
-    ipvs = ipvs_unavailable() is None
-    if ipvs:  # as keepalived, kube-router's proxy or k3s make one
-        sh("ipvsadm", "-A", "-t", IPVS_SERVICE, "-s", "rr")
-    CGROUP.mkdir()
-    ran_kube_router = (kube.STATE / "addons" / "network-policy").is_dir()
-    down = kube.run_script("cluster-down.sh")
-    yield Teardown(refused, answered, down, ours_before, ran_kube_router, ipvs)
-    sh("umount", str(path), check=False)
-    path.unlink(missing_ok=True)
-    sh("umount", str(podman), check=False)
-    podman.unlink(missing_ok=True)
-    sh("ip", "netns", "delete", IP_NETNS, check=False)
-    sh("iptables", "-t", "filter", "-D", "CNI-FORWARD", "-s", f"{PODMAN_ADDR}/32", "-j", "ACCEPT",
-       check=False)  # fmt: skip
-    left_shared_cni_chains()
-    for table, chain in CHAINS.items():
-        sh("iptables", "-t", table, "-F", chain, check=False)
-        sh("iptables", "-t", table, "-X", chain, check=False)
-    if ipvs:
-        sh("ipvsadm", "-D", "-t", IPVS_SERVICE, check=False)
-    if CGROUP.exists():
-        CGROUP.rmdir()
+    ipvs = False
+    try:
+        # As CNI makes one (a bind mount of the namespace on a file in /run/netns).
+        path.parent.mkdir(exist_ok=True)
+        path.touch()
+        sh("unshare", f"--net={path}", "true")
+        # As podman makes one on its default network: an address on 10.88.0.0/16, and its firewall
+        # plugin's rule for that address in the shared CNI-FORWARD chain.
+        podman.touch()
+        sh("unshare", f"--net={podman}", "true")
+        sh("ip", "-n", PODMAN_NETNS, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+        sh("ip", "-n", PODMAN_NETNS, "addr", "add", f"{PODMAN_ADDR}/16", "dev", "eth0")
+        sh("iptables", "-t", "filter", "-N", "CNI-FORWARD", check=False)
+        sh("iptables", "-A", *PODMAN_RULE)
+        # iproute2's: the first `ip netns add` bind-mounts /run/netns over itself (when it is no
+        # mount point yet), over the pods' namespace mounts.
+        sh("ip", "netns", "add", IP_NETNS)
+        for table, chain in CHAINS.items():
+            sh("iptables", "-t", table, "-N", chain)
+            sh("iptables", "-t", table, "-A", chain, "-s", "198.51.100.7/32", "-j", "RETURN")
+        ipvs = ipvs_unavailable() is None
+        if ipvs:  # as keepalived, kube-router's proxy or k3s make one
+            sh("ipvsadm", "-A", "-t", IPVS_SERVICE, "-s", "rr")
+        CGROUP.mkdir()
+        ran_kube_router = (kube.STATE / "addons" / "network-policy").is_dir()
+        down = kube.run_script("cluster-down.sh")
+        yield Teardown(refused, answered, down, ours_before, ran_kube_router, ipvs)
+    finally:
+        sh("umount", str(path), check=False)
+        path.unlink(missing_ok=True)
+        sh("umount", str(podman), check=False)
+        podman.unlink(missing_ok=True)
+        sh("ip", "netns", "delete", IP_NETNS, check=False)
+        sh("iptables", "-D", *PODMAN_RULE, check=False)
+        left_shared_cni_chains()
+        for table, chain in CHAINS.items():
+            sh("iptables", "-t", table, "-F", chain, check=False)
+            sh("iptables", "-t", table, "-X", chain, check=False)
+        if ipvs:
+            sh("ipvsadm", "-D", "-t", IPVS_SERVICE, check=False)
+        if CGROUP.exists():
+            CGROUP.rmdir()
 
 
 def start_beside_k3s(tmp: Path) -> tuple[subprocess.CompletedProcess[str], bool]:
