@@ -19,6 +19,8 @@ set -euo pipefail
 source "$(dirname "$0")/cluster/lib.sh"
 # shellcheck source=hack/cluster/procs.sh
 source "${CLUSTER_HACK}/procs.sh"
+# shellcheck source=hack/cluster/host.sh
+source "${CLUSTER_HACK}/host.sh"
 
 build_only=0
 case "${1:-}" in
@@ -52,7 +54,7 @@ free_gib="$(df --output=avail -BG "$disk" | tail -n 1 | tr -dc '0-9')"
 command -v go >/dev/null 2>&1 || cannot "Go is not installed: the cluster is built from Go modules"
 missing=()
 for pair in containerd:containerd runc:runc iptables:iptables conntrack:conntrack busybox:busybox-static \
-  openssl:openssl; do
+  openssl:openssl ipset:ipset ipvsadm:ipvsadm; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
@@ -61,12 +63,24 @@ if ((${#missing[@]})); then
   "$(dirname "$0")/apt-install.sh" "${missing[@]}" ||
     cannot "could not install ${missing[*]} with apt-get"
 fi
+# Not beside another Kubernetes in this network namespace, nor on a range a route here has
+# (hack/cluster/host.sh): one line, and nothing made yet.
+refuse_neighbour_network
 "$(dirname "$0")/docker-up.sh" >/dev/null || cannot "no Docker engine: the node's images are built with it"
 node_ip="$(node_ip)"
 [[ -n "$node_ip" ]] || cannot "this machine has no IPv4 default route: pods need the node's address"
+fresh=1
+if running kubelet || running kube-proxy || ip link show gpupipe0 >/dev/null 2>&1; then fresh=0; fi
 mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR"
 # Owner-only: the cluster's keys, kubeconfig, databases and volumes are root's alone.
 chmod 0700 "$STATE"
+# What this network namespace had before the cluster, so that cluster-down removes only what came
+# after. Once, before anything of the cluster's is made (not over a cluster that runs).
+if ((fresh)); then
+  record_host
+elif [[ ! -d "$HOST_RECORD" ]]; then
+  say "no record of the host before this cluster (${HOST_RECORD}): cluster-down goes by names, bridge and comments alone"
+fi
 claim_cache
 [[ -f "$MARKER" ]] || printf 'made by gpupipe hack/cluster-up.sh; make cluster-down removes this folder\n' >"$MARKER"
 
@@ -144,6 +158,8 @@ sysctl -qw net.ipv4.ip_forward=1
 sysctl -qw net.bridge.bridge-nf-call-iptables=1 ||
   cannot "net.bridge.bridge-nf-call-iptables cannot be set: Services would not reach pods on the node's bridge"
 mkdir -p "${STATE}/cni/net.d" "${STATE}/containerd"
+# Before the first pod's network namespace is mounted there (hack/cluster/host.sh).
+shared_netns_dir
 put "${STATE}/cni/net.d/10-gpupipe.conflist" <<CNI || true
 {
   "cniVersion": "1.0.0",

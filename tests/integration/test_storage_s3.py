@@ -325,7 +325,7 @@ def test_a_store_that_refuses_connections_for_a_few_seconds_is_read_once_it_answ
     tried S3_REQUEST_ATTEMPTS_IN_POD times (10 to 20 s), where the SDK's default 3 gave up within
     2.5 s."""
     s3_client.put_object(Bucket=s3_bucket, Key="config.json", Body=b'{"epochs": 2}')
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # as the kubelet sets it in a pod
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.127.0.1")  # as the kubelet sets it in a pod
     assert storage.s3_request_attempts() == storage.S3_REQUEST_ATTEMPTS_IN_POD
     with _refused_then_forwarded(4.0, s3_client.meta.endpoint_url) as endpoint:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)

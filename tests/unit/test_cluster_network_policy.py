@@ -135,7 +135,7 @@ def test_every_flag_is_one_kube_router_has(tmp_path: Path) -> None:
 
 
 def _kube_router_chain(name: str) -> bool:
-    text = (ROOT / "hack" / "cluster-down.sh").read_text()
+    text = (ROOT / "hack" / "cluster" / "host.sh").read_text()  # cluster-down.sh sources it
     (function,) = re.findall(r"^kube_router_chain\(\) \{\n.*?\n\}\n", text, re.M | re.S)
     out = subprocess.run(
         ["bash", "-c", f'{function}kube_router_chain "$1"', "_", name], timeout=10, check=False

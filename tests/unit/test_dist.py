@@ -238,7 +238,7 @@ GLOO_RESET = (
             RuntimeError(
                 "Gloo connectFullMesh failed with [/__w/pytorch/pytorch/third_party/gloo/gloo/"
                 "transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: No route to host, "
-                "remote=[10.88.0.18]:62350"
+                "remote=[10.123.0.18]:62350"
             ),
             True,
         ),

@@ -67,7 +67,7 @@ def test_locally_the_endpoint_listens_on_loopback_only_and_says_so(
 
 @pytest.fixture
 def in_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.127.0.1")
 
 
 @pytest.mark.parametrize("endpoint", [{}], indirect=True, ids=["default"])

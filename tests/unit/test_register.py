@@ -248,7 +248,7 @@ def test_resolve_tracking_uri(
 def in_a_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """This process as a step in a Kubernetes pod told of no registry; ``$GPUPIPE_HOME`` is
     returned, to check that nothing is made there."""
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.127.0.1")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("GPUPIPE_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
