@@ -40,8 +40,7 @@ def python_blocks(page: Path = KFP_PAGE) -> list[Block]:
     """Every ```python block of ``page``, in order."""
     text = page.read_text()
     return [
-        Block(page, text.count("\n", 0, m.start(1)) + 1, m.group(1))
-        for m in _BLOCK.finditer(text)
+        Block(page, text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in _BLOCK.finditer(text)
     ]
 
 

@@ -14,7 +14,8 @@ from kfp import local
 
 from tests.docs_pipelines import OWN_PIPELINE, load_block, own_pipeline_block
 
-pytestmark = pytest.mark.integration
+# One run of five steps, training included: about 100 s on 2 cores (make test-slow).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _outputs(run: Path, task: str) -> dict:

@@ -81,9 +81,8 @@ def test_fingerprint_of_an_artifact_is_its_content_not_its_download_time(
     os.utime(copy, ns=(1, 1))
     assert fingerprint_component.python_func(data=dsl.Dataset(uri=str(copy))) == fp
     # As data_uri the time counts (a file replaced in place must change the cache key).
-    assert fingerprint_component.python_func(data_uri=str(copy)) != fingerprint_component.python_func(
-        data_uri=str(table)
-    )
+    by_uri = fingerprint_component.python_func
+    assert by_uri(data_uri=str(copy)) != by_uri(data_uri=str(table))
     out = _preprocess(tmp_path, data=dsl.Dataset(uri=str(copy)), data_fingerprint=fp)
     assert os.path.isdir(out.path)
 
