@@ -33,7 +33,9 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        """``docs/kfp.md:LINE``, for a failure's message."""
+        page = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
+        return f"{page}:{self.line}"
 
 
 def python_blocks(page: Path = KFP_PAGE) -> list[Block]:

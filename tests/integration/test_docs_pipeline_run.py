@@ -47,4 +47,5 @@ def test_the_own_pipeline_runs_under_kfp_local(
     (dataset,) = root.glob("*/preprocess/dataset")
     assert {"train.parquet", "val.parquet", "test.parquet"} <= {p.name for p in dataset.iterdir()}
     roc_auc = _outputs(root, "check-metrics")["parameterValues"]["Output"]
+    print(f"check-metrics: roc_auc {roc_auc:.3f}")
     assert 0.55 <= roc_auc <= 1.0

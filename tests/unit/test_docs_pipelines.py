@@ -5,6 +5,7 @@ store secret, and gives evaluate the registry's account."""
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.docs_pipelines import (
     compile_block,
     compile_own_pipeline,
     pipeline_blocks,
+    python_blocks,
 )
 
 BLOCKS = pipeline_blocks()
@@ -53,3 +55,18 @@ def test_the_own_pipeline_reads_the_table_as_an_artifact_with_no_store_secret(
     # The shipped component.yaml files are what the page loads, not the Python functions.
     comps = spec["components"]
     assert comps["comp-preprocess"]["inputDefinitions"]["artifacts"]["data"]["isOptional"] is True
+
+
+def test_a_broken_block_is_named_by_its_line_on_the_page(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\n```python\nprint('not a pipeline')\n```\n\nText.\n\n```python\n"
+        "from kfp import dsl\n\n\n@dsl.pipeline\ndef broken():\n    no_such_component()\n```\n"
+    )
+    assert [b.line for b in python_blocks(page)] == [4, 10]
+    (block,) = pipeline_blocks(page)
+    assert block.where.endswith("page.md:10")
+    with pytest.raises(NameError) as e:
+        compile_block(block, tmp_path / "broken.yaml")
+    # The traceback points at the page's own line of the call.
+    assert traceback.extract_tb(e.value.__traceback__)[-1].lineno == 15
