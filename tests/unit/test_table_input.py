@@ -5,6 +5,7 @@ is one line naming what to give."""
 
 from __future__ import annotations
 
+import bz2
 import os
 import pickle
 import shutil
@@ -145,8 +146,9 @@ def test_bad_table_inputs_are_one_line_naming_both_inputs(
         (b"", True),  # empty: the CSV reader's own E_EMPTY line
         (b"\x93NUMPY\x01\x00v\x00{'descr': '<f8'", False),
         (bytes(range(256)) * 4, False),
+        (bz2.compress(b"a,b,y\n1,2,0\n" * 50), False),  # bzip2 is told by a name only
     ],
-    ids=["parquet", "csv", "latin-1 csv", "gzip", "empty", "numpy", "binary"],
+    ids=["parquet", "csv", "latin-1 csv", "gzip", "empty", "numpy", "binary", "bzip2 unnamed"],
 )
 def test_an_artifact_file_is_told_by_its_first_bytes(head: bytes, ok: bool, tmp_path: Path) -> None:
     path = tmp_path / "table"

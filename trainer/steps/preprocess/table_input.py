@@ -14,6 +14,7 @@ import os
 
 from trainer.base.errors import InputError
 from trainer.steps.preprocess.file_kind import kind_of
+from trainer.steps.preprocess.tabular import COMPRESSED_SUFFIXES
 
 ARTIFACT = "data"
 """The name of the Dataset artifact input of the preprocess and fingerprint components."""
@@ -21,7 +22,8 @@ URI = "data_uri"
 """The name of their URI input."""
 _SNIFF_BYTES = 4096
 _PARQUET = b"PAR1"
-_COMPRESSED = (b"\x1f\x8b", b"BZh", b"\x28\xb5\x2f\xfd")  # gzip, bzip2, zstd
+_GZIP = b"\x1f\x8b"
+"""The one compression the reader tells by its bytes (bzip2 and zstd only by the name)."""
 _FIX = "write it with df.to_parquet(path) or df.to_csv(path, index=False)"
 
 
@@ -64,9 +66,10 @@ def table_location(data_path: str | None, data_uri: str) -> str:
 def check_artifact(path: str) -> None:
     """Refuse a Dataset artifact that preprocess cannot read as a table, in one line.
 
-    A folder is read as a ``data_uri`` folder is (its ``.parquet``/``.csv`` files); a file is
-    Parquet by its magic bytes whatever its name, compressed text, or CSV text. A file of another
-    kind (a pickle, a NumPy array, any other binary) is refused here, not after a CSV parse.
+    A folder is read as a ``data_uri`` folder is (its ``.parquet``/``.csv`` files). A file is
+    Parquet by its magic bytes whatever its name, gzip-compressed text, or CSV text; a file of
+    another kind (a pickle, a NumPy array, any other binary) is refused here, not after a CSV
+    parse. A name that says it is compressed (``table.csv.zst``) is left to the reader.
 
     Raises:
         InputError: ``E_DATA`` naming the artifact's path: missing, or a file of an unknown kind.
@@ -79,12 +82,12 @@ def check_artifact(path: str) -> None:
             "output's path",
             where,
         )
-    if os.path.isdir(path):
+    if os.path.isdir(path) or path.lower().endswith(COMPRESSED_SUFFIXES):
         return
     with open(path, "rb") as f:
         head = f.read(_SNIFF_BYTES)
-    if head.startswith(_PARQUET) or head.startswith(_COMPRESSED) or kind_of(head) is not None:
-        # Parquet; compressed text; or a kind the CSV reader names itself (a workbook, JSON).
+    if head.startswith((_PARQUET, _GZIP)) or kind_of(head) is not None:
+        # Parquet; gzip-compressed text; or a kind the CSV reader names itself (a workbook, JSON).
         return
     if b"\x00" in head or not _is_text(head):
         raise InputError(
