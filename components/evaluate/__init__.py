@@ -36,6 +36,11 @@ def evaluate(
     ``model_name`` is the pipeline's model: a plugin (``package.module:build``) named there is
     the only code a model artifact may make this step import, and only from the installed
     environment. ``max_champion_bytes`` bounds the champion's download (one E_MODEL line past it).
+
+    The step reads no store (KFP's launcher brings the model and the dataset in); a registry
+    that asks who is calling takes its account from ``MLFLOW_TRACKING_USERNAME`` and
+    ``MLFLOW_TRACKING_PASSWORD`` (e.g. the ``mlflow-auth`` secret through
+    ``kfp.kubernetes.use_secret_as_env``).
     """
     from trainer.entry import run_guarded, write_metadata_file
     from trainer.steps.evaluate import evaluate as run

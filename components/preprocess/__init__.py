@@ -1,19 +1,21 @@
 """The preprocess component: raw Parquet/CSV in, validated and encoded splits plus schema out."""
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from kfp import dsl
-from kfp.dsl import Dataset, Metrics, Output
+from kfp.dsl import Dataset, Input, Metrics, Output
 
 from components.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def preprocess(
-    data_uri: str,
     target: str,
     dataset: Output[Dataset],
     stats: Output[Metrics],
+    # Optional, not `X | None`: KFP 2.17's component interface reads no PEP 604 union.
+    data: Optional[Input[Dataset]] = None,  # noqa: UP045
+    data_uri: str = "",
     task: str = "auto",
     seed: int = 0,
     column_roles_json: str = "{}",
@@ -27,6 +29,13 @@ def preprocess(
 ) -> NamedTuple("PreprocessOutputs", [("data_hash", str), ("task", str)]):
     """Validate, impute, encode and split a table (see trainer.steps.preprocess).
 
+    The table comes in one of two ways, exactly one of them: ``data``, a Dataset artifact from
+    an upstream step (a Parquet or CSV file, named or not, or a folder of them), which KFP's
+    launcher brings into the pod, so the step needs no store credentials; or ``data_uri``, a
+    file or folder in a store (``s3://``, ``gs://``, ``minio://``) that the step reads itself,
+    with the store's credentials in its environment (``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY``, e.g. from KFP's ``mlpipeline-minio-artifact`` secret through
+    ``kfp.kubernetes.use_secret_as_env``).
     ``column_roles_json`` declares column roles (``{"zip": "categorical", "id": "keep"}``);
     the ``csv_*`` inputs say how CSV files are read (``csv_null_values``: comma-separated;
     ``csv_decimal``: ``.`` or ``,``); ``config_json`` sets further ``PreprocessConfig`` fields
@@ -36,10 +45,11 @@ def preprocess(
     from collections import namedtuple
 
     from trainer.entry import run_guarded, write_metadata_file
-    from trainer.steps.preprocess import config_from_parameters
+    from trainer.steps.preprocess import config_from_parameters, table_location
     from trainer.steps.preprocess import preprocess as run
 
     def body():
+        table = table_location(data.path if data is not None else None, data_uri)
         cfg = config_from_parameters(
             target=target,
             task=task,
@@ -53,7 +63,11 @@ def preprocess(
             preprocess_config_json=config_json,
         )
         return run(
-            cfg, data_uri=data_uri, output_uri=dataset.path, expected_fingerprint=data_fingerprint
+            cfg,
+            data_uri=table,
+            output_uri=dataset.path,
+            expected_fingerprint=data_fingerprint,
+            artifact=data is not None,
         )
 
     result = run_guarded("preprocess", body)

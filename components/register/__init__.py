@@ -27,6 +27,11 @@ def register(
     version evaluate compared against, so the alias moves only if that decision still holds.
     ``baselines`` (optional) is evaluate's baselines artifact: its scores are recorded too, as
     ``baseline_<baseline>_<metric>``.
+
+    The step reads no store (KFP's launcher brings the model in); the registry
+    (``registry_uri``, else ``MLFLOW_TRACKING_URI``) takes its account from
+    ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD`` (e.g. the ``mlflow-auth``
+    secret through ``kfp.kubernetes.use_secret_as_env``).
     """
     import json
     from collections import namedtuple

@@ -65,6 +65,13 @@ def train(
     ``cpu_image``; the pipeline passes this package version's images (KFP re-runs this
     function's source, so defaults here can only be literals; they equal the pipeline's, which
     a test checks).
+
+    The store: with ``launcher="local"`` the step reads and writes only the files KFP's launcher
+    moves. With a cluster launcher this pod reads the store itself (it copies the job's model
+    back) and the job's pods read and write it: give this step the store's credentials
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, e.g. from KFP's
+    ``mlpipeline-minio-artifact`` secret through ``kfp.kubernetes.use_secret_as_env``) and the
+    job the secret's name, ``object_store_secret``.
     """
     from trainer import storage
     from trainer.config import from_dict

@@ -71,6 +71,12 @@ def tune(
     step resumes the study. ``engine="katib"`` creates a Katib Experiment whose trials are the
     train step's PyTorchJob (``cuda_image`` or ``cpu_image``); ``work_uri`` must then be an
     object-store URI (default: next to the artifact's URI).
+
+    The store: ``engine="local"`` reads only the files KFP's launcher brings in. With
+    ``engine="katib"`` this step and its trials' pods read and write the store themselves: give
+    this step the store's credentials (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, e.g.
+    from KFP's ``mlpipeline-minio-artifact`` secret through ``kfp.kubernetes.use_secret_as_env``)
+    and the trials the secret's name, ``object_store_secret``.
     """
     import json
     from collections import namedtuple

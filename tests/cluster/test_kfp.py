@@ -667,6 +667,50 @@ def test_the_readmes_lines_for_the_test_cluster_run_as_written(
     assert "model" in out and "accuracy" in out, out[-3000:]
 
 
+# -- 9. docs/kfp.md's own pipeline, as a user compiles it -----------------------------------------
+
+
+def test_the_docs_own_pipeline_runs_on_the_real_backend(host: str, tmp_path: Path) -> None:
+    """Issue 62, item 1: docs/kfp.md's "Using the components in your own pipeline" failed here at
+    preprocess (`E_DATA ... ACCESS_DENIED`: it read `data_uri` itself, and nothing gave it the
+    store's keys). The page's block, compiled with KFP's SDK as a user compiles it
+    (tests/docs_pipelines.py), uploaded and started as the UI starts a run: the user's own step
+    writes the table as a Dataset, which reaches preprocess as an artifact through KFP's launcher
+    with no store secret on any step; train (from its component.yaml) trains in its own pod;
+    evaluate reads the cluster's MLflow with the account the page's one line gives it; the
+    user's own check of evaluate's metrics passes."""
+    from tests.docs_pipelines import compile_own_pipeline
+
+    package = compile_own_pipeline(tmp_path / "own-pipeline.yaml")
+    name = kube.unique("gpupipe-docs")
+    out = gpupipe("upload", "--host", host, "--pipeline", name, "--package", str(package))
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_id = _start_with_parameters(
+        host,
+        name,
+        {"rows": 1000, "epochs": 3, "registry_uri": MLFLOW, "min_roc_auc": 0.55},
+    )
+    run = kfp.wait_run(host, run_id)
+    assert run["state"] == "SUCCEEDED", kfp.failure_report(run)
+    states = kfp.task_states(run)
+    for task in ("make-table", "preprocess", "train", "evaluate", "check-metrics"):
+        assert states.get(task) == "SUCCEEDED", (task, states)
+    # No step's own container had the store's keys: the table came in as an artifact, through
+    # KFP's launcher (which reads the store with KFP's own credentials).
+    executors = [p for p in kfp.run_pods(run_id) if kfp.task_of(p)[1] == "executor"]
+    assert {kfp.task_of(p)[0] for p in executors} >= {"make-table", "preprocess", "evaluate"}
+    for pod in executors:
+        main = next(c for c in pod["spec"]["containers"] if c["name"] == "main")
+        secrets = {
+            e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
+            for e in main.get("env", [])
+            if "secretKeyRef" in (e.get("valueFrom") or {})
+        }
+        assert kube.STORE_SECRET not in secrets.values(), (pod["metadata"]["name"], secrets)
+        if kfp.task_of(pod)[0] == "evaluate":
+            assert secrets.get("MLFLOW_TRACKING_USERNAME") == "mlflow-auth", secrets
+
+
 # -- helpers -----------------------------------------------------------------------------------
 
 
@@ -688,6 +732,13 @@ def _start_as_the_ui(host: str, pipeline: str, flags: list[str]) -> str:
     """A run of the pipeline's newest version started as the UI's Create run starts one (POST
     /apis/v2beta1/runs with a pipeline version reference, in an experiment of its own, the
     ``--param`` flags as the form's typed values, nothing checked first); its id."""
+    return _start_with_parameters(host, pipeline, _as_ui_parameters(flags))
+
+
+def _start_with_parameters(host: str, pipeline: str, parameters: dict[str, Any]) -> str:
+    """A run of the pipeline's newest version started as the UI's Create run starts one, with
+    ``parameters`` as the form sends them (typed JSON values): for any pipeline, also one that is
+    not gpupipe's (whose `--param` flags `gpupipe run` would check against gpupipe's); its id."""
     pid = _pipeline_id(host, pipeline)
     vid = api(host, "GET", f"/apis/v2beta1/pipelines/{pid}/versions")["pipeline_versions"][0][
         "pipeline_version_id"
@@ -701,7 +752,7 @@ def _start_as_the_ui(host: str, pipeline: str, flags: list[str]) -> str:
             "display_name": kube.unique("ui-run"),
             "experiment_id": exp["experiment_id"],
             "pipeline_version_reference": {"pipeline_id": pid, "pipeline_version_id": vid},
-            "runtime_config": {"parameters": _as_ui_parameters(flags)},
+            "runtime_config": {"parameters": parameters},
         },
     )
     return str(run["run_id"])

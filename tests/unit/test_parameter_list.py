@@ -31,6 +31,9 @@ DIFFERENT_ON_PURPOSE = {
     ("train", "object_store_secret"): "alone, a component assumes no object-store secret; the "
     "pipeline's default is KFP's artifact-store secret",
     ("tune", "object_store_secret"): "as for train",
+    ("preprocess", "data_uri"): "alone, a component may take the table as its Dataset artifact "
+    "input data instead (a user's own pipeline); the pipeline requires data_uri",
+    ("fingerprint", "data_uri"): "as for preprocess",
 }
 """Component inputs whose default differs from the pipeline parameter wired into them."""
 

@@ -49,7 +49,9 @@ CODES: dict[str, Code] = {
         "`http(s)://host[:port][/path]` (user info, a backslash, a query ...), a `--ca-cert` "
         "that is not PEM, or a secret in a parameter that KFP would store (keys in `data_uri`, "
         'a secret-named variable of the job\'s environment, a `"password"` in a JSON '
-        "parameter). Checked before any step runs or any request is sent.",
+        "parameter). Checked before any step runs or any request is sent. In a pipeline of "
+        "your own: `preprocess` or `fingerprint` given both of their table inputs (the "
+        "Dataset artifact `data` and `data_uri`) or neither.",
         "Correct the parameter or flag the message names. `gpupipe run --help` lists every "
         "parameter with its type and default; the [parameter reference](parameters.md) says "
         "what each does. A secret goes in a Kubernetes Secret the steps read through "
@@ -77,9 +79,13 @@ CODES: dict[str, Code] = {
         _BAD,
         "The data cannot be read as a table: no file or folder at `data_uri`, a folder with no "
         "`.parquet` files, a file that is not what its name says (a `.parquet` file that is "
-        "text), or a Parquet file that cannot be decoded.",
+        "text), or a Parquet file that cannot be decoded; a Dataset artifact given as "
+        "`preprocess`'s `data` that the upstream step did not write, or that is neither "
+        "Parquet nor CSV text (a pickle, a NumPy array).",
         "Check `data_uri` (`--data`): a local path, `s3://`, `gs://` or `minio://` to a Parquet "
-        "or CSV file, or a folder of Parquet files. The message names the file.",
+        "or CSV file, or a folder of Parquet files. The message names the file. An upstream "
+        "step writes its Dataset as Parquet or CSV (`df.to_parquet(table.path)`), or a folder "
+        "of `.parquet`/`.csv` files.",
     ),
     "E_DATA_CHANGED": Code(
         _BAD,

@@ -15,6 +15,8 @@ What other code may use is exported here; the rest is this step's own:
 - :mod:`~trainer.steps.preprocess.preview`: the same decisions, found before any step runs
   (``gpupipe run --local``);
 - :mod:`~trainer.steps.preprocess.fingerprint`: the input's content fingerprint, for caches;
+- :mod:`~trainer.steps.preprocess.table_input`: which input gives the table, a Dataset artifact
+  or ``data_uri``;
 - :mod:`~trainer.steps.preprocess.demo_data`: the synthetic demo table.
 """
 
@@ -25,6 +27,7 @@ from trainer.steps.preprocess.demo_data import make_demo_table, write_demo_data
 from trainer.steps.preprocess.fingerprint import data_fingerprint
 from trainer.steps.preprocess.preview import inspect_data
 from trainer.steps.preprocess.step import PreprocessResult, preprocess
+from trainer.steps.preprocess.table_input import table_location
 from trainer.steps.preprocess.tabular import read_columns
 
 __all__ = [
@@ -36,5 +39,6 @@ __all__ = [
     "make_demo_table",
     "preprocess",
     "read_columns",
+    "table_location",
     "write_demo_data",
 ]

@@ -13,6 +13,11 @@ between them (a file of at most :data:`WHOLE_FILE_BYTES` is hashed whole). That 
 GETs on an object store. Any rewrite changes the mtime; the sampled bytes catch a copy that
 kept the old mtime (``cp -p``, ``rsync -t``) unless it also kept the size and every sampled
 byte. A folder's fingerprint covers each data file that preprocess would read, by name.
+
+A Dataset artifact's local copy is fingerprinted without its modification time: KFP's launcher
+downloads the artifact into each step's pod, so the time is the download's, another in the
+fingerprint step's pod than in preprocess's. Its content is what counts, and KFP's cache keys a
+step on the artifact itself anyway.
 """
 
 from __future__ import annotations
@@ -53,8 +58,13 @@ def _sampled_ranges(size: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def file_fingerprint(uri: str) -> str:
+def file_fingerprint(uri: str, *, with_mtime: bool = True) -> str:
     """The fingerprint of one file (any storage URI): size, mtime and sampled bytes, hashed.
+
+    Args:
+        uri: The file.
+        with_mtime: False: leave the modification time out (a downloaded copy's is the
+            download's).
 
     Raises:
         FileNotFoundError: If the file does not exist.
@@ -64,7 +74,8 @@ def file_fingerprint(uri: str) -> str:
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"no such file: {uri}")
     size = int(info.size or 0)
-    digest = hashlib.sha256(f"{FORMAT}|{size}|{info.mtime_ns}|".encode())
+    mtime = info.mtime_ns if with_mtime else "-"
+    digest = hashlib.sha256(f"{FORMAT}|{size}|{mtime}|".encode())
     with storage.open_input(uri) as f:
         for offset, length in _sampled_ranges(size):
             f.seek(offset)
@@ -72,11 +83,13 @@ def file_fingerprint(uri: str) -> str:
     return digest.hexdigest()
 
 
-def data_fingerprint(data_uri: str) -> str:
+def data_fingerprint(data_uri: str, *, artifact: bool = False) -> str:
     """The fingerprint of a dataset: one file, or every data file of a folder, by name.
 
     Args:
         data_uri: What preprocess reads (``data_uri``): a file or a folder (any storage URI).
+        artifact: ``data_uri`` is the local copy of a Dataset artifact: its files' modification
+            times are left out (see the module's docstring).
 
     Returns:
         ``fp1:<64 hex digits>``; it changes when any file's size, modification time or
@@ -91,7 +104,7 @@ def data_fingerprint(data_uri: str) -> str:
     digest = hashlib.sha256(FORMAT.encode())
     for uri in files:
         try:
-            part = file_fingerprint(uri)
+            part = file_fingerprint(uri, with_mtime=not artifact)
         except (OSError, RuntimeError) as e:
             raise InputError("E_DATA", f"cannot read the dataset file: {e}", uri) from e
         name = uri[len(data_uri) :].lstrip("/") if len(files) > 1 else ""

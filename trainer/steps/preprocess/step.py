@@ -104,13 +104,13 @@ def _write_parquet(uri: str, table: pa.Table, dictionary_columns: list[str]) -> 
         pq.write_table(table, f, use_dictionary=dictionary_columns, **_PARQUET_OPTIONS)
 
 
-def _check_fingerprint(data_uri: str, expected: str) -> str:
+def _check_fingerprint(data_uri: str, expected: str, *, artifact: bool) -> str:
     """The data's fingerprint now; E_DATA_CHANGED if it is not the one the run was keyed on.
 
     A pipeline computes the fingerprint before this step and KFP's cache keys the step on it:
     data replaced in between would be published under the old key, so it is refused.
     """
-    now = data_fingerprint(data_uri)
+    now = data_fingerprint(data_uri, artifact=artifact)
     if expected and now != expected:
         raise InputError(
             "E_DATA_CHANGED",
@@ -167,7 +167,12 @@ def needs_streaming(data_uri: str, budget: int) -> bool:
 
 
 def preprocess(
-    cfg: PreprocessConfig, *, data_uri: str, output_uri: str, expected_fingerprint: str = ""
+    cfg: PreprocessConfig,
+    *,
+    data_uri: str,
+    output_uri: str,
+    expected_fingerprint: str = "",
+    artifact: bool = False,
 ) -> PreprocessResult:
     """Validate, split, impute, encode and standardise a tabular dataset.
 
@@ -185,6 +190,8 @@ def preprocess(
         expected_fingerprint: The data's fingerprint when the run began (the pipeline's
             fingerprint step); the data must still have it (``E_DATA_CHANGED``). Empty: not
             checked. The fingerprint is recorded in ``schema.json`` either way.
+        artifact: ``data_uri`` is the local copy of a Dataset artifact (KFP's launcher
+            downloaded it): its fingerprint leaves the files' modification times out.
 
     Returns:
         Split sizes, output feature names, task, class labels and the input's hash.
@@ -199,7 +206,7 @@ def preprocess(
     """
     # Before any work: never write into the data, the working directory or anyone's files.
     check_output_location(output_uri, "preprocess", inputs={"data": data_uri})
-    fingerprint = _check_fingerprint(data_uri, expected_fingerprint)
+    fingerprint = _check_fingerprint(data_uri, expected_fingerprint, artifact=artifact)
     budget = cfg.budget()
     # The input's shape from its footers and header, before any work (limits.py).
     try:
