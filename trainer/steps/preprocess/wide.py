@@ -1,0 +1,227 @@
+"""Preprocess by several processes at once: the workers torchrun starts, and the step's launch.
+
+A dataset of many files is split into contiguous groups of files, one per worker
+(:func:`~trainer.steps.preprocess.peers.file_groups`); the workers run the streaming path
+(:mod:`~trainer.steps.preprocess.stream`) together over torch.distributed (gloo, CPU),
+exchanging only partial statistics, the target and the split, and publish exactly what one
+process would have (same splits row for row, same features bit for bit).
+
+``python -m trainer.launch --standalone --nproc_per_node=N -m trainer.steps.preprocess.wide
+--config <json> --data <uri> --output <uri>`` runs N local workers (what the step does itself
+when :func:`workers_for` says so); in N pods of a PyTorchJob, the same module under torchrun.
+Bad input in any worker's files ends every worker with the same ``ERROR [preprocess] E_...``
+line and exit code 2, and nothing is published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from trainer.base import exitcodes, storage
+from trainer.base.errors import EXIT_BAD_INPUT, error_line
+from trainer.base.memory import MIN_BUDGET
+from trainer.base.typedconfig import from_dict
+from trainer.steps.preprocess.config import PreprocessConfig
+from trainer.steps.preprocess.peers import first_error
+from trainer.steps.preprocess.published import PreprocessResult
+from trainer.steps.preprocess.tabular import input_files
+
+T = TypeVar("T")
+
+BYTES_PER_WORKER = 1 << 30
+"""Input bytes (the files' sizes as stored) one worker takes before ``workers: 0`` adds
+another: below it, starting torchrun and a process group (a few seconds) and each worker's
+interpreter with torch (~250 MiB) cost more than the work shared."""
+MAX_WORKERS = 8
+"""Most workers ``workers: 0`` starts (and no more than the machine's CPUs, nor the files)."""
+WORKER_BUDGET = 256 << 20
+"""Least memory budget a local worker is given: ``workers: 0`` starts no more than the step's
+budget holds of these."""
+COLLECTIVE_TIMEOUT_S = 6 * 3600
+"""How long a worker waits in an exchange for the others: main appends every rank's rows to
+the published files while the others wait, which for a large table takes long. A lost peer
+ends an exchange at once (the connection closes); this bounds a hung one."""
+STEP = "preprocess"
+
+
+def workers_for(cfg: PreprocessConfig, data_uri: str, budget: int) -> int:
+    """How many processes preprocess ``data_uri`` (1: the one-process paths).
+
+    ``cfg.workers`` when set; else (``0``, auto) one per :data:`BYTES_PER_WORKER` of input,
+    rounded up, at most :data:`MAX_WORKERS`, the CPUs, the files and the budget's share of
+    :data:`WORKER_BUDGET` each.
+    """
+    if cfg.workers:
+        return cfg.workers
+    from trainer.steps.preprocess.step import storage_size
+
+    files = input_files(data_uri)
+    total = sum(storage_size(uri) for uri in files)
+    wanted = math.ceil(total / BYTES_PER_WORKER)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(wanted, MAX_WORKERS, cpus or 1, len(files), budget // WORKER_BUDGET))
+
+
+def worker_budget(budget: int, workers: int) -> int:
+    """Each local worker's share of the step's memory budget."""
+    return max(MIN_BUDGET, budget // workers)
+
+
+def run_local(
+    cfg: PreprocessConfig,
+    *,
+    workers: int,
+    data_uri: str,
+    output_uri: str,
+    fingerprint: str,
+    budget: int,
+) -> PreprocessResult:
+    """Run ``workers`` local worker processes under torchrun and return main's result.
+
+    Args:
+        cfg: What to read and how.
+        workers: How many processes.
+        data_uri: The dataset.
+        output_uri: Where the result is published (the caller has checked it may be written).
+        fingerprint: The data's fingerprint, recorded in ``schema.json``.
+        budget: The step's memory budget, shared among the workers.
+
+    Raises:
+        InputError: A worker's bad input, as one process would have reported it.
+        RuntimeError: The workers failed otherwise (the message holds their last lines).
+    """
+    from trainer.launch.local import Child
+
+    with tempfile.TemporaryDirectory(prefix="gpupipe-wide-") as work:
+        config = os.path.join(work, "config.json")
+        result = os.path.join(work, "result.json")
+        storage.write_json(config, _config_dict(cfg))
+        cmd = [
+            sys.executable, "-m", "trainer.launch", "--standalone",
+            f"--nproc_per_node={workers}", "-m", "trainer.steps.preprocess.wide",
+            "--config", config, "--data", data_uri, "--output", output_uri,
+            "--fingerprint", fingerprint, "--budget", str(worker_budget(budget, workers)),
+            "--plan-budget", str(budget), "--result", result,
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        child = Child(cmd, env=env, tail_lines=40, echo=False, step=STEP)
+        child.pump()
+        code = child.proc.wait()
+        if code != 0:
+            raise child.failure(f"preprocess workers ({workers})", code)
+        return PreprocessResult(**storage.read_json(result))
+
+
+def _config_dict(cfg: PreprocessConfig) -> dict[str, Any]:
+    out = {name: getattr(cfg, name) for name in cfg.__dataclass_fields__}
+    out["workers"] = 1  # the workers run the streaming path; none starts workers of its own
+    return out
+
+
+class Group:
+    """:class:`~trainer.steps.preprocess.peers.Peers` over torch.distributed: each exchange
+    first carries every rank's outcome (its bad input, if any), so all ranks raise together."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.rank = int(ctx.rank)
+        self.world = int(ctx.world_size)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def _try(work: Callable[[], T]) -> tuple[bool, Any]:
+        try:
+            return True, work()
+        except (ValueError, FileNotFoundError) as e:  # bad input (InputError is a ValueError)
+            return False, e
+
+    def all(self, work: Callable[[], T]) -> list[T]:
+        from trainer.distributed import dist
+
+        got = dist.all_gather_object(self.ctx, self._try(work))
+        first_error(got)
+        return [value for _, value in got]
+
+    def gather(self, work: Callable[[], T]) -> list[T] | None:
+        from trainer.distributed import dist
+
+        ok, value = self._try(work)
+        first_error(dist.all_gather_object(self.ctx, (ok, None if ok else value)))
+        return dist.gather_object(self.ctx, value)
+
+    def main(self, work: Callable[[], T]) -> T:
+        from trainer.distributed import dist
+
+        ok, value = dist.broadcast_object(self.ctx, self._try(work) if self.is_main else None)
+        first_error([(ok, value)])
+        return value  # type: ignore[no-any-return]
+
+    def scatter(self, work: Callable[[], list[T]]) -> T:
+        from trainer.distributed import dist
+
+        ok, value = self._try(work) if self.is_main else (True, None)
+        first_error([dist.broadcast_object(self.ctx, (ok, None if ok else value))])
+        return dist.scatter_object(self.ctx, value)  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One worker: join the group, preprocess its files with the others; the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m trainer.steps.preprocess.wide")
+    parser.add_argument("--config", required=True, help="PreprocessConfig JSON (any URI)")
+    parser.add_argument("--data", required=True, metavar="URI")
+    parser.add_argument("--output", required=True, metavar="URI")
+    parser.add_argument("--fingerprint", default="")
+    parser.add_argument("--budget", type=int, required=True, help="this worker's bytes")
+    parser.add_argument("--plan-budget", type=int, help="one process's budget (default --budget)")
+    parser.add_argument("--result", help="where main writes the result JSON")
+    args = parser.parse_args(argv)
+    from trainer.distributed import dist
+    from trainer.steps.preprocess.stream import preprocess_streaming
+
+    exitcodes.record_started()
+    rank: int | None = None
+    code = 1  # an exception escaping below is a bug: its traceback, exit 1
+    try:
+        ctx = dist.init("gloo", timeout_s=COLLECTIVE_TIMEOUT_S)
+        rank = ctx.rank
+        try:
+            cfg = from_dict(PreprocessConfig, storage.read_json(args.config))
+            result = preprocess_streaming(
+                cfg,
+                data_uri=args.data,
+                output_uri=args.output,
+                fingerprint=args.fingerprint,
+                budget=args.budget,
+                peers=Group(ctx),
+                plan_budget=args.plan_budget,
+            )
+            if ctx.is_main and args.result:
+                storage.write_json(args.result, result.to_dict())
+            code = 0
+        except (ValueError, FileNotFoundError) as e:
+            print(error_line(STEP, e), file=sys.stderr, flush=True)
+            code = EXIT_BAD_INPUT
+        finally:
+            dist.close(ctx)
+        return code
+    finally:
+        exitcodes.record_exit_code(code, rank)
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # As trainer.__main__ does after a failure: no C++ static destructors racing pyarrow's
+    # thread pools (an abort would turn exit 2 into a retryable signal).
+    os._exit(status)
