@@ -326,8 +326,6 @@ def _run(
     fits = [fit_of(s, num, cat, n_train, cfg) for s in specs]
     features = feature_names(fits, cfg.target, data_uri)
     check_features(len(features), cfg.max_features, data_uri)
-    result: list[PreprocessResult] = []
-
     def documents() -> dict[str, dict[str, Any]]:
         """schema.json and stats.json (main, once the splits are written)."""
         y, labels, task = held["y"], held["labels"], held["task"]
@@ -347,12 +345,16 @@ def _run(
                 name: target_stats(y, labels, i, classes) for i, name in enumerate(SPLITS)
             },
         }
-        result.append(published_result(splits, features, task, classes, digest, notes))
+        held.update(splits=splits, digest=digest)
         return {"schema.json": schema_doc, "stats.json": stats_doc}
 
     _write(src, cfg, specs, fits, features, classes, y_own, labels_own, lo, output_uri,
            budget, state_rows, sources, documents, peers)  # fmt: skip
-    return result[0] if result else _NOT_MAIN
+    if not peers.is_main:
+        return _NOT_MAIN
+    return published_result(
+        held["splits"], features, held["task"], classes, held["digest"], notes
+    )
 
 
 _NOT_MAIN = PreprocessResult(0, 0, 0, [], "", None, "")

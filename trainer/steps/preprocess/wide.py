@@ -116,7 +116,10 @@ def run_local(
         code = child.proc.wait()
         if code != 0:
             raise child.failure(f"preprocess workers ({workers})", code)
-        return PreprocessResult(**storage.read_json(result))
+        out = PreprocessResult(**storage.read_json(result))
+    for line in out.notices:  # main printed them into the workers' log, which is not echoed
+        print(line, file=sys.stderr, flush=True)
+    return out
 
 
 def _config_dict(cfg: PreprocessConfig) -> dict[str, Any]:
