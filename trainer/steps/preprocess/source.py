@@ -289,7 +289,8 @@ def open_source(
                 path = f"{src._spill}/{index:06d}.parquet"
                 schema, n = _spill_csv(uri, csv, block_bytes, path, max_bytes)
                 src._parquet.append(path)
-            src.scanned.append(FileInfo(not parquet, readable_types(schema.empty_table()).schema, n))
+            readable = readable_types(schema.empty_table()).schema
+            src.scanned.append(FileInfo(not parquet, readable, n))
         if own is None:
             src.complete(src.scanned)
         return src

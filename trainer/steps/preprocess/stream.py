@@ -33,6 +33,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,7 @@ from trainer.steps.preprocess.encode import (
 )
 from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
 from trainer.steps.preprocess.limits import check_features
+from trainer.steps.preprocess.peers import SOLO, Peers, file_groups
 from trainer.steps.preprocess.published import (
     _PARQUET_OPTIONS,
     PreprocessResult,
@@ -68,7 +70,6 @@ from trainer.steps.preprocess.published import (
     published_result,
     schema_document,
 )
-from trainer.steps.preprocess.peers import SOLO, Peers, file_groups
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
 from trainer.steps.preprocess.source import BatchSource, FileInfo, data_hash, open_source
 from trainer.steps.preprocess.splits import check_splits
@@ -262,7 +263,7 @@ def _run(
         return _Plan(specs, classes, int(np.count_nonzero(labels == 0)), cap)
 
     plan = peers.main(decide)
-    del head
+    head = src.schema.empty_table()  # the head rows are typed: let them go
     release_memory()
     specs, classes, n_train = plan.specs, plan.classes, plan.n_train
 
@@ -326,6 +327,7 @@ def _run(
     fits = [fit_of(s, num, cat, n_train, cfg) for s in specs]
     features = feature_names(fits, cfg.target, data_uri)
     check_features(len(features), cfg.max_features, data_uri)
+
     def documents() -> dict[str, dict[str, Any]]:
         """schema.json and stats.json (main, once the splits are written)."""
         y, labels, task = held["y"], held["labels"], held["task"]
@@ -341,9 +343,7 @@ def _run(
         stats_doc = {
             "rows": n,
             "columns": stats,
-            "target": {
-                name: target_stats(y, labels, i, classes) for i, name in enumerate(SPLITS)
-            },
+            "target": {name: target_stats(y, labels, i, classes) for i, name in enumerate(SPLITS)},
         }
         held.update(splits=splits, digest=digest)
         return {"schema.json": schema_doc, "stats.json": stats_doc}
@@ -352,9 +352,7 @@ def _run(
            budget, state_rows, sources, documents, peers)  # fmt: skip
     if not peers.is_main:
         return _NOT_MAIN
-    return published_result(
-        held["splits"], features, held["task"], classes, held["digest"], notes
-    )
+    return published_result(held["splits"], features, held["task"], classes, held["digest"], notes)
 
 
 _NOT_MAIN = PreprocessResult(0, 0, 0, [], "", None, "")
@@ -574,7 +572,9 @@ def _medians(
         wanted = [s for s in specs if s.name in pending]
         sources = sorted({s.source for s in wanted}, key=src.schema.names.index)
 
-        def one_pass() -> dict[str, Any]:
+        def one_pass(
+            wanted: list[Spec] = wanted, sources: list[str] = sources, names: set[str] = pending
+        ) -> dict[str, Any]:
             for start, table in src.batches(sources, batch_rows):
                 is_train = labels[start - lo : start - lo + table.num_rows] == 0
                 values = _batch_values(wanted, table, src.raw_input(table, start), cfg)
@@ -585,7 +585,7 @@ def _medians(
                     selector(s.name).feed(order_keys(train[~np.isnan(train)]))
             if peers.world == 1:
                 return {}
-            return {name: selector(name).pass_state() for name in pending}
+            return {name: selector(name).pass_state() for name in names}
 
         states = peers.all(one_pass)
         if peers.world > 1:
@@ -701,11 +701,16 @@ class _SplitWriter:
     def __enter__(self) -> _SplitWriter:
         return self
 
-    def __exit__(self, exc_type: object, *rest: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
         if exc_type is None:
             self.close()
-        else:
-            self._stack.__exit__(exc_type, *rest)
+        else:  # the files see the failure: none is renamed into place
+            self._stack.__exit__(exc_type, exc, tb)
 
     def add(self, i: int, table: pa.Table) -> None:
         """Append ``table``'s rows to split ``i``."""

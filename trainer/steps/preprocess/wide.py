@@ -167,14 +167,14 @@ class Group:
 
         ok, value = dist.broadcast_object(self.ctx, self._try(work) if self.is_main else None)
         first_error([(ok, value)])
-        return value  # type: ignore[no-any-return]
+        return value
 
     def scatter(self, work: Callable[[], list[T]]) -> T:
         from trainer.distributed import dist
 
         ok, value = self._try(work) if self.is_main else (True, None)
         first_error([dist.broadcast_object(self.ctx, (ok, None if ok else value))])
-        return dist.scatter_object(self.ctx, value)  # type: ignore[no-any-return]
+        return dist.scatter_object(self.ctx, value)
 
 
 def main(argv: list[str] | None = None) -> int:
