@@ -17,14 +17,18 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import assert_valid_job, needs_crd
+from tests.unit.specs import BASE, job_spec
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
+from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
+from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.steps.preprocess import PreprocessConfig, make_demo_table, stream_stats
 from trainer.steps.preprocess.peers import file_groups, first_error
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
 from trainer.steps.preprocess.stream import preprocess_streaming
 from trainer.steps.preprocess.stream_stats import CatStats, Moments, MomentStream, fold
-from trainer.steps.preprocess.wide import workers_for
+from trainer.steps.preprocess.wide import cluster_run, workers_for
 
 T = TypeVar("T")
 SPLITS = ("train", "val", "test")
@@ -272,3 +276,43 @@ def test_bad_value_in_the_last_ranks_file_ends_every_rank(tmp_path: Path) -> Non
     assert "part-02.parquet" in str(results[0]) and "row 18" in str(results[0]), results[0]
     assert not (tmp_path / "wide").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no temporary folder left
+
+
+# The cluster side: the job of N preprocess pods, as the launchers build it.
+
+
+@needs_crd
+def test_cluster_run_is_a_pytorchjob_of_preprocess_pods(tmp_path: Path) -> None:
+    cfg = from_dict(PreprocessConfig, {"target": "churned", "seed": 3})
+    run = cluster_run(
+        cfg, workers=3, data_uri="s3://bucket/data/", output_uri="s3://bucket/out/dataset",
+        fingerprint="abc", work_uri=str(tmp_path), job_name="gpupipe-preprocess-r1-0123456789",
+    )  # fmt: skip
+    assert json.loads((tmp_path / "preprocess-config.json").read_text())["seed"] == 3
+    spec = JobSpec(
+        namespace="team-a",
+        run=run,
+        cluster=ClusterConfig(
+            image="ghcr.io/gpupipe/trainer-cpu:0.1.0",
+            memory_request="4Gi",
+            memory_limit="8Gi",
+            shm_size="1Gi",
+        ),
+    )
+    job = build_pytorchjob(spec)
+    assert_valid_job(job)
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
+    assert job["spec"]["nprocPerNode"] == "1"  # one process a pod, no GPU asked for
+    (c,) = replicas["Worker"]["template"]["spec"]["containers"]
+    assert c["command"] == [
+        "python", "-m", "trainer.launch", "-m", "trainer.steps.preprocess.wide",
+        "--config", str(tmp_path / "preprocess-config.json"),
+        "--data", "s3://bucket/data/", "--output", "s3://bucket/out/dataset",
+        "--fingerprint", "abc", "--result", str(tmp_path / "preprocess-result.json"),
+    ]  # fmt: skip
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+    # The training job's command is unchanged.
+    train = build_pytorchjob(job_spec())
+    (t,) = train["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert t["command"] == [*WORKER_COMMAND, BASE["config_uri"]]

@@ -8,7 +8,9 @@ process would have (same splits row for row, same features bit for bit).
 
 ``python -m trainer.launch --standalone --nproc_per_node=N -m trainer.steps.preprocess.wide
 --config <json> --data <uri> --output <uri>`` runs N local workers (what the step does itself
-when :func:`workers_for` says so); in N pods of a PyTorchJob, the same module under torchrun.
+when :func:`workers_for` says so, :func:`run_local`); in N pods of a PyTorchJob, the same module
+under torchrun, one process a pod (:func:`cluster_run`, for the launchers of
+:mod:`trainer.launch`).
 Bad input in any worker's files ends every worker with the same ``ERROR [preprocess] E_...``
 line and exit code 2, and nothing is published.
 """
@@ -27,6 +29,7 @@ from trainer.base import exitcodes, storage
 from trainer.base.errors import EXIT_BAD_INPUT, error_line
 from trainer.base.memory import MIN_BUDGET
 from trainer.base.typedconfig import from_dict
+from trainer.launch import TrainingRun
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.peers import first_error
 from trainer.steps.preprocess.published import PreprocessResult
@@ -104,7 +107,7 @@ def run_local(
         storage.write_json(config, _config_dict(cfg))
         cmd = [
             sys.executable, "-m", "trainer.launch", "--standalone",
-            f"--nproc_per_node={workers}", "-m", "trainer.steps.preprocess.wide",
+            f"--nproc_per_node={workers}", "-m", WORKER_MODULE,
             "--config", config, "--data", data_uri, "--output", output_uri,
             "--fingerprint", fingerprint, "--budget", str(worker_budget(budget, workers)),
             "--plan-budget", str(budget), "--result", result,
@@ -118,6 +121,62 @@ def run_local(
             raise child.failure(f"preprocess workers ({workers})", code)
         out = PreprocessResult(**storage.read_json(result))
     for line in out.notices:  # main printed them into the workers' log, which is not echoed
+        print(line, file=sys.stderr, flush=True)
+    return out
+
+
+WORKER_MODULE = "trainer.steps.preprocess.wide"
+"""What torchrun runs in each worker process (this module)."""
+CONFIG_FILE = "preprocess-config.json"
+RESULT_FILE = "preprocess-result.json"
+
+
+def cluster_run(
+    cfg: PreprocessConfig,
+    *,
+    workers: int,
+    data_uri: str,
+    output_uri: str,
+    fingerprint: str,
+    work_uri: str,
+    job_name: str,
+    timeout_s: int | None = None,
+) -> TrainingRun:
+    """The run of ``workers`` preprocess pods, one process each, for a cluster launcher
+    (:class:`~trainer.launch.pytorchjob.PyTorchJobLauncher`): the pods read the data and write
+    the output artifact through the object store; each plans with its own pod's memory
+    (``memory_budget``, else the cgroup's limit). The config goes to ``work_uri`` (which the
+    pods must reach) and main leaves its result there (:func:`cluster_result`).
+
+    Args:
+        cfg: What to read and how.
+        workers: Pods (the job's replicas: a master and ``workers - 1`` workers).
+        data_uri: The dataset (a store URI).
+        output_uri: The output artifact's store URI.
+        fingerprint: The data's fingerprint, recorded in ``schema.json``.
+        work_uri: A store folder of this step's own for the config and the result.
+        job_name: The job's deterministic name (a retried step re-attaches).
+        timeout_s: The job's deadline; None: none.
+    """
+    config_uri = storage.join(work_uri, CONFIG_FILE)
+    storage.write_json(config_uri, _config_dict(cfg))
+    return TrainingRun(
+        job_name=job_name,
+        config_uri=config_uri,
+        nnodes=workers,
+        timeout_s=timeout_s,
+        module=WORKER_MODULE,
+        args=(
+            "--data", data_uri, "--output", output_uri, "--fingerprint", fingerprint,
+            "--result", storage.join(work_uri, RESULT_FILE),
+        ),
+    )  # fmt: skip
+
+
+def cluster_result(work_uri: str) -> PreprocessResult:
+    """What main of a :func:`cluster_run` job left in ``work_uri``, its notes printed."""
+    out = PreprocessResult(**storage.read_json(storage.join(work_uri, RESULT_FILE)))
+    for line in out.notices:
         print(line, file=sys.stderr, flush=True)
     return out
 
@@ -184,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, metavar="URI")
     parser.add_argument("--output", required=True, metavar="URI")
     parser.add_argument("--fingerprint", default="")
-    parser.add_argument("--budget", type=int, required=True, help="this worker's bytes")
+    parser.add_argument(
+        "--budget", type=int, help="this worker's bytes (default: the config's or the pod's)"
+    )
     parser.add_argument("--plan-budget", type=int, help="one process's budget (default --budget)")
     parser.add_argument("--result", help="where main writes the result JSON")
     args = parser.parse_args(argv)
@@ -204,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 data_uri=args.data,
                 output_uri=args.output,
                 fingerprint=args.fingerprint,
-                budget=args.budget,
+                budget=args.budget or cfg.budget(),
                 peers=Group(ctx),
                 plan_budget=args.plan_budget,
             )
