@@ -66,6 +66,9 @@ class TrainingRun:
     :mod:`trainer.steps.preprocess.wide`)."""
     args: tuple[str, ...] = ()
     """Arguments of :attr:`module` after ``--config <config_uri>``."""
+    step: str = "train"
+    """The step whose ``ERROR [<step>] E_...`` line the job's processes print on bad input
+    (the launcher raises it as the step's own error)."""
 
     @property
     def procs_per_node(self) -> int:

@@ -61,7 +61,7 @@ class PreprocessConfig:
     workers: int = 0
     """Processes that preprocess the data together, each reading a contiguous group of its
     files (the result is one process's, bit for bit). ``0``: chosen from the input's size,
-    one per GiB of files as stored (up to 8, the CPUs, the files, and one per 256 MiB of
+    one per GiB of files as stored (up to 8, the CPUs, the files, and one per 512 MiB of
     ``memory_budget``), and only where one process would read in record batches (a table
     larger than the budget); ``1``: one process; more: that many, reading in record batches
     whatever the size (a worker with no file to read takes part all the same). Local workers
