@@ -21,14 +21,16 @@ from tests.helpers import assert_valid_job, needs_crd
 from tests.unit.specs import BASE, job_spec
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
+from trainer.launch import TrainingRun
 from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
 from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.steps.preprocess import PreprocessConfig, make_demo_table, stream_stats
 from trainer.steps.preprocess.peers import file_groups, first_error
+from trainer.steps.preprocess.published import PreprocessResult
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
 from trainer.steps.preprocess.stream import preprocess_streaming
 from trainer.steps.preprocess.stream_stats import CatStats, Moments, MomentStream, fold
-from trainer.steps.preprocess.wide import cluster_run, workers_for
+from trainer.steps.preprocess.wide import cluster_run, run_on_cluster, workers_for
 
 T = TypeVar("T")
 SPLITS = ("train", "val", "test")
@@ -316,3 +318,24 @@ def test_cluster_run_is_a_pytorchjob_of_preprocess_pods(tmp_path: Path) -> None:
     train = build_pytorchjob(job_spec())
     (t,) = train["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     assert t["command"] == [*WORKER_COMMAND, BASE["config_uri"]]
+
+
+def test_run_on_cluster_launches_the_run_and_returns_mains_result(tmp_path: Path) -> None:
+    cfg = from_dict(PreprocessConfig, {"target": "churned"})
+    run = cluster_run(
+        cfg, workers=3, data_uri="s3://b/d/", output_uri="s3://b/o", fingerprint="f",
+        work_uri=str(tmp_path), job_name="gpupipe-preprocess-r1-0123456789",
+    )  # fmt: skip
+    done = PreprocessResult(7, 2, 1, ["a"], "classification", ["no", "yes"], "h", ["NOTE x"])
+    launched: list[TrainingRun] = []
+
+    class Main:
+        """What the job's main leaves behind (``--result``)."""
+
+        def launch(self, run: TrainingRun) -> None:
+            launched.append(run)
+            result = run.args[run.args.index("--result") + 1]
+            Path(result).write_text(json.dumps(done.to_dict()))
+
+    assert run_on_cluster(Main(), run, str(tmp_path)) == done
+    assert launched == [run] and run.step == "preprocess" and run.nnodes == 3

@@ -29,7 +29,7 @@ from trainer.base import exitcodes, storage
 from trainer.base.errors import EXIT_BAD_INPUT, error_line
 from trainer.base.memory import MIN_BUDGET
 from trainer.base.typedconfig import from_dict
-from trainer.launch import TrainingRun
+from trainer.launch import Launcher, TrainingRun
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.peers import first_error
 from trainer.steps.preprocess.published import PreprocessResult
@@ -174,6 +174,17 @@ def cluster_run(
             "--result", storage.join(work_uri, RESULT_FILE),
         ),
     )  # fmt: skip
+
+
+def run_on_cluster(launcher: Launcher, run: TrainingRun, work_uri: str) -> PreprocessResult:
+    """Run a :func:`cluster_run` job with a cluster launcher and return main's result.
+
+    Raises:
+        InputError: A worker's bad input (its ``ERROR [preprocess]`` line).
+        RuntimeError, TimeoutError: As the launcher's :meth:`~trainer.launch.Launcher.launch`.
+    """
+    launcher.launch(run)
+    return cluster_result(work_uri)
 
 
 def cluster_result(work_uri: str) -> PreprocessResult:
