@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from trainer.base import storage
+from trainer.steps.preprocess.tabular import input_files
+
 T = TypeVar("T")
 
 
@@ -67,6 +70,15 @@ class Solo:
 
 
 SOLO = Solo()
+
+
+def file_sizes(data_uri: str) -> list[int]:
+    """The size in bytes of each of the dataset's files, in its file order."""
+    sizes = []
+    for uri in input_files(data_uri):
+        fs, path = storage.resolve(uri)
+        sizes.append(int(fs.get_file_info(path).size or 0))
+    return sizes
 
 
 def file_groups(sizes: list[int], world: int) -> list[range]:

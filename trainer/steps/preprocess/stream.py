@@ -62,7 +62,7 @@ from trainer.steps.preprocess.encode import (
 )
 from trainer.steps.preprocess.feature_columns import feature_columns, leakage_warnings
 from trainer.steps.preprocess.limits import check_features
-from trainer.steps.preprocess.peers import SOLO, Peers, file_groups
+from trainer.steps.preprocess.peers import SOLO, Peers, file_groups, file_sizes
 from trainer.steps.preprocess.published import (
     _PARQUET_OPTIONS,
     PreprocessResult,
@@ -84,7 +84,6 @@ from trainer.steps.preprocess.stream_stats import (
 )
 from trainer.steps.preprocess.tabular import (
     dictionary_codes,
-    input_files,
     is_number,
     is_text,
     param,
@@ -163,7 +162,7 @@ def preprocess_streaming(
     own: range | None = None
     groups: list[range] = []
     if peers.world > 1:
-        groups = peers.main(lambda: file_groups(_file_sizes(data_uri), peers.world))
+        groups = peers.main(lambda: file_groups(file_sizes(data_uri), peers.world))
         own = groups[peers.rank]
     with contextlib.ExitStack() as stack:
         opened: list[BatchSource] = []
@@ -184,12 +183,6 @@ def preprocess_streaming(
             groups = [src.read_files]
         return _run(cfg, src, data_uri, output_uri, fingerprint, budget, peers,
                     budget if plan_budget is None else plan_budget, groups)  # fmt: skip
-
-
-def _file_sizes(data_uri: str) -> list[int]:
-    from trainer.steps.preprocess.step import storage_size
-
-    return [storage_size(uri) for uri in input_files(data_uri)]
 
 
 @dataclasses.dataclass(slots=True)

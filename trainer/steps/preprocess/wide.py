@@ -31,9 +31,8 @@ from trainer.base.memory import MIN_BUDGET
 from trainer.base.typedconfig import from_dict
 from trainer.launch import Launcher, TrainingRun
 from trainer.steps.preprocess.config import PreprocessConfig
-from trainer.steps.preprocess.peers import first_error
+from trainer.steps.preprocess.peers import file_sizes, first_error
 from trainer.steps.preprocess.published import PreprocessResult
-from trainer.steps.preprocess.tabular import input_files
 
 T = TypeVar("T")
 
@@ -64,13 +63,11 @@ def workers_for(cfg: PreprocessConfig, data_uri: str, budget: int) -> int:
     """
     if cfg.workers:
         return cfg.workers
-    from trainer.steps.preprocess.step import storage_size
-
-    files = input_files(data_uri)
-    total = sum(storage_size(uri) for uri in files)
+    sizes = file_sizes(data_uri)
+    total = sum(sizes)
     wanted = math.ceil(total / BYTES_PER_WORKER)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(wanted, MAX_WORKERS, cpus or 1, len(files), budget // WORKER_BUDGET))
+    return max(1, min(wanted, MAX_WORKERS, cpus or 1, len(sizes), budget // WORKER_BUDGET))
 
 
 def worker_budget(budget: int, workers: int) -> int:
