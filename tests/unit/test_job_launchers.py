@@ -302,6 +302,19 @@ def test_the_workers_bad_input_line_fails_the_step_as_bad_input(
     assert kind.get(fake) is None
 
 
+def test_a_preprocess_jobs_bad_input_line_fails_the_step_as_bad_input(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
+) -> None:
+    """A job of another step's workers (wide preprocess) is read for that step's line."""
+    line = "ERROR [preprocess] E_TARGET: target 'y' is missing in row 41 (s3://b/d/part-02.csv)"
+    fake.scenario = Scenario(lines=["reading", line], outcome="Failed")
+
+    with pytest.raises(InputError) as info:
+        launcher().launch(dataclasses.replace(RUN, step="preprocess", timeout_s=20))
+
+    assert (info.value.code, info.value.where) == ("E_TARGET", "s3://b/d/part-02.csv")
+
+
 def test_deadline_stops_the_job_and_raises_timeout(
     launcher: Callable[..., ClusterJobLauncher],
     kind: Kind,

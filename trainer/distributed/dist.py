@@ -300,6 +300,25 @@ def broadcast_object(ctx: DistContext, obj: Any) -> Any:
     return box[0]
 
 
+def gather_object(ctx: DistContext, obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` on rank 0, in rank order; None on the other ranks."""
+    if not ctx.is_distributed:
+        return [obj]
+    out: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
+    tdist.gather_object(obj, out, dst=0)
+    return out
+
+
+def scatter_object(ctx: DistContext, objs: list[Any] | None) -> Any:
+    """Item ``rank`` of rank 0's ``objs`` (one per rank; ignored elsewhere) on each rank."""
+    if not ctx.is_distributed:
+        assert objs is not None
+        return objs[0]
+    box: list[Any] = [None]
+    tdist.scatter_object_list(box, objs if ctx.is_main else None, src=0)
+    return box[0]
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank (no-op for one process)."""
     if ctx.is_distributed:

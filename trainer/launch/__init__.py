@@ -60,6 +60,15 @@ class TrainingRun:
     metrics_port: int | None = None
     """Port of the job's Prometheus endpoint (the worker's ``metrics.port``); a cluster job's
     pods declare it and carry the scrape annotations. ``None``: no endpoint."""
+    module: str = "trainer.worker"
+    """The module torchrun runs in every process (``--config <config_uri>`` follows): the
+    training worker, or another job of the suite's (the preprocess workers,
+    :mod:`trainer.steps.preprocess.wide`)."""
+    args: tuple[str, ...] = ()
+    """Arguments of :attr:`module` after ``--config <config_uri>``."""
+    step: str = "train"
+    """The step whose ``ERROR [<step>] E_...`` line the job's processes print on bad input
+    (the launcher raises it as the step's own error)."""
 
     @property
     def procs_per_node(self) -> int:

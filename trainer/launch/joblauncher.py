@@ -29,8 +29,11 @@ class JobResource(Resource, abc.ABC):
     container: str = ""
     """The training container of the job's pods."""
 
-    def __init__(self, api: KubeApi, namespace: str, name: str, log_tail: int) -> None:
+    def __init__(
+        self, api: KubeApi, namespace: str, name: str, log_tail: int, step: str = "train"
+    ) -> None:
         self.api = api
+        self.step = step
         self.namespace = namespace
         self.name = name
         self.log_tail = log_tail
@@ -47,6 +50,7 @@ class JobResource(Resource, abc.ABC):
             tail=self.log_tail,
             reattached=reattached,
             container=self.container,
+            step=self.step,
         )
 
     def observe(self, obj: dict[str, Any], state: str) -> bool:
@@ -167,7 +171,7 @@ class ClusterJobLauncher(ResourceLauncher, abc.ABC):
                 f"the job spec is for namespace {spec.namespace!r}, not {self.namespace!r}"
             )
         body = self.build(spec)
-        job = self.resource(self.api, self.namespace, spec.name, self.log_tail)
+        job = self.resource(self.api, self.namespace, spec.name, self.log_tail, spec.run.step)
         watch = self.watch(job, spec.name, spec.run.timeout_s)
         found = watch.run(body)
         if watch.state == "Succeeded":

@@ -71,6 +71,13 @@ WORKER_COMMAND = ["python", "-m", "trainer.launch", "-m", "trainer.worker", "--c
 """The training command of every replica (torchrun via :mod:`trainer.launch.torchrun`); the URI
 follows."""
 
+
+def worker_command(run: TrainingRun) -> list[str]:
+    """The command of every replica of ``run``'s job: :data:`WORKER_COMMAND` with the run's
+    module (``trainer.worker`` unless the run names another), its config URI and arguments."""
+    return [*WORKER_COMMAND[:4], run.module, "--config", run.config_uri, *run.args]
+
+
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 """A key of a Kubernetes Secret's data."""
 RESERVED_ENV = ("GPUPIPE_JOB", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")

@@ -41,6 +41,7 @@ class Child:
         echo: write each (redacted) line to this process's stdout.
         prefix: put before each echoed line (a trial's name).
         on_line: called with each redacted line, in the pumping thread.
+        step: the step whose ``ERROR [<step>] E_...`` lines the child prints.
     """
 
     def __init__(
@@ -52,12 +53,14 @@ class Child:
         echo: bool = True,
         prefix: str = "",
         on_line: Callable[[str], None] | None = None,
+        step: str = "train",
     ) -> None:
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.errors: list[InputError | StepFailure] = []
         self._echo = echo
         self._prefix = prefix
         self._on_line = on_line
+        self._step = step
         self._reader: threading.Thread | None = None
         self.proc = subprocess.Popen(
             cmd,
@@ -82,7 +85,7 @@ class Child:
                 sys.stdout.write(self._prefix + line)
                 sys.stdout.flush()
             self.tail.append(line.rstrip("\n"))
-            if err := parse_error_line(line):
+            if err := parse_error_line(line, self._step):
                 self.errors.append(err)
             if self._on_line is not None:
                 self._on_line(line)

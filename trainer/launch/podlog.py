@@ -42,8 +42,10 @@ class PodLog:
         tail: int,
         reattached: bool,
         container: str = CONTAINER,
+        step: str = "train",
     ) -> None:
         self.api = api
+        self.step = step
         self.namespace = namespace
         self.container = container
         self.tail: collections.deque[str] = collections.deque(maxlen=tail)
@@ -97,7 +99,7 @@ class PodLog:
         line = redact(line)
         sys.stdout.write(line + "\n")
         self.tail.append(line)
-        if err := parse_error_line(line):
+        if err := parse_error_line(line, self.step):
             self.errors.append(err)
 
     def last_lines(self, pod: Mapping[str, Any] | None) -> list[str]:
@@ -112,6 +114,6 @@ class PodLog:
         )
         for line in (text or "").splitlines():
             self.tail.append(line)
-            if err := parse_error_line(line):
+            if err := parse_error_line(line, self.step):
                 self.errors.append(err)
         return list(self.tail)

@@ -9,7 +9,7 @@ from typing import Any
 
 from trainer.launch import podspec
 from trainer.launch.joblauncher import ClusterJobLauncher, JobResource
-from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
+from trainer.launch.jobspec import JobSpec, worker_command
 from trainer.launch.kube import PLURAL, VERSION
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
 from trainer.launch.owners import PodRef
@@ -46,7 +46,7 @@ def _pod_template(spec: JobSpec, labels: dict[str, str]) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.cluster.image,
-        "command": [*WORKER_COMMAND, spec.run.config_uri],
+        "command": worker_command(spec.run),
         "env": podspec.container_env(spec),
         "ports": [
             {"name": PORT_NAME, "containerPort": MASTER_PORT, "protocol": "TCP"},

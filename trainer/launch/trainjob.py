@@ -25,7 +25,7 @@ from typing import Any
 from trainer.base.typedconfig import require
 from trainer.launch import podspec
 from trainer.launch.joblauncher import ClusterJobLauncher, JobResource
-from trainer.launch.jobspec import WORKER_COMMAND, JobSpec
+from trainer.launch.jobspec import JobSpec, worker_command
 from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS
 from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
 from trainer.launch.kubefields import RuntimeRef
@@ -130,7 +130,7 @@ def build_trainjob(spec: JobSpec) -> dict[str, Any]:
     runtime = RuntimeRef.parse(spec.cluster.runtime)
     trainer: dict[str, Any] = {
         "image": spec.cluster.image,
-        "command": [*WORKER_COMMAND, spec.run.config_uri],
+        "command": worker_command(spec.run),
         "env": podspec.container_env(spec),
         "numNodes": spec.run.nnodes,
         "numProcPerNode": spec.procs_per_node,

@@ -58,6 +58,15 @@ class PreprocessConfig:
     None: half the memory limit of the step's cgroup (the pod's limit), or 2 GiB where there is
     no limit. At least 16 MiB."""
 
+    workers: int = 0
+    """Processes that preprocess the data together, each reading a contiguous group of its
+    files (the result is one process's, bit for bit). ``0``: chosen from the input's size,
+    one per GiB of files as stored (up to 8, the CPUs, the files, and one per 512 MiB of
+    ``memory_budget``), and only where one process would read in record batches (a table
+    larger than the budget); ``1``: one process; more: that many, reading in record batches
+    whatever the size (a worker with no file to read takes part all the same). Local workers
+    share ``memory_budget``."""
+
     max_input_bytes: int = 256 << 30
     """Bytes the input may take once decompressed and parsed (Arrow's in-memory size): read
     from Parquet footers before any work (the rows times the columns' widths where that is
@@ -73,6 +82,12 @@ class PreprocessConfig:
 
     def __post_init__(self) -> None:
         require(bool(self.target), "target", "must name a column", self.target)
+        require(
+            isinstance(self.workers, int) and 0 <= self.workers <= 64,
+            "workers",
+            "must be 0 (auto) or a number of processes from 1 to 64",
+            self.workers,
+        )
         for name in ("max_input_bytes", "max_columns", "max_features"):
             value = getattr(self, name)
             require(isinstance(value, int) and value > 0, name, "must be > 0", value)

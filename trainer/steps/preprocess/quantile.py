@@ -6,11 +6,17 @@ the wanted rank is then read again: its values are collected and selected exactl
 are at most ``cap`` of them, else the next 16 bits are counted among them, and so on (at most
 four refinements: a key has 64 bits). A typical column needs one extra pass; the result is
 the same float64 ``np.median`` gives.
+
+Processes that each read part of the rows reach the same value: after each pass they exchange
+what the pass gathered (:meth:`MedianSelect.pass_state`: a histogram, or a bin's collected
+keys, at most ``cap``) and every one takes in the sum (:meth:`MedianSelect.merge_pass`), so
+their next decisions, and the value, are one process's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -159,9 +165,58 @@ class MedianSelect:
             self.parts[1].collected = None  # the upper rank reads the lower one's buffer
         return done
 
+    def pass_state(self) -> Any:
+        """What this pass gathered, for :meth:`merge_pass` in the other processes: the value
+        count and the top bits' histogram (first pass), else each reading part's histogram or
+        collected keys. Histograms travel as their non-zero bins."""
+        if not self.parts:
+            hist = self._first.hist if self._first is not None else np.zeros(_BINS, np.int64)
+            return (self.count, _sparse(hist))
+        out: list[Any] = []
+        for part in self._leaders():
+            if part.value is not None:
+                out.append(None)
+            elif part.collect:
+                assert part.collected is not None
+                out.append(part.collected[: part.filled].copy())
+            else:
+                out.append(_sparse(part.hist))
+        return out
+
+    def merge_pass(self, states: list[Any]) -> None:
+        """Replace this pass's gatherings by every process's (``states``: :meth:`pass_state`
+        of each, this one's included, in rank order) before :meth:`end_pass`."""
+        if not self.parts:
+            if self._first is None:
+                self._first = RankSelect(rank=0, cap=self.cap)
+            self.count = sum(int(c) for c, _ in states)
+            self._first.hist = _dense([h for _, h in states])
+            return
+        for j, part in enumerate(self._leaders()):
+            if part.value is not None:
+                continue
+            if part.collect:
+                keys = np.concatenate([s[j] for s in states])
+                part.collected = keys
+                part.filled = int(keys.size)
+            else:
+                part.hist = _dense([s[j] for s in states])
+
     @property
     def value(self) -> float:
         """The median (after :meth:`end_pass` returned True)."""
         values = [p.value for p in self.parts]
         assert values and all(v is not None for v in values)
         return float(np.mean(np.array(values, dtype=np.float64)))
+
+
+def _sparse(hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    nonzero = np.flatnonzero(hist)
+    return nonzero.astype(np.int32), hist[nonzero]
+
+
+def _dense(parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    hist = np.zeros(_BINS, np.int64)
+    for bins, counts in parts:
+        np.add.at(hist, bins, counts)
+    return hist

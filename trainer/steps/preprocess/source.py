@@ -70,6 +70,15 @@ def _is_parquet(uri: str) -> bool:
         return bool(f.read(4) == b"PAR1")
 
 
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One input file as opening it found it: what the processes that read other files need."""
+
+    is_csv: bool
+    schema: pa.Schema
+    rows: int
+
+
 @dataclass(slots=True)
 class BatchSource:
     """The rows of a dataset, as record batches, over as many passes as a caller needs.
@@ -85,6 +94,10 @@ class BatchSource:
     offsets: np.ndarray
     """First row of each file, plus the total."""
     csv_header: bool = True
+    first_file: int = 0
+    """Index of the first file this source reads (see :attr:`read_files`)."""
+    scanned: list[FileInfo] = field(default_factory=list)
+    """What opening found of each file read."""
     _parquet: list[str] = field(default_factory=list)
     """The Parquet file read for each input file (itself, or its CSV spill)."""
     _partitions: list[dict[str, str]] = field(default_factory=list)
@@ -123,8 +136,9 @@ class BatchSource:
     def batches(self, columns: list[str] | None, batch_rows: int) -> Iterator[tuple[int, pa.Table]]:
         """``(first row, table)`` for consecutive batches of at most ``batch_rows`` rows."""
         names = self.schema.names if columns is None else columns
-        start = 0
-        for i, path in enumerate(self._parquet):
+        for j, path in enumerate(self._parquet):
+            i = self.first_file + j  # the file's index in the whole dataset
+            start = int(self.offsets[i])
             parts = self._partitions[i] if self._partitions else {}
             stored = [n for n in names if n not in parts]
             schema = _open_parquet(path).schema_arrow
@@ -148,6 +162,30 @@ class BatchSource:
                     cols.append(col)
                 yield start, pa.table(cols, names=names)
                 start += table.num_rows
+
+    def file_of(self, row: int) -> int:
+        """The index of the file that holds dataset row ``row``."""
+        return int(np.searchsorted(self.offsets, row, side="right")) - 1
+
+    @property
+    def read_files(self) -> range:
+        """The files this source reads (all of them, unless opened with ``own``)."""
+        return range(self.first_file, self.first_file + len(self._parquet))
+
+    def complete(self, infos: list[FileInfo]) -> None:
+        """Set the dataset's schema and row offsets from every file's :class:`FileInfo` (in
+        file order): what a source opened on some of the files (``own``) learns from the
+        processes that opened the others.
+
+        Raises:
+            InputError: Files that disagree on columns or types.
+        """
+        partitions = [partition_values(self.uri, f) for f in self.files]
+        keys = sorted({k for p in partitions for k in p})
+        self.is_csv = [info.is_csv for info in infos]
+        self.schema = _unified([info.schema for info in infos], self.files, partitions, keys)
+        self._partitions = partitions if keys else []
+        self.offsets = np.cumsum([0, *(info.rows for info in infos)]).astype(np.int64)
 
     def head(self, rows: int) -> pa.Table:
         """The first ``rows`` rows (all columns)."""
@@ -203,7 +241,11 @@ def data_hash(files: list[str]) -> str:
 
 
 def open_source(
-    data_uri: str, csv: CsvOptions, block_bytes: int, max_bytes: int | None = None
+    data_uri: str,
+    csv: CsvOptions,
+    block_bytes: int,
+    max_bytes: int | None = None,
+    own: range | None = None,
 ) -> BatchSource:
     """Open a dataset for batch reads; CSV files are spilled to local Parquet first.
 
@@ -213,22 +255,25 @@ def open_source(
         block_bytes: Bytes of CSV text parsed at a time.
         max_bytes: The most the CSV files may take once parsed, counted while they are read
             (``preprocess.max_input_bytes``); None: no limit.
+        own: Open only these files (indexes in the dataset's file order); the source is then
+            incomplete until :meth:`BatchSource.complete` is given every file's
+            :class:`FileInfo`. None: every file, complete.
 
     Raises:
         InputError: Missing, unreadable, empty or malformed files (named), or files that
             disagree on columns or types.
     """
     files = input_files(data_uri)
-    partitions = [partition_values(data_uri, f) for f in files]
-    keys = sorted({k for p in partitions for k in p})
-    src = BatchSource(data_uri, files, [], pa.schema([]), np.zeros(1, np.int64), csv.header)
+    read = range(len(files)) if own is None else own
+    src = BatchSource(
+        data_uri, files, [], pa.schema([]), np.zeros(1, np.int64), csv.header, read.start
+    )
     try:
-        schemas, rows = [], []
-        for uri in files:
+        for index in read:
+            uri = files[index]
             parquet = _is_parquet(uri)
             if not parquet and uri.lower().endswith(PARQUET_SUFFIXES):
                 raise InputError("E_DATA", "the file is named like Parquet but is not Parquet", uri)
-            src.is_csv.append(not parquet)
             if parquet:
                 try:
                     pf = _open_parquet(uri)
@@ -241,14 +286,13 @@ def open_source(
             else:
                 if src._spill is None:
                     src._spill = tempfile.mkdtemp(prefix="gpupipe-spill-")
-                path = f"{src._spill}/{len(src._parquet):06d}.parquet"
+                path = f"{src._spill}/{index:06d}.parquet"
                 schema, n = _spill_csv(uri, csv, block_bytes, path, max_bytes)
                 src._parquet.append(path)
-            schemas.append(readable_types(schema.empty_table()).schema)
-            rows.append(n)
-        src.schema = _unified(schemas, files, partitions, keys)
-        src._partitions = partitions if keys else []
-        src.offsets = np.cumsum([0, *rows]).astype(np.int64)
+            readable = readable_types(schema.empty_table()).schema
+            src.scanned.append(FileInfo(not parquet, readable, n))
+        if own is None:
+            src.complete(src.scanned)
         return src
     except BaseException:
         src.close()

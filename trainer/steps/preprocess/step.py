@@ -216,7 +216,7 @@ def preprocess(
     check_columns(len(names), cfg.max_columns, data_uri)
     check_input_bytes(parquet_bytes(input_files(data_uri)), cfg.max_input_bytes, data_uri)
     try:
-        if needs_streaming(data_uri, budget):
+        if cfg.workers > 1 or needs_streaming(data_uri, budget):
             raise InputTooLarge(data_uri)
         # A compressed file is read only as far as the budget, and no further than
         # max_input_bytes of text: one that expands further than its name promised goes the
@@ -227,6 +227,14 @@ def preprocess(
             check_input_bytes(data.table.nbytes, cfg.max_input_bytes, data_uri)
     except InputTooLarge:
         from trainer.steps.preprocess.stream import preprocess_streaming
+        from trainer.steps.preprocess.wide import run_local, workers_for
+
+        workers = workers_for(cfg, data_uri, budget)
+        if workers > 1:
+            return run_local(
+                cfg, workers=workers, data_uri=data_uri, output_uri=output_uri,
+                fingerprint=fingerprint, budget=budget,
+            )  # fmt: skip
 
         return preprocess_streaming(
             cfg, data_uri=data_uri, output_uri=output_uri, fingerprint=fingerprint, budget=budget

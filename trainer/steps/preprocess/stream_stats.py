@@ -1,6 +1,11 @@
 """The statistics streaming preprocess gathers batch by batch, and the fits made of them:
-exact moments (merged per batch), bounded category counts, and the ``schema.json``/``stats.json``
-entries of :mod:`trainer.steps.preprocess.stream`."""
+exact moments (merged chunk by chunk, file by file), bounded category counts, and the
+``schema.json``/``stats.json`` entries of :mod:`trainer.steps.preprocess.stream`.
+
+Every statistic here merges: the moments of a file do not depend on how its rows were cut into
+batches (:class:`MomentStream`), files' moments fold in file order (:meth:`Moments.merge`), and
+category counts add (:meth:`CatStats.merge`), so processes that each read some of the files
+(:mod:`trainer.steps.preprocess.wide`) reach one process's numbers bit for bit."""
 
 from __future__ import annotations
 
@@ -29,25 +34,81 @@ class Moments:
     lo: float = math.inf
     hi: float = -math.inf
 
+    @classmethod
+    def of(cls, x: np.ndarray) -> Moments:
+        """The moments of the values ``x`` (no NaN), computed at once."""
+        if not x.size:
+            return cls()
+        mean = float(x.mean(dtype=np.float64))
+        m2 = float(np.square(x - mean, dtype=np.float64).sum())
+        return cls(int(x.size), mean, m2, float(x.min()), float(x.max()))
+
     def add(self, x: np.ndarray) -> None:
         """Merge the values ``x`` (no NaN)."""
-        nb = int(x.size)
-        if not nb:
+        self.merge(Moments.of(x))
+
+    def merge(self, other: Moments) -> None:
+        """Merge ``other`` in (Chan et al.'s pairwise update); merging into nothing copies it, so
+        a fold that starts empty gives the same bits as one that starts with its first part."""
+        if not other.n:
             return
-        mb = float(x.mean(dtype=np.float64))
-        m2b = float(np.square(x - mb, dtype=np.float64).sum())
-        n = self.n + nb
-        delta = mb - self.mean
-        self.mean += delta * nb / n
-        self.m2 += m2b + delta * delta * self.n * nb / n
+        if not self.n:
+            self.n, self.mean, self.m2 = other.n, other.mean, other.m2
+            self.lo, self.hi = other.lo, other.hi
+            return
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        self.mean += delta * other.n / n
+        self.m2 += other.m2 + delta * delta * self.n * other.n / n
         self.n = n
-        self.lo = min(self.lo, float(x.min()))
-        self.hi = max(self.hi, float(x.max()))
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
 
     @property
     def std(self) -> float:
         """Population standard deviation."""
         return math.sqrt(max(self.m2, 0.0) / self.n) if self.n else 0.0
+
+
+MOMENT_CHUNK = 1 << 14
+"""Values merged at a time by :class:`MomentStream` (128 KiB held per stream between batches)."""
+
+
+@dataclass(slots=True)
+class MomentStream:
+    """The moments of one file's stream of values, :data:`MOMENT_CHUNK` values at a time.
+
+    Whatever the batches (their size follows the memory budget), the values are merged in the
+    same chunks: the file's moments are the same bits for any budget and any process that reads
+    the file. A partial chunk waits (copied) for the next batch or :meth:`finish`.
+    """
+
+    done: Moments = field(default_factory=Moments)
+    rest: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
+
+    def add(self, x: np.ndarray) -> None:
+        """Feed the next values of the stream (no NaN)."""
+        if self.rest.size:
+            x = np.concatenate([self.rest, x])
+        whole = x.size - x.size % MOMENT_CHUNK
+        for lo in range(0, whole, MOMENT_CHUNK):
+            self.done.merge(Moments.of(x[lo : lo + MOMENT_CHUNK]))
+        self.rest = np.array(x[whole:], dtype=np.float64)  # a copy: never pins the batch
+
+    def finish(self) -> Moments:
+        """The file's moments (the last partial chunk merged); the stream starts over."""
+        self.done.merge(Moments.of(self.rest))
+        out, self.done = self.done, Moments()
+        self.rest = np.empty(0, np.float64)
+        return out
+
+
+def fold(parts: list[Moments]) -> Moments:
+    """Files' moments merged in file order (the one order every process uses)."""
+    out = Moments()
+    for m in parts:
+        out.merge(m)
+    return out
 
 
 @dataclass(slots=True)
@@ -64,11 +125,61 @@ class Spec:
 
 @dataclass(slots=True)
 class NumStats:
+    """A numeric column's statistics: per-file moments (of every present value, and of the
+    training rows'), folded into :attr:`all` and :attr:`train` by :meth:`finish`."""
+
     all: Moments = field(default_factory=Moments)
     train: Moments = field(default_factory=Moments)
     missing: int = 0
     train_missing: int = 0
     median: MedianSelect | None = None
+    files_all: dict[int, Moments] = field(default_factory=dict)
+    """Each read file's moments of the present values, by file index."""
+    files_train: dict[int, Moments] = field(default_factory=dict)
+    streams: tuple[MomentStream, MomentStream] = field(
+        default_factory=lambda: (MomentStream(), MomentStream())
+    )
+    file: int = -1
+    """The file whose values the streams hold."""
+
+    def feed(self, file: int, present: np.ndarray, train: np.ndarray) -> None:
+        """One batch of file ``file``: its present values and its training rows' ones."""
+        if file != self.file:
+            self.end_file()
+            self.file = file
+        self.streams[0].add(present)
+        self.streams[1].add(train)
+
+    def end_file(self) -> None:
+        """Close the file being read (a no-op when none is)."""
+        if self.file >= 0:
+            self.files_all[self.file] = self.streams[0].finish()
+            self.files_train[self.file] = self.streams[1].finish()
+            self.file = -1
+
+    def finish(self) -> None:
+        """Fold the files' moments, in file order, into :attr:`all` and :attr:`train`."""
+        self.end_file()
+        self.all = fold([self.files_all[i] for i in sorted(self.files_all)])
+        self.train = fold([self.files_train[i] for i in sorted(self.files_train)])
+
+    def merge(self, other: NumStats) -> None:
+        """Take in another process's counts and per-file moments (of other files)."""
+        other.end_file()
+        self.missing += other.missing
+        self.train_missing += other.train_missing
+        self.files_all.update(other.files_all)
+        self.files_train.update(other.files_train)
+
+    def partial(self) -> NumStats:
+        """What another process needs of this one (no median state, no open streams)."""
+        self.end_file()
+        return NumStats(
+            missing=self.missing,
+            train_missing=self.train_missing,
+            files_all=self.files_all,
+            files_train=self.files_train,
+        )
 
 
 @dataclass(slots=True)
@@ -78,6 +189,31 @@ class CatStats:
     missing: int = 0
     train_missing: int = 0
     approximate: bool = False
+
+    def merge(self, other: CatStats) -> None:
+        """Add another process's counts. Exact while no column passes :data:`CATEGORY_CAP`
+        distinct values in either process or merged; beyond it both one process's counts and
+        merged ones are lossy (and marked ``approximate``), and may differ."""
+        self.present += other.present
+        self.missing += other.missing
+        self.train_missing += other.train_missing
+        self.approximate |= other.approximate
+        counts = self.counts
+        for value, (n_all, n_train) in other.counts.items():
+            entry = counts.get(value)
+            if entry is None:
+                counts[value] = [n_all, n_train]
+            else:
+                entry[0] += n_all
+                entry[1] += n_train
+        _cap(self)
+
+
+def _cap(st: CatStats) -> None:
+    if len(st.counts) > CATEGORY_CAP:
+        ranked = sorted(st.counts.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
+        st.counts = dict(ranked[: CATEGORY_CAP // 2])
+        st.approximate = True
 
 
 def count_categories(
@@ -97,10 +233,7 @@ def count_categories(
         else:
             entry[0] += int(all_c[i + 1])
             entry[1] += int(train_c[i + 1])
-    if len(counts) > CATEGORY_CAP:
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1][1], -kv[1][0], kv[0]))
-        st.counts = dict(ranked[: CATEGORY_CAP // 2])
-        st.approximate = True
+    _cap(st)
 
 
 def fit_of(
