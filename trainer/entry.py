@@ -12,12 +12,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from trainer.base import redact
-from trainer.base.errors import DISK_FULL_CODE, EXIT_BAD_INPUT, error_line, is_disk_full
+from trainer.base.errors import (
+    DISK_FULL_CODE,
+    EXIT_BAD_INPUT,
+    error_line,
+    is_disk_full,
+    print_error_line,
+)
 
 T = TypeVar("T")
 
@@ -37,7 +42,7 @@ def _fail(line: str, code: int) -> NoReturn:
     in the pod's status and Argo in the failed node's message (KFP's v2beta1 task details carry
     none: ``gpupipe run --host --wait`` reads the step's archived log instead).
     """
-    print(line, file=sys.stderr, flush=True)
+    print_error_line(line)
     if os.path.isfile(TERMINATION_LOG):
         with contextlib.suppress(OSError), open(TERMINATION_LOG, "w") as f:
             f.write(line[:4000])  # Kubernetes keeps at most 4096 bytes

@@ -6,6 +6,7 @@ import errno
 import os
 import re
 import shutil
+import sys
 
 from trainer.base.redact import redact
 
@@ -128,6 +129,22 @@ def error_line(step: str, exc: BaseException, default_code: str = "E_INVALID") -
     code = exc.code if isinstance(exc, InputError | StepFailure) else default_code
     text = redact(" ".join(str(exc).split())) or type(exc).__name__
     return f"ERROR [{step}] {code}: {printable(text)}"
+
+
+def print_error_line(line: str) -> None:
+    """Write ``line`` to stderr in one ``write``, so processes sharing a pipe never split it.
+
+    ``print`` writes the text and its newline apart; torchrun's workers share the launcher's
+    stderr, and two of them failing at once ran their lines together (seen in CI).
+    """
+    if sys.stderr is sys.__stderr__ and sys.stderr is not None:
+        try:
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), (line + "\n").encode("utf-8", "replace"))
+            return
+        except (OSError, ValueError):
+            pass
+    print(line, file=sys.stderr, flush=True)  # a captured or wrapped stream (pytest)
 
 
 def printable(text: str) -> str:

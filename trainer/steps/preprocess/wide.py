@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from trainer.base import exitcodes, storage
-from trainer.base.errors import EXIT_BAD_INPUT, error_line
+from trainer.base.errors import EXIT_BAD_INPUT, error_line, print_error_line
 from trainer.base.memory import MIN_BUDGET
 from trainer.base.typedconfig import from_dict
 from trainer.launch import Launcher, TrainingRun
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 storage.write_json(args.result, result.to_dict())
             code = 0
         except (ValueError, FileNotFoundError) as e:
-            print(error_line(STEP, e), file=sys.stderr, flush=True)
+            print_error_line(error_line(STEP, e))
             code = EXIT_BAD_INPUT
         finally:
             dist.close(ctx)
