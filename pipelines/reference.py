@@ -57,11 +57,15 @@ def _cell(text: str) -> str:
 def field_docs(cls: type) -> dict[str, str]:
     """The attribute docstrings of a dataclass: the string literal under each field.
 
-    Python keeps no such docstring at run time, so the class's source is read.
+    Python keeps no such docstring at run time, so the class's source is read; a field a
+    subclass keeps from its dataclass base keeps the base's docstring.
     """
+    docs: dict[str, str] = {}
+    for base in cls.__mro__[1:]:
+        if dataclasses.is_dataclass(base):
+            docs = {**field_docs(base), **docs}
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
     for node, after in zip(body, [*body[1:], None], strict=True):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue

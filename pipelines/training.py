@@ -386,6 +386,11 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 csv_decimal=csv_decimal,
                 config_json=preprocess_config_json,
                 data_fingerprint=fp.output,
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+                cpu_image=CPU_IMAGE,
+                object_store_secret=object_store_secret,
+                image_pull_secrets=image_pull_secrets,
             )
             _configure(prep, "preprocess", object_store_secret, retries=retries)
             prep.set_caching_options(True)

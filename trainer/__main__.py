@@ -36,7 +36,13 @@ def _preprocess(args: argparse.Namespace) -> dict[str, Any]:
     from trainer.steps.preprocess import PreprocessConfig, preprocess
 
     cfg = _config(args, PreprocessConfig)
-    return preprocess(cfg, data_uri=args.data, output_uri=args.output).to_dict()
+    pods = None
+    if cfg.launcher == "pytorchjob":  # the job's pods read and write the store directly
+        from trainer.steps.preprocess import PodsJob
+
+        work = args.work or args.output.rstrip("/") + "-work"
+        pods = PodsJob(args.job_name, args.data, args.output, work)
+    return preprocess(cfg, data_uri=args.data, output_uri=args.output, pods=pods).to_dict()
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,7 +105,10 @@ def _register(args: argparse.Namespace) -> dict[str, Any]:
 
 
 STEPS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], list[tuple[str, bool]]]] = {
-    "preprocess": (_preprocess, [("--data", True), ("--output", True)]),
+    "preprocess": (
+        _preprocess,
+        [("--data", True), ("--output", True), ("--work", False), ("--job-name", False)],
+    ),
     "train": (
         _train,
         [("--dataset", True), ("--model", True), ("--work", False), ("--job-name", False)],
@@ -124,7 +133,7 @@ STEPS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], list[tupl
 }
 
 OUTPUT_FLAGS: dict[str, dict[str, str]] = {
-    "preprocess": {"--output": _FOLDER_HELP},
+    "preprocess": {"--output": _FOLDER_HELP, "--work": _FOLDER_HELP},
     "train": {"--model": _FOLDER_HELP, "--work": _FOLDER_HELP},
     "evaluate": {"--report": _FILE_HELP},
     "tune": {
@@ -160,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="the evaluation gate passed: move the champion alias",
             )
-        if name == "train":
-            p.set_defaults(job_name="gpupipe-train")
+        if name in ("train", "preprocess"):
+            p.set_defaults(job_name=f"gpupipe-{name}")
         if name == "tune":
             # A Katib Experiment is named after the run and the task: the same pair re-attaches.
             p.set_defaults(run_id="local", task_name="tune")

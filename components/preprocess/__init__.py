@@ -26,6 +26,11 @@ def preprocess(
     csv_decimal: str = ".",
     config_json: str = "{}",
     data_fingerprint: str = "",
+    pipeline_run_id: str = "",
+    task_name: str = "preprocess",
+    cpu_image: str = "",
+    object_store_secret: str = "",
+    image_pull_secrets: list = [],  # noqa: B006 - compiled into the YAML, never mutated
 ) -> NamedTuple("PreprocessOutputs", [("data_hash", str), ("task", str)]):
     """Validate, impute, encode and split a table (see trainer.steps.preprocess).
 
@@ -41,11 +46,19 @@ def preprocess(
     ``csv_decimal``: ``.`` or ``,``); ``config_json`` sets further ``PreprocessConfig`` fields
     (``{"val_fraction": 0.2}``). ``data_fingerprint`` (from the fingerprint step) puts the
     data's content into the cache key; preprocess checks that the data still has it.
+
+    With ``{"launcher": "pytorchjob"}`` in ``config_json`` a large table (or ``"workers": N``)
+    is preprocessed by the pods of a Kubeflow PyTorchJob that this step launches and waits for
+    (named from ``pipeline_run_id`` and ``task_name``): they read the table's store URI and
+    write the output artifact straight into the store, so this step needs the store's
+    credentials and the pods ``object_store_secret``; they run ``cpu_image`` (the pipeline
+    passes this package version's) with ``image_pull_secrets``. The result equals one pod's,
+    bit for bit.
     """
     from collections import namedtuple
 
     from trainer.entry import run_guarded, write_metadata_file
-    from trainer.steps.preprocess import config_from_parameters, table_location
+    from trainer.steps.preprocess import config_from_parameters, for_pods, table_location
     from trainer.steps.preprocess import preprocess as run
 
     def body():
@@ -62,12 +75,25 @@ def preprocess(
             csv_decimal=csv_decimal,
             preprocess_config_json=config_json,
         )
+        cfg, pods = for_pods(
+            cfg,
+            data_uri=data.uri if data is not None else data_uri,
+            output_uri=dataset.uri,
+            run_id=pipeline_run_id,
+            task_name=task_name,
+            image=cpu_image,
+            object_store_secret=object_store_secret,
+            image_pull_secrets=image_pull_secrets,
+        )
+        # The pods publish to dataset.uri: dataset.path is then left absent, and KFP's launcher
+        # registers the artifact at its URI without uploading anything over it.
         return run(
             cfg,
             data_uri=table,
             output_uri=dataset.path,
             expected_fingerprint=data_fingerprint,
             artifact=data is not None,
+            pods=pods,
         )
 
     result = run_guarded("preprocess", body)

@@ -31,6 +31,7 @@ DIFFERENT_ON_PURPOSE = {
     ("train", "object_store_secret"): "alone, a component assumes no object-store secret; the "
     "pipeline's default is KFP's artifact-store secret",
     ("tune", "object_store_secret"): "as for train",
+    ("preprocess", "object_store_secret"): "as for train (read only with launcher pytorchjob)",
     ("preprocess", "data_uri"): "alone, a component may take the table as its Dataset artifact "
     "input data instead (a user's own pipeline); the pipeline requires data_uri",
     ("fingerprint", "data_uri"): "as for preprocess",

@@ -24,13 +24,26 @@ from trainer.base.typedconfig import from_dict
 from trainer.launch import TrainingRun
 from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
 from trainer.launch.pytorchjob import build_pytorchjob
-from trainer.steps.preprocess import PreprocessConfig, make_demo_table, stream_stats
+from trainer.steps.preprocess import (
+    PreprocessConfig,
+    make_demo_table,
+    preprocess,
+    stream_stats,
+    wide,
+)
 from trainer.steps.preprocess.peers import file_groups, first_error
 from trainer.steps.preprocess.published import PreprocessResult
 from trainer.steps.preprocess.quantile import MedianSelect, order_keys
 from trainer.steps.preprocess.stream import preprocess_streaming
 from trainer.steps.preprocess.stream_stats import CatStats, Moments, MomentStream, fold
-from trainer.steps.preprocess.wide import cluster_run, run_on_cluster, workers_for
+from trainer.steps.preprocess.wide import (
+    PodsJob,
+    cluster_run,
+    for_pods,
+    pods_for,
+    run_on_cluster,
+    workers_for,
+)
 
 T = TypeVar("T")
 SPLITS = ("train", "val", "test")
@@ -339,3 +352,96 @@ def test_run_on_cluster_launches_the_run_and_returns_mains_result(tmp_path: Path
 
     assert run_on_cluster(Main(), run, str(tmp_path)) == done
     assert launched == [run] and run.step == "preprocess" and run.nnodes == 3
+
+
+# launcher: pytorchjob, as the component and `python -m trainer preprocess` set it up.
+
+
+def test_the_component_fills_the_pods_image_and_secrets_from_the_pipeline() -> None:
+    cfg = from_dict(PreprocessConfig, {"target": "churned", "launcher": "pytorchjob"})
+    out, job = for_pods(
+        cfg, data_uri="minio://b/data/", output_uri="minio://b/run/dataset", run_id="run-1",
+        task_name="preprocess", image="reg/trainer-cpu@sha256:ab", object_store_secret="store",
+        image_pull_secrets=["pull"],
+    )  # fmt: skip
+    assert (out.cluster.image, out.cluster.object_store_secret) == (
+        "reg/trainer-cpu@sha256:ab",
+        "store",
+    )
+    assert out.cluster.image_pull_secrets == ["pull"]
+    assert (out.cluster.cpu_request, out.cluster.memory_limit, out.cluster.shm_size) == (
+        "500m", "4Gi", "64Mi",
+    )  # fmt: skip
+    assert job is not None and job.name.startswith("gpupipe-preprocess-run-1")
+    assert (job.data_uri, job.output_uri, job.work_uri) == (
+        "minio://b/data/", "minio://b/run/dataset", "minio://b/run/dataset-work",
+    )  # fmt: skip
+    # The step's own settings win over the pipeline's.
+    own = from_dict(
+        PreprocessConfig,
+        {"target": "churned", "launcher": "pytorchjob", "cluster": {"image": "mine:1"}},
+    )
+    where = {"data_uri": "s3://b/d", "output_uri": "s3://b/o", "run_id": "r", "task_name": "p"}
+    mine, _ = for_pods(own, **where, image="their:2", object_store_secret="", image_pull_secrets=[])
+    assert mine.cluster.image == "mine:1"
+    local = from_dict(PreprocessConfig, {"target": "churned"})
+    kept = for_pods(local, **where, image="i", object_store_secret="s", image_pull_secrets=[])
+    assert kept == (local, None)
+
+
+@pytest.mark.parametrize(
+    ("over", "where"),
+    [
+        ({"launcher": "kubernetes"}, "launcher"),
+        ({"cluster": {"cpu_request": "lots"}}, "cluster.cpu_request"),
+        ({"cluster": {"memory_limit": "512Mi"}}, "cluster.memory_request"),
+        ({"cluster": {"shm_size": "8Gi"}}, "cluster.shm_size"),
+    ],
+)
+def test_a_bad_pods_setting_is_named_in_one_line(over: dict[str, Any], where: str) -> None:
+    with pytest.raises(InputError) as e:
+        from_dict(PreprocessConfig, {"target": "churned", **over})
+    assert e.value.code == "E_CONFIG" and where in str(e.value) and "\n" not in str(e.value)
+
+
+def test_pods_are_chosen_from_the_files_sizes_not_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(12):
+        (data / f"part-{i:02}.parquet").write_bytes(b"x" * 100)
+    cfg = from_dict(PreprocessConfig, {"target": "y", "launcher": "pytorchjob"})
+    monkeypatch.setattr(wide, "BYTES_PER_WORKER", 250)
+    monkeypatch.setattr(wide.os, "sched_getaffinity", lambda _pid: {0}, raising=False)
+    assert pods_for(cfg, str(data)) == 5  # 1200 bytes / 250, though this machine has one CPU
+    monkeypatch.setattr(wide, "BYTES_PER_WORKER", 1)
+    assert pods_for(cfg, str(data)) == wide.MAX_WORKERS
+    assert pods_for(from_dict(PreprocessConfig, {"target": "y", "workers": 3}), str(data)) == 3
+
+
+def test_more_than_one_pod_needs_store_locations(tmp_path: Path) -> None:
+    data = dataset(tmp_path / "data", "parquet", "classification", [300, 300, 300])
+    cfg = from_dict(PreprocessConfig, {"target": "churned", "launcher": "pytorchjob", "workers": 3})
+    with pytest.raises(InputError, match="no store location") as e:
+        preprocess(cfg, data_uri=str(data), output_uri=str(tmp_path / "out"))
+    assert e.value.code == "E_CONFIG"
+    job = PodsJob("gpupipe-preprocess-x", str(data), str(tmp_path / "out"), "s3://b/work")
+    with pytest.raises(InputError, match="cannot reach a local path") as e:
+        preprocess(cfg, data_uri=str(data), output_uri=str(tmp_path / "out"), pods=job)
+    assert str(data) in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # nothing written
+
+
+def test_the_pods_config_is_json_and_runs_the_local_streaming_path(tmp_path: Path) -> None:
+    cfg = from_dict(
+        PreprocessConfig,
+        {"target": "churned", "launcher": "pytorchjob", "cluster": {"cpu_limit": "3"}},
+    )
+    cluster_run(
+        cfg, workers=3, data_uri="s3://b/d/", output_uri="s3://b/o", fingerprint="f",
+        work_uri=str(tmp_path), job_name="gpupipe-preprocess-r1-0123456789",
+    )  # fmt: skip
+    sent = json.loads((tmp_path / "preprocess-config.json").read_text())
+    pod = from_dict(PreprocessConfig, sent)
+    assert (pod.launcher, pod.workers, pod.cluster.cpu_limit) == ("local", 1, "3")

@@ -37,7 +37,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import ClassVar, Literal
 
 from trainer.base.redact import secret_name
 from trainer.base.typedconfig import require
@@ -113,6 +113,9 @@ class ClusterConfig:
     per node) is not here: it travels with the :class:`~trainer.launch.TrainingRun`.
     """
 
+    SECTION: ClassVar[str] = "train.cluster"
+    """Where these settings sit in the step's config: the errors name ``<SECTION>.<field>``."""
+
     namespace: str | None = None
     """Namespace of the job; ``None``: the launcher pod's own (downward API)."""
     image: str = ""
@@ -176,26 +179,26 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         # Checked here, when the step's config is read: before any output or job exists.
-        RuntimeRef.parse(self.runtime, "train.cluster.runtime")
+        RuntimeRef.parse(self.runtime, f"{self.SECTION}.runtime")
         require(
             not any(c.isspace() for c in self.image),
-            "train.cluster.image",
+            f"{self.SECTION}.image",
             "must be an image reference without spaces",
             self.image,
         )
-        check_label_key(self.gpu_resource, "train.cluster.gpu_resource")
+        check_label_key(self.gpu_resource, f"{self.SECTION}.gpu_resource")
         require(
             "/" in self.gpu_resource,
-            "train.cluster.gpu_resource",
+            f"{self.SECTION}.gpu_resource",
             "must be an extended resource with a domain, like nvidia.com/gpu",
             self.gpu_resource,
         )
         self._check_resources()
         for key, value in self.node_selector.items():
-            check_label_key(key, "train.cluster.node_selector")
+            check_label_key(key, f"{self.SECTION}.node_selector")
             require(
                 isinstance(value, str),
-                f"train.cluster.node_selector[{key}]",
+                f"{self.SECTION}.node_selector[{key}]",
                 "must be a string",
                 value,
             )
@@ -207,20 +210,20 @@ class ClusterConfig:
         names += [("image_pull_secrets", s, "a secret name") for s in self.image_pull_secrets]
         for name, given, what in names:
             if given is not None:
-                check_dns(given, f"train.cluster.{name}", DNS1123_SUBDOMAIN, what, 253)
+                check_dns(given, f"{self.SECTION}.{name}", DNS1123_SUBDOMAIN, what, 253)
         self._check_env()
-        check_labels(self.labels, "train.cluster.labels", reserved=(LABEL_APP, LABEL_JOB))
+        check_labels(self.labels, f"{self.SECTION}.labels", reserved=(LABEL_APP, LABEL_JOB))
         for key, value in self.annotations.items():
-            check_label_key(key, "train.cluster.annotations")
+            check_label_key(key, f"{self.SECTION}.annotations")
             require(
                 isinstance(value, str),
-                f"train.cluster.annotations[{key}]",
+                f"{self.SECTION}.annotations[{key}]",
                 "must be a string",
                 value,
             )
         require(
             self.gang_queue is None or bool(self.gang_queue.strip()),
-            "train.cluster.gang_queue",
+            f"{self.SECTION}.gang_queue",
             "must not be empty",
             self.gang_queue,
         )
@@ -230,13 +233,13 @@ class ClusterConfig:
         for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit", "shm_size"):
             text = getattr(self, name)
             if text is not None:
-                values[name] = parse_quantity(text, f"train.cluster.{name}")
+                values[name] = parse_quantity(text, f"{self.SECTION}.{name}")
         for kind in ("cpu", "memory"):
             req, lim = values.get(f"{kind}_request"), values.get(f"{kind}_limit")
             require(
                 req is None or lim is None or req <= lim,
-                f"train.cluster.{kind}_request",
-                f"must be <= train.cluster.{kind}_limit={getattr(self, f'{kind}_limit')}",
+                f"{self.SECTION}.{kind}_request",
+                f"must be <= {self.SECTION}.{kind}_limit={getattr(self, f'{kind}_limit')}",
                 getattr(self, f"{kind}_request"),
             )
         # Pages of a memory-backed emptyDir are charged to the pod: a /dev/shm larger than the
@@ -244,8 +247,8 @@ class ClusterConfig:
         lim = values.get("memory_limit")
         require(
             lim is None or values["shm_size"] <= lim,
-            "train.cluster.shm_size",
-            f"must be <= train.cluster.memory_limit={self.memory_limit} (/dev/shm counts "
+            f"{self.SECTION}.shm_size",
+            f"must be <= {self.SECTION}.memory_limit={self.memory_limit} (/dev/shm counts "
             "against it)",
             self.shm_size,
         )
@@ -254,59 +257,61 @@ class ClusterConfig:
         for name, value in self.env.items():
             require(
                 bool(ENV_NAME.match(name)),
-                "train.cluster.env",
+                f"{self.SECTION}.env",
                 "must use environment variable names",
                 name,
             )
             require(
                 name not in RESERVED_ENV and not name.startswith("PET_"),
-                "train.cluster.env",
+                f"{self.SECTION}.env",
                 "must not set a variable owned by gpupipe or the training operator",
                 name,
             )
             require(
                 not (self.object_store_secret and name in OBJECT_STORE_ENV.values()),
-                "train.cluster.env",
+                f"{self.SECTION}.env",
                 f"must not set a variable read from object_store_secret "
                 f"{self.object_store_secret!r}",
                 name,
             )
-            require(isinstance(value, str), f"train.cluster.env[{name}]", "must be a string", value)
+            require(
+                isinstance(value, str), f"{self.SECTION}.env[{name}]", "must be a string", value
+            )
             require(
                 not secret_name(name),
-                "train.cluster.env",
+                f"{self.SECTION}.env",
                 "must not carry a secret as a plain value (the pod spec shows it to anyone who "
-                "reads pods): name its Secret in train.cluster.secret_env, "
+                f"reads pods): name its Secret in {self.SECTION}.secret_env, "
                 '{"NAME": "<secret>/<key>"}, which the pod reads through secretKeyRef',
                 name,
             )
         for name, ref in self.secret_env.items():
             require(
                 bool(ENV_NAME.match(name)) and name not in self.env,
-                "train.cluster.secret_env",
-                "must use environment variable names not also in train.cluster.env",
+                f"{self.SECTION}.secret_env",
+                f"must use environment variable names not also in {self.SECTION}.env",
                 name,
             )
             require(
                 name not in RESERVED_ENV
                 and not name.startswith("PET_")
                 and name not in OBJECT_STORE_ENV.values(),
-                "train.cluster.secret_env",
+                f"{self.SECTION}.secret_env",
                 "must not set a variable owned by gpupipe, the training operator or the store",
                 name,
             )
             secret, _, key = str(ref).partition("/")
             require(
                 bool(secret) and bool(key) and "/" not in key,
-                f"train.cluster.secret_env[{name}]",
+                f"{self.SECTION}.secret_env[{name}]",
                 "must be <secret>/<key>",
                 ref,
             )
-            where = f"train.cluster.secret_env[{name}]"
+            where = f"{self.SECTION}.secret_env[{name}]"
             check_dns(secret, where, DNS1123_SUBDOMAIN, "a secret name", 253)
             require(
                 bool(SECRET_KEY.match(key)),
-                f"train.cluster.secret_env[{name}]",
+                f"{self.SECTION}.secret_env[{name}]",
                 "must name a Secret key (letters, digits, '-', '_', '.')",
                 key,
             )
@@ -321,7 +326,7 @@ class ClusterConfig:
         for name in ("gang_queue", "gang_priority_class"):
             require(
                 getattr(self, name) is None,
-                f"train.cluster.{name}",
+                f"{self.SECTION}.{name}",
                 "cannot be set on a TrainJob: gang scheduling is the runtime's podGroupPolicy "
                 "(or Kueue's queue-name label)",
                 getattr(self, name),
@@ -364,7 +369,12 @@ class JobSpec:
             63 - len(longest_pod),
         )
         check_dns(self.namespace, "job.namespace", DNS1123_LABEL, "a namespace name", 63)
-        require(bool(self.cluster.image), "train.cluster.image", "must be set", self.cluster.image)
+        require(
+            bool(self.cluster.image),
+            f"{self.cluster.SECTION}.image",
+            "must be set",
+            self.cluster.image,
+        )
         require(bool(run.config_uri), "job.config_uri", "must be set", run.config_uri)
 
     @property

@@ -17,7 +17,9 @@ What other code may use is exported here; the rest is this step's own:
 - :mod:`~trainer.steps.preprocess.fingerprint`: the input's content fingerprint, for caches;
 - :mod:`~trainer.steps.preprocess.table_input`: which input gives the table, a Dataset artifact
   or ``data_uri``;
-- :mod:`~trainer.steps.preprocess.demo_data`: the synthetic demo table.
+- :mod:`~trainer.steps.preprocess.demo_data`: the synthetic demo table;
+- :mod:`~trainer.steps.preprocess.wide`: several workers at once, local processes or the pods
+  of a PyTorchJob (:class:`PodsJob`, :func:`for_pods`: where the pods read and write).
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from trainer.steps.preprocess.preview import inspect_data
 from trainer.steps.preprocess.step import PreprocessResult, preprocess
 from trainer.steps.preprocess.table_input import table_location
 from trainer.steps.preprocess.tabular import read_columns
+from trainer.steps.preprocess.wide import PodsJob, for_pods
 
 __all__ = [
+    "PodsJob",
     "PreprocessConfig",
     "PreprocessResult",
     "config_from_parameters",
     "data_fingerprint",
+    "for_pods",
     "inspect_data",
     "make_demo_table",
     "preprocess",

@@ -8,9 +8,32 @@ from typing import Any, Literal
 
 from trainer.base.memory import MIN_BUDGET, default_memory_budget
 from trainer.base.typedconfig import apply_overrides, from_dict, json_object, require
+from trainer.launch.jobspec import ClusterConfig
 from trainer.steps.preprocess.tabular import CsvOptions
 
 COLUMN_KINDS = ("numeric", "categorical", "date", "keep", "drop")
+LAUNCHERS = ("local", "pytorchjob")
+
+
+@dataclass(kw_only=True, slots=True)
+class PodsConfig(ClusterConfig):
+    """The pods of a preprocess PyTorchJob (``launcher: pytorchjob``): the train step's cluster
+    settings with a CPU pod's defaults. Each pod runs one worker and plans with its own memory
+    (``memory_budget``, else half its limit); the GPU settings have no effect (the job asks for
+    no GPU). The component fills ``image``, ``object_store_secret`` and
+    ``image_pull_secrets`` from the pipeline's when they are left empty."""
+
+    SECTION = "cluster"
+    cpu_request: str | None = "500m"
+    """CPU request per pod."""
+    cpu_limit: str | None = "2"
+    """CPU limit per pod (one worker reads, parses and encodes in about one core)."""
+    memory_request: str | None = "1Gi"
+    """Memory request per pod."""
+    memory_limit: str | None = "4Gi"
+    """Memory limit per pod; the worker's budget is half of it unless ``memory_budget`` says."""
+    shm_size: str = "64Mi"
+    """/dev/shm of a pod (gloo over TCP needs little)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,6 +90,16 @@ class PreprocessConfig:
     whatever the size (a worker with no file to read takes part all the same). Local workers
     share ``memory_budget``."""
 
+    launcher: str = "local"
+    """Where the workers run: ``local``, in the step's own process or pod (several workers are
+    processes under torchrun there); ``pytorchjob``, several workers are the pods of a
+    Kubeflow PyTorchJob the step launches and waits for (one process each, reading the data
+    from the store and writing the output straight into it), and one worker is the step's pod
+    as with ``local``. With ``pytorchjob`` and ``workers: 0`` the pods are one per GiB of
+    files as stored, up to 8 and the files, where one pod would read in record batches."""
+    cluster: PodsConfig = field(default_factory=PodsConfig)
+    """The pods of a ``pytorchjob`` (resources, image, secrets; :class:`PodsConfig`)."""
+
     max_input_bytes: int = 256 << 30
     """Bytes the input may take once decompressed and parsed (Arrow's in-memory size): read
     from Parquet footers before any work (the rows times the columns' widths where that is
@@ -87,6 +120,12 @@ class PreprocessConfig:
             "workers",
             "must be 0 (auto) or a number of processes from 1 to 64",
             self.workers,
+        )
+        require(
+            self.launcher in LAUNCHERS,
+            "launcher",
+            f"must be one of {', '.join(LAUNCHERS)}",
+            self.launcher,
         )
         for name in ("max_input_bytes", "max_columns", "max_features"):
             value = getattr(self, name)

@@ -54,6 +54,7 @@ from trainer.steps.preprocess.tabular import (
     split_indices,
 )
 from trainer.steps.preprocess.text_values import Notice
+from trainer.steps.preprocess.wide import PodsJob
 
 __all__ = ["SCHEMA_FORMAT", "PreprocessResult", "display_uri", "needs_streaming", "preprocess"]
 
@@ -173,6 +174,7 @@ def preprocess(
     output_uri: str,
     expected_fingerprint: str = "",
     artifact: bool = False,
+    pods: PodsJob | None = None,
 ) -> PreprocessResult:
     """Validate, split, impute, encode and standardise a tabular dataset.
 
@@ -192,6 +194,9 @@ def preprocess(
             checked. The fingerprint is recorded in ``schema.json`` either way.
         artifact: ``data_uri`` is the local copy of a Dataset artifact (KFP's launcher
             downloaded it): its fingerprint leaves the files' modification times out.
+        pods: Where a ``launcher: pytorchjob`` job's pods find the data and publish the output
+            (store URIs; the output then goes to ``pods.output_uri``, not ``output_uri``).
+            Needed when ``cfg.launcher`` is ``pytorchjob`` and more than one pod is chosen.
 
     Returns:
         Split sizes, output feature names, task, class labels and the input's hash.
@@ -227,8 +232,18 @@ def preprocess(
             check_input_bytes(data.table.nbytes, cfg.max_input_bytes, data_uri)
     except InputTooLarge:
         from trainer.steps.preprocess.stream import preprocess_streaming
-        from trainer.steps.preprocess.wide import run_local, workers_for
+        from trainer.steps.preprocess.wide import pods_for, run_local, run_pods, workers_for
 
+        if cfg.launcher == "pytorchjob" and (n_pods := pods_for(cfg, data_uri)) > 1:
+            if pods is None:
+                raise InputError(
+                    "E_CONFIG",
+                    f"launcher pytorchjob chose {n_pods} pods, but the step was given no store "
+                    "location for their input and output (the KFP component and "
+                    "`python -m trainer preprocess --job-name` give one)",
+                    "launcher",
+                ) from None
+            return run_pods(cfg, pods, pods=n_pods, fingerprint=fingerprint)
         workers = workers_for(cfg, data_uri, budget)
         if workers > 1:
             return run_local(

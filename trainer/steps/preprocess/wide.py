@@ -18,21 +18,24 @@ line and exit code 2, and nothing is published.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from trainer.base import exitcodes, storage
-from trainer.base.errors import EXIT_BAD_INPUT, error_line, print_error_line
+from trainer.base.errors import EXIT_BAD_INPUT, InputError, error_line, print_error_line
 from trainer.base.memory import MIN_BUDGET
+from trainer.base.outputs import check_output_location
 from trainer.base.typedconfig import from_dict
 from trainer.launch import Launcher, TrainingRun
 from trainer.steps.preprocess.config import PreprocessConfig
 from trainer.steps.preprocess.peers import file_sizes, first_error
-from trainer.steps.preprocess.published import PreprocessResult
+from trainer.steps.preprocess.published import PreprocessResult, display_uri
 
 T = TypeVar("T")
 
@@ -184,6 +187,123 @@ def run_on_cluster(launcher: Launcher, run: TrainingRun, work_uri: str) -> Prepr
     return cluster_result(work_uri)
 
 
+@dataclass(frozen=True, slots=True)
+class PodsJob:
+    """Where the pods of a ``launcher: pytorchjob`` step find its input and put its output: store
+    URIs (the step's own pod may hold local copies; the job's pods see only the store)."""
+
+    name: str
+    """The job's deterministic name (a retried step re-attaches to its job)."""
+    data_uri: str
+    """The dataset in the store."""
+    output_uri: str
+    """Where main publishes the output, in the store."""
+    work_uri: str
+    """A store folder of the step's own: the pods' config and main's result."""
+
+    def check(self) -> None:
+        """Refuse a local path: the job's pods cannot reach it (``E_CONFIG``)."""
+        for name in ("data_uri", "output_uri", "work_uri"):
+            uri = getattr(self, name)
+            if storage.local_path(uri) is not None:
+                raise InputError(
+                    "E_CONFIG",
+                    f"launcher pytorchjob: the job's pods cannot reach a local path; give "
+                    f"the step a store URI (s3://, gs://, minio://) for its {name[:-4]}",
+                    uri,
+                )
+
+
+def for_pods(
+    cfg: PreprocessConfig,
+    *,
+    data_uri: str,
+    output_uri: str,
+    run_id: str,
+    task_name: str,
+    image: str,
+    object_store_secret: str,
+    image_pull_secrets: list[str],
+) -> tuple[PreprocessConfig, PodsJob | None]:
+    """The component's config and job for ``launcher: pytorchjob`` (``cfg`` and None
+    otherwise): the pods' image, store secret and pull secrets from the pipeline where
+    ``cfg.cluster`` leaves them empty, the job named from the run and task, its work folder
+    beside the output."""
+    if cfg.launcher != "pytorchjob":
+        return cfg, None
+    pods = dataclasses.replace(
+        cfg.cluster,
+        image=cfg.cluster.image or image,
+        object_store_secret=cfg.cluster.object_store_secret or object_store_secret or None,
+        image_pull_secrets=cfg.cluster.image_pull_secrets or list(image_pull_secrets),
+    )
+    from trainer.launch.jobspec import job_name
+
+    job = PodsJob(
+        job_name(run_id or "local", task_name),
+        data_uri,
+        output_uri,
+        output_uri.rstrip("/") + "-work",
+    )
+    return dataclasses.replace(cfg, cluster=pods), job
+
+
+def pods_for(cfg: PreprocessConfig, data_uri: str) -> int:
+    """How many pods a ``launcher: pytorchjob`` step runs: ``cfg.workers`` when set, else one
+    per :data:`BYTES_PER_WORKER` of input as stored, at most :data:`MAX_WORKERS` and the files
+    (each pod has its own CPUs and memory, so neither caps it)."""
+    if cfg.workers:
+        return cfg.workers
+    sizes = file_sizes(data_uri)
+    return max(1, min(math.ceil(sum(sizes) / BYTES_PER_WORKER), MAX_WORKERS, len(sizes)))
+
+
+def run_pods(
+    cfg: PreprocessConfig, job: PodsJob, *, pods: int, fingerprint: str
+) -> PreprocessResult:
+    """Preprocess ``job``'s data with ``pods`` pods of a PyTorchJob and return main's result.
+
+    The job is created in ``cfg.cluster.namespace`` (else the step's pod's, POD_NAMESPACE),
+    owned by the step's pod, and deleted when the step fails or is stopped
+    (``cfg.cluster.on_exit``).
+
+    Raises:
+        InputError: A pod's bad input (the line one process would print), or no namespace.
+        RuntimeError, TimeoutError: The job failed otherwise.
+    """
+    from trainer.launch.pytorchjob import PyTorchJobLauncher
+
+    job.check()
+    namespace = cfg.cluster.namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace:
+        raise InputError(
+            "E_CONFIG",
+            "launcher pytorchjob needs a namespace: set cluster.namespace or POD_NAMESPACE "
+            "(downward API)",
+            "cluster.namespace",
+        )
+    check_output_location(job.output_uri, STEP, inputs={"data": job.data_uri})
+    launcher = PyTorchJobLauncher.from_environment(
+        cluster=cfg.cluster, namespace=namespace, on_exit=cfg.cluster.on_exit
+    )
+    print(
+        f"preprocess: {pods} pods (PyTorchJob {namespace}/{job.name}) read "
+        f"{display_uri(job.data_uri)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    run = cluster_run(
+        cfg,
+        workers=pods,
+        data_uri=job.data_uri,
+        output_uri=job.output_uri,
+        fingerprint=fingerprint,
+        work_uri=job.work_uri,
+        job_name=job.name,
+    )
+    return run_on_cluster(launcher, run, job.work_uri)
+
+
 def cluster_result(work_uri: str) -> PreprocessResult:
     """What main of a :func:`cluster_run` job left in ``work_uri``, its notes printed."""
     out = PreprocessResult(**storage.read_json(storage.join(work_uri, RESULT_FILE)))
@@ -193,8 +313,9 @@ def cluster_result(work_uri: str) -> PreprocessResult:
 
 
 def _config_dict(cfg: PreprocessConfig) -> dict[str, Any]:
-    out = {name: getattr(cfg, name) for name in cfg.__dataclass_fields__}
+    out = dataclasses.asdict(cfg)
     out["workers"] = 1  # the workers run the streaming path; none starts workers of its own
+    out["launcher"] = "local"
     return out
 
 
