@@ -191,9 +191,16 @@ def _train_launcher(
     job.set_display_name("train (cluster job)")
     _configure(job, "train-launcher", object_store_secret, retries=retries)
     job.set_caching_options(TRAIN_CACHING)
+    return _own_pod(job)
+
+
+def _own_pod(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """The step's own pod's identity in its environment (:data:`DOWNWARD_API_ENV`): a step that
+    may launch a job (train, preprocess with ``launcher: pytorchjob``) names its namespace and
+    owns it."""
     for env, path in DOWNWARD_API_ENV.items():
-        kubernetes.use_field_path_as_env(job, env_name=env, field_path=path)
-    return job
+        kubernetes.use_field_path_as_env(task, env_name=env, field_path=path)
+    return task
 
 
 GROUP_NAMES = {"condition-branches": "launcher-choice"}
@@ -393,7 +400,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 image_pull_secrets=image_pull_secrets,
             )
             _configure(prep, "preprocess", object_store_secret, retries=retries)
-            prep.set_caching_options(True)
+            _own_pod(prep).set_caching_options(True)
 
             # What tune's trials and the trained model's job share: the train step's settings
             # (the one mapping, trainer.steps.train.step_settings, reads them in both).

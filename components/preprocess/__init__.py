@@ -52,8 +52,10 @@ def preprocess(
     (named from ``pipeline_run_id`` and ``task_name``): they read the table's store URI and
     write the output artifact straight into the store, so this step needs the store's
     credentials and the pods ``object_store_secret``; they run ``cpu_image`` (the pipeline
-    passes this package version's) with ``image_pull_secrets``. The result equals one pod's,
-    bit for bit.
+    passes this package version's) with ``image_pull_secrets``, in this pod's namespace
+    (``POD_NAMESPACE``, ``POD_NAME`` and ``POD_UID`` from the downward API through
+    ``kfp.kubernetes.use_field_path_as_env``: the job is then deleted with the run). The
+    result equals one pod's, bit for bit.
     """
     from collections import namedtuple
 
