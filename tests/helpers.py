@@ -465,3 +465,25 @@ def gpupipe_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, st
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def demo_parts(
+    root: Path, fmt: str, task: str, sizes: list[int], *, seed: int, row_group_size: int
+) -> Path:
+    """A folder ``root`` of files holding the demo table's rows cut at ``sizes`` (some text and
+    gaps), ``part-00.parquet``... or ``part-00.csv``...: a dataset of many files."""
+    import pyarrow.csv as pacsv
+
+    from trainer.steps.preprocess import make_demo_table
+
+    root.mkdir()
+    table = make_demo_table(sum(sizes), task=task, seed=seed)
+    at = 0
+    for i, size in enumerate(sizes):
+        part = table.slice(at, size)
+        at += size
+        if fmt == "parquet":
+            pq.write_table(part, root / f"part-{i:02d}.parquet", row_group_size=row_group_size)
+        else:
+            pacsv.write_csv(part, root / f"part-{i:02d}.csv")
+    return root

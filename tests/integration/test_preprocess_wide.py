@@ -11,15 +11,14 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from tests.helpers import demo_parts
 from trainer.base.typedconfig import from_dict
 from trainer.steps.preprocess import (
     PreprocessConfig,
     data_fingerprint,
-    make_demo_table,
     preprocess,
 )
 from trainer.steps.preprocess.stream import preprocess_streaming
@@ -31,17 +30,7 @@ BUDGET = 64 << 20
 
 
 def _dataset(root: Path, fmt: str, task: str, sizes: list[int]) -> Path:
-    root.mkdir()
-    table = make_demo_table(sum(sizes), task=task, seed=9)
-    at = 0
-    for i, size in enumerate(sizes):
-        part = table.slice(at, size)
-        at += size
-        if fmt == "parquet":
-            pq.write_table(part, root / f"part-{i:02d}.parquet", row_group_size=600)
-        else:
-            pacsv.write_csv(part, root / f"part-{i:02d}.csv")
-    return root
+    return demo_parts(root, fmt, task, sizes, seed=9, row_group_size=600)
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import assert_valid_job, needs_crd
+from tests.helpers import assert_valid_job, demo_parts, needs_crd
 from tests.unit.specs import BASE, job_spec
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
@@ -26,7 +25,6 @@ from trainer.launch.jobspec import WORKER_COMMAND, ClusterConfig, JobSpec
 from trainer.launch.pytorchjob import build_pytorchjob
 from trainer.steps.preprocess import (
     PreprocessConfig,
-    make_demo_table,
     preprocess,
     stream_stats,
     wide,
@@ -240,17 +238,7 @@ def assert_identical(a: Path, b: Path) -> None:
 
 def dataset(root: Path, fmt: str, task: str, sizes: list[int]) -> Path:
     """A folder of files with the demo table's rows cut at ``sizes`` (some text and gaps)."""
-    root.mkdir()
-    table = make_demo_table(sum(sizes), task=task, seed=4)
-    at = 0
-    for i, size in enumerate(sizes):
-        part = table.slice(at, size)
-        at += size
-        if fmt == "parquet":
-            pq.write_table(part, root / f"part-{i:02d}.parquet", row_group_size=500)
-        else:
-            pacsv.write_csv(part, root / f"part-{i:02d}.csv")
-    return root
+    return demo_parts(root, fmt, task, sizes, seed=4, row_group_size=500)
 
 
 @pytest.mark.parametrize(
