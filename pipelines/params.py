@@ -249,6 +249,7 @@ _TRAIN_FIELDS = {
     "job_env": ("cluster.env",),
     "gang_queue": ("cluster.gang_queue",),
     "gang_priority_class": ("cluster.gang_priority_class",),
+    "one_worker_per_node": ("cluster.one_worker_per_node",),
     "object_store_secret": ("cluster.object_store_secret",),
 }
 _EVALUATE_FIELDS = {

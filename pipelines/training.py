@@ -269,6 +269,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
         job_env: dict = {},  # noqa: B006
         gang_queue: str = "",
         gang_priority_class: str = "",
+        one_worker_per_node: bool = False,
         hyperparams_json: str = "{}",
         tune_enabled: bool = False,
         tune_engine: str = "local",
@@ -342,6 +343,9 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 Operator gang-schedules with Volcano (empty: the scheduler's default).
             gang_priority_class: PyTorchJobs: the PriorityClass of the job's PodGroup (empty:
                 none).
+            one_worker_per_node: cluster jobs: each pod on a node of its own (a required
+                anti-affinity among the job's pods; a job of more nodes than the cluster has
+                then waits).
             hyperparams_json: dotted trainer overrides, e.g. ``{"optim.weight_decay": 0.1}``.
             tune_enabled: run the hyperparameter search before training; train takes its best
                 parameters (applied after ``hyperparams_json``).
@@ -426,6 +430,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 "job_env": job_env,
                 "gang_queue": gang_queue,
                 "gang_priority_class": gang_priority_class,
+                "one_worker_per_node": one_worker_per_node,
                 "gpu_hour_usd": gpu_hour_usd,
                 "gpu_prices": gpu_prices,
             }

@@ -37,6 +37,7 @@ def train(
     job_env: dict = {},  # noqa: B006
     gang_queue: str = "",
     gang_priority_class: str = "",
+    one_worker_per_node: bool = False,
     gpu_hour_usd: float = 0.0,
     gpu_prices: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
     gpu_limit: str = "",
@@ -101,6 +102,7 @@ def train(
             job_env=job_env,
             gang_queue=gang_queue,
             gang_priority_class=gang_priority_class,
+            one_worker_per_node=one_worker_per_node,
             gpu_hour_usd=gpu_hour_usd,
             gpu_prices=gpu_prices,
             train_config_json=config_json,

@@ -40,6 +40,7 @@ def tune(
     job_env: dict = {},  # noqa: B006
     gang_queue: str = "",
     gang_priority_class: str = "",
+    one_worker_per_node: bool = False,
     gpu_hour_usd: float = 0.0,
     gpu_prices: dict = {},  # noqa: B006 - compiled into the YAML, never mutated
 ) -> NamedTuple(
@@ -112,6 +113,7 @@ def tune(
             job_env=job_env,
             gang_queue=gang_queue,
             gang_priority_class=gang_priority_class,
+            one_worker_per_node=one_worker_per_node,
             gpu_hour_usd=gpu_hour_usd,
             gpu_prices=gpu_prices,
             cuda_image=cuda_image,

@@ -490,3 +490,38 @@ def test_quantities_parse_like_kubernetes(text: str, value: Decimal) -> None:
 def test_invalid_quantities_are_rejected(text: str) -> None:
     with pytest.raises(InputError, match="Kubernetes quantity"):
         parse_quantity(text, "job.memory_limit")
+
+
+@needs_crd
+def test_one_worker_per_node_keeps_every_pod_of_the_job_off_each_others_node() -> None:
+    from tests.helpers import assert_valid_trainjob
+    from trainer.launch.trainjob import build_trainjob
+
+    spec = make(nnodes=3, one_worker_per_node=True)
+    want = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"gpupipe.dev/job": spec.name}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    job = build_pytorchjob(spec)
+    assert_valid_job(job)
+    for role in ("Master", "Worker"):
+        pod = job["spec"]["pytorchReplicaSpecs"][role]["template"]
+        assert pod["spec"]["affinity"] == want, role
+        # The selector matches the job's own pods, and only them.
+        assert pod["metadata"]["labels"]["gpupipe.dev/job"] == spec.name
+    trainjob = build_trainjob(spec)
+    assert_valid_trainjob(trainjob)
+    (patch,) = trainjob["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    template = node["template"]["spec"]["template"]
+    assert template["spec"]["affinity"] == want
+    assert template["metadata"]["labels"]["gpupipe.dev/job"] == spec.name
+    # Off by default: the scheduler may pack pods onto one node.
+    plain = build_pytorchjob(make(nnodes=3))
+    assert "affinity" not in plain["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]

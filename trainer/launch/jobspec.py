@@ -170,6 +170,12 @@ class ClusterConfig:
     annotations: dict[str, str] = field(default_factory=dict)
     """Extra annotations of the job and its pods, e.g. ``karpenter.sh/do-not-disrupt``.
     (Pipeline parameter ``job_annotations``.)"""
+    one_worker_per_node: bool = False
+    """Place the job's pods on different nodes (a required pod anti-affinity on
+    ``kubernetes.io/hostname`` among the job's own pods), as production multi-node jobs want: a
+    node's loss then takes one worker, and no two workers share a node's network or GPUs' PCIe
+    switch. A job of more nodes than the cluster has stays Pending (the launcher says why).
+    (Pipeline parameter ``one_worker_per_node``.)"""
     gang_queue: str | None = None
     """PyTorchJob only: queue of the job's PodGroup under the Training Operator's gang scheduling
     (Volcano); ``runPolicy.schedulingPolicy.queue``. (Pipeline parameter ``gang_queue``.)"""

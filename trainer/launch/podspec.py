@@ -21,6 +21,8 @@ from trainer.launch.jobspec import (
     JobSpec,
 )
 
+HOSTNAME = "kubernetes.io/hostname"
+"""The node label that tells nodes apart (every kubelet sets it): one worker per node's key."""
 RUN_AS_USER = 1000
 """UID (and GID) of the training processes: the image's non-root user."""
 DEFAULT_ENV = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
@@ -114,7 +116,8 @@ def pod_volumes(spec: JobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
 def pod_placement(spec: JobSpec) -> dict[str, Any]:
     """The pod spec's identity and placement: service account, pull secrets, node selector,
-    tolerations (each only where set)."""
+    tolerations and, with ``one_worker_per_node``, an anti-affinity among the job's pods (each
+    only where set)."""
     c = spec.cluster
     pod: dict[str, Any] = {}
     if c.service_account is not None:
@@ -125,6 +128,10 @@ def pod_placement(spec: JobSpec) -> dict[str, Any]:
         pod["nodeSelector"] = dict(c.node_selector)
     if spec.tolerations:
         pod["tolerations"] = spec.tolerations
+    if c.one_worker_per_node:
+        pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {LABEL_JOB: spec.name}}, "topologyKey": HOSTNAME}
+        ]}}  # fmt: skip
     return pod
 
 

@@ -153,6 +153,7 @@ def step_settings(
     job_env: dict[str, Any],
     gang_queue: str,
     gang_priority_class: str,
+    one_worker_per_node: bool,
     gpu_hour_usd: float,
     gpu_prices: dict[str, Any],
     train_config_json: str | dict[str, Any],
@@ -171,7 +172,7 @@ def step_settings(
     ``tuned_hyperparams_json`` (the tune step's best parameters). The result is not validated:
     ``from_dict(TrainStepConfig, ...)`` does that.
 
-    The cluster parameters (``gpu_type`` to ``gang_priority_class``) fill the ``cluster``
+    The cluster parameters (``gpu_type`` to ``one_worker_per_node``) fill the ``cluster``
     section of the ``pytorchjob`` and ``trainjob`` launchers; ``trainer_runtime`` only a
     TrainJob's. ``gpus_per_node`` is the run's, whatever the launcher. ``gpu_hour_usd`` and
     ``gpu_prices`` price a GPU-hour of ``gpu_type`` (:func:`trainer.base.cost.resolve_price`).
@@ -211,6 +212,7 @@ def step_settings(
             "env": dict(job_env),
             "gang_queue": gang_queue or None,
             "gang_priority_class": gang_priority_class or None,
+            "one_worker_per_node": bool(one_worker_per_node),
         }
         if launcher == "trainjob":
             settings["cluster"]["runtime"] = trainer_runtime
