@@ -487,3 +487,18 @@ def demo_parts(
         else:
             pacsv.write_csv(part, root / f"part-{i:02d}.csv")
     return root
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc; no psutil needed). torchrun starts each
+    worker in a session of its own, so a signal to torchrun's process group misses them."""
+    import contextlib
+
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            with contextlib.suppress(OSError):  # the process may be gone already
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return found

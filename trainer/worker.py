@@ -22,6 +22,7 @@ from trainer.base.errors import (
     EXIT_PREEMPTED,
     error_line,
     is_disk_full,
+    print_error_line,
 )
 from trainer.config import WorkerConfig, load_worker_config
 from trainer.distributed import dist
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx = dist.init(cfg.dist.backend, cfg.dist.timeout_s)
         except (ValueError, FileNotFoundError) as e:
             code = "E_CONFIG" if isinstance(e, FileNotFoundError) else "E_INVALID"
-            print(error_line("train", e, code), file=sys.stderr, flush=True)
+            print_error_line(error_line("train", e, code))
             exit_code = EXIT_BAD_INPUT
             return exit_code
         except RuntimeError as e:  # the rendezvous store went away, or never answered
@@ -141,10 +142,10 @@ def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
     except OSError as e:
         if not is_disk_full(e):
             raise
-        print(error_line("train", e, DISK_FULL_CODE), file=sys.stderr, flush=True)
+        print_error_line(error_line("train", e, DISK_FULL_CODE))
         return 1
     except (ValueError, FileNotFoundError) as e:
-        print(error_line("train", e), file=sys.stderr, flush=True)
+        print_error_line(error_line("train", e))
         return EXIT_BAD_INPUT
     except RuntimeError as e:
         if dist.peer_lost(e):
@@ -152,7 +153,7 @@ def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
         # A run that cannot go on (rollbacks or OOM fallbacks used up): say why in one line,
         # keep the traceback in the log for whoever debugs it.
         log.debug("training failed", exc_info=True)
-        print(error_line("train", e, "E_TRAIN"), file=sys.stderr, flush=True)
+        print_error_line(error_line("train", e, "E_TRAIN"))
         return 1
 
 

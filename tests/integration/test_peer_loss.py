@@ -9,7 +9,6 @@ the weights of an uninterrupted run. A bug in user code on one rank stays exit 1
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ import torch
 
 from tests.helpers import (
     ROOT,
+    descendants,
     env,
     history,
     launch_cmd,
@@ -107,18 +107,6 @@ class Node:
             wait_for_step(self.proc, step, timeout)
         except AssertionError as e:
             raise AssertionError(f"{e}:\n{self.stderr[-3000:]}") from None
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (from /proc; no psutil needed)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            with contextlib.suppress(OSError):  # the process may be gone already
-                todo += [int(c) for c in (task / "children").read_text().split()]
-    return found
 
 
 def two_nodes(cfg: Path, logs: Path) -> tuple[Node, Node]:

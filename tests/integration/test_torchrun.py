@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 
 from tests.helpers import (
     ROOT,
+    descendants,
     env,
     history,
     make_config,
@@ -164,6 +166,54 @@ def test_sigterm_writes_a_complete_checkpoint_and_rerun_finishes(
     torchrun(cfg, 2)
     restore = [r for r in history(cfg) if r["event"] == "restore"]
     assert restore[0]["step"] == steps[-1]
+
+
+def test_a_stale_run_that_wakes_up_is_fenced_out_and_the_new_ones_checkpoints_stand(
+    tmp_path: Path, data: tuple[str, str]
+) -> None:
+    """A network partition rather than a crash: the first run's processes freeze mid-training
+    (SIGSTOP, as a node cut off), the job's restart resumes from the same checkpoint folder and
+    finishes; the old run then wakes up (SIGCONT) and, at its next save, stops with one line
+    instead of writing, pruning or deleting the new run's checkpoints."""
+    longer = {"train": {"epochs": 12}}  # long enough to freeze the first run mid-training
+    ref = make_config(tmp_path, "ref", data=data, **longer)
+    torchrun(ref, 2)
+    run = make_config(tmp_path, "run", data=data, **longer)
+    old = subprocess.Popen(
+        torchrun_cmd(run, 2),
+        env={**env(), "PYTHONUNBUFFERED": "1"},  # its step lines as they come
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        wait_for_step(old, 40)
+        frozen = descendants(old.pid)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        torchrun(run, 2)  # the restarted job: resumes, finishes, exports
+        restore = [r for r in history(run) if r["event"] == "restore"]
+        assert restore and 32 <= restore[0]["step"] < 384, restore  # resumed mid-training
+        ckpt = run.parent / "ckpt"
+        before = {p: p.read_bytes() for p in sorted(ckpt.rglob("*")) if p.is_file()}
+        model = (run.parent / "model" / "model.safetensors").read_bytes()
+    finally:
+        for pid in descendants(old.pid):
+            os.kill(pid, signal.SIGCONT)
+    _, err = old.communicate(timeout=240)
+    assert old.returncode != 0
+    stale = [ln for ln in err.splitlines() if "ERROR [train]" in ln]
+    assert len(stale) == 1, err[-3000:]
+    assert stale[0].startswith("ERROR [train] E_STALE_ATTEMPT: a newer attempt (generation 2"), (
+        stale
+    )
+    after = {p: p.read_bytes() for p in sorted(ckpt.rglob("*")) if p.is_file()}
+    assert after == before  # not a byte of the new run's checkpoints touched
+    assert (run.parent / "model" / "model.safetensors").read_bytes() == model
+    w_ref, w_run = weights(ref), weights(run)
+    for k in w_ref:
+        assert torch.equal(w_ref[k], w_run[k]), k
 
 
 def test_nan_loss_rolls_back_and_recovers(tmp_path: Path, data: tuple[str, str]) -> None:

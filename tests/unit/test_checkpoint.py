@@ -19,7 +19,7 @@ from torch import nn
 
 from trainer.base.outputs import OUTPUT_MARKER
 from trainer.checkpoint import files
-from trainer.checkpoint.manager import CheckpointManager
+from trainer.checkpoint.manager import ATTEMPTS_DIR, CheckpointManager
 from trainer.training.rng import capture_rng_state, restore_rng_state
 
 TrainObjects = tuple[nn.Linear, torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, Any]
@@ -69,10 +69,11 @@ def _small_state(value: float) -> dict[str, Any]:
 
 
 def _dirs(root: Path) -> list[str]:
-    """The entries of ``root`` besides the manager's ownership marker (there after a save)."""
+    """The entries of ``root`` besides the manager's ownership marker and its attempt records
+    (there after a save)."""
     if not root.exists():
         return []
-    return sorted(p.name for p in root.iterdir() if p.name != OUTPUT_MARKER)
+    return sorted(p.name for p in root.iterdir() if p.name not in (OUTPUT_MARKER, ATTEMPTS_DIR))
 
 
 @pytest.mark.parametrize(
@@ -423,3 +424,78 @@ def test_keep_last_must_be_positive_int(tmp_path: Path, keep_last: Any) -> None:
 def test_save_rejects_bad_step(tmp_path: Path, step: Any) -> None:
     with pytest.raises(ValueError, match="step must be an int >= 0"):
         CheckpointManager(str(tmp_path)).save(step, {})
+
+
+# Fencing: a writer of an older attempt never touches the newer attempt's checkpoints.
+
+
+def _state(value: float) -> dict[str, Any]:
+    return {"w": torch.full((3,), value)}
+
+
+def test_a_stale_attempt_is_fenced_out_before_it_writes_prunes_or_deletes(tmp_path: Path) -> None:
+    from trainer.base.errors import StepFailure, error_line
+
+    old = CheckpointManager(str(tmp_path), keep_last=2)
+    # A new root: the first save enters it (the other ranks may still be looking at it).
+    assert old.load_latest() is None and old.generation is None
+    old.save(10, _state(1.0))
+    assert old.generation == 1
+    # The job restarts elsewhere while the old process lives on (a node cut off, then back).
+    new = CheckpointManager(str(tmp_path), keep_last=2)
+    step, _ = new.load_latest()  # type: ignore[misc]
+    assert (step, new.generation) == (10, 2)
+    new.save(20, _state(2.0))
+    new.save(30, _state(3.0))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    # Each of the old writer's moves would have hurt: a step between (pruning step 20), an
+    # older step (deleting 20 and 30 as an abandoned timeline), the same step (replacing it).
+    for step in (25, 5, 30):
+        with pytest.raises(StepFailure) as e:
+            old.save(step, _state(9.0))
+        line = error_line("train", e.value)
+        assert line.startswith("ERROR [train] E_STALE_ATTEMPT: a newer attempt (generation 2"), line
+        assert "generation 1) is stale" in line and "\n" not in line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert new.steps() == [20, 30]
+    assert torch.equal(new.load(30)["w"], torch.full((3,), 3.0))
+    new.save(40, _state(4.0))  # the newest attempt goes on
+
+
+def test_a_save_begun_before_the_newer_attempt_entered_is_refused_at_its_commit(
+    tmp_path: Path,
+) -> None:
+    from trainer.base.errors import StepFailure
+
+    old = CheckpointManager(str(tmp_path))
+    old.save(10, _state(1.0))
+    old.begin(20)  # its shards would go in now
+    new = CheckpointManager(str(tmp_path))
+    new.load_latest()
+    with pytest.raises(StepFailure, match="stops before it would commit checkpoint step 20"):
+        old.commit(20, _state(2.0))
+    assert new.steps() == [10]
+    new.save(20, _state(5.0))  # the new attempt's own save of that step lands whole
+    assert torch.equal(new.load(20)["w"], torch.full((3,), 5.0))
+
+
+def test_attempts_that_pick_the_same_generation_end_with_different_ones(tmp_path: Path) -> None:
+    first = CheckpointManager(str(tmp_path))
+    assert first.enter() == 1
+    # Another attempt wrote generation 2 between this one's look and its write.
+    (tmp_path / ATTEMPTS_DIR / "00000002.json").write_text(json.dumps({"token": "theirs"}))
+    second = CheckpointManager(str(tmp_path))
+    assert second.enter() == 3
+    assert json.loads((tmp_path / ATTEMPTS_DIR / "00000003.json").read_text())["generation"] == 3
+    # A read-only look (the other ranks) takes no generation.
+    look = CheckpointManager(str(tmp_path))
+    look.load_latest(repair=False)
+    assert look.generation is None
+    assert sorted(p.name for p in (tmp_path / ATTEMPTS_DIR).iterdir())[-1] == "00000003.json"
+
+
+def test_only_the_newest_attempt_records_are_kept(tmp_path: Path) -> None:
+    for _ in range(25):
+        CheckpointManager(str(tmp_path)).enter()
+    names = sorted(p.name for p in (tmp_path / ATTEMPTS_DIR).iterdir())
+    assert len(names) == 20 and names[-1] == "00000025.json" and names[0] == "00000006.json"

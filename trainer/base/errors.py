@@ -56,7 +56,15 @@ class InputError(ValueError):
 
 
 NOT_INPUT_CODES = frozenset(
-    {"E_TRAIN", "E_EXTERNAL", "E_STOPPED", "E_FAILED", "E_INTERNAL", "E_DISK_FULL"}
+    {
+        "E_TRAIN",
+        "E_EXTERNAL",
+        "E_STOPPED",
+        "E_FAILED",
+        "E_INTERNAL",
+        "E_DISK_FULL",
+        "E_STALE_ATTEMPT",
+    }
 )
 """Codes of failures that are not the user's input (a run that cannot go on, a failing
 registry or object store): exit 1, never 2."""

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import socket
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from trainer.base import outputs, storage
-from trainer.base.errors import disk_full, is_disk_full
+from trainer.base.errors import StepFailure, disk_full, is_disk_full
 from trainer.checkpoint.files import (
     FORMAT,
     MARKER_FILE,
@@ -33,6 +36,13 @@ ROOT_STEP = "checkpoints"
 """The step named in the root's :data:`trainer.base.outputs.OUTPUT_MARKER`: the root is the
 manager's."""
 
+ATTEMPTS_DIR = "attempts"
+"""The root's folder of attempt records, ``<generation:08d>.json``: each run (attempt) that
+resumes from or writes the root takes the next generation, and only the newest may write."""
+STALE_CODE = "E_STALE_ATTEMPT"
+"""The one line's code of a writer a newer attempt has fenced out (exit 1, never bad input)."""
+
+_ATTEMPT = re.compile(r"(\d{8,})\.json")
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _TMP_DIR = re.compile(r"step-(\d{8,})\.tmp")
 _REPLACED_DIR = re.compile(r"step-(\d{8,})\.replaced")
@@ -60,6 +70,13 @@ class CheckpointManager:
     its root the manager renames and deletes only names of its own patterns (``step-<n>`` and
     its ``.tmp``, ``.replaced`` and ``.corrupt-<k>`` forms); any other file there is left alone.
 
+    Writers are fenced: the main rank of each attempt (a run, or a job's restart) takes the next
+    generation under ``attempts/`` when it first resumes or saves, and every save checks that
+    no newer generation exists before it touches a step folder. A process of an older attempt
+    still running (its node cut off from the cluster, then back) thus stops with one
+    ``E_STALE_ATTEMPT`` line instead of replacing, pruning or deleting the new attempt's
+    checkpoints.
+
     Args:
         root: URI of the directory that holds the ``step-*`` folders (local path, s3://, gs://,
             minio://). Created on the first save.
@@ -79,6 +96,8 @@ class CheckpointManager:
         self.root = root
         self.keep_last = keep_last
         self._claimed = False
+        self.generation: int | None = None
+        """This manager's attempt generation once it entered the root (:meth:`enter`)."""
 
     def save(self, step: int, state: dict[str, Any]) -> str:
         """Write ``state`` as checkpoint ``step`` atomically, then prune old checkpoints.
@@ -118,9 +137,8 @@ class CheckpointManager:
             The URI of the temporary folder.
         """
         _check_step(step)
-        if not self._claimed:  # marker before any step folder: the root is ours from now on
-            outputs.claim_output_dir(self.root, ROOT_STEP)
-            self._claimed = True
+        self.enter()
+        self.fence(f"begin checkpoint step {step}")
         tmp = self._uri(_dir_name(step) + ".tmp")
         storage.delete(tmp)  # a stale one from a crashed save would mix old files into this one
         storage.makedirs(tmp)
@@ -148,6 +166,7 @@ class CheckpointManager:
         """
         _check_step(step)
         check_loadable(state, "state")
+        self.fence(f"commit checkpoint step {step}")
         started = time.monotonic() if started is None else started
         name = _dir_name(step)
         final, tmp, aside = (self._uri(name + suffix) for suffix in ("", ".tmp", ".replaced"))
@@ -172,6 +191,8 @@ class CheckpointManager:
                 raise disk_full(f"checkpoint step {step}", local or tmp) from e
             raise
 
+        # Again at the rename (its .tmp stays: it may be the newer attempt's save of the step).
+        self.fence(f"commit checkpoint step {step}")
         if storage.exists(final):
             # A rename onto a non-empty directory fails, and deleting first would leave a window
             # with no step-<n> at all: move the old one aside and drop it once the new one is in.
@@ -219,6 +240,11 @@ class CheckpointManager:
         Returns:
             ``(step, state)`` of the newest good checkpoint, or None when there is none.
         """
+        # The main rank of an attempt resuming: it is the root's newest writer from now on. (A
+        # root without its marker has no checkpoint yet: the first save enters it; entering now
+        # would race the other ranks' look at a folder that is new.)
+        if repair and outputs.read_marker(self.root) is not None:
+            self.enter()
         candidates = []
         for name in storage.list_dir(self.root):
             if (step := _parse(_STEP_DIR, name)) is not None:
@@ -268,6 +294,74 @@ class CheckpointManager:
                 f"checkpoint {self._uri(name)} does not exist (complete steps: {self.steps()})"
             )
         return self._read_verified(name, step)
+
+    def enter(self) -> int:
+        """Take the next attempt generation under ``attempts/`` (once per manager); return it.
+
+        Two attempts entering at the same moment may pick the same number: each writes a token
+        and reads it back, and the one that finds another's takes the next number.
+        """
+        if self.generation is not None:
+            return self.generation
+        if not self._claimed:  # marker before anything else: the root is ours from now on
+            outputs.claim_output_dir(self.root, ROOT_STEP)
+            self._claimed = True
+        token = uuid.uuid4().hex
+        record = {
+            "token": token,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pod": os.environ.get("POD_NAME", ""),
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        generation = self._newest_generation() + 1
+        for _ in range(100):
+            uri = self._uri(ATTEMPTS_DIR, f"{generation:08d}.json")
+            if not storage.exists(uri):
+                storage.write_json(uri, {**record, "generation": generation})
+                if storage.read_json(uri).get("token") == token:
+                    break
+            generation = max(generation, self._newest_generation()) + 1
+        else:
+            raise StepFailure(STALE_CODE, f"could not take an attempt generation under {self.root}")
+        self.generation = generation
+        self._prune_attempts()
+        logger.info("checkpoint attempt %d writes %s", generation, self.root)
+        return generation
+
+    def _newest_generation(self) -> int:
+        folder = self._uri(ATTEMPTS_DIR)
+        found = (
+            [_parse(_ATTEMPT, n) for n in storage.list_dir(folder)]
+            if storage.exists(folder)
+            else []
+        )
+        return max((g for g in found if g is not None), default=0)
+
+    def fence(self, what: str) -> None:
+        """Raise ``E_STALE_ATTEMPT`` if a newer attempt has entered the root since this one."""
+        if self.generation is None:
+            return
+        newest = self._newest_generation()
+        if newest > self.generation:
+            who = storage.read_json(self._uri(ATTEMPTS_DIR, f"{newest:08d}.json"))
+            raise StepFailure(
+                STALE_CODE,
+                f"a newer attempt (generation {newest}, {who.get('pod') or who.get('host')}, "
+                f"since {who.get('started')}) owns the checkpoints under {self.root}: this "
+                f"process (generation {self.generation}) is stale and stops before it would "
+                f"{what}",
+            )
+
+    def _prune_attempts(self, keep: int = 20) -> None:
+        """Drop all but the newest ``keep`` attempt records (only the newest is ever read)."""
+        folder = self._uri(ATTEMPTS_DIR)
+        found = sorted(
+            g for n in storage.list_dir(folder) if (g := _parse(_ATTEMPT, n)) is not None
+        )
+        for old in found[:-keep]:
+            with contextlib.suppress(FileNotFoundError):
+                storage.delete(self._uri(ATTEMPTS_DIR, f"{old:08d}.json"))
 
     def _uri(self, *parts: str) -> str:
         return storage.join(self.root, *parts)

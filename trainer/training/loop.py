@@ -221,6 +221,8 @@ def train(
         model_uri=cfg.output.model_uri,
     )
     if ctx.is_main:
+        if run.ckpt is not None:  # a stale attempt's model never replaces the newer one's
+            run.ckpt.fence("export the model")
         run_record = _run_record(cfg, ctx, time.monotonic() - began, s.step - (resumed or 0))
         schema = storage.read_json(cfg.data.schema_uri) if cfg.data.schema_uri else None
         export.save_model(
