@@ -78,13 +78,13 @@ docs-images: setup ## the docs' pictures from the real things: the pipeline's gr
 	$(BIN)/python -m pipelines.pictures --summary $(DOCS_RUN)/summary.json docs/images
 
 UI_SHOTS ?= .runs/ui-screenshots
-UI_PICTURES = run-graph run-evaluate-plots recurring-runs
+UI_PICTURES = run-graph run-evaluate-plots recurring-runs create-run-form-baked-defaults
 
 .PHONY: docs-ui-images
 docs-ui-images: setup ## the README's KFP UI pictures, taken from the real UI by its tests (needs make cluster-up)
 	rm -rf $(UI_SHOTS)
 	GPUPIPE_UI_SCREENSHOTS=$(abspath $(UI_SHOTS)) $(BIN)/pytest -m cluster -p no:cacheprovider \
-	    tests/cluster/test_kfp_ui.py -k "created_in_the_ui or recurring_run_made_in_the_ui"
+	    tests/cluster/test_kfp_ui.py -k "created_in_the_ui or recurring_run_made_in_the_ui or versions_defaults_registers"
 	@for name in $(UI_PICTURES); do \
 	    test -f $(UI_SHOTS)/ui-$$name.png || { echo "ERROR [docs-ui-images] the UI tests saved no ui-$$name.png in $(UI_SHOTS) (did they skip? make cluster-up, hack/chromium.sh)" >&2; exit 2; }; \
 	    cp $(UI_SHOTS)/ui-$$name.png docs/images/kfp-ui-$$name.png; \
