@@ -24,6 +24,7 @@ from trainer.base.errors import (
     is_disk_full,
     print_error_line,
 )
+from trainer.checkpoint.manager import STALE_CODE
 from trainer.config import WorkerConfig, load_worker_config
 from trainer.distributed import dist
 from trainer.training.loop import train
@@ -150,6 +151,10 @@ def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
     except RuntimeError as e:
         if dist.peer_lost(e):
             return _peer_lost(e)
+        if getattr(e, "code", None) == STALE_CODE:
+            # Retryable: should the operator still count this pod, its job restarts and resumes.
+            print_error_line(error_line("train", e))
+            return EXIT_PEER_LOST
         # A run that cannot go on (rollbacks or OOM fallbacks used up): say why in one line,
         # keep the traceback in the log for whoever debugs it.
         log.debug("training failed", exc_info=True)
