@@ -140,14 +140,18 @@ test-containers: setup ## start Docker (installing it as root), build the images
 	hack/docker-up.sh
 	$(BIN)/pytest -m containers tests/containers $(PYTEST_ARGS)
 
+# NODES=N: the test cluster's nodes (hack/cluster/nodes.sh); left out, what the running cluster
+# has, else 1.
+CLUSTER_NODES = $(if $(NODES),GPUPIPE_CLUSTER_NODES=$(NODES) )
+
 .PHONY: cluster-up
-cluster-up: ## single-node Kubernetes as host processes, built from upstream, with the Kubeflow add-ons
-	hack/cluster-up.sh
+cluster-up: ## Kubernetes as host processes (NODES=N nodes), built from upstream, with the Kubeflow add-ons
+	$(CLUSTER_NODES)hack/cluster-up.sh
 
 .PHONY: test-cluster
 test-cluster: setup ## bring the test cluster up (hack/cluster-up.sh) and run tests/cluster
 	@# Exit 3: a piece cannot run on this machine; the tests skip with cluster-up's reason.
-	hack/cluster-up.sh || [ $$? -eq 3 ]
+	$(CLUSTER_NODES)hack/cluster-up.sh || [ $$? -eq 3 ]
 	@# The browser of the UI tests (tests/cluster/test_kfp_ui.py); they skip, saying why, without it.
 	hack/chromium.sh || [ $$? -eq 3 ]
 	@# With PYTEST_ARGS, one pytest over tests/cluster with them; without, every cluster test:

@@ -19,6 +19,14 @@ refuse_foreign_state
 state_is_ours || { say "${STATE} is empty and not a cluster's: nothing to do"; exit 0; }
 [[ "$(id -u)" == 0 ]] || die "not root: the cluster's mounts and network need root to remove"
 start_s=$SECONDS
+# Every node cluster-up made (hack/cluster/nodes.sh): the count it recorded, and any node's
+# network namespace left beside it.
+nodes="$(cluster_nodes)"
+[[ "$nodes" =~ ^[0-9]+$ ]] && ((nodes >= 1)) || nodes=1
+for ns in "${NETNS_DIR}"/gpupipe-node-*; do
+  k="${ns##*-}"
+  [[ -e "$ns" && "$k" =~ ^[0-9]+$ ]] && ((k > nodes)) && nodes="$k"
+done
 
 stage "pods"
 if running kube-apiserver && running kubelet; then
@@ -26,37 +34,51 @@ if running kube-apiserver && running kubelet; then
   stop kube-controller-manager
   stop kube-scheduler
   kubectl_ delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
-  # The kubelet stops the containers and removes each sandbox (CNI DEL) for pods it no longer has.
-  wait_for 60 bash -c "[[ -z \"\$(ctr --address '${CONTAINERD_SOCK}' -n k8s.io tasks ls -q 2>/dev/null)\" ]]" ||
-    say "pods still running after 60 s: killing their containers"
+  # The kubelets stop the containers and remove each sandbox (CNI DEL) for pods they no longer have.
+  no_tasks() {
+    local k
+    for ((k = 1; k <= nodes; k++)); do
+      [[ -z "$(ctr_on "$k" tasks ls -q 2>/dev/null)" ]] || return 1
+    done
+  }
+  wait_for 60 no_tasks || say "pods still running after 60 s: killing their containers"
 fi
 
 stage "processes"
-for p in kube-router kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do
+for ((k = 1; k <= nodes; k++)); do
+  for p in kube-router kube-proxy kubelet; do stop "$(node_proc "$p" "$k")"; done
+done
+for p in kube-scheduler kube-controller-manager kube-apiserver etcd; do
   stop "$p"
 done
-# The image store outlives the cluster, its containers must not: a containerd that died with the
-# session is started again to remove them (its config is still in the state folder).
-if ! running containerd && [[ -f "${STATE}/containerd/config.toml" && -d "$IMAGE_STORE" ]]; then
-  start containerd containerd --config "${STATE}/containerd/config.toml"
-  wait_for 30 ctr_ version || say "containerd did not start: its containers stay in ${IMAGE_STORE}"
-fi
 pod_netns=" "
-if running containerd; then
-  # The network namespaces of this containerd's pod sandboxes, as its records name them.
-  for id in $(ctr_ containers ls -q 2>/dev/null); do
-    for ns in $(ctr_ containers info "$id" 2>/dev/null | grep -oE '/run/netns/cni-[0-9a-f-]+' || true); do
-      pod_netns+="$(basename "$ns") "
+for ((k = 1; k <= nodes; k++)); do
+  proc="$(node_proc containerd "$k")" config="$(node_dir "$k")/containerd/config.toml" store="$(node_store "$k")"
+  # The image store outlives the cluster, its containers must not: a containerd that died with
+  # the session is started again to remove them (its config is still in the state folder), in
+  # its node's network namespace while that is there.
+  if ! running "$proc" && [[ -f "$config" && -d "$store" ]] &&
+    { ((k == 1)) || [[ -e "${NETNS_DIR}/$(node_netns "$k")" ]]; }; then
+    # shellcheck disable=SC2046  # node_exec's words are separate arguments
+    start "$proc" $(node_exec "$k") containerd --config "$config"
+    wait_for 30 ctr_on "$k" version || say "node ${k}'s containerd did not start: its containers stay in ${store}"
+  fi
+  if running "$proc"; then
+    # The network namespaces of this containerd's pod sandboxes, as its records name them.
+    for id in $(ctr_on "$k" containers ls -q 2>/dev/null); do
+      for ns in $(ctr_on "$k" containers info "$id" 2>/dev/null | grep -oE '/run/netns/cni-[0-9a-f-]+' || true); do
+        pod_netns+="$(basename "$ns") "
+      done
     done
-  done
-  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
-  sleep 1
-  for id in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks delete -f "$id" >/dev/null 2>&1 || true; done
-  for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers delete "$id" >/dev/null 2>&1 || true; done
-fi
-stop containerd
-# Shims of this containerd (their command line names its socket) outlive it by design.
-pkill -KILL -f "containerd-shim.*-address ${CONTAINERD_SOCK}" 2>/dev/null || true
+    for id in $(ctr_on "$k" tasks ls -q 2>/dev/null); do ctr_on "$k" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
+    sleep 1
+    for id in $(ctr_on "$k" tasks ls -q 2>/dev/null); do ctr_on "$k" tasks delete -f "$id" >/dev/null 2>&1 || true; done
+    for id in $(ctr_on "$k" containers ls -q 2>/dev/null); do ctr_on "$k" containers delete "$id" >/dev/null 2>&1 || true; done
+  fi
+  stop "$proc"
+  # Shims of this containerd (their command line names its socket) outlive it by design.
+  pkill -KILL -f "containerd-shim.*-address $(node_sock "$k")( |$)" 2>/dev/null || true
+done
 # Anything still inside the pods' cgroups: under the cluster's own cgroup root, never another
 # kubelet's /kubepods.
 pod_cgroups() {
@@ -69,13 +91,14 @@ done < <(pod_cgroups)
 
 stage "mounts, network, cgroups"
 # Deepest first: the kubelet's volumes, containerd's rootfs and sandbox /dev/shm mounts.
-while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v s="${STATE}/" -v i="${IMAGE_STORE}/" 'index($2, s) == 1 || index($2, i) == 1 {print $2}' /proc/mounts | sort -r)
+while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v s="${STATE}/" -v i="${IMAGE_STORE}/" -v n="${CACHE}/containerd-node-" \
+  'index($2, s) == 1 || index($2, i) == 1 || index($2, n) == 1 {print $2}' /proc/mounts | sort -r)
 # The pods' network namespaces: those containerd's records name, and those whose eth0 is a veth
 # on the cluster's bridge or holds an address the cluster's IPAM handed out (inside its pod range).
 # Never one that was there before cluster-up (its record), whatever its address: a podman or CNI
 # namespace of another tool stays. Each goes with every mount of it (remove_netns).
 POD_IPS=" "
-for f in "${STATE}"/cni/ipam/gpupipe/*; do
+for f in "${STATE}"/cni/ipam/gpupipe/* "${STATE}"/nodes/*/cni/ipam/gpupipe/*; do
   a="$(basename "$f")"
   if [[ "$a" =~ ^[0-9]+(\.[0-9]+){3}$ ]] && cidrs_overlap "$a" "$POD_CIDR"; then POD_IPS+="${a} "; fi
 done
@@ -101,6 +124,15 @@ left=()
 for ns in "${ours[@]}"; do [[ ! -e "${NETNS_DIR}/${ns}" ]] || left+=("$ns"); done
 ((${#left[@]} == 0)) ||
   say "${#left[@]} of the pods' network namespaces could not be removed (still mounted: grep ${NETNS_DIR} /proc/self/mountinfo): ${left[*]}"
+# Nodes 2..N: their network namespaces (their bridges, iptables and the veth to the host go with
+# them) and the host's end of each link.
+node_ns=()
+for ((k = 2; k <= nodes; k++)); do
+  ns="$(node_netns "$k")"
+  [[ -e "${NETNS_DIR}/${ns}" ]] && ! recorded netns "$ns" && node_ns+=("$ns")
+done
+((${#node_ns[@]} == 0)) || remove_netns "${node_ns[@]}"
+for ((k = 2; k <= nodes; k++)); do ip link delete "$(node_link "$k")" 2>/dev/null || true; done
 release_netns_dir
 ip link delete gpupipe0 2>/dev/null || true
 # iptables: only the cluster's own rules and chains (hack/cluster/host.sh, remove_our_iptables),
@@ -136,6 +168,9 @@ done < <(pod_cgroups)
 stage "state"
 rm -rf "$STATE"
 # The CRI's folders of the containers and sandboxes just removed (hostname, resolv.conf, shm).
-rm -rf "${IMAGE_STORE}/io.containerd.grpc.v1.cri/containers" "${IMAGE_STORE}/io.containerd.grpc.v1.cri/sandboxes"
+for ((k = 1; k <= nodes; k++)); do
+  store="$(node_store "$k")"
+  rm -rf "${store}/io.containerd.grpc.v1.cri/containers" "${store}/io.containerd.grpc.v1.cri/sandboxes"
+done
 stage ""
 printf '==> cluster removed in %d s\n' "$((SECONDS - start_s))"

@@ -35,6 +35,17 @@ K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
 
 stage "preflight"
 refuse_foreign_state
+# How many nodes (hack/cluster/nodes.sh): GPUPIPE_CLUSTER_NODES (make cluster-up NODES=N), else what
+# the running cluster recorded, else 1.
+nodes="${GPUPIPE_CLUSTER_NODES:-$(cluster_nodes)}"
+if ! [[ "$nodes" =~ ^[0-9]+$ ]] || ((nodes < 1 || nodes > MAX_NODES)); then
+  die "GPUPIPE_CLUSTER_NODES=${nodes}: the number of nodes must be a whole number from 1 to ${MAX_NODES}"
+fi
+if [[ -f "$NODES_FILE" && "$(cat "$NODES_FILE")" != "$nodes" ]] && running kube-apiserver; then
+  die "the cluster runs with $(cat "$NODES_FILE") node(s), not ${nodes}: make cluster-down first to change NODES (node 1's pod range depends on the count)"
+fi
+export GPUPIPE_CLUSTER_NODES="$nodes"
+((nodes == 1)) || command -v nsenter >/dev/null 2>&1 || cannot "nsenter (util-linux) is not installed: nodes 2..${nodes} run in network namespaces of their own"
 cgroup_fs="${GPUPIPE_CGROUP_FS:-/sys/fs/cgroup}"
 case "$(cgroup_layout "$cgroup_fs")" in
   v1) ;;
@@ -74,6 +85,7 @@ if running kubelet || running kube-proxy || ip link show gpupipe0 >/dev/null 2>&
 mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR"
 # Owner-only: the cluster's keys, kubeconfig, databases and volumes are root's alone.
 chmod 0700 "$STATE"
+printf '%s\n' "$nodes" >"$NODES_FILE"
 # What this network namespace had before the cluster, so that cluster-down removes only what came
 # after. Once, before anything of the cluster's is made (not over a cluster that runs).
 if ((fresh)); then
@@ -157,31 +169,43 @@ sysctl -qw net.ipv4.ip_forward=1
 [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] || modprobe br_netfilter 2>/dev/null || true
 sysctl -qw net.bridge.bridge-nf-call-iptables=1 ||
   cannot "net.bridge.bridge-nf-call-iptables cannot be set: Services would not reach pods on the node's bridge"
-mkdir -p "${STATE}/cni/net.d" "${STATE}/containerd"
 # Before the first pod's network namespace is mounted there (hack/cluster/host.sh).
 shared_netns_dir
-put "${STATE}/cni/net.d/10-gpupipe.conflist" <<CNI || true
+((nodes == 1)) || host_forward_nodes
+# node_containerd K: node K's network (nodes 2..N), CNI configuration and containerd.
+node_containerd() {
+  local k="$1" dir sock proc masq=true runc_root=""
+  dir="$(node_dir "$k")" sock="$(node_sock "$k")" proc="$(node_proc containerd "$k")"
+  ((k == 1)) || node_network "$k"
+  # Several nodes: a pod's own address crosses to the other nodes (their policies judge it).
+  ((nodes == 1)) || masq=false
+  mkdir -p "${dir}/cni/net.d" "${dir}/containerd"
+  put "${dir}/cni/net.d/10-gpupipe.conflist" <<CNI || true
 {
   "cniVersion": "1.0.0",
   "name": "gpupipe",
   "plugins": [
-    {"type": "bridge", "bridge": "gpupipe0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "${POD_CIDR}"}]],
-              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "${STATE}/cni/ipam"}},
+    {"type": "bridge", "bridge": "gpupipe0", "isGateway": true, "ipMasq": ${masq}, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$(node_pod_cidr "$k")"}]],
+              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "${dir}/cni/ipam"}},
     {"type": "portmap", "capabilities": {"portMappings": true}},
     {"type": "firewall"}
   ]
 }
 CNI
-if put "${STATE}/containerd/config.toml" <<TOML; then
+  # Nodes 2..N: runc's state of their own (node 1 keeps containerd's default, as before).
+  ((k == 1)) || runc_root="
+      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]
+        Root = \"${RUN_DIR}/runc-${k}\""
+  if put "${dir}/containerd/config.toml" <<TOML; then
 version = 2
-root = "${IMAGE_STORE}"
-state = "${RUN_DIR}/containerd"
+root = "$(node_store "$k")"
+state = "${RUN_DIR}/$(node_proc containerd "$k")"
 oom_score = 0
 [grpc]
-  address = "${CONTAINERD_SOCK}"
+  address = "${sock}"
 [ttrpc]
-  address = "${CONTAINERD_SOCK}.ttrpc"
+  address = "${sock}.ttrpc"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "${PAUSE_IMAGE}"
   # This VM lacks CAP_SYS_RESOURCE: a score below containerd's own cannot be set, so clamp it.
@@ -190,15 +214,18 @@ oom_score = 0
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
+      runtime_type = "io.containerd.runc.v2"${runc_root}
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "${STATE}/cni/net.d"
+    conf_dir = "${dir}/cni/net.d"
 TOML
-  stop containerd # a changed config takes effect: it starts again below
-fi
-start containerd containerd --config "${STATE}/containerd/config.toml"
-must_run containerd 30 ctr_ version
+    stop "$proc" # a changed config takes effect: it starts again below
+  fi
+  # shellcheck disable=SC2046  # node_exec's words are separate arguments
+  start "$proc" $(node_exec "$k") containerd --config "${dir}/containerd/config.toml"
+  must_run "$proc" 30 ctr_on "$k" version
+}
+for ((k = 1; k <= nodes; k++)); do node_containerd "$k"; done
 
 stage "import images"
 for tag in $("${CLUSTER_HACK}/node-images.sh" tags); do import_image "$tag"; done
@@ -206,23 +233,39 @@ for a in $addons; do
   for tag in $("${CLUSTER_HACK}/addons/${a}.sh" images); do import_image "$tag"; done
 done
 import_image "$cpu_image"
-ctr_ images tag --force "$cpu_image" "$cuda_image" >/dev/null
-ctr_ images label "$cuda_image" io.cri-containerd.pinned=pinned >/dev/null
+for ((k = 1; k <= nodes; k++)); do
+  ctr_on "$k" images tag --force "$cpu_image" "$cuda_image" >/dev/null
+  ctr_on "$k" images label "$cuda_image" io.cri-containerd.pinned=pinned >/dev/null
+done
 
 stage "kubelet"
-mkdir -p "${STATE}/kubelet"
-# The pods' cgroups live under a root of the cluster's own (CGROUP_ROOT/kubepods in every v1
-# hierarchy), so that cluster-down removes only those, never another kubelet's /kubepods. The
-# kubelet wants the root to exist; cpuset needs its cpus and mems before a task can join.
-for hierarchy in /sys/fs/cgroup/*/; do
-  [[ "$hierarchy" == */unified/ ]] && continue
-  mkdir -p "${hierarchy}${CGROUP_ROOT#/}" 2>/dev/null || true
-done
-for f in cpuset.cpus cpuset.mems; do
-  cg="/sys/fs/cgroup/cpuset/${CGROUP_ROOT#/}"
-  [[ -d "$cg" && -z "$(cat "${cg}/${f}" 2>/dev/null)" ]] && cat "/sys/fs/cgroup/cpuset/${f}" >"${cg}/${f}"
-done
-if put "${STATE}/kubelet/config.yaml" <<YAML; then
+# node_kubelet K: node K's kubelet. The pods' cgroups live under a root of the cluster's own
+# (CGROUP_ROOT/kubepods in every v1 hierarchy; node K's under CGROUP_ROOT/node-K), so that
+# cluster-down removes only those, never another kubelet's /kubepods. The kubelet wants the root
+# to exist; cpuset needs its cpus and mems before a task can join.
+node_kubelet() {
+  local k="$1" dir cg_root hierarchy f parent proc pki_node pki_kubelet logs_line=""
+  dir="$(node_dir "$k")" cg_root="$(node_cgroup_root "$k")" proc="$(node_proc kubelet "$k")"
+  pki_node=node pki_kubelet=kubelet
+  if ((k > 1)); then
+    pki_node="node-${k}" pki_kubelet="kubelet-${k}"
+    # Its own pods' log folder: a kubelet removes the folders there of pods it does not know.
+    logs_line="podLogsDir: ${dir}/pod-logs"
+    mkdir -p "${dir}/pod-logs"
+  fi
+  mkdir -p "${dir}/kubelet"
+  for hierarchy in /sys/fs/cgroup/*/; do
+    [[ "$hierarchy" == */unified/ ]] && continue
+    mkdir -p "${hierarchy}${cg_root#/}" 2>/dev/null || true
+  done
+  parent=/sys/fs/cgroup/cpuset
+  for part in ${cg_root//\// }; do
+    parent+="/${part}"
+    for f in cpuset.cpus cpuset.mems; do
+      [[ -d "$parent" && -z "$(cat "${parent}/${f}" 2>/dev/null)" ]] && cat "$(dirname "$parent")/${f}" >"${parent}/${f}"
+    done
+  done
+  if put "${dir}/kubelet/config.yaml" <<YAML; then
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -230,15 +273,15 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: ${PKI}/ca.crt}
 authorization: {mode: Webhook}
-tlsCertFile: ${PKI}/kubelet.crt
-tlsPrivateKeyFile: ${PKI}/kubelet.key
+tlsCertFile: ${PKI}/${pki_kubelet}.crt
+tlsPrivateKeyFile: ${PKI}/${pki_kubelet}.key
 # The node's address only (the API server reaches the kubelet there), not every interface.
-address: ${node_ip}
+address: $(node_addr "$k")
 healthzBindAddress: 127.0.0.1
 readOnlyPort: 0
-containerRuntimeEndpoint: unix://${CONTAINERD_SOCK}
+containerRuntimeEndpoint: unix://$(node_sock "$k")
 cgroupDriver: cgroupfs
-cgroupRoot: ${CGROUP_ROOT}
+cgroupRoot: ${cg_root}
 failCgroupV1: false
 failSwapOn: false
 clusterDNS: [${CLUSTER_DNS}]
@@ -253,36 +296,47 @@ maxPods: 110
 # A pod's mounted Secrets are refreshed on its sync (default every minute): the operators' webhook
 # certificates, which they write into a Secret after start, are served within 10 s instead.
 syncFrequency: 10s
+${logs_line}
 YAML
-  stop kubelet # a changed config takes effect: it starts again below
-fi
-# --oom-score-adj: the kubelet would lower its own score to -999, which this VM refuses.
-start kubelet "${K8S_BIN}/kubelet" --config "${STATE}/kubelet/config.yaml" \
-  --kubeconfig "${PKI}/node.kubeconfig" --root-dir "${STATE}/kubelet" \
-  --hostname-override "${NODE_NAME}" --node-ip "$node_ip" --oom-score-adj 0
-node_ready() { kubectl_ get node "${NODE_NAME}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
-must_run kubelet 90 node_ready
+    stop "$proc" # a changed config takes effect: it starts again below
+  fi
+  # --oom-score-adj: the kubelet would lower its own score to -999, which this VM refuses.
+  # shellcheck disable=SC2046  # node_exec's words are separate arguments
+  start "$proc" $(node_exec "$k") "${K8S_BIN}/kubelet" --config "${dir}/kubelet/config.yaml" \
+    --kubeconfig "${PKI}/${pki_node}.kubeconfig" --root-dir "${dir}/kubelet" \
+    --hostname-override "$(node_name "$k")" --node-ip "$(node_addr "$k")" --oom-score-adj 0
+}
+node_ready() { kubectl_ get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+for ((k = 1; k <= nodes; k++)); do node_kubelet "$k"; done
+for ((k = 1; k <= nodes; k++)); do must_run "$(node_proc kubelet "$k")" 90 node_ready "$(node_name "$k")"; done
 
 stage "kube-proxy"
-mkdir -p "${STATE}/kube-proxy"
-if put "${STATE}/kube-proxy/config.yaml" <<YAML; then
+# node_proxy K: node K's kube-proxy, in its network namespace (its iptables are the node's).
+node_proxy() {
+  local k="$1" dir proc
+  dir="$(node_dir "$k")/kube-proxy" proc="$(node_proc kube-proxy "$k")"
+  mkdir -p "$dir"
+  if put "${dir}/config.yaml" <<YAML; then
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: ${PKI}/kube-proxy.kubeconfig}
 mode: iptables
 clusterCIDR: ${POD_CIDR}
-hostnameOverride: ${NODE_NAME}
-bindAddress: ${node_ip}
+hostnameOverride: $(node_name "$k")
+bindAddress: $(node_addr "$k")
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 oomScoreAdj: 0
 # Zero: keep the host's conntrack settings (this VM may refuse to change them).
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 YAML
-  stop kube-proxy # a changed config takes effect: it starts again below
-fi
-start kube-proxy "${K8S_BIN}/kube-proxy" --config "${STATE}/kube-proxy/config.yaml"
-must_run kube-proxy 30 curl -sf http://127.0.0.1:10256/healthz
+    stop "$proc" # a changed config takes effect: it starts again below
+  fi
+  # shellcheck disable=SC2046  # node_exec's words are separate arguments
+  start "$proc" $(node_exec "$k") "${K8S_BIN}/kube-proxy" --config "${dir}/config.yaml"
+  must_run "$proc" 30 on_node "$k" curl -sf http://127.0.0.1:10256/healthz
+}
+for ((k = 1; k <= nodes; k++)); do node_proxy "$k"; done
 
 stage "coredns"
 sed -e "s|@IMAGE@|${COREDNS_IMAGE}|g" -e "s|@CLUSTER_DNS@|${CLUSTER_DNS}|g" \

@@ -48,7 +48,8 @@ cidrs_overlap() {
 }
 
 # overlapping_route CIDR: the first IPv4 route of this network namespace (any table) whose
-# destination overlaps CIDR, but the default route and the cluster's own bridge's; empty if none.
+# destination overlaps CIDR, but the default route, the cluster's own bridge's and its nodes'
+# links' (gpn-K, hack/cluster/nodes.sh); empty if none.
 overlapping_route() {
   local cidr="$1" line dst words
   while read -r line; do
@@ -60,7 +61,7 @@ overlapping_route() {
     esac
     [[ "$dst" =~ ^[0-9]+(\.[0-9]+){3}(/[0-9]+)?$ ]] || continue # default, or not IPv4
     [[ "$dst" == 0.0.0.0/0 ]] && continue
-    [[ " $line " == *" dev gpupipe0 "* ]] && continue
+    [[ " $line " == *" dev gpupipe0 "* || " $line " == *" dev gpn-"* ]] && continue
     if cidrs_overlap "$dst" "$cidr"; then
       printf '%s\n' "$line"
       return 0
@@ -135,7 +136,9 @@ refuse_neighbour_network() {
   if why="$(neighbour_kubernetes)"; then
     cannot "${why}: the test cluster would share its iptables chains and node ports; refusing to start beside it"
   fi
-  for name in POD_CIDR SERVICE_CIDR; do
+  local names="POD_CIDR SERVICE_CIDR"
+  (($(cluster_nodes) == 1)) || names+=" NODE_LINK_CIDR"
+  for name in $names; do
     cidr="${!name}"
     route="$(overlapping_route "$cidr")"
     [[ -z "$route" ]] ||

@@ -99,22 +99,30 @@ kubectl_() { "${BIN_DIR}/kubernetes-${K8S_VERSION}/kubectl" --kubeconfig "${KUBE
 
 ctr_() { ctr --address "${CONTAINERD_SOCK}" --namespace k8s.io "$@"; }
 
-# Import a Docker image into the node's containerd, pinned (image GC never removes it). Skipped
-# when the image store already holds that image id under that name (the marker lives in the
-# store, so it goes when the store goes).
+# Import a Docker image into every node's containerd, pinned (image GC never removes it). Skipped
+# on a node whose image store already holds that image id under that name (the marker lives in the
+# store, so it goes when the store goes). Nodes 2..N get node 1's blobs as hard links first
+# (hack/cluster/nodes.sh): their import writes no second copy of them.
 import_image() {
-  local tag="$1" id marker
+  local k
+  for ((k = 1; k <= $(cluster_nodes); k++)); do import_image_on "$k" "$1"; done
+}
+
+import_image_on() {
+  local k="$1" tag="$2" id marker store
+  store="$(node_store "$k")"
   id="$(docker image inspect --format '{{.Id}}' "$tag")" || die "image ${tag} was not built"
-  marker="${IMAGE_STORE}/gpupipe-imported/$(printf '%s' "$tag" | tr '/:' '__')"
-  if [[ -f "$marker" && "$(cat "$marker")" == "$id" ]] && ctr_ images ls -q "name==${tag}" | grep -q .; then
+  marker="${store}/gpupipe-imported/$(printf '%s' "$tag" | tr '/:' '__')"
+  if [[ -f "$marker" && "$(cat "$marker")" == "$id" ]] && ctr_on "$k" images ls -q "name==${tag}" | grep -q .; then
     return 0
   fi
-  mkdir -p "${IMAGE_STORE}/gpupipe-imported"
-  docker save "$tag" | ctr_ images import - >/dev/null ||
-    die "importing ${tag} into the node's containerd failed"
+  mkdir -p "${store}/gpupipe-imported"
+  ((k == 1)) || link_blobs "$k"
+  docker save "$tag" | ctr_on "$k" images import - >/dev/null ||
+    die "importing ${tag} into node ${k}'s containerd failed"
   # containerd 1.6's import has no --label: pin it afterwards.
-  ctr_ images label "$tag" io.cri-containerd.pinned=pinned >/dev/null ||
-    die "pinning ${tag} in the node's containerd failed"
+  ctr_on "$k" images label "$tag" io.cri-containerd.pinned=pinned >/dev/null ||
+    die "pinning ${tag} in node ${k}'s containerd failed"
   printf '%s' "$id" >"$marker"
 }
 
@@ -189,3 +197,6 @@ claim_cache() {
   [[ -f "$CACHE_MARKER" ]] ||
     printf 'made by gpupipe hack/cluster-up.sh: built binaries and the node image store\n' >"$CACHE_MARKER"
 }
+
+# shellcheck source=hack/cluster/nodes.sh
+source "${CLUSTER_HACK}/nodes.sh"

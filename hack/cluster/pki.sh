@@ -6,7 +6,7 @@
 # (system:node:<name>, as the Node authorizer expects), kube-proxy, kube-router and the API
 # server's calls to the kubelet; the kubelet's serving certificate; the service-account signing
 # key pair.
-# Usage: hack/cluster/pki.sh NODE_NAME NODE_IP
+# Usage: hack/cluster/pki.sh NODE_NAME NODE_IP (node 1; nodes 2..N as hack/cluster/nodes.sh names them)
 set -euo pipefail
 # shellcheck source=hack/cluster/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -82,4 +82,11 @@ KC
 kubeconfig "${KUBECONFIG_ADMIN}" admin
 for who in controller-manager scheduler kube-proxy kube-router node; do
   kubeconfig "${PKI}/${who}.kubeconfig" "$who"
+done
+# Nodes 2..N (hack/cluster/nodes.sh): each its own node identity and kubelet serving certificate.
+for ((k = 2; k <= $(cluster_nodes); k++)); do
+  name="$(node_name "$k")" addr="$(node_addr "$k")"
+  cert "node-${k}" "/O=system:nodes/CN=system:node:${name}" clientAuth
+  cert "kubelet-${k}" "/CN=${name}" serverAuth "IP:${addr},IP:127.0.0.1,DNS:${name}"
+  kubeconfig "${PKI}/node-${k}.kubeconfig" "node-${k}"
 done

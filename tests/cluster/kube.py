@@ -25,6 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("GPUPIPE_CLUSTER_DIR", "/var/lib/gpupipe-cluster"))
 KUBECONFIG = STATE / "kubeconfig"
+NODE_NAME = os.environ.get("GPUPIPE_NODE_NAME", "gpupipe-node")
+"""Node 1's name (hack/cluster/lib.sh); node K's is ``<name>-K`` (hack/cluster/nodes.sh)."""
 STORE_SECRET = "mlpipeline-minio-artifact"
 """KFP's artifact-store secret (``accesskey``/``secretkey``), made by the object-store add-on."""
 BUCKET = "mlpipeline"

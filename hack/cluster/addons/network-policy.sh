@@ -69,14 +69,17 @@ addon_image() {
     kube-router "${MODULE}/cmd/kube-router" kube-router "-X ${MODULE}/pkg/version.Version=v${V}"
 }
 
-# flags: kube-router's command line, one argument a line. The firewall alone; the node's name and
+# flags [K]: node K's kube-router command line, one argument a line (node 1 by default): it runs in
+# the node's network namespace (hack/cluster/nodes.sh), whose iptables it keeps. The firewall alone; the node's name and
 # the service network as the cluster's other pieces have them. It syncs on every pod, namespace and
 # policy change and every 5 minutes (its default): each sync rewrites the whole filter table
 # (iptables-restore without --noflush), so no shorter period.
 flags() {
-  printf '%s\n' "$BIN" \
+  local k="${1:-1}"
+  # shellcheck disable=SC2046  # node_exec's words are separate arguments
+  printf '%s\n' $(node_exec "$k") "$BIN" \
     --kubeconfig "${PKI}/kube-router.kubeconfig" \
-    --hostname-override "${NODE_NAME}" \
+    --hostname-override "$(node_name "$k")" \
     --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
     --enable-cni=false --enable-ipv4=true --enable-ipv6=false \
     --service-cluster-ip-range "${SERVICE_CIDR}" \
@@ -115,9 +118,9 @@ subjects:
 YAML
 }
 
-# synced: the first full sync is done (it appends the explicit-accept rule to its chains last).
+# synced K: node K's first full sync is done (it appends the explicit-accept rule to its chains last).
 synced() {
-  iptables -t filter -S KUBE-ROUTER-FORWARD 2>/dev/null | grep -q 'rule to explicitly ACCEPT traffic'
+  on_node "$1" iptables -t filter -S KUBE-ROUTER-FORWARD 2>/dev/null | grep -q 'rule to explicitly ACCEPT traffic'
 }
 
 addon_install() {
@@ -134,12 +137,16 @@ addon_install() {
   printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [rbac.yaml]\n' \
     >"${dir}/kustomization.yaml"
   apply_k "$PIECE" "$dir"
-  # New flags (or a new binary) take effect: it starts again below.
-  if flags | put "${dir}/flags"; then stop kube-router; fi
-  mapfile -t args <"${dir}/flags"
-  start kube-router "${args[@]}"
-  must_run kube-router 120 synced
-  say "kube-router's network policy controller runs (log: ${LOG_DIR}/kube-router.log)"
+  local k proc flags_file
+  for ((k = 1; k <= $(cluster_nodes); k++)); do
+    proc="$(node_proc kube-router "$k")" flags_file="${dir}/$(node_proc flags "$k")"
+    # New flags (or a new binary) take effect: it starts again below.
+    if flags "$k" | put "$flags_file"; then stop "$proc"; fi
+    mapfile -t args <"$flags_file"
+    start "$proc" "${args[@]}"
+    must_run "$proc" 120 synced "$k"
+    say "kube-router's network policy controller runs on $(node_name "$k") (log: ${LOG_DIR}/${proc}.log)"
+  done
 }
 
 # probe_script EXPECT HOST:PORT...: a pod's shell script that connects to each address with wget
@@ -183,7 +190,11 @@ probe() {
 
 addon_verify() {
   need_cluster "$PIECE"
-  running kube-router || die "${PIECE}: kube-router does not run (log: ${LOG_DIR}/kube-router.log)"
+  local k
+  for ((k = 1; k <= $(cluster_nodes); k++)); do
+    running "$(node_proc kube-router "$k")" ||
+      die "${PIECE}: kube-router does not run on $(node_name "$k") (log: ${LOG_DIR}/$(node_proc kube-router "$k").log)"
+  done
   ensure_namespace "$VERIFY_NS"
   ensure_namespace "$VERIFY_PROFILE_NS"
   kubectl_ label --overwrite namespace "$VERIFY_PROFILE_NS" app.kubernetes.io/part-of=kubeflow-profile >/dev/null ||
