@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 
-from tests.cluster import kube
+from tests.cluster import kube, launchers
 from tests.cluster.conftest import delete_namespace, namespace_doc
 
 NODES_FILE = kube.STATE / "nodes"
@@ -198,3 +199,48 @@ def test_a_network_policy_refusal_holds_for_a_client_on_the_other_node(
         # moment after: the first tries may still be either, the last three are the policy's.
         assert all(o.startswith("refused") for o in stranger["found"][target][-3:]), stranger["log"]
         assert friend["found"][target][-1] == "reached served by server", friend["log"]
+
+
+def _configs(image: str, kind: str, a: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same 2-worker job twice: one worker per node, and both workers on node A."""
+    spread = kube.train_config(image, kind, cluster__one_worker_per_node=True)
+    packed = kube.train_config(image, kind, cluster__node_selector={"kubernetes.io/hostname": a})
+    if kind == "trainjob":
+        for cfg in (spread, packed):
+            cfg["cluster"]["runtime"] = kube.GPUPIPE_RUNTIME
+    return spread, packed
+
+
+@pytest.mark.ci_allowance(900)
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_one_worker_per_node_spreads_the_job_and_trains_to_the_weights_of_one_node(
+    namespace: str, image: str, dataset: str, two: tuple[str, str], kind: str
+) -> None:
+    """one_worker_per_node: the job's two workers land on two nodes (each pod's spec.nodeName,
+    read while they run), allreduce across them over gloo, and end with the weights, bit for
+    bit, of the same job whose workers share node A."""
+    a, _ = two
+    spread_cfg, packed_cfg = _configs(image, kind, a)
+    spread = kube.launch(namespace, image, dataset, spread_cfg)
+    packed = kube.launch(namespace, image, dataset, packed_cfg)
+    where: dict[str, dict[str, str]] = {spread.job: {}, packed.job: {}}
+
+    def both_done() -> bool:
+        for run in (spread, packed):
+            for pod in kube.job_pods(namespace, run.job, kind):
+                node = pod["spec"].get("nodeName")
+                if node:
+                    where[run.job][pod["metadata"]["name"]] = node
+        return all(
+            kube.pod_phase(namespace, r.pod) in ("Succeeded", "Failed") for r in (spread, packed)
+        )
+
+    kube.wait_until("both launchers to finish", both_done, kube.JOB_TIMEOUT_S, interval=2)
+    launchers.finished(spread)
+    launchers.finished(packed)
+    assert len(where[spread.job]) >= 2 and len(set(where[spread.job].values())) == 2, where
+    assert set(where[packed.job].values()) == {a}, where
+    ours, theirs = kube.weights(spread.model), kube.weights(packed.model)
+    assert ours.keys() == theirs.keys()
+    different = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+    assert not different, f"tensors that differ between two nodes and one: {different}"
