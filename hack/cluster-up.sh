@@ -21,6 +21,8 @@ source "$(dirname "$0")/cluster/lib.sh"
 source "${CLUSTER_HACK}/procs.sh"
 # shellcheck source=hack/cluster/host.sh
 source "${CLUSTER_HACK}/host.sh"
+# shellcheck source=hack/cluster/node-up.sh
+source "${CLUSTER_HACK}/node-up.sh"
 
 build_only=0
 case "${1:-}" in
@@ -31,7 +33,6 @@ esac
 addons="${GPUPIPE_CLUSTER_ADDONS-network-policy training-operator jobset trainer object-store mlflow katib kfp kfp-ui}"
 total_start=$SECONDS
 MIN_FREE_GIB="${GPUPIPE_MIN_FREE_GIB:-12}"
-K8S_BIN="${BIN_DIR}/kubernetes-${K8S_VERSION}"
 
 stage "preflight"
 refuse_foreign_state
@@ -128,6 +129,17 @@ start etcd "${BIN_DIR}/etcd-${ETCD_VERSION}/etcd" --name "${NODE_NAME}" --data-d
   --client-cert-auth --trusted-ca-file "${PKI}/ca.crt" --quota-backend-bytes 2147483648
 must_run etcd 30 curl -sf http://127.0.0.1:2381/health
 
+# Several nodes: a lost node's pods are evicted within a minute, not the upstream five
+# (tolerations of not-ready and unreachable 30 s instead of 300 s, the node declared lost after
+# 20 s without a heartbeat instead of 50 s), so that the node-loss tests see the Training
+# Operator and JobSet restart a job in test time. One node keeps upstream's defaults: there,
+# a NotReady node (a busy machine's late heartbeat) must not evict anything.
+apiserver_extra=() controller_extra=()
+if ((nodes > 1)); then
+  apiserver_extra=(--default-not-ready-toleration-seconds 30 --default-unreachable-toleration-seconds 30)
+  controller_extra=(--node-monitor-grace-period 20s)
+fi
+
 stage "kube-apiserver"
 start kube-apiserver "${K8S_BIN}/kube-apiserver" \
   --advertise-address "$node_ip" --bind-address "$node_ip" --secure-port 6443 \
@@ -144,7 +156,7 @@ start kube-apiserver "${K8S_BIN}/kube-apiserver" \
   --authorization-mode Node,RBAC --anonymous-auth=false \
   --enable-admission-plugins NodeRestriction \
   --allow-privileged=true --enable-aggregator-routing=true \
-  --profiling=false --event-ttl 2h
+  --profiling=false --event-ttl 2h "${apiserver_extra[@]}"
 must_run kube-apiserver 90 kubectl_ get --raw /readyz
 
 stage "controller-manager, scheduler"
@@ -156,7 +168,7 @@ start kube-controller-manager "${K8S_BIN}/kube-controller-manager" \
   --service-account-private-key-file "${PKI}/sa.key" \
   --cluster-signing-cert-file "${PKI}/ca.crt" --cluster-signing-key-file "${PKI}/ca.key" \
   --service-cluster-ip-range "${SERVICE_CIDR}" --cluster-cidr "${POD_CIDR}" \
-  --leader-elect=false --bind-address 127.0.0.1 --profiling=false
+  --leader-elect=false --bind-address 127.0.0.1 --profiling=false "${controller_extra[@]}"
 start kube-scheduler "${K8S_BIN}/kube-scheduler" --kubeconfig "${PKI}/scheduler.kubeconfig" \
   --authentication-kubeconfig "${PKI}/scheduler.kubeconfig" \
   --authorization-kubeconfig "${PKI}/scheduler.kubeconfig" \
@@ -172,59 +184,6 @@ sysctl -qw net.bridge.bridge-nf-call-iptables=1 ||
 # Before the first pod's network namespace is mounted there (hack/cluster/host.sh).
 shared_netns_dir
 ((nodes == 1)) || host_forward_nodes
-# node_containerd K: node K's network (nodes 2..N), CNI configuration and containerd.
-node_containerd() {
-  local k="$1" dir sock proc masq=true runc_root=""
-  dir="$(node_dir "$k")" sock="$(node_sock "$k")" proc="$(node_proc containerd "$k")"
-  ((k == 1)) || node_network "$k"
-  # Several nodes: a pod's own address crosses to the other nodes (their policies judge it).
-  ((nodes == 1)) || masq=false
-  mkdir -p "${dir}/cni/net.d" "${dir}/containerd"
-  put "${dir}/cni/net.d/10-gpupipe.conflist" <<CNI || true
-{
-  "cniVersion": "1.0.0",
-  "name": "gpupipe",
-  "plugins": [
-    {"type": "bridge", "bridge": "gpupipe0", "isGateway": true, "ipMasq": ${masq}, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$(node_pod_cidr "$k")"}]],
-              "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "${dir}/cni/ipam"}},
-    {"type": "portmap", "capabilities": {"portMappings": true}},
-    {"type": "firewall"}
-  ]
-}
-CNI
-  # Nodes 2..N: runc's state of their own (node 1 keeps containerd's default, as before).
-  ((k == 1)) || runc_root="
-      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]
-        Root = \"${RUN_DIR}/runc-${k}\""
-  if put "${dir}/containerd/config.toml" <<TOML; then
-version = 2
-root = "$(node_store "$k")"
-state = "${RUN_DIR}/$(node_proc containerd "$k")"
-oom_score = 0
-[grpc]
-  address = "${sock}"
-[ttrpc]
-  address = "${sock}.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "${PAUSE_IMAGE}"
-  # This VM lacks CAP_SYS_RESOURCE: a score below containerd's own cannot be set, so clamp it.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"${runc_root}
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "${dir}/cni/net.d"
-TOML
-    stop "$proc" # a changed config takes effect: it starts again below
-  fi
-  # shellcheck disable=SC2046  # node_exec's words are separate arguments
-  start "$proc" $(node_exec "$k") containerd --config "${dir}/containerd/config.toml"
-  must_run "$proc" 30 ctr_on "$k" version
-}
 for ((k = 1; k <= nodes; k++)); do node_containerd "$k"; done
 
 stage "import images"
@@ -239,103 +198,10 @@ for ((k = 1; k <= nodes; k++)); do
 done
 
 stage "kubelet"
-# node_kubelet K: node K's kubelet. The pods' cgroups live under a root of the cluster's own
-# (CGROUP_ROOT/kubepods in every v1 hierarchy; node K's under CGROUP_ROOT/node-K), so that
-# cluster-down removes only those, never another kubelet's /kubepods. The kubelet wants the root
-# to exist; cpuset needs its cpus and mems before a task can join.
-node_kubelet() {
-  local k="$1" dir cg_root hierarchy f parent proc pki_node pki_kubelet logs_line=""
-  dir="$(node_dir "$k")" cg_root="$(node_cgroup_root "$k")" proc="$(node_proc kubelet "$k")"
-  pki_node=node pki_kubelet=kubelet
-  if ((k > 1)); then
-    pki_node="node-${k}" pki_kubelet="kubelet-${k}"
-    # Its own pods' log folder: a kubelet removes the folders there of pods it does not know.
-    logs_line="podLogsDir: ${dir}/pod-logs"
-    mkdir -p "${dir}/pod-logs"
-  fi
-  mkdir -p "${dir}/kubelet"
-  for hierarchy in /sys/fs/cgroup/*/; do
-    [[ "$hierarchy" == */unified/ ]] && continue
-    mkdir -p "${hierarchy}${cg_root#/}" 2>/dev/null || true
-  done
-  parent=/sys/fs/cgroup/cpuset
-  for part in ${cg_root//\// }; do
-    parent+="/${part}"
-    for f in cpuset.cpus cpuset.mems; do
-      [[ -d "$parent" && -z "$(cat "${parent}/${f}" 2>/dev/null)" ]] && cat "$(dirname "$parent")/${f}" >"${parent}/${f}"
-    done
-  done
-  if put "${dir}/kubelet/config.yaml" <<YAML; then
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: ${PKI}/ca.crt}
-authorization: {mode: Webhook}
-tlsCertFile: ${PKI}/${pki_kubelet}.crt
-tlsPrivateKeyFile: ${PKI}/${pki_kubelet}.key
-# The node's address only (the API server reaches the kubelet there), not every interface.
-address: $(node_addr "$k")
-healthzBindAddress: 127.0.0.1
-readOnlyPort: 0
-containerRuntimeEndpoint: unix://$(node_sock "$k")
-cgroupDriver: cgroupfs
-cgroupRoot: ${cg_root}
-failCgroupV1: false
-failSwapOn: false
-clusterDNS: [${CLUSTER_DNS}]
-clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
-# A busy test disk must neither evict pods nor delete the imported (unpullable) images.
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
-maxPods: 110
-# A pod's mounted Secrets are refreshed on its sync (default every minute): the operators' webhook
-# certificates, which they write into a Secret after start, are served within 10 s instead.
-syncFrequency: 10s
-${logs_line}
-YAML
-    stop "$proc" # a changed config takes effect: it starts again below
-  fi
-  # --oom-score-adj: the kubelet would lower its own score to -999, which this VM refuses.
-  # shellcheck disable=SC2046  # node_exec's words are separate arguments
-  start "$proc" $(node_exec "$k") "${K8S_BIN}/kubelet" --config "${dir}/kubelet/config.yaml" \
-    --kubeconfig "${PKI}/${pki_node}.kubeconfig" --root-dir "${dir}/kubelet" \
-    --hostname-override "$(node_name "$k")" --node-ip "$(node_addr "$k")" --oom-score-adj 0
-}
-node_ready() { kubectl_ get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
 for ((k = 1; k <= nodes; k++)); do node_kubelet "$k"; done
 for ((k = 1; k <= nodes; k++)); do must_run "$(node_proc kubelet "$k")" 90 node_ready "$(node_name "$k")"; done
 
 stage "kube-proxy"
-# node_proxy K: node K's kube-proxy, in its network namespace (its iptables are the node's).
-node_proxy() {
-  local k="$1" dir proc
-  dir="$(node_dir "$k")/kube-proxy" proc="$(node_proc kube-proxy "$k")"
-  mkdir -p "$dir"
-  if put "${dir}/config.yaml" <<YAML; then
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: ${PKI}/kube-proxy.kubeconfig}
-mode: iptables
-clusterCIDR: ${POD_CIDR}
-hostnameOverride: $(node_name "$k")
-bindAddress: $(node_addr "$k")
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-oomScoreAdj: 0
-# Zero: keep the host's conntrack settings (this VM may refuse to change them).
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
-YAML
-    stop "$proc" # a changed config takes effect: it starts again below
-  fi
-  # shellcheck disable=SC2046  # node_exec's words are separate arguments
-  start "$proc" $(node_exec "$k") "${K8S_BIN}/kube-proxy" --config "${dir}/config.yaml"
-  must_run "$proc" 30 on_node "$k" curl -sf http://127.0.0.1:10256/healthz
-}
 for ((k = 1; k <= nodes; k++)); do node_proxy "$k"; done
 
 stage "coredns"

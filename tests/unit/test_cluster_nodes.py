@@ -204,3 +204,52 @@ ls /run/netns
     assert f"default via {link}.2.1 dev eth0" in node2_routes, node2_routes
     assert f"{link}.3." not in node2_routes, node2_routes  # no direct way to node 3
     assert sorted(out[-2:]) == ["gpupipe-node-2", "gpupipe-node-3"], out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["reboot", "2"], "unknown verb 'reboot'"),
+        (["stop", "1"], "node '1' is not one of the cluster's nodes 2..2 (node 1 is the host"),
+        (["stop", "3"], "node '3' is not one of the cluster's nodes 2..2"),
+        (["cut", "b"], "node 'b' is not one of the cluster's nodes 2..2"),
+    ],
+)
+def test_cluster_node_refuses_a_verb_or_node_it_cannot_act_on_in_one_line(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "nodes").write_text("2\n")
+    (state / "kubeconfig").write_text("")
+    proc = subprocess.run(
+        [str(ROOT / "hack/cluster-node.sh"), *args],
+        env={
+            **os.environ,
+            "GPUPIPE_CLUSTER_DIR": str(state),
+            "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "c"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cluster-node: "), (
+        proc.stderr
+    )
+    assert says in proc.stderr, proc.stderr
+
+
+def test_cluster_node_without_a_cluster_says_so(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [str(ROOT / "hack/cluster-node.sh"), "stop", "2"],
+        env={
+            **os.environ,
+            "GPUPIPE_CLUSTER_DIR": str(tmp_path / "none"),
+            "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "c"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "no test cluster here" in proc.stderr, proc
