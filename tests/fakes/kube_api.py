@@ -81,6 +81,12 @@ class Scenario:
     """The master pod is Pending (container creating, no log) until then, then Running."""
     unschedulable: str | None = None
     """While Pending, the master pod has no node, for this reason of the scheduler's."""
+    peer_unschedulable: str | None = None
+    """Another replica's pod (a PyTorchJob's worker, a TrainJob's node 1) waits for a node, for
+    this reason of the scheduler's, while the main pod runs."""
+    peer_lost_on: str | None = None
+    """Another replica's pod was evicted from this node, which stopped answering: Terminating,
+    with the taint-eviction controller's ``DisruptionTarget`` condition, while the main pod runs."""
     lines: list[str] = field(default_factory=lambda: [f"step {i} loss {1 / i:.3f}" for i in (1, 2)])
     """The master's log, one line per ``line_every_s`` once Running."""
     line_every_s: float = 0.03
@@ -743,10 +749,52 @@ class FakeKubeApi:
         return out
 
     def _node_pods(self, job: _Job, now: float) -> list[dict[str, Any]]:
-        """The pods of a job: a PyTorchJob's master, or every node of a TrainJob's JobSet."""
+        """The pods of a job: a PyTorchJob's master (and its worker, when the scenario has one
+        held), or every node of a TrainJob's JobSet."""
+        pods = self._replica_pods(job, now)
+        if job.finished(now) or len(pods) < 2:
+            return pods
+        peer, sc = pods[1], job.scenario
+        if sc.peer_unschedulable:
+            peer["status"] = {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": sc.peer_unschedulable,
+                    }
+                ],
+            }
+        elif sc.peer_lost_on:
+            peer["metadata"]["deletionTimestamp"] = rfc3339(job.created)
+            peer["spec"]["nodeName"] = sc.peer_lost_on
+            peer["status"]["conditions"] = [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint",
+                }
+            ]
+        return pods
+
+    def _replica_pods(self, job: _Job, now: float) -> list[dict[str, Any]]:
         master = self._master(job, now)
-        if master is None or job.kind != "TrainJob":
-            return [master] if master is not None else []
+        if master is None:
+            return []
+        if job.kind != "TrainJob":
+            if not (job.scenario.peer_unschedulable or job.scenario.peer_lost_on):
+                return [master]
+            worker = copy.deepcopy(master)
+            worker["metadata"]["name"] = f"{job.name}-worker-0"
+            worker["metadata"]["uid"] = str(
+                uuid.uuid5(uuid.NAMESPACE_URL, worker["metadata"]["name"])
+            )
+            worker["metadata"]["labels"]["training.kubeflow.org/replica-type"] = "worker"
+            del worker["metadata"]["labels"]["training.kubeflow.org/job-role"]  # the master's
+            return [master, worker]
         pods = []
         for index in range(job.nodes):
             pod = copy.deepcopy(master)

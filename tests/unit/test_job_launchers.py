@@ -350,13 +350,56 @@ def test_a_pod_without_a_node_is_named_with_the_schedulers_reason_once(
     fake.scenario = Scenario(lines=LINES, outcome=None, pending_s=60, unschedulable=why)
 
     # 3 s: time for a loaded machine to create the job and look at its pod before the deadline.
-    with pytest.raises(TimeoutError, match=rf"its pod unscheduled: {why}.*deleted"):
+    deadline = rf"its pod {JOB}-\S+ unscheduled: {re.escape(why)}.*deleted"
+    with pytest.raises(TimeoutError, match=deadline):
         launch(launcher(), timeout_s=3)
 
     said = [r.getMessage() for r in caplog.records if "cannot be scheduled" in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].startswith(f"{kind.name} {REF}: its pod {JOB}-")
     assert said[0].endswith(f"cannot be scheduled yet: {why}")
+    assert kind.get(fake) is None
+
+
+@pytest.mark.parametrize("held", ["unschedulable", "lost"])
+def test_a_replica_held_off_its_node_is_named_with_why_once_and_in_the_deadline(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+    held: str,
+) -> None:
+    # The main pod runs; another replica's pod cannot run: no node left for it beside its peers
+    # (a node lost, none to take its place), or stuck Terminating on the lost node, which a
+    # replacement of the same name waits for. The step says so once, and its deadline again.
+    why = (
+        "0/2 nodes are available: 1 node(s) didn't match pod anti-affinity rules, "
+        "1 node(s) had untolerated taint {node.kubernetes.io/unreachable: }"
+    )
+    if held == "unschedulable":
+        fake.scenario = Scenario(lines=LINES, outcome=None, peer_unschedulable=why)
+        expect = rf"its pod {JOB}-\S+ cannot be scheduled yet: {re.escape(why)}$"
+        deadline = rf"its pod {JOB}-\S+ unscheduled: {re.escape(why)}.*deleted"
+    else:
+        fake.scenario = Scenario(lines=LINES, outcome=None, peer_lost_on="gpupipe-node-2")
+        expect = (
+            rf"its pod {JOB}-\S+ was evicted from node gpupipe-node-2, which stopped answering, "
+            r"and stays Terminating until that node comes back or is marked "
+            r"node\.kubernetes\.io/out-of-service"
+        )
+        deadline = rf"it was \w+; its pod {JOB}-\S+ was evicted from node gpupipe-node-2.*deleted"
+    with pytest.raises(TimeoutError, match=deadline):
+        launch(launcher(), timeout_s=3)
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "cannot be scheduled" in r.getMessage() or "evicted from node" in r.getMessage()
+    ]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"{kind.name} {REF}: its pod "), said
+    assert re.search(expect, said[0]), said
+    main = f"{JOB}-master-0" if kind.name == "PyTorchJob" else f"{JOB}-node-0-0-"
+    assert main not in said[0], said  # the held replica is named, not the running main pod
     assert kind.get(fake) is None
 
 

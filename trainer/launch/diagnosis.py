@@ -99,6 +99,34 @@ def unscheduled(pod: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+LOST_NODE_REASONS = ("DeletionByTaintManager",)
+"""The ``DisruptionTarget`` reasons of a pod deleted because its node stopped answering: the
+node lifecycle controller tainted the node ``NoExecute`` (``unreachable``, ``not-ready``) and the
+taint-eviction controller deleted the pod once its toleration ran out."""
+
+
+def lost_with_its_node(pod: Mapping[str, Any] | None) -> str | None:
+    """A line for a pod that was deleted because its node was lost and that its node has not let
+    go of (the kubelet there confirms a pod's end; a lost node never does): the pod object
+    stays, Terminating, and a controller that names its replicas (the Training Operator's
+    ``<job>-worker-0``) cannot create the replacement until it is gone. ``None`` for any other
+    pod."""
+    meta = (pod or {}).get("metadata") or {}
+    if not meta.get("deletionTimestamp"):
+        return None
+    status = (pod or {}).get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("reason") in LOST_NODE_REASONS:
+            node = ((pod or {}).get("spec") or {}).get("nodeName") or "its node"
+            return (
+                f"its pod {meta.get('name')} was evicted from node {node}, which stopped "
+                f"answering, and stays Terminating until that node comes back or is marked "
+                "node.kubernetes.io/out-of-service (non-graceful node shutdown); the job's "
+                "replacement for it waits until then"
+            )
+    return None
+
+
 def event_time(event: Mapping[str, Any]) -> str:
     """When an event last happened, as a string that sorts by time."""
     meta = event.get("metadata") or {}

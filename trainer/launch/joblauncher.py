@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from trainer.launch import TrainingRun
-from trainer.launch.diagnosis import unscheduled
+from trainer.launch.diagnosis import lost_with_its_node, unscheduled
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi
 from trainer.launch.owners import PodRef
@@ -39,7 +39,12 @@ class JobResource(Resource, abc.ABC):
         self.log_tail = log_tail
         self.reported: str | None = None
         self.unscheduled: str | None = None
-        """The scheduler's last reason, already logged, why the main pod has no node."""
+        """The scheduler's last reason, already logged, why one of the job's pods has no node."""
+        self.unscheduled_pod: str | None = None
+        """The pod that ``unscheduled`` is about."""
+        self.lost: str | None = None
+        """The last lost-node report, already logged: which of the job's pods wait for a lost
+        node to let them go."""
         self.pod: dict[str, Any] | None = None
         self.pod_log = self._log(reattached=False)
 
@@ -58,28 +63,40 @@ class JobResource(Resource, abc.ABC):
             log.info("%s %s/%s: %s", self.kind, self.namespace, self.name, state)
             self.reported = state
         self.pod = self.main_pod()
-        self._say_why_unscheduled(self.pod)
+        if state not in TERMINAL:
+            self._say_what_holds_the_pods(self.all_pods())
         self.pod_log.pump(self.pod)
         return state in TERMINAL
 
-    def _say_why_unscheduled(self, pod: dict[str, Any] | None) -> None:
-        """Log, once per reason, why the main pod waits for a node (a GPU the cluster lacks, a
-        taint, a node selector): the job would otherwise sit Created, silent, until its
-        deadline."""
-        why = unscheduled(pod)
-        if why and why != self.unscheduled and pod is not None:
+    def _say_what_holds_the_pods(self, pods: list[dict[str, Any]]) -> None:
+        """Log, once per reason, what keeps the job's pods from running: a pod that waits for a
+        node (a GPU the cluster lacks, a taint, a node selector, no node left beside its peers),
+        and a pod stuck on a node that was lost (its replacement waits for it): the job would
+        otherwise sit, silent, until its deadline. The deadline's message repeats it."""
+        waiting = [(p["metadata"]["name"], w) for p in pods if (w := unscheduled(p)) is not None]
+        pod, why = waiting[0] if waiting else (None, None)
+        if why and why != self.unscheduled:
             log.warning(
                 "%s %s/%s: its pod %s cannot be scheduled yet: %s",
-                self.kind, self.namespace, self.name, pod["metadata"]["name"], why,
+                self.kind, self.namespace, self.name, pod, why,
             )  # fmt: skip
-        self.unscheduled = why
+        self.unscheduled, self.unscheduled_pod = why, pod
+        lost = [line for p in pods if (line := lost_with_its_node(p)) is not None]
+        report = "; ".join(lost) if lost else None
+        if report and report != self.lost:
+            log.warning("%s %s/%s: %s", self.kind, self.namespace, self.name, report)
+        self.lost = report
 
     def on_adopt(self) -> None:
         # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
         self.pod_log = self._log(reattached=True)
 
     def describe(self, state: str) -> str:
-        why = f", its pod unscheduled: {self.unscheduled}" if self.unscheduled else ""
+        why = ""
+        if self.unscheduled:
+            why = f", its pod {self.unscheduled_pod} unscheduled: {self.unscheduled}"
+        if self.lost:
+            why += f"; {self.lost}"
         return f"train.timeout_s; it was {state}{why}"
 
     def main_pod(self) -> dict[str, Any] | None:
@@ -93,6 +110,10 @@ class JobResource(Resource, abc.ABC):
     @abc.abstractmethod
     def pods(self) -> list[dict[str, Any]]:
         """The pods that may be the job's main pod (the master, node 0)."""
+
+    @abc.abstractmethod
+    def all_pods(self) -> list[dict[str, Any]]:
+        """Every pod of the job (each replica's, each node's), by its controller's label."""
 
 
 class ClusterJobLauncher(ResourceLauncher, abc.ABC):

@@ -10,7 +10,7 @@ from typing import Any
 from trainer.launch import podspec
 from trainer.launch.joblauncher import ClusterJobLauncher, JobResource
 from trainer.launch.jobspec import JobSpec, worker_command
-from trainer.launch.kube import PLURAL, VERSION
+from trainer.launch.kube import JOB_NAME_LABEL, PLURAL, VERSION
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
 from trainer.launch.owners import PodRef
 from trainer.launch.watch import LaunchCancelled, job_state
@@ -138,6 +138,9 @@ class _PyTorchJob(JobResource):
 
     def pods(self) -> list[dict[str, Any]]:
         return self.api.master_pods(self.namespace, self.name)
+
+    def all_pods(self) -> list[dict[str, Any]]:
+        return self.api.list_pods(self.namespace, f"{JOB_NAME_LABEL}={self.name}", self.name)
 
 
 class PyTorchJobLauncher(ClusterJobLauncher):

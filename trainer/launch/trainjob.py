@@ -198,6 +198,9 @@ class _TrainJob(JobResource):
     def suspend_patch(self) -> dict[str, Any] | None:
         return {"spec": {"suspend": True}}
 
+    def all_pods(self) -> list[dict[str, Any]]:
+        return self.api.list_pods(self.namespace, f"{JOBSET_NAME_LABEL}={self.name}", self.name)
+
     def pods(self) -> list[dict[str, Any]]:
         """The pods of node 0, selected by JobSet's labels (the TrainJob's JobSet, its ``node``
         replicated job, job index 0), then by the Indexed Job's completion index 0, read from
