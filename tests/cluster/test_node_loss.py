@@ -1,0 +1,157 @@
+"""A node lost mid-training (issue 63 item 5): a 2-node PyTorchJob, one worker per node, trains
+with a checkpoint every 5 steps; node 2 loses its power (hack/cluster-node.sh stop: its link
+down, its kubelet, containerd and every container killed). The node goes NotReady, its pod is
+evicted (30 s tolerations on a multi-node test cluster), and:
+
+- the node comes back: its kubelet confirms the evicted pod's end, the Training Operator creates
+  the replacement, which lands on the node again (one worker per node), training resumes from the
+  last checkpoint and ends with the uninterrupted run's weights, bit for bit;
+- a third node takes its place (three nodes only): the lost node is marked out-of-service (the
+  non-graceful node shutdown of Kubernetes, what a platform's node remediation does), its pod is
+  deleted, the replacement lands on the spare node, and the weights are the same.
+
+Each stage's time since the loss is printed (NotReady, evicted, replaced, resumed): what a node
+failure costs, in test time. Skipped on a one-node cluster (make cluster-up NODES=2, or 3).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.cluster import kube, launchers
+from tests.cluster.kube import JOB_TIMEOUT_S, Launch, launch
+
+LOST = f"{kube.NODE_NAME}-2"
+NODE_SCRIPT = kube.ROOT / "hack" / "cluster-node.sh"
+
+
+def _node_names() -> list[str]:
+    return sorted(n["metadata"]["name"] for n in kube.get_json("nodes")["items"])
+
+
+def _ready(name: str) -> str:
+    node = kube.get_json("node", name)
+    return next(
+        (c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"), "Unknown"
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _two_nodes() -> None:
+    names = _node_names()
+    if len(names) < 2:
+        pytest.skip(f"the test cluster has one node ({names[0]}): make cluster-up NODES=2")
+
+
+@pytest.fixture
+def node_back() -> Iterator[None]:
+    """Whatever the test did to node 2, it is powered and Ready again afterwards."""
+    yield
+    subprocess.run([str(NODE_SCRIPT), "start", "2"], check=False, timeout=300)
+    kube.kubectl("taint", "node", LOST, "node.kubernetes.io/out-of-service-", check=False)
+
+
+def _node(cmd: str) -> None:
+    subprocess.run([str(NODE_SCRIPT), cmd, "2"], check=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def reference(namespace: str, image: str, dataset: str) -> Launch:
+    """The same job, uninterrupted, wherever its workers land (placement does not change the
+    weights: tests/cluster/test_nodes.py)."""
+    return launchers.run_to_the_end(
+        namespace, image, dataset, kube.train_config(image, "pytorchjob")
+    )
+
+
+def _pods(run: Launch) -> list[dict[str, Any]]:
+    return kube.job_pods(run.namespace, run.job)
+
+
+def _on_lost_node(run: Launch) -> dict[str, Any] | None:
+    return next((p for p in _pods(run) if p["spec"].get("nodeName") == LOST), None)
+
+
+def _lead_steps(run: Launch) -> int:
+    return kube.pod_steps(run.namespace, f"{run.job}-master-0", "pytorch")
+
+
+def _lose_node_mid_training(run: Launch) -> tuple[str, float, dict[str, float]]:
+    """Wait for the job to pass a checkpoint with a pod on node 2, then stop node 2; wait for
+    NotReady and the eviction. The lost pod's name and uid, the time of the loss, the stages."""
+    kube.wait_until(
+        "the job to pass its first checkpoints with a pod on node 2",
+        lambda: _on_lost_node(run) is not None and _lead_steps(run) >= 12,
+        timeout=JOB_TIMEOUT_S,
+        interval=2,
+    )
+    lost = _on_lost_node(run)
+    assert lost is not None
+    assert '"event": "done"' not in kube.logs(run.namespace, f"{run.job}-master-0", "pytorch")
+    t0 = time.monotonic()
+    _node("stop")
+    stages: dict[str, float] = {}
+    kube.wait_until(f"{LOST} to be NotReady", lambda: _ready(LOST) != "True", 180, interval=1)
+    stages["NotReady"] = time.monotonic() - t0
+    name = lost["metadata"]["name"]
+
+    def evicted() -> bool:
+        pod = kube.get_json("pod", "-n", run.namespace, name)
+        return bool(pod["metadata"].get("deletionTimestamp"))
+
+    kube.wait_until(f"pod {name} to be evicted", evicted, 180, interval=1)
+    stages["evicted"] = time.monotonic() - t0
+    return lost["metadata"]["uid"], t0, stages
+
+
+def _replaced_and_finished(
+    run: Launch, lost_uid: str, t0: float, stages: dict[str, float]
+) -> tuple[set[str], str]:
+    """Wait for a replacement pod (a new uid) on a node, then for the launcher. The nodes the
+    job's pods are on, and the launcher's log."""
+
+    def replaced() -> bool:
+        return any(
+            p["metadata"]["uid"] != lost_uid and p["spec"].get("nodeName") for p in _pods(run)
+        )
+
+    kube.wait_until("the lost pod's replacement to be placed", replaced, JOB_TIMEOUT_S, interval=1)
+    stages["replaced"] = time.monotonic() - t0
+    nodes = {p["spec"]["nodeName"] for p in _pods(run) if p["spec"].get("nodeName")}
+    log = launchers.finished(run)
+    stages["finished"] = time.monotonic() - t0
+    print(f"node loss, seconds after the power went: {stages}")
+    return nodes, log
+
+
+@pytest.mark.ci_allowance(900)
+def test_a_lost_node_back_takes_its_replica_again_and_the_job_resumes_to_the_same_weights(
+    namespace: str, image: str, dataset: str, reference: Launch, node_back: None
+) -> None:
+    cfg = kube.train_config(image, "pytorchjob", cluster__one_worker_per_node=True)
+    run = launch(namespace, image, dataset, cfg)
+    lost_uid, t0, stages = _lose_node_mid_training(run)
+    _node("start")
+    stages["node back"] = time.monotonic() - t0
+    _, log = _replaced_and_finished(run, lost_uid, t0, stages)
+    launchers.check_resumed_to_the_reference(run, log, reference)
+
+
+@pytest.mark.ci_allowance(900)
+def test_a_lost_node_marked_out_of_service_gives_its_replica_to_a_spare_node(
+    namespace: str, image: str, dataset: str, reference: Launch, node_back: None
+) -> None:
+    if len(_node_names()) < 3:
+        pytest.skip("needs a spare node: make cluster-up NODES=3")
+    cfg = kube.train_config(image, "pytorchjob", cluster__one_worker_per_node=True)
+    run = launch(namespace, image, dataset, cfg)
+    lost_uid, t0, stages = _lose_node_mid_training(run)
+    kube.kubectl("taint", "node", LOST, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
+    nodes, log = _replaced_and_finished(run, lost_uid, t0, stages)
+    assert f"{kube.NODE_NAME}-3" in nodes, nodes
+    launchers.check_resumed_to_the_reference(run, log, reference)
