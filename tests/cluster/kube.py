@@ -396,15 +396,25 @@ def pod_steps(namespace: str, pod: str, container: str) -> int:
 
 
 CTR = ["ctr", "--address", str(STATE / "run" / "containerd.sock"), "-n", "k8s.io"]
-"""The node's containerd (not Docker's)."""
+"""Node 1's containerd (not Docker's)."""
+
+
+def ctr_of(node: str) -> list[str]:
+    """The ctr command for the containerd of ``node`` (node K's socket is ``containerd-K.sock``,
+    hack/cluster/nodes.sh)."""
+    suffix = node.removeprefix(NODE_NAME)
+    if not suffix:
+        return CTR
+    return ["ctr", "--address", str(STATE / "run" / f"containerd{suffix}.sock"), "-n", "k8s.io"]
 
 
 def kill_container(namespace: str, pod: str) -> None:
-    """SIGKILL the pod's container from the node, as an OOM kill or a crash would: the pod stays
+    """SIGKILL the pod's container from its node, as an OOM kill or a crash would: the pod stays
     (Failed), so the job it owns stays too."""
-    status = get_json("pod", "-n", namespace, pod)["status"]["containerStatuses"][0]
-    cid = status["containerID"].removeprefix("containerd://")
-    subprocess.run([*CTR, "tasks", "kill", "-s", "SIGKILL", cid], check=True, capture_output=True)
+    obj = get_json("pod", "-n", namespace, pod)
+    cid = obj["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    ctr = ctr_of(obj["spec"]["nodeName"])
+    subprocess.run([*ctr, "tasks", "kill", "-s", "SIGKILL", cid], check=True, capture_output=True)
 
 
 def run_script(name: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
