@@ -345,6 +345,14 @@ spec:
   hostPath:
     path: ${dir}
     type: Directory
+  # The folder is node 1's (the host's): its pod is placed there, as on a cluster whose local
+  # volumes are a node's own. Several nodes share this machine's disk, but a database that moved
+  # with a lost node would not on real machines.
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions:
+            - {key: kubernetes.io/hostname, operator: In, values: ["${NODE_NAME}"]}
 YAML
 }
 
