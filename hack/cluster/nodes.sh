@@ -28,7 +28,7 @@
 # shellcheck disable=SC2034  # variables here are used by the scripts that source this file
 
 NODE_LINK_PREFIX="${NODE_LINK_CIDR%.*.*}"
-NODES_FILE="${STATE}/nodes"
+NODES_FILE="${STATE}/node-count"
 MAX_NODES=9
 
 # cluster_nodes: how many nodes the cluster has: what cluster-up recorded in the state folder,

@@ -21,7 +21,7 @@ import torch
 from tests.cluster import kube, launchers
 from tests.cluster.conftest import delete_namespace, namespace_doc
 
-NODES_FILE = kube.STATE / "nodes"
+NODES_FILE = kube.STATE / "node-count"
 PORT = 8080
 TRIES = 5
 

@@ -82,7 +82,7 @@ def test_each_node_has_its_own_name_address_pod_range_and_namespace(tmp_path: Pa
 
 def test_the_count_recorded_by_cluster_up_wins_over_the_environment(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
-    (tmp_path / "state/nodes").write_text("2\n")
+    (tmp_path / "state/node-count").write_text("2\n")
     assert _lines(tmp_path, "cluster_nodes; echo", GPUPIPE_CLUSTER_NODES="5") == ["2"]
 
 
@@ -220,7 +220,7 @@ def test_cluster_node_refuses_a_verb_or_node_it_cannot_act_on_in_one_line(
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
-    (state / "nodes").write_text("2\n")
+    (state / "node-count").write_text("2\n")
     (state / "kubeconfig").write_text("")
     proc = subprocess.run(
         [str(ROOT / "hack/cluster-node.sh"), *args],
