@@ -54,7 +54,8 @@ def _on_lost_node(ns: str, job: str) -> dict | None:
 def _run(ns: str, image: str, dataset: str, *, lose: bool) -> tuple[float, dict[str, float]]:
     cfg = kube.train_config(image, "pytorchjob", cluster__one_worker_per_node=True)
     start = time.monotonic()
-    run = kube.launch(ns, image, dataset, cfg)
+    # The launcher (the train step's pod) on node 1, which stays.
+    run = kube.launch(ns, image, dataset, cfg, node=kube.NODE_NAME)
     stages: dict[str, float] = {}
     if lose:
         kube.wait_until(
@@ -84,7 +85,9 @@ def _run(ns: str, image: str, dataset: str, *, lose: bool) -> tuple[float, dict[
         kube.wait_until(
             "a replacement placed",
             lambda: any(
-                p["metadata"]["uid"] != uid and p["spec"].get("nodeName") == LOST
+                p["metadata"]["name"] == name
+                and p["metadata"]["uid"] != uid
+                and p["spec"].get("nodeName") == LOST
                 for p in kube.job_pods(ns, run.job)
             ),
             kube.JOB_TIMEOUT_S,

@@ -197,6 +197,7 @@ def launcher_pod(
     *,
     service_account: str = "pipeline-runner",
     step: str = "train",
+    node: str | None = None,
 ) -> dict[str, Any]:
     """A launching step's pod as KFP runs it (``python -m trainer <step> ...``), restricted, with
     the label KFP gives a run's pods (the object store's and MLflow's NetworkPolicies admit it)."""
@@ -213,6 +214,7 @@ def launcher_pod(
             {"name": env_name, "valueFrom": {"secretKeyRef": {"name": STORE_SECRET, "key": key}}}
         )
     env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
+    placement = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -222,6 +224,7 @@ def launcher_pod(
             "labels": {"gpupipe.dev/test": name, **KFP_RUN_LABEL},
         },
         "spec": {
+            **placement,
             "serviceAccountName": service_account,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 60,
@@ -362,6 +365,7 @@ def launch(
     *,
     job: str | None = None,
     base: str | None = None,
+    node: str | None = None,
 ) -> Launch:
     """Start the train step's launcher pod; the config goes through the store, like KFP's."""
     from trainer.base import storage
@@ -372,7 +376,7 @@ def launch(
     storage.write_json(f"{base}/config.json", cfg)
     args = ["--config", f"{base}/config.json", "--dataset", dataset]
     args += ["--model", f"{base}/model", "--work", f"{base}/work", "--job-name", job]
-    apply(launcher_pod(pod, namespace, image, args))
+    apply(launcher_pod(pod, namespace, image, args, node=node))
     return Launch(namespace=namespace, pod=pod, job=job, base=base)
 
 
