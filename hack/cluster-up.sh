@@ -205,7 +205,7 @@ stage "kube-proxy"
 for ((k = 1; k <= nodes; k++)); do node_proxy "$k"; done
 
 stage "coredns"
-sed -e "s|@IMAGE@|${COREDNS_IMAGE}|g" -e "s|@CLUSTER_DNS@|${CLUSTER_DNS}|g" \
+sed -e "s|@IMAGE@|${COREDNS_IMAGE}|g" -e "s|@CLUSTER_DNS@|${CLUSTER_DNS}|g" -e "s|@NODE@|${NODE_NAME}|g" \
   "${CLUSTER_HACK}/coredns.yaml" | kubectl_ apply -f - >/dev/null
 kubectl_ -n kube-system rollout status deployment/coredns --timeout 120s >/dev/null ||
   die "CoreDNS did not become ready (kubectl -n kube-system describe pod -l k8s-app=kube-dns)"

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 
-from trainer.base import exitcodes
+from trainer.base import exitcodes, storage
 from trainer.base.errors import (
     DISK_FULL_CODE,
     EXIT_BAD_INPUT,
@@ -132,6 +132,18 @@ def _peer_lost(e: BaseException) -> int:
     return EXIT_PEER_LOST
 
 
+def _store_unreachable(e: BaseException) -> bool:
+    """``e``, or an error it was raised from, is :class:`storage.StoreUnreachable`."""
+    seen: BaseException | None = e
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, storage.StoreUnreachable):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
     """Train and turn the outcome into the worker's exit code."""
     try:
@@ -151,6 +163,12 @@ def _train(cfg: WorkerConfig, ctx: dist.DistContext, stop: StopSignal) -> int:
     except RuntimeError as e:
         if dist.peer_lost(e):
             return _peer_lost(e)
+        if _store_unreachable(e):
+            # The path to the store failed mid-training (a lost node took the cluster's DNS or
+            # the store's pod with it): retryable, the job restarts and resumes from the last
+            # checkpoint that was written whole. Not an E_ line: launchers read those as final.
+            log.error("lost the object store: %s; exit %d, retryable", e, EXIT_PEER_LOST)
+            return EXIT_PEER_LOST
         if getattr(e, "code", None) == STALE_CODE:
             # Retryable: should the operator still count this pod, its job restarts and resumes.
             print_error_line(error_line("train", e))

@@ -237,12 +237,34 @@ def _parent(uri: str) -> str:
     return os.path.dirname(_local_os_path(uri))
 
 
+class StoreUnreachable(RuntimeError):
+    """The object store did not answer (no connection, no name, a timeout) after the SDK's
+    retries: a fault of the path to the store, not of the request, which a later attempt may
+    not meet (a lost node took the cluster's DNS or the store's pod with it)."""
+
+
+_UNREACHABLE_MARKS = (
+    "NETWORK_CONNECTION",
+    "curlCode: 6,",
+    "curlCode: 7,",
+    "curlCode: 28,",
+    "Could not resolve host",
+    "Couldn't connect to server",
+    "Connection refused",
+    "Connection reset",
+    "Timeout was reached",
+)
+"""How the AWS SDK (pyarrow's S3 filesystem) says the store did not answer: its error kind, and
+curl's codes for no name (6), no connection (7) and a timeout (28)."""
+
+
 @contextmanager
 def _translate(action: str, uri: str, *others: str) -> Iterator[None]:
     """Re-raise filesystem errors as ``<action>: <reason>``; ``action`` names the URIs.
 
     A missing file becomes FileNotFoundError (saying when the bucket of ``uri`` itself is
-    missing); any other OSError involving an object store becomes RuntimeError. Other local
+    missing); any other OSError involving an object store becomes RuntimeError
+    (:class:`StoreUnreachable` when the store did not answer at all). Other local
     OSErrors pass through unchanged: their message already names the path.
     """
     try:
@@ -251,7 +273,10 @@ def _translate(action: str, uri: str, *others: str) -> Iterator[None]:
         raise FileNotFoundError(redact(f"{action}: {_missing_reason(uri)}")) from e
     except OSError as e:
         if any(_is_remote(u) for u in (uri, *others)):
-            raise RuntimeError(redact(f"{action}: {e}")) from e
+            kind = (
+                StoreUnreachable if any(m in str(e) for m in _UNREACHABLE_MARKS) else RuntimeError
+            )
+            raise kind(redact(f"{action}: {e}")) from e
         raise
 
 
