@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # A node of the test cluster lost and brought back, for the node-loss tests (issue 63):
-#   stop K    power lost: the host's end of node K's link goes down (nothing it sent or was
-#             sent arrives any more), then its kubelet, containerd, kube-proxy and kube-router,
+#   stop K    power lost: node K's end of its link goes down (nothing it sent or was sent
+#             arrives any more: packets to its address and its pods die on the host's end, as
+#             at a dead machine's switch port), then its kubelet, containerd, kube-proxy and kube-router,
 #             its containers' shims and every process in its pods' cgroups are killed (SIGKILL):
 #             nothing is cleaned up, as on a machine whose power went
 #   start K   power back: the link up, then its containerd, kubelet, kube-proxy and kube-router
 #             started again (its containers are gone, as after a reboot; the kubelet finds its
 #             pods' sandboxes dead and the API server's view of them)
-#   cut K     a network partition: the link down, its processes left running
+#   cut K     a network partition: its end of the link down, its processes left running
 #   heal K    the link up again
+# Never the host's end: with it down, the host's route to the node goes, and packets for the
+# node's address take the host's default route out of the machine (seen: something there
+# answered the API server's TLS on 10.125.2.2:10250).
 # Node 1 is the host, where the control plane runs: K is one of nodes 2..N (make cluster-up
 # NODES=N). Each verb prints one line; a bad verb or node is one line and exit 2.
 set -euo pipefail
@@ -37,15 +41,16 @@ link="$(node_link "$k")" name="$(node_name "$k")"
 
 case "$verb" in
 cut)
-  ip link set "$link" down
+  on_node "$k" ip link set eth0 down
   say "${name}: its link ${link} is down; its processes run on"
   ;;
 heal)
-  ip link set "$link" up
+  on_node "$k" ip link set eth0 up
+  on_node "$k" ip route replace default via "$(node_gateway "$k")"
   say "${name}: its link ${link} is up"
   ;;
 stop)
-  ip link set "$link" down
+  on_node "$k" ip link set eth0 down
   for p in kubelet containerd kube-proxy kube-router; do
     pid="$(cat "${RUN_DIR}/$(node_proc "$p" "$k").pid" 2>/dev/null || true)"
     [[ -n "$pid" ]] && ours "$pid" && kill -KILL "$pid" 2>/dev/null || true
@@ -61,7 +66,8 @@ stop)
   say "${name}: power lost (its link down; kubelet, containerd, kube-proxy, kube-router and ${killed} processes of its pods killed)"
   ;;
 start)
-  ip link set "$link" up
+  on_node "$k" ip link set eth0 up
+  on_node "$k" ip route replace default via "$(node_gateway "$k")"
   node_containerd "$k"
   node_kubelet "$k"
   must_run "$(node_proc kubelet "$k")" 90 node_ready "$name"

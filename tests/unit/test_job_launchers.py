@@ -893,6 +893,37 @@ def test_a_permanent_api_error_names_the_job_without_retrying(
     assert fake.created == [] and fake.calls("DELETE") == []
 
 
+def test_a_log_its_node_cannot_serve_does_not_fail_the_step(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher],
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The master's node stopped answering: the API server answers its log with 500s for longer
+    # than one call's retries (seen on the test cluster: "x509 ... cannot validate certificate",
+    # "connection refused"). Found on two nodes: the step failed with E_EXTERNAL and deleted a
+    # job the operator was about to restart. The job is followed by its status; the log resumes.
+    # Two polls' worth of failures (each call tries 4 times), the job still running after them.
+    fake.scenario = Scenario(lines=LINES, min_reads=8)
+    fake.fail("GET", r"/log$", 500, times=8, message="dial tcp 10.125.2.2:10250: i/o timeout")
+
+    launch(pytorchjob_launcher())
+
+    said = [r.getMessage() for r in caplog.records if "cannot be read now" in r.getMessage()]
+    assert len(said) == 1 and f"{JOB}-master-0" in said[0], said
+    assert fake.calls("DELETE") == []
+    # Read again once the node answers, from where it stopped: nothing lost, nothing twice.
+    assert capsys.readouterr().out.splitlines() == LINES
+
+
+def test_a_log_refused_by_rbac_still_fails_the_step(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+) -> None:
+    fake.fail("GET", r"/log$", 403, times=5, message="pods/log is forbidden")
+    with pytest.raises(KubeApiError, match="forbidden"):
+        launch(pytorchjob_launcher())
+
+
 def test_retries_are_bounded(
     pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import re
 import sys
@@ -13,7 +14,9 @@ from typing import Any
 
 from trainer.base.errors import InputError, StepFailure, parse_error_line
 from trainer.base.redact import redact
-from trainer.launch.kube import CONTAINER, KubeApi
+from trainer.launch.kube import CONTAINER, KubeApi, KubeApiError
+
+log = logging.getLogger(__name__)
 
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
 _LOG_OVERLAP_S = 5
@@ -55,6 +58,7 @@ class PodLog:
         self._last: tuple[int, int] | None = None
         self._same = 0  # lines printed with timestamp == self._last
         self._fetched_at: float | None = None
+        self._unreadable: str | None = None  # the pod whose log could not be read, said once
 
     def pump(self, pod: Mapping[str, Any] | None) -> None:
         """Print the lines the pod logged since the last call."""
@@ -64,14 +68,31 @@ class PodLog:
         if self._fetched_at is not None:
             since = math.ceil(time.monotonic() - self._fetched_at) + _LOG_OVERLAP_S
         started = time.monotonic()
-        text = self.api.pod_log(
-            self.namespace,
-            pod["metadata"]["name"],
-            since_seconds=since,
-            tail_lines=self._first_tail if since is None else None,
-            timestamps=True,
-            container=self.container,
-        )
+        name = pod["metadata"]["name"]
+        try:
+            text = self.api.pod_log(
+                self.namespace,
+                name,
+                since_seconds=since,
+                tail_lines=self._first_tail if since is None else None,
+                timestamps=True,
+                container=self.container,
+            )
+        except KubeApiError as e:
+            # The API server reads a log from the pod's kubelet: a 5xx or no answer is that node
+            # not answering (lost, or cut off), not the job failing. The job is followed by its
+            # status meanwhile; the log goes on, from where it stopped, when the node answers.
+            if e.status is not None and e.status < 500:
+                raise
+            if self._unreadable != name:
+                log.warning(
+                    "the log of pod %s/%s cannot be read now (its node does not answer?): %s; "
+                    "the job is followed by its status, its log resumes when the node answers",
+                    self.namespace, name, " ".join(str(e).split())[:300],
+                )  # fmt: skip
+                self._unreadable = name
+            return
+        self._unreadable = None
         if text is None:
             return
         self._fetched_at = started
