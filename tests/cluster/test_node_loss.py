@@ -112,10 +112,26 @@ def _lose_node_mid_training(run: Launch) -> tuple[str, float, dict[str, float]]:
 
 
 def _launch(namespace: str, image: str, dataset: str) -> Launch:
-    """The job, one worker per node; its launcher (the train step's pod) on node 1, which this
-    test keeps: a lost step pod is KFP's retry (tests/cluster/test_kfp.py), not this test's."""
-    cfg = kube.train_config(image, "pytorchjob", cluster__one_worker_per_node=True)
-    return launch(namespace, image, dataset, cfg, node=kube.NODE_NAME)
+    """The job, one worker per node, on nodes 1 and 2 (any further node cordoned until both
+    workers are placed: the spare must be free for the replacement); its launcher (the train
+    step's pod) on node 1, which this test keeps: a lost step pod is KFP's retry
+    (tests/cluster/test_kfp.py), not this test's."""
+    spares = [n for n in _node_names() if n not in (kube.NODE_NAME, LOST)]
+    for node in spares:
+        kube.kubectl("cordon", node)
+    try:
+        cfg = kube.train_config(image, "pytorchjob", cluster__one_worker_per_node=True)
+        run = launch(namespace, image, dataset, cfg, node=kube.NODE_NAME)
+        kube.wait_until(
+            "both workers placed on nodes 1 and 2",
+            lambda: len([p for p in _pods(run) if p["spec"].get("nodeName")]) >= 2,
+            JOB_TIMEOUT_S,
+            interval=1,
+        )
+    finally:
+        for node in spares:
+            kube.kubectl("uncordon", node)
+    return run
 
 
 def _replaced_and_finished(
