@@ -16,6 +16,7 @@ failure costs, in test time. Skipped on a one-node cluster (make cluster-up NODE
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -111,7 +112,7 @@ def _lose_node_mid_training(run: Launch) -> tuple[str, float, dict[str, float]]:
     return f"{name}/{lost['metadata']['uid']}", t0, stages
 
 
-def _launch(namespace: str, image: str, dataset: str) -> Launch:
+def _launch(namespace: str, image: str, dataset: str, **over: Any) -> Launch:
     """The job, one worker per node, on nodes 1 and 2 (any further node cordoned until both
     workers are placed: the spare must be free for the replacement); its launcher (the train
     step's pod) on node 1, which this test keeps: a lost step pod is KFP's retry
@@ -120,7 +121,7 @@ def _launch(namespace: str, image: str, dataset: str) -> Launch:
     for node in spares:
         kube.kubectl("cordon", node)
     try:
-        cfg = kube.train_config(image, "pytorchjob", cluster__one_worker_per_node=True)
+        cfg = kube.train_config(image, "pytorchjob", cluster__one_worker_per_node=True, **over)
         run = launch(namespace, image, dataset, cfg, node=kube.NODE_NAME)
         kube.wait_until(
             "both workers placed on nodes 1 and 2",
@@ -186,3 +187,40 @@ def test_a_lost_node_marked_out_of_service_gives_its_replica_to_a_spare_node(
     nodes, log = _replaced_and_finished(run, lost_uid, t0, stages)
     assert f"{kube.NODE_NAME}-3" in nodes, nodes
     launchers.check_resumed_to_the_reference(run, log, reference)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.ci_allowance(900)
+def test_a_lost_node_with_none_to_take_its_place_fails_the_step_in_its_deadline_naming_why(
+    namespace: str, image: str, dataset: str, node_back: None
+) -> None:
+    """Node 2 lost and marked out-of-service, no spare (further nodes cordoned): the replacement
+    cannot be placed (one worker per node). The step fails at its deadline in one line that
+    names the pod and the scheduler's reason, and deletes its job: nothing is left running."""
+    spares = [n for n in _node_names() if n not in (kube.NODE_NAME, LOST)]
+    run = _launch(namespace, image, dataset, timeout_s=420)
+    for node in spares:
+        kube.kubectl("cordon", node)
+    try:
+        _lose_node_mid_training(run)
+        kube.kubectl(
+            "taint", "node", LOST, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+        )
+        done = run.done()
+    finally:
+        for node in spares:
+            kube.kubectl("uncordon", node)
+    log = run.log()
+    assert done["exitCode"] != 0, log[-3000:]
+    final = [line for line in log.splitlines() if "train.timeout_s" in line]
+    assert final, log[-3000:]
+    assert re.search(
+        rf"its pod {run.job}-(master|worker)-0 unscheduled: 0/\d+ nodes are available: .*"
+        r"(anti-affinity|untolerated taint)",
+        final[-1],
+    ), final[-1]
+    kube.wait_until(
+        f"job {run.job} and its pods to be deleted",
+        lambda: kube.job_gone(namespace, run.job),
+        180,
+    )
