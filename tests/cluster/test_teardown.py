@@ -216,3 +216,10 @@ def test_nothing_of_the_clusters_networking_or_state_is_left(teardown: Teardown)
     assert not list(Path("/sys/fs/cgroup").glob(f"*/{CGROUP_ROOT}"))
     assert not kube.STATE.exists()
     assert sh("ip", "link", "show", "gpupipe0", check=False).returncode != 0
+    # Nodes 2..N (make cluster-up NODES=N): their namespaces, the host's ends of their links
+    # and the routes to their pods (the FORWARD rules carry the CNI comment, checked above).
+    assert not [n for n in netns_names() if n.startswith("gpupipe-node-")]
+    links = sh("ip", "-o", "link", "show").stdout
+    assert " gpn-" not in links, links
+    routes = sh("ip", "-4", "route", "show").stdout
+    assert "10.123." not in routes and "10.125." not in routes, routes
