@@ -502,3 +502,27 @@ def descendants(pid: int) -> list[int]:
             with contextlib.suppress(OSError):  # the process may be gone already
                 todo += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+def cluster_bash(
+    tmp_path: Path, script: str, path_dir: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run SCRIPT after sourcing the test cluster's lib.sh, procs.sh and host.sh (hack/cluster/),
+    its state and cache folders under tmp_path; PATH_DIR first on PATH (fake tools)."""
+    full_env = {
+        **os.environ,
+        "GPUPIPE_CLUSTER_DIR": str(tmp_path / "state"),
+        "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "cache"),
+        **env,
+    }
+    if path_dir is not None:
+        full_env["PATH"] = f"{path_dir}:{os.environ['PATH']}"
+    prelude = (
+        "set -euo pipefail\n"
+        f"source {ROOT}/hack/cluster/lib.sh\n"
+        f"source {ROOT}/hack/cluster/procs.sh\n"
+        f"source {ROOT}/hack/cluster/host.sh\n"
+    )
+    return subprocess.run(
+        ["bash", "-c", prelude + script], env=full_env, capture_output=True, text=True, timeout=60
+    )

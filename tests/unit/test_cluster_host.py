@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import cluster_bash as _bash
+
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = dict(
     line.split("=", 1)
@@ -26,29 +28,6 @@ VERSIONS = dict(
 )
 POD_CIDR = VERSIONS["POD_CIDR"]
 POD_NET = POD_CIDR.rsplit(".", 2)[0]  # e.g. 10.123
-
-
-def _bash(
-    tmp_path: Path, script: str, path_dir: Path | None = None, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """Run SCRIPT after sourcing lib.sh, procs.sh and host.sh, state and cache under tmp_path."""
-    full_env = {
-        **os.environ,
-        "GPUPIPE_CLUSTER_DIR": str(tmp_path / "state"),
-        "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "cache"),
-        **env,
-    }
-    if path_dir is not None:
-        full_env["PATH"] = f"{path_dir}:{os.environ['PATH']}"
-    prelude = (
-        "set -euo pipefail\n"
-        f"source {ROOT}/hack/cluster/lib.sh\n"
-        f"source {ROOT}/hack/cluster/procs.sh\n"
-        f"source {ROOT}/hack/cluster/host.sh\n"
-    )
-    return subprocess.run(
-        ["bash", "-c", prelude + script], env=full_env, capture_output=True, text=True, timeout=60
-    )
 
 
 def _fake(bin_dir: Path, name: str, body: str) -> None:

@@ -12,30 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import cluster_bash as _bash
+
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = dict(
     line.split("=", 1)
     for line in (ROOT / "hack/cluster/versions.env").read_text().splitlines()
     if "=" in line and not line.startswith("#")
 )
-
-
-def _bash(tmp_path: Path, script: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {
-        **os.environ,
-        "GPUPIPE_CLUSTER_DIR": str(tmp_path / "state"),
-        "GPUPIPE_CLUSTER_CACHE": str(tmp_path / "cache"),
-        **env,
-    }
-    prelude = (
-        "set -euo pipefail\n"
-        f"source {ROOT}/hack/cluster/lib.sh\n"
-        f"source {ROOT}/hack/cluster/procs.sh\n"
-        f"source {ROOT}/hack/cluster/host.sh\n"
-    )
-    return subprocess.run(
-        ["bash", "-c", prelude + script], env=full_env, capture_output=True, text=True, timeout=60
-    )
 
 
 def _lines(tmp_path: Path, script: str, **env: str) -> list[str]:
