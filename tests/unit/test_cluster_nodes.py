@@ -97,12 +97,13 @@ def test_cluster_up_refuses_a_node_count_it_cannot_make_before_it_makes_anything
 
 
 def test_make_passes_nodes_to_cluster_up() -> None:
-    out = subprocess.run(
-        ["make", "-n", "cluster-up", "NODES=3"], cwd=ROOT, capture_output=True, text=True
-    ).stdout
-    assert "GPUPIPE_CLUSTER_NODES=3 hack/cluster-up.sh" in out, out
-    plain = subprocess.run(["make", "-n", "cluster-up"], cwd=ROOT, capture_output=True, text=True)
-    assert plain.stdout.strip() == "hack/cluster-up.sh", plain.stdout
+    # Not as a sub-make of `make test` (MAKEFLAGS, MAKELEVEL): what a person's `make` prints.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    make = ["make", "--no-print-directory", "-n", "cluster-up"]
+    out = subprocess.run([*make, "NODES=3"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert "GPUPIPE_CLUSTER_NODES=3 hack/cluster-up.sh" in out.stdout, out
+    plain = subprocess.run(make, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert plain.stdout.strip() == "hack/cluster-up.sh", plain
 
 
 SERVE = """

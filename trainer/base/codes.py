@@ -329,6 +329,17 @@ CODES: dict[str, Code] = {
         "Read the job's log (the traceback is there). Lower `learning_rate`, give the job more "
         "memory or GPUs, or shrink the model.",
     ),
+    "E_STALE_ATTEMPT": Code(
+        _SYSTEM,
+        "A training process of an earlier attempt of the job (frozen, cut off from the network, "
+        "on a node that was lost and came back) woke up after a newer attempt had taken over "
+        "its checkpoint folder: it stopped before writing, pruning, deleting or exporting "
+        "anything (its checkpoints are fenced by the attempt records under "
+        "`<checkpoints>/attempts/`). The worker exits 200, which the operators retry; the step "
+        "that reads the line fails like any other system failure (exit 1).",
+        "Nothing: the newer attempt's checkpoints and model stand. If it repeats, look for two "
+        "jobs or runs writing the same `work_uri`.",
+    ),
     "E_EXTERNAL": Code(
         _SYSTEM,
         "A system outside the input failed: the registry, an object store, the Kubernetes API, "
