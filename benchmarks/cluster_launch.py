@@ -86,12 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.base.typedconfig import from_dict, to_json
     from trainer.launch.jobspec import JobSpec
     from trainer.launch.pytorchjob import PyTorchJobLauncher, build_pytorchjob
-    from trainer.steps.preprocess import PreprocessConfig, preprocess, write_demo_data
     from trainer.steps.train import TrainStepConfig, plan_worker_config, record_fixed
 
-    os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "seaweedfs", 9000)
-    os.environ["MINIO_ACCESS_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey")
-    os.environ["MINIO_SECRET_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey")
+    os.environ.update(kube.store_env())
     config.load_kube_config(str(kube.KUBECONFIG))
     api = client.CustomObjectsApi()
 
@@ -100,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     base = f"minio://{kube.BUCKET}/{ns}"
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            data = str(Path(tmp) / "demo.parquet")
-            write_demo_data(data, rows=args.rows, task="classification", seed=0)
-            dataset = f"{base}/dataset"
-            preprocess(PreprocessConfig(target="churned"), data_uri=data, output_uri=dataset)
+            dataset = kube.demo_dataset(f"{base}/dataset", Path(tmp), rows=args.rows)
         settings = {
             "launcher": "pytorchjob",
             "nnodes": 2,

@@ -121,19 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     from components.images import CPU_IMAGE
-    from trainer.steps.preprocess import PreprocessConfig, preprocess, write_demo_data
 
-    os.environ["MINIO_ENDPOINT"] = kube.service_address("kubeflow", "seaweedfs", 9000)
-    os.environ["MINIO_ACCESS_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey")
-    os.environ["MINIO_SECRET_KEY"] = kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey")
+    os.environ.update(kube.store_env())
     ns = kube.unique("gpupipe-bench")
     make_namespace(ns, role())
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            data = str(Path(tmp) / "demo.parquet")
-            write_demo_data(data, rows=args.rows, task="classification", seed=0)
-            dataset = f"minio://{kube.BUCKET}/{ns}/dataset"
-            preprocess(PreprocessConfig(target="churned"), data_uri=data, output_uri=dataset)
+            dataset = kube.demo_dataset(f"minio://{kube.BUCKET}/{ns}/dataset", Path(tmp), args.rows)
         plain, _ = _run(ns, CPU_IMAGE, dataset, lose=False)
         lost, stages = _run(ns, CPU_IMAGE, dataset, lose=True)
     finally:

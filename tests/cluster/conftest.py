@@ -93,11 +93,7 @@ def image() -> str:
 def store() -> Iterator[dict[str, str]]:
     """The in-cluster object store (KFP's SeaweedFS, Service ``seaweedfs`` port 9000), reached from
     this host through its Service address; ``minio://`` URIs read and write it."""
-    env = {
-        "MINIO_ENDPOINT": kube.service_address("kubeflow", "seaweedfs", 9000),
-        "MINIO_ACCESS_KEY": kube.secret_value("kubeflow", kube.STORE_SECRET, "accesskey"),
-        "MINIO_SECRET_KEY": kube.secret_value("kubeflow", kube.STORE_SECRET, "secretkey"),
-    }
+    env = kube.store_env()
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
@@ -190,10 +186,5 @@ def namespace() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def dataset(store: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The demo table, preprocessed into the object store (as the pipeline's first step does)."""
-    from trainer.steps.preprocess import PreprocessConfig, preprocess, write_demo_data
-
-    data = str(tmp_path_factory.mktemp("demo") / "churn.parquet")
-    write_demo_data(data, rows=3000, task="classification", seed=0)
     uri = f"minio://{kube.BUCKET}/{kube.unique('gpupipe-tests')}/dataset"
-    preprocess(PreprocessConfig(target="churned"), data_uri=data, output_uri=uri)
-    return uri
+    return kube.demo_dataset(uri, tmp_path_factory.mktemp("demo"))

@@ -152,6 +152,27 @@ def secret_value(namespace: str, name: str, key: str) -> str:
     return base64.b64decode(data[key]).decode()
 
 
+def store_env() -> dict[str, str]:
+    """What ``minio://`` URIs need from this host to reach the in-cluster object store (KFP's
+    SeaweedFS through its Service address, the keys of its generated Secret)."""
+    return {
+        "MINIO_ENDPOINT": service_address("kubeflow", "seaweedfs", 9000),
+        "MINIO_ACCESS_KEY": secret_value("kubeflow", STORE_SECRET, "accesskey"),
+        "MINIO_SECRET_KEY": secret_value("kubeflow", STORE_SECRET, "secretkey"),
+    }
+
+
+def demo_dataset(uri: str, folder: Path, rows: int = 3000) -> str:
+    """The demo table of ``rows`` rows written under ``folder`` and preprocessed to ``uri`` (as
+    the pipeline's first step does); ``uri``."""
+    from trainer.steps.preprocess import PreprocessConfig, preprocess, write_demo_data
+
+    data = str(folder / "churn.parquet")
+    write_demo_data(data, rows=rows, task="classification", seed=0)
+    preprocess(PreprocessConfig(target="churned"), data_uri=data, output_uri=uri)
+    return uri
+
+
 def service_address(namespace: str, name: str, port: int) -> str:
     """``<cluster IP>:<port>`` of a Service: the host reaches it through kube-proxy's rules."""
     return f"{get_json('service', '-n', namespace, name)['spec']['clusterIP']}:{port}"
