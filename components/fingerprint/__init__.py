@@ -9,9 +9,12 @@ from components.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-# Optional, not `str | None`: KFP 2.17's component interface reads no PEP 604 union.
+# Optional, not `str | None`: KFP 2.17's component interface reads no PEP 604 union. An optional
+# artifact is `Input[Dataset] = None`, never wrapped in Optional: on the real backend the input
+# artifact comes untyped and the executor makes it from the annotation (tests/unit/
+# test_executor_inputs.py), and `Optional[...]` cannot be made.
 def fingerprint(
-    data: Optional[Input[Dataset]] = None,  # noqa: UP045
+    data: Input[Dataset] = None,  # type: ignore[assignment]
     data_uri: str = "",
     registry_uri: Optional[str] = None,  # noqa: UP045
 ) -> str:

@@ -1,6 +1,6 @@
 """The preprocess component: raw Parquet/CSV in, validated and encoded splits plus schema out."""
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Output
@@ -13,8 +13,10 @@ def preprocess(
     target: str,
     dataset: Output[Dataset],
     stats: Output[Metrics],
-    # Optional, not `X | None`: KFP 2.17's component interface reads no PEP 604 union.
-    data: Optional[Input[Dataset]] = None,  # noqa: UP045
+    # `Input[Dataset] = None`, not wrapped in Optional: on the real backend the input artifact
+    # comes untyped and KFP's executor makes it from this annotation (tests/unit/
+    # test_executor_inputs.py); `Optional[...]` cannot be made.
+    data: Input[Dataset] = None,  # type: ignore[assignment]
     data_uri: str = "",
     task: str = "auto",
     seed: int = 0,

@@ -672,12 +672,6 @@ def test_the_readmes_lines_for_the_test_cluster_run_as_written(
 # -- 9. docs/kfp.md's own pipeline, as a user compiles it -----------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="open defect (issue 62 item 1, seen 2026-12-07 on the real backend): KFP 2.17's "
-    "executor fails preprocess's `data: Optional[Input[Dataset]] = None` when an upstream step "
-    "passes the Dataset (TypeError: Cannot instantiate typing.Union); kfp.local did not show it",
-    strict=False,
-)
 def test_the_docs_own_pipeline_runs_on_the_real_backend(host: str, tmp_path: Path) -> None:
     """Issue 62, item 1: docs/kfp.md's "Using the components in your own pipeline" failed here at
     preprocess (`E_DATA ... ACCESS_DENIED`: it read `data_uri` itself, and nothing gave it the
