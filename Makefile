@@ -141,8 +141,9 @@ test-containers: setup ## start Docker (installing it as root), build the images
 	$(BIN)/pytest -m containers tests/containers $(PYTEST_ARGS)
 
 # NODES=N: the test cluster's nodes (hack/cluster/nodes.sh); left out, what the running cluster
-# has, else 1.
+# has, else 2 (make test-cluster: 3, the third a spare for the node-loss test).
 CLUSTER_NODES = $(if $(NODES),GPUPIPE_CLUSTER_NODES=$(NODES) )
+TEST_CLUSTER_NODES = $(if $(NODES),GPUPIPE_CLUSTER_NODES=$(NODES) ,GPUPIPE_CLUSTER_NODES_DEFAULT=3 )
 
 .PHONY: cluster-up
 cluster-up: ## Kubernetes as host processes (NODES=N nodes), built from upstream, with the Kubeflow add-ons
@@ -151,7 +152,7 @@ cluster-up: ## Kubernetes as host processes (NODES=N nodes), built from upstream
 .PHONY: test-cluster
 test-cluster: setup ## bring the test cluster up (hack/cluster-up.sh) and run tests/cluster
 	@# Exit 3: a piece cannot run on this machine; the tests skip with cluster-up's reason.
-	$(CLUSTER_NODES)hack/cluster-up.sh || [ $$? -eq 3 ]
+	$(TEST_CLUSTER_NODES)hack/cluster-up.sh || [ $$? -eq 3 ]
 	@# The browser of the UI tests (tests/cluster/test_kfp_ui.py); they skip, saying why, without it.
 	hack/chromium.sh || [ $$? -eq 3 ]
 	@# With PYTEST_ARGS, one pytest over tests/cluster with them; without, every cluster test:

@@ -37,7 +37,7 @@ MIN_FREE_GIB="${GPUPIPE_MIN_FREE_GIB:-12}"
 stage "preflight"
 refuse_foreign_state
 # How many nodes (hack/cluster/nodes.sh): GPUPIPE_CLUSTER_NODES (make cluster-up NODES=N), else what
-# the running cluster recorded, else 1.
+# the running cluster recorded, else GPUPIPE_CLUSTER_NODES_DEFAULT, else 2.
 nodes="${GPUPIPE_CLUSTER_NODES:-$(cluster_nodes)}"
 if ! [[ "$nodes" =~ ^[0-9]+$ ]] || ((nodes < 1 || nodes > MAX_NODES)); then
   die "GPUPIPE_CLUSTER_NODES=${nodes}: the number of nodes must be a whole number from 1 to ${MAX_NODES}"

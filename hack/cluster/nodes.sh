@@ -32,11 +32,12 @@ NODES_FILE="${STATE}/node-count"
 MAX_NODES=9
 
 # cluster_nodes: how many nodes the cluster has: what cluster-up recorded in the state folder,
-# else GPUPIPE_CLUSTER_NODES (default 1).
+# else GPUPIPE_CLUSTER_NODES, else GPUPIPE_CLUSTER_NODES_DEFAULT (make test-cluster and .ci/run:
+# 3, a spare for the node-loss test), else 2.
 cluster_nodes() {
   local n
   n="$(cat "$NODES_FILE" 2>/dev/null || true)"
-  [[ -n "$n" ]] || n="${GPUPIPE_CLUSTER_NODES:-1}"
+  [[ -n "$n" ]] || n="${GPUPIPE_CLUSTER_NODES:-${GPUPIPE_CLUSTER_NODES_DEFAULT:-2}}"
   printf '%s' "$n"
 }
 

@@ -235,7 +235,8 @@ def launcher_pod(
             {"name": env_name, "valueFrom": {"secretKeyRef": {"name": STORE_SECRET, "key": key}}}
         )
     env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
-    placement = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
+    # nodeName, past the scheduler: a cordon (the node-loss tests') does not keep it off.
+    placement = {"nodeName": node} if node else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -366,10 +367,17 @@ class Launch:
     base: str
     exit: dict[str, Any] | None = None
     """The launcher container's terminated state, once waited for."""
+    kind: str = "pytorchjob"
+    """The job's resource (the config's ``launcher``): kube.JOB_KINDS' key."""
 
     @property
     def model(self) -> str:
         return f"{self.base}/model"
+
+    @property
+    def container(self) -> str:
+        """The training container of the job's pods."""
+        return "pytorch" if self.kind == "pytorchjob" else "node"
 
     def done(self, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
         return wait_pod_done(self.namespace, self.pod, timeout)
@@ -398,7 +406,8 @@ def launch(
     args = ["--config", f"{base}/config.json", "--dataset", dataset]
     args += ["--model", f"{base}/model", "--work", f"{base}/work", "--job-name", job]
     apply(launcher_pod(pod, namespace, image, args, node=node))
-    return Launch(namespace=namespace, pod=pod, job=job, base=base)
+    kind = str(cfg.get("launcher", "pytorchjob"))
+    return Launch(namespace=namespace, pod=pod, job=job, base=base, kind=kind)
 
 
 def weights(model_uri: str) -> dict[str, Any]:

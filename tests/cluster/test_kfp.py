@@ -112,13 +112,13 @@ def run_id_of(out: subprocess.CompletedProcess[str]) -> str:
 
 
 def start_training(
-    host: str, pipeline: str, table: str, prefix: str, epochs: int = 40
+    host: str, pipeline: str, table: str, prefix: str, epochs: int = 40, **over: Any
 ) -> tuple[str, str]:
     """A run long enough to be stopped mid-training (40 epochs, no tuning: about 25 s of training
     on an idle node), started: its id and, once it is made, the name of its train step's
-    PyTorchJob."""
+    PyTorchJob. ``over``: further pipeline parameters."""
     model = kube.unique(prefix)
-    params = run_params(table, model, tune_enabled=False, epochs=epochs)
+    params = run_params(table, model, tune_enabled=False, epochs=epochs, **over)
     out = start_run(host, pipeline, model, params)
     assert out.returncode == 0, out.stderr
     run_id = run_id_of(out)
@@ -667,6 +667,69 @@ def test_the_readmes_lines_for_the_test_cluster_run_as_written(
     found = re.search(r"run (\S+) SUCCEEDED", out)
     assert found, out[-4000:]
     assert "model" in out and "accuracy" in out, out[-3000:]
+
+
+# -- 8b. a node lost under the pipeline's job ----------------------------------------------------
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.ci_allowance(900)
+def test_a_node_lost_under_the_pipelines_job_and_back_the_run_still_succeeds(
+    host: str, pipeline: str, table: str
+) -> None:
+    """Issue 63 item 5 through KFP: a run started as a user starts it, its train step's 2-node
+    PyTorchJob one worker per node (the pipeline's ``one_worker_per_node``); once the job has
+    trained past its first checkpoints, a node holding one of its workers (and not the step's
+    own pod) loses its power (hack/cluster-node.sh stop), goes NotReady, its pod is evicted, and
+    the node comes back: the Training Operator replaces the pod, training resumes from the last
+    checkpoint, and the run ends SUCCEEDED with the model registered. Skipped on one node."""
+    names = sorted(n["metadata"]["name"] for n in kube.get_json("nodes")["items"])
+    if len(names) < 2:
+        pytest.skip(f"the test cluster has one node ({names[0]}): make cluster-up NODES=2")
+    script = kube.ROOT / "hack" / "cluster-node.sh"
+    run_id, job = start_training(
+        host, pipeline, table, "gpupipe-node", epochs=120, one_worker_per_node=True
+    )
+    launcher = _launcher_pod(run_id)
+
+    def target() -> tuple[int, str] | None:
+        """Node K (not node 1, the control plane's) with a worker running and not the step."""
+        pods = kube.job_pods(NS, job)
+        if not _running(pods) or kube.pod_steps(NS, f"{job}-master-0", "pytorch") < 12:
+            return None
+        step_node = kube.get_json("pod", "-n", NS, launcher)["spec"].get("nodeName")
+        for pod in pods:
+            node = pod["spec"]["nodeName"]
+            if node not in (kube.NODE_NAME, step_node):
+                return int(node.rsplit("-", 1)[1]), pod["metadata"]["name"]
+        return None
+
+    k, lost = kube.wait_until(
+        "the job past its first checkpoints, a worker on a node of its own", target, 600, 2
+    )
+    node = f"{kube.NODE_NAME}-{k}"
+    try:
+        subprocess.run([str(script), "stop", str(k)], check=True, timeout=120)
+        kube.wait_until(
+            f"{node} NotReady",
+            lambda: any(
+                c["type"] == "Ready" and c["status"] != "True"
+                for c in kube.get_json("node", node)["status"]["conditions"]
+            ),
+            180,
+        )
+        kube.wait_until(
+            f"pod {lost} evicted",
+            lambda: bool(kube.get_json("pod", "-n", NS, lost)["metadata"].get("deletionTimestamp")),
+            180,
+        )
+    finally:
+        subprocess.run([str(script), "start", str(k)], check=True, timeout=300)
+    done = kfp.wait_run(host, run_id)
+    assert done["state"] == "SUCCEEDED", kfp.failure_report(done)
+    steps = [p for p in kfp.run_pods(run_id) if _is_launcher(p)]
+    log = "".join(kube.logs(NS, p["metadata"]["name"], "main") for p in steps)
+    assert re.search(r"resum", log, re.IGNORECASE), log[-3000:]
 
 
 # -- 9. docs/kfp.md's own pipeline, as a user compiles it -----------------------------------------

@@ -64,6 +64,19 @@ def test_each_node_has_its_own_name_address_pod_range_and_namespace(tmp_path: Pa
         assert exec_words == ["nsenter", f"--net=/run/netns/gpupipe-node-{k}"]
 
 
+def test_two_nodes_unless_told_otherwise(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPIPE_CLUSTER_NODES")}
+    script = f"source {ROOT}/hack/cluster/lib.sh; cluster_nodes; echo"
+    run = {"GPUPIPE_CLUSTER_DIR": str(tmp_path / "state"), "GPUPIPE_CLUSTER_CACHE": str(tmp_path)}
+    plain = subprocess.run(
+        ["bash", "-c", script], env={**env, **run}, capture_output=True, text=True
+    )
+    assert plain.stdout.splitlines() == ["2"], plain.stderr
+    test_default = {**env, **run, "GPUPIPE_CLUSTER_NODES_DEFAULT": "3"}
+    out = subprocess.run(["bash", "-c", script], env=test_default, capture_output=True, text=True)
+    assert out.stdout.splitlines() == ["3"], out.stderr
+
+
 def test_the_count_recorded_by_cluster_up_wins_over_the_environment(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "state/node-count").write_text("2\n")
@@ -104,6 +117,12 @@ def test_make_passes_nodes_to_cluster_up() -> None:
     assert "GPUPIPE_CLUSTER_NODES=3 hack/cluster-up.sh" in out.stdout, out
     plain = subprocess.run(make, cwd=ROOT, env=env, capture_output=True, text=True)
     assert plain.stdout.strip() == "hack/cluster-up.sh", plain
+    # make test-cluster: three nodes unless told (or the running cluster has its own count).
+    tests = ["make", "--no-print-directory", "-n", "test-cluster"]
+    out = subprocess.run(tests, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert "GPUPIPE_CLUSTER_NODES_DEFAULT=3 hack/cluster-up.sh" in out.stdout, out
+    out = subprocess.run([*tests, "NODES=2"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert "GPUPIPE_CLUSTER_NODES=2 hack/cluster-up.sh" in out.stdout, out
 
 
 SERVE = """
