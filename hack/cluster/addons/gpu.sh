@@ -165,6 +165,7 @@ addon_verify() {
   need_cluster "$PIECE"
   local name proc have ids out visible pod=gpupipe-verify-gpu
   name="$(node_name "$GPU_NODE")" proc="$(node_proc fake-gpu "$GPU_NODE")"
+  [[ -x "$BIN" ]] || die "${PIECE}: ${BIN} is not built (hack/cluster/addons/gpu.sh image)"
   running "$proc" || die "${PIECE}: the device plugin does not run for ${name} (log: ${LOG_DIR}/${proc}.log)"
   have="$(allocatable "$name")"
   [[ "$have" == "$GPUS" ]] || die "${PIECE}: ${name}'s allocatable ${RESOURCE} is '${have}', not ${GPUS}"
