@@ -46,7 +46,8 @@ fi
 
 stage "processes"
 for ((k = 1; k <= nodes; k++)); do
-  for p in kube-router kube-proxy kubelet; do stop "$(node_proc "$p" "$k")"; done
+  # fake-gpu: the GPU add-on's device plugin (hack/cluster/addons/gpu.sh), on its GPU node.
+  for p in fake-gpu kube-router kube-proxy kubelet; do stop "$(node_proc "$p" "$k")"; done
 done
 for p in kube-scheduler kube-controller-manager kube-apiserver etcd; do
   stop "$p"

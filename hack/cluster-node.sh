@@ -3,11 +3,13 @@
 #   stop K    power lost: node K's end of its link goes down (nothing it sent or was sent
 #             arrives any more: packets to its address and its pods die on the host's end, as
 #             at a dead machine's switch port), then its kubelet, containerd, kube-proxy and kube-router,
-#             its containers' shims and every process in its pods' cgroups are killed (SIGKILL):
-#             nothing is cleaned up, as on a machine whose power went
+#             its GPU device plugin (a GPU node's: hack/cluster/addons/gpu.sh), its containers'
+#             shims and every process in its pods' cgroups are killed (SIGKILL): nothing is
+#             cleaned up, as on a machine whose power went
 #   start K   power back: the link up, then its containerd, kubelet, kube-proxy and kube-router
-#             started again (its containers are gone, as after a reboot; the kubelet finds its
-#             pods' sandboxes dead and the API server's view of them)
+#             started again, and on the GPU node its device plugin (its containers are gone, as
+#             after a reboot; the kubelet finds its pods' sandboxes dead and the API server's view
+#             of them)
 #   cut K     a network partition: its end of the link down, its processes left running
 #   heal K    the link up again
 # Never the host's end: with it down, the host's route to the node goes, and packets for the
@@ -51,7 +53,7 @@ heal)
   ;;
 stop)
   on_node "$k" ip link set eth0 down
-  for p in kubelet containerd kube-proxy kube-router; do
+  for p in kubelet containerd kube-proxy kube-router fake-gpu; do
     pid="$(cat "${RUN_DIR}/$(node_proc "$p" "$k").pid" 2>/dev/null || true)"
     [[ -n "$pid" ]] && ours "$pid" && kill -KILL "$pid" 2>/dev/null || true
   done
@@ -74,6 +76,11 @@ start)
   node_proxy "$k"
   if [[ -d "${STATE}/addons/network-policy" ]]; then
     "${CLUSTER_HACK}/addons/network-policy.sh" install >/dev/null
+  fi
+  # The GPU node (the one gpu.sh's install recorded): its device plugin, and its N devices back in
+  # the node's allocatable.
+  if [[ "$(sed -n 's/^node=//p' "${STATE}/addons/gpu/settings" 2>/dev/null || true)" == "$k" ]]; then
+    GPUPIPE_CLUSTER_GPU_NODE="$k" "${CLUSTER_HACK}/addons/gpu.sh" install >/dev/null
   fi
   say "${name}: power back (containerd, kubelet, kube-proxy and kube-router run; the node is Ready)"
   ;;
