@@ -230,3 +230,32 @@ def test_bf16_on_cpu_trains_with_autocast(tmp_path: Path, small: tuple[str, str]
     assert curve[-1] < 0.8 * curve[0], curve
     weights = load_file(str(cfg.parent / "model" / "model.safetensors"))
     assert all(str(t.dtype) == "torch.float32" for t in weights.values())
+
+
+# ------------------------------------------------------------------------ (f) GPUs held, none found
+
+
+def test_a_pod_holding_gpus_that_torch_cannot_see_refuses_to_train_on_the_cpu(
+    tmp_path: Path, small: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher tells a job's pod how many GPUs it holds (GPUPIPE_GPUS_PER_NODE, its GPU
+    limit); torch here has no CUDA: one line naming the mismatch, exit 2, nothing written. With
+    GPUPIPE_ALLOW_NO_CUDA=1 (the test cluster's fake GPUs), the same worker trains on the CPU."""
+    data = {"data": {"train_uri": small[0], "val_uri": small[1]}, "train": {"epochs": 1}}
+    monkeypatch.setenv("GPUPIPE_GPUS_PER_NODE", "1")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-fake-0")
+    cfg = config(tmp_path, "held", data)
+    proc = worker(cfg)
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
+    assert errors == [errors[-1]] and errors[0].startswith("ERROR [train] E_NO_CUDA: "), errors
+    assert (
+        "holds 1 GPU(s) but torch" in errors[0] and "NVIDIA_VISIBLE_DEVICES=GPU-fake-0" in errors[0]
+    )
+    assert "GPUPIPE_ALLOW_NO_CUDA=1" in errors[0]
+    assert not (cfg.parent / "model").exists() and not (cfg.parent / "ckpt").exists()
+    monkeypatch.setenv("GPUPIPE_ALLOW_NO_CUDA", "1")
+    allowed = config(tmp_path, "allowed", data)
+    proc = worker(allowed)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert (allowed.parent / "model").exists()

@@ -184,6 +184,9 @@ def test_one_process_per_gpu_and_gpu_limits(
     assert job["spec"]["nprocPerNode"] == nproc
     for rtype in ("Master", "Worker"):
         assert container(job, rtype)["resources"].get("limits", {}) == limits
+        # What the worker checks torch finds (trainer.distributed.dist.check_gpus_found).
+        held = env_of(container(job, rtype)).get("GPUPIPE_GPUS_PER_NODE")
+        assert held == (nproc if limits else None)
         tolerations = job["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"].get(
             "tolerations", []
         )
@@ -441,6 +444,7 @@ BAD = {
     "env-pet": ({"env": {"PET_NNODES": "2"}}, "train.cluster.env"),
     "env-master-addr": ({"env": {"MASTER_ADDR": "x"}}, "train.cluster.env"),
     "env-job-id": ({"env": {"GPUPIPE_JOB": "other"}}, "train.cluster.env"),
+    "env-gpus-held": ({"env": {"GPUPIPE_GPUS_PER_NODE": "0"}}, "train.cluster.env"),
     "env-value": ({"env": {"NCCL_IB_DISABLE": 1}}, "train.cluster.env[NCCL_IB_DISABLE]"),
     "env-and-secret": (
         {"env": {"AWS_ACCESS_KEY_ID": "x"}, "object_store_secret": "object-store"},

@@ -256,6 +256,17 @@ CODES: dict[str, Code] = {
         'patches, set `train_config_json={"cluster.runtime_patches": false}` and put those '
         "settings in the runtime.",
     ),
+    "E_NO_CUDA": Code(
+        _BAD,
+        "A training pod holds GPUs (its `nvidia.com/gpu` limit: the launcher sets "
+        "`GPUPIPE_GPUS_PER_NODE` in its environment) but torch finds no CUDA device: a CPU-only "
+        "image (the CPU image under the CUDA image's name, a CPU build of torch), or a node whose "
+        "GPU driver or container toolkit is missing. Training on the CPU there would hold the "
+        "GPUs and take hours unnoticed, so the worker refuses before it starts.",
+        "Run the CUDA image (`cuda_image`), and check the node's driver (`nvidia-smi` in a pod "
+        "on it). To train on the CPU in such a pod on purpose (a test cluster whose GPUs are a "
+        'device plugin\'s alone), set `job_env={"GPUPIPE_ALLOW_NO_CUDA": "1"}`.',
+    ),
     # -- KFP ------------------------------------------------------------------------------------
     "E_HOST": Code(
         _BAD,

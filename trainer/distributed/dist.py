@@ -112,6 +112,38 @@ def restart_count(env: dict[str, str] | None = None) -> int:
     return max(_env_int(env, "TORCHELASTIC_RESTART_COUNT", 0), 0)
 
 
+GPUS_ENV = "GPUPIPE_GPUS_PER_NODE"
+"""The GPUs the pod holds (its GPU limit): trainer.launch.jobspec.GPUS_ENV, which the launchers
+set in the job's pods (the downward API exposes no extended resource)."""
+ALLOW_NO_CUDA_ENV = "GPUPIPE_ALLOW_NO_CUDA"
+"""``1``: a pod holding GPUs trains on the CPU when torch finds no CUDA device (the test
+cluster's GPU nodes, whose GPUs are a device plugin's alone); anything else refuses to."""
+
+
+def check_gpus_found(env: dict[str, str] | None = None) -> None:
+    """Refuse to train on the CPU in a pod that holds GPUs.
+
+    Raises:
+        InputError: ``E_NO_CUDA``, the pod's limit and what torch found, unless
+            ``GPUPIPE_ALLOW_NO_CUDA=1``.
+    """
+    env = dict(os.environ if env is None else env)
+    held = _env_int(env, GPUS_ENV, 0)
+    if held <= 0 or torch.cuda.is_available() or env.get(ALLOW_NO_CUDA_ENV) == "1":
+        return
+    from trainer.base.errors import InputError
+
+    visible = env.get("NVIDIA_VISIBLE_DEVICES", "unset")
+    raise InputError(
+        "E_NO_CUDA",
+        f"this pod holds {held} GPU(s) but torch {torch.__version__} finds no CUDA device "
+        f"(NVIDIA_VISIBLE_DEVICES={visible}): a CPU-only image or a node without its GPU "
+        f"driver; it would train on the CPU unnoticed (set {ALLOW_NO_CUDA_ENV}=1 in the job's "
+        "env, job_env, to allow that)",
+        f"{GPUS_ENV}={held}",
+    )
+
+
 def init(backend: str = "auto", timeout_s: int = 1800) -> DistContext:
     """Pick the device, start the process group (if more than one process) and quiet non-main ranks.
 
@@ -123,9 +155,11 @@ def init(backend: str = "auto", timeout_s: int = 1800) -> DistContext:
         The frozen context handed to the rest of the trainer.
 
     Raises:
-        ValueError: bad environment, or NCCL asked for without CUDA.
+        ValueError: bad environment, NCCL asked for without CUDA, or a pod that holds GPUs
+            finds none (:func:`check_gpus_found`).
     """
     layout = read_env()
+    check_gpus_found()
     if torch.cuda.is_available():
         device = torch.device("cuda", layout["local_rank"] % torch.cuda.device_count())
         torch.cuda.set_device(device)

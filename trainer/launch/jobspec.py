@@ -80,7 +80,10 @@ def worker_command(run: TrainingRun) -> list[str]:
 
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 """A key of a Kubernetes Secret's data."""
-RESERVED_ENV = ("GPUPIPE_JOB", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+GPUS_ENV = "GPUPIPE_GPUS_PER_NODE"
+"""The GPUs a job's pod holds (its GPU limit), which the worker checks that torch finds
+(trainer.distributed.dist.check_gpus_found): the downward API exposes no extended resource."""
+RESERVED_ENV = ("GPUPIPE_JOB", GPUS_ENV, "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 """Set by gpupipe or the operator; a user value would silently break rendezvous or logs."""
 OBJECT_STORE_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 """Keys of KFP's artifact-store secret (``mlpipeline-minio-artifact``) -> environment variables."""

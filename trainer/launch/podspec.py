@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.launch.jobspec import (
+    GPUS_ENV,
     ISTIO_INJECT,
     LABEL_APP,
     LABEL_JOB,
@@ -68,7 +69,8 @@ def job_metadata(spec: JobSpec) -> dict[str, Any]:
 
 def container_env(spec: JobSpec) -> list[dict[str, Any]]:
     """The training container's environment: gpupipe's defaults, the user's, secrets."""
-    plain = {"GPUPIPE_JOB": spec.name, **DEFAULT_ENV, **spec.cluster.env}
+    held = {GPUS_ENV: str(spec.run.gpus_per_node)} if spec.run.gpus_per_node > 0 else {}
+    plain = {"GPUPIPE_JOB": spec.name, **DEFAULT_ENV, **held, **spec.cluster.env}
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
     refs = [(name, *ref.partition("/")[::2]) for name, ref in spec.cluster.secret_env.items()]
     if store := spec.cluster.object_store_secret:
