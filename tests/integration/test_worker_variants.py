@@ -259,3 +259,29 @@ def test_a_pod_holding_gpus_that_torch_cannot_see_refuses_to_train_on_the_cpu(
     proc = worker(allowed)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert (allowed.parent / "model").exists()
+
+
+def test_a_pipeline_step_pod_asked_for_gpus_refuses_the_cpu_a_machine_of_ones_own_trains(
+    tmp_path: Path, small: tuple[str, str]
+) -> None:
+    """launcher=local in a KFP step's pod (Kubernetes' service env present) with gpus_per_node=1:
+    KFP gave the pod the GPU limit, so the workers must find CUDA: the step fails with the
+    worker's E_NO_CUDA line. The same run on a machine of one's own trains on the CPU."""
+    from trainer.base.errors import InputError
+    from trainer.launch import TrainingRun
+    from trainer.launch.local import LocalLauncher
+
+    data = {"data": {"train_uri": small[0], "val_uri": small[1]}, "train": {"epochs": 1}}
+    run_env = {k: v for k, v in env().items() if not k.startswith(("GPUPIPE_", "KUBERNETES_"))}
+    in_pod = config(tmp_path, "in-pod", data)
+    with pytest.raises(InputError) as refused:
+        LocalLauncher(env={**run_env, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}).launch(
+            TrainingRun(job_name="in-pod", config_uri=str(in_pod), gpus_per_node=1, timeout_s=120)
+        )
+    assert refused.value.code == "E_NO_CUDA", refused.value
+    assert not (in_pod.parent / "model").exists()
+    own = config(tmp_path, "own", data)
+    LocalLauncher(env=run_env).launch(
+        TrainingRun(job_name="own", config_uri=str(own), gpus_per_node=1, timeout_s=120)
+    )
+    assert (own.parent / "model").exists()

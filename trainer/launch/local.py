@@ -26,6 +26,7 @@ from typing import Any
 from trainer.base.errors import InputError, StepFailure, parse_error_line
 from trainer.base.redact import redact
 from trainer.launch import TrainingRun
+from trainer.launch.jobspec import GPUS_ENV
 from trainer.launch.torchrun import torchrun_command
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,10 @@ class LocalLauncher:
         env = dict(os.environ if self.env is None else self.env)
         env["GPUPIPE_JOB"] = job_name
         env.setdefault("OMP_NUM_THREADS", "1")
+        if run.gpus_per_node > 0 and env.get("KUBERNETES_SERVICE_HOST"):
+            # A pipeline step's pod, which KFP gave the GPU limit: the workers check that torch
+            # finds them (on a machine of one's own, no GPU means training on the CPU).
+            env[GPUS_ENV] = str(run.gpus_per_node)
         log.info("launching %s: %s", job_name, redact(" ".join(cmd)))
         child = Child(cmd, env=env, tail_lines=self.tail_lines)
         child.pump_in_background()
