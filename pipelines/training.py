@@ -337,8 +337,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 ``{"kueue.x-k8s.io/queue-name": "gpu-team"}``.
             job_annotations: cluster jobs: extra annotations of the job and its pods, e.g.
                 ``{"karpenter.sh/do-not-disrupt": "true"}``.
-            job_env: cluster jobs: extra environment variables of the training processes,
-                e.g. ``{"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}``.
+            job_env: extra environment variables of the training processes (of a cluster
+                job, or of launcher=local's), e.g. ``{"NCCL_SOCKET_IFNAME": "eth0",
+                "NCCL_DEBUG": "INFO"}``; ``{"GPUPIPE_ALLOW_NO_CUDA": "1"}`` lets a pod that holds
+                GPUs train on the CPU when torch finds none (E_NO_CUDA otherwise).
             gang_queue: PyTorchJobs: the queue of the job's PodGroup when the Training
                 Operator gang-schedules with Volcano (empty: the scheduler's default).
             gang_priority_class: PyTorchJobs: the PriorityClass of the job's PodGroup (empty:

@@ -161,7 +161,9 @@ class ClusterConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables of the training container, e.g. ``NCCL_SOCKET_IFNAME``,
     ``NCCL_DEBUG``; they override gpupipe's defaults (``HOME``,
-    ``TORCH_NCCL_ASYNC_ERROR_HANDLING``). (Pipeline parameter ``job_env``.)"""
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING``); launcher=local's workers get them too.
+    ``GPUPIPE_ALLOW_NO_CUDA=1``: a pod that holds GPUs trains on the CPU when torch finds no
+    CUDA device (else ``E_NO_CUDA``). (Pipeline parameter ``job_env``.)"""
     secret_env: dict[str, str] = field(default_factory=dict)
     """Environment variables of the training container taken from Kubernetes Secrets in the
     job's namespace, ``{"HF_TOKEN": "hf-account/token"}`` (``<secret>/<key>``): the pod spec

@@ -498,7 +498,12 @@ def train_step(
 def make_launcher(cfg: TrainStepConfig) -> Launcher:
     """The launcher ``cfg.launcher`` names, configured from the step's cluster settings."""
     if cfg.launcher == "local":
-        return LocalLauncher()
+        # The job's environment (job_env) goes to its workers wherever they run: here too.
+        return (
+            LocalLauncher(env={**os.environ, **cfg.cluster.env})
+            if cfg.cluster.env
+            else LocalLauncher()
+        )
     from trainer.launch.pytorchjob import PyTorchJobLauncher
     from trainer.launch.trainjob import TrainJobLauncher
 
