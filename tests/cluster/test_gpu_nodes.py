@@ -191,3 +191,68 @@ def test_a_pod_without_the_toleration_is_never_placed_on_the_gpu_node(
     )
     assert "untolerated taint" in message, message
     kube.kubectl("delete", "pod", "-n", ns, name, "--wait=false", check=False)
+
+
+def _gpu_job_config(image: str, kind: str, gpu: dict[str, Any], **env: str) -> dict[str, Any]:
+    """The 2-node job with one GPU a worker, on the GPU nodes' product (the pipeline's
+    gpu_node_selector), the job's env ``env`` (job_env)."""
+    cfg = kube.train_config(
+        image,
+        kind,
+        gpus_per_node=1,
+        train__epochs=2,
+        cluster__node_selector={"nvidia.com/gpu.product": gpu["product"]},
+    )
+    cfg["cluster"]["env"] = dict(env)
+    if kind == "trainjob":
+        cfg["cluster"]["runtime"] = kube.GPUPIPE_RUNTIME
+    return cfg
+
+
+@pytest.mark.ci_allowance(600)
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_gpu_workers_land_on_the_gpu_node_and_hold_a_device_each(
+    gpu: dict[str, Any], namespace: str, image: str, dataset: str, kind: str
+) -> None:
+    """Issue 64 item 2: a PyTorchJob's and a TrainJob's GPU workers (gpus_per_node=1, the GPU
+    node's product as node selector) are scheduled onto the GPU node, one device each, while the
+    launcher (no GPU, no toleration) is not. The devices are the plugin's, with no CUDA: the job
+    says so with GPUPIPE_ALLOW_NO_CUDA=1 (job_env) and trains on the CPU."""
+    run = kube.launch(
+        namespace, image, dataset, _gpu_job_config(image, kind, gpu, GPUPIPE_ALLOW_NO_CUDA="1")
+    )
+    placed: dict[str, tuple[str, str]] = {}
+
+    def done() -> bool:
+        for pod in kube.job_pods(namespace, run.job, kind):
+            node = pod["spec"].get("nodeName")
+            (main,) = [c for c in pod["spec"]["containers"] if c["name"] == run.container]
+            if node:
+                placed[pod["metadata"]["name"]] = (node, main["resources"]["limits"].get(RESOURCE))
+        return kube.pod_phase(namespace, run.pod) in ("Succeeded", "Failed")
+
+    kube.wait_until("the GPU job's launcher to finish", done, kube.JOB_TIMEOUT_S, interval=2)
+    log = run.log()
+    assert run.done()["exitCode"] == 0, log[-3000:]
+    assert len(placed) >= 2 and set(placed.values()) == {(gpu["name"], "1")}, placed
+    launcher = kube.get_json("pod", "-n", namespace, run.pod)
+    assert launcher["spec"]["nodeName"] != gpu["name"], launcher["spec"]["nodeName"]
+    assert "holds 1 GPU(s) but torch finds no CUDA device: training on the CPU" in log, log[-3000:]
+
+
+@pytest.mark.ci_allowance(600)
+def test_a_gpu_worker_that_finds_no_cuda_fails_the_step_in_one_line(
+    gpu: dict[str, Any], namespace: str, image: str, dataset: str
+) -> None:
+    """The same job without the setting: each worker holds a device and torch finds no CUDA, so
+    it refuses to train on the CPU: the step ends with the worker's E_NO_CUDA line, exit 2 (no
+    retry: the same node would give the same answer), and the job is deleted."""
+    cfg = _gpu_job_config(image, "pytorchjob", gpu)
+    run = kube.launch(namespace, image, dataset, cfg)
+    done = run.done()
+    log = run.log()
+    assert done["exitCode"] == 2, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith("ERROR [train] E_NO_CUDA: this pod holds 1 GPU(s)"), last
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-" in last, last
+    kube.wait_until(f"job {run.job} to be deleted", lambda: kube.job_gone(namespace, run.job), 180)

@@ -258,6 +258,7 @@ def test_a_pod_holding_gpus_that_torch_cannot_see_refuses_to_train_on_the_cpu(
     allowed = config(tmp_path, "allowed", data)
     proc = worker(allowed)
     assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "holds 1 GPU(s) but torch finds no CUDA device: training on the CPU" in proc.stderr
     assert (allowed.parent / "model").exists()
 
 

@@ -129,7 +129,15 @@ def check_gpus_found(env: dict[str, str] | None = None) -> None:
     """
     env = dict(os.environ if env is None else env)
     held = _env_int(env, GPUS_ENV, 0)
-    if held <= 0 or torch.cuda.is_available() or env.get(ALLOW_NO_CUDA_ENV) == "1":
+    if held <= 0 or torch.cuda.is_available():
+        return
+    if env.get(ALLOW_NO_CUDA_ENV) == "1":
+        log.warning(
+            "this pod holds %d GPU(s) but torch finds no CUDA device: training on the CPU, "
+            "as %s=1 allows",
+            held,
+            ALLOW_NO_CUDA_ENV,
+        )
         return
     from trainer.base.errors import InputError
 
