@@ -287,10 +287,38 @@ YAML
   } >"${dir}/install/kustomization.yaml"
 }
 
-# The API server answers through its Service, as a port-forward or KFP's SDK client reaches it.
+# api_get PATH: GET the API server's PATH through a port-forward of Service ml-pipeline, as the
+# README's `kubectl port-forward` and KFP's SDK client reach it. Not the Kubernetes API server's
+# service proxy: that connects from the control plane's node to the pod, and upstream's
+# NetworkPolicy on ml-pipeline admits KFP's own pods and run pods only, so with the pod on
+# another node it was refused (seen on two nodes: only a pod on the control plane's own node
+# is reached, the node's own traffic being exempt).
+api_get() {
+  local log port pf out rc=0
+  log="$(mktemp)"
+  kubectl_ -n "$NS" port-forward svc/ml-pipeline :8888 >"$log" 2>&1 &
+  pf=$!
+  for _ in $(seq 50); do
+    port="$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$log" | head -n1)"
+    [[ -n "$port" ]] && break
+    kill -0 "$pf" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [[ -n "$port" ]]; then
+    out="$(curl -fsS --max-time 20 "http://127.0.0.1:${port}$1")" || rc=$?
+  else
+    rc=1
+  fi
+  kill "$pf" 2>/dev/null || true
+  wait "$pf" 2>/dev/null || true
+  rm -f "$log"
+  ((rc == 0)) && printf '%s\n' "$out"
+  return "$rc"
+}
+
+# The API server answers through its Service.
 api_answers() {
-  kubectl_ get --raw "/api/v1/namespaces/${NS}/services/ml-pipeline:http/proxy/apis/v2beta1/healthz" |
-    grep -q '"multi_user":false'
+  api_get /apis/v2beta1/healthz | grep -q '"multi_user":false'
 }
 
 # The persistence agent and the ScheduledWorkflow controller dial the API server's gRPC port once,
@@ -351,7 +379,7 @@ addon_verify() {
     die "${PIECE}: ML Metadata's check from a pod failed: ${out}"
   printf '%s\n' "$out" | sed 's/^/      /'
   grep -q "^mlmd-check: all [0-9]* checks passed" <<<"$out" || die "${PIECE}: ML Metadata's check did not finish"
-  out="$(kubectl_ get --raw "/api/v1/namespaces/${NS}/services/ml-pipeline:http/proxy/apis/v2beta1/pipelines")" ||
+  out="$(api_get /apis/v2beta1/pipelines)" ||
     die "${PIECE}: listing pipelines through Service ${NS}/ml-pipeline failed"
   say "ML Metadata's service passed its check; the API server lists pipelines: ${out:0:80}"
 }
