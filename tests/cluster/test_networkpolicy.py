@@ -296,7 +296,13 @@ def test_kfp_and_katib_servers_admit_the_pipeline_namespaces_callers_only(
     # The UI's server: the API server and the grpc-web proxy.
     assert got["kfp-ui"][KFP_API][-1] == reached, got["kfp-ui"]
     assert got["kfp-ui"][MLMD_WEB][-1] == reached, got["kfp-ui"]
-    # People reach the UI from the node (a port-forward, a browser on it).
-    url = f"http://{kube.service_address(NS, 'ml-pipeline-ui', 80)}/"
-    with urllib.request.urlopen(url, timeout=10) as answer:
+    # People reach the UI with a port-forward (a browser on the machine), wherever its pod runs:
+    # the kubelet connects inside the pod. (The Service's cluster address from the host is the
+    # host's traffic, which the policy refuses on any node but the pod's own.)
+    from tests.cluster.kfp import port_forward
+
+    with (
+        port_forward("ml-pipeline-ui", 80) as url,
+        urllib.request.urlopen(url, timeout=10) as answer,
+    ):
         assert answer.status == 200, url

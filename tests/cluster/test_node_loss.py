@@ -266,7 +266,7 @@ def test_a_lost_node_with_none_to_take_its_place_fails_the_step_in_its_deadline_
     cannot be placed (one worker per node). The step fails at its deadline in one line that
     names the pod and the scheduler's reason, and deletes its job: nothing is left running."""
     spares = [n for n in _node_names() if n not in (kube.NODE_NAME, LOST)]
-    run = _launch(namespace, image, dataset, "pytorchjob", timeout_s=420)
+    run = _launch(namespace, image, dataset, "pytorchjob", timeout_s=330)
     for node in spares:
         kube.kubectl("cordon", node)
     try:

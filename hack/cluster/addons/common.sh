@@ -436,6 +436,39 @@ json_string() { python3 -c 'import json, sys; print(json.dumps(sys.stdin.read())
 RESTRICTED_POD='"securityContext":{"runAsNonRoot":true,"runAsUser":1000,"seccompProfile":{"type":"RuntimeDefault"}}'
 RESTRICTED_CONTAINER='"securityContext":{"allowPrivilegeEscalation":false,"capabilities":{"drop":["ALL"]}}'
 
+# forward_start NS SERVICE PORT: a background `kubectl port-forward` of the Service's PORT to a
+# free local port, as the README reaches KFP: sets FORWARD_URL (http://127.0.0.1:<port>) and
+# FORWARD_PID; forward_stop ends it. The host reaches a Service through the kubelet this way, not
+# through kube-proxy or the API server's service proxy, whose connections come from the host and
+# meet the pod's NetworkPolicy when the pod runs on another node (docs/test-cluster.md).
+forward_start() {
+  local ns="$1" svc="$2" port="$3" log local_port=""
+  log="$(mktemp)"
+  kubectl_ -n "$ns" port-forward "svc/${svc}" ":${port}" >"$log" 2>&1 &
+  FORWARD_PID=$!
+  for _ in $(seq 100); do
+    local_port="$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$log" | head -n1)"
+    [[ -n "$local_port" ]] && break
+    kill -0 "$FORWARD_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  if [[ -z "$local_port" ]]; then
+    printf 'port-forward to %s/%s:%s did not start: %s\n' "$ns" "$svc" "$port" "$(tail -n 3 "$log")" >&2
+    rm -f "$log"
+    forward_stop
+    return 1
+  fi
+  rm -f "$log"
+  FORWARD_URL="http://127.0.0.1:${local_port}"
+}
+
+forward_stop() {
+  [[ -n "${FORWARD_PID:-}" ]] || return 0
+  kill "$FORWARD_PID" 2>/dev/null || true
+  wait "$FORWARD_PID" 2>/dev/null || true
+  FORWARD_PID=""
+}
+
 # run_pod NAMESPACE POD IMAGE OVERRIDES SECONDS: run one pod to its end, print its log, remove it;
 # succeeds only when the pod Succeeded. Made, waited on and read in three steps: `kubectl run -i
 # --rm` attaches after the container starts and can miss all of a short container's output (it

@@ -226,16 +226,15 @@ $(roll_on_images '{kind: Deployment}')
 YAML
 }
 
-service_url() {
-  local ip
-  ip="$(kubectl_ -n "$NS" get service "$1" -o jsonpath='{.spec.clusterIP}')" ||
-    die "${PIECE}: Service ${NS}/$1 is missing (the kfp add-on applies it)"
-  printf 'http://%s:%s' "$ip" "$2"
-}
-
-# The UI's server answers its healthz with the API server's own state.
+# The UI's server answers its healthz with the API server's own state: through a port-forward
+# of its Service (common.sh's forward_start), as a person reaches the UI. The Service's cluster
+# address from the host met the UI's NetworkPolicy once the pod ran on another node.
 ui_answers() {
-  curl -sf --max-time 5 "$(service_url ml-pipeline-ui 80)/apis/v2beta1/healthz" | grep -q '"apiServerReady":true'
+  local rc=0
+  forward_start "$NS" ml-pipeline-ui 80 2>/dev/null || return 1
+  curl -sf --max-time 5 "${FORWARD_URL}/apis/v2beta1/healthz" | grep -q '"apiServerReady":true' || rc=1
+  forward_stop
+  return "$rc"
 }
 
 addon_install() {
@@ -261,9 +260,14 @@ grpcweb_call() {
 
 addon_verify() {
   need_cluster "$PIECE"
-  local ui envoy out
-  ui="$(service_url ml-pipeline-ui 80)"
-  envoy="$(service_url metadata-envoy-service 9090)"
+  local ui envoy out ui_pid
+  forward_start "$NS" ml-pipeline-ui 80 || die "${PIECE}: no port-forward to Service ${NS}/ml-pipeline-ui"
+  ui="$FORWARD_URL" ui_pid="$FORWARD_PID"
+  forward_start "$NS" metadata-envoy-service 9090 ||
+    die "${PIECE}: no port-forward to Service ${NS}/metadata-envoy-service"
+  envoy="$FORWARD_URL"
+  # shellcheck disable=SC2064  # the pids now
+  trap "kill ${ui_pid} ${FORWARD_PID} 2>/dev/null || true" EXIT
   out="$(curl -sS --max-time 10 "${ui}/")" || die "${PIECE}: the UI's index page did not load from ${ui}/"
   grep -q '<div id="root">' <<<"$out" || die "${PIECE}: ${ui}/ is not the UI's index page: ${out:0:200}"
   out="$(curl -sS --max-time 10 "${ui}/apis/v2beta1/healthz")" || die "${PIECE}: ${ui}/apis/v2beta1/healthz failed"

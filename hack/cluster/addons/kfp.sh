@@ -287,31 +287,16 @@ YAML
   } >"${dir}/install/kustomization.yaml"
 }
 
-# api_get PATH: GET the API server's PATH through a port-forward of Service ml-pipeline, as the
-# README's `kubectl port-forward` and KFP's SDK client reach it. Not the Kubernetes API server's
-# service proxy: that connects from the control plane's node to the pod, and upstream's
-# NetworkPolicy on ml-pipeline admits KFP's own pods and run pods only, so with the pod on
-# another node it was refused (seen on two nodes: only a pod on the control plane's own node
-# is reached, the node's own traffic being exempt).
+# api_get PATH: GET the API server's PATH through a port-forward of Service ml-pipeline
+# (common.sh's forward_start), as the README and KFP's SDK client reach it. Not the Kubernetes
+# API server's service proxy: that connects from the control plane's node, and upstream's
+# NetworkPolicy on ml-pipeline admits KFP's own pods and run pods only: with the pod on another
+# node it was refused (seen on three nodes; a node's own traffic to its own pods is exempt).
 api_get() {
-  local log port pf out rc=0
-  log="$(mktemp)"
-  kubectl_ -n "$NS" port-forward svc/ml-pipeline :8888 >"$log" 2>&1 &
-  pf=$!
-  for _ in $(seq 50); do
-    port="$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$log" | head -n1)"
-    [[ -n "$port" ]] && break
-    kill -0 "$pf" 2>/dev/null || break
-    sleep 0.2
-  done
-  if [[ -n "$port" ]]; then
-    out="$(curl -fsS --max-time 20 "http://127.0.0.1:${port}$1")" || rc=$?
-  else
-    rc=1
-  fi
-  kill "$pf" 2>/dev/null || true
-  wait "$pf" 2>/dev/null || true
-  rm -f "$log"
+  local out rc=0
+  forward_start "$NS" ml-pipeline 8888 2>/dev/null || return 1
+  out="$(curl -fsS --max-time 20 "${FORWARD_URL}$1")" || rc=$?
+  forward_stop
   ((rc == 0)) && printf '%s\n' "$out"
   return "$rc"
 }
