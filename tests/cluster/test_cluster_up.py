@@ -49,7 +49,11 @@ def test_a_second_cluster_up_leaves_every_process_running() -> None:
     assert {"etcd", "kube-apiserver", "kubelet", "kube-proxy", "containerd"} <= before.keys()
     up = kube.run_script("cluster-up.sh")
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
-    assert up.stdout.rstrip().endswith(f"export KUBECONFIG={kube.KUBECONFIG}")
+    # Its last lines: the KUBECONFIG line, then (with KFP) the README's block for this cluster.
+    lines = up.stdout.splitlines()
+    at = lines.index(f"export KUBECONFIG={kube.KUBECONFIG}")
+    assert lines[at - 1].startswith("==> cluster ready in "), lines[at - 1 :]
+    assert all(line.startswith(("The pipeline on this cluster", "  ")) for line in lines[at + 1 :])
     # Nothing was restarted: the same process under every name, each still alive.
     assert _pids() == before
     # And they outlive it: kube-proxy used to exit a moment after its file was rewritten.
