@@ -1,8 +1,8 @@
 """The test cluster's GPU add-on (hack/cluster/addons/gpu.sh, issue 64): our device plugin
 (hack/cluster/gomod/fake-gpu) pinned to the cluster's kubelet release, the GPU node each setting
 picks, a bad setting refused in one line before anything is started, the plugin's own Go tests
-(real gRPC over unix sockets, a fake kubelet's Registration server), and, as a slow test, the
-plugin against the kubelet's own device-manager code.
+(real gRPC over unix sockets, a fake kubelet's plugin watcher), and, as a slow test, the plugin
+against the kubelet's own plugin manager and device-manager code.
 
 The cluster itself is checked by tests/cluster/test_gpu_nodes.py; these run without one.
 """
@@ -78,7 +78,11 @@ def test_the_plugin_is_built_against_the_clusters_kubelet_release() -> None:
 def test_the_gpu_node_is_the_last_node_with_two_devices_by_default(tmp_path: Path) -> None:
     flags = _flags(tmp_path, nodes="3")
     assert flags["--node"] == "gpupipe-node-3"
-    assert flags["--device-plugins-dir"] == str(tmp_path / "state/nodes/3/kubelet/device-plugins")
+    # The node's kubelet's --root-dir: the plugin registers in its plugins_registry folder (the
+    # kubelet's plugin watcher), not in a device-plugins folder (the kubelet's is compiled in,
+    # /var/lib/kubelet/device-plugins, one for every kubelet of the host).
+    assert flags["--kubelet-root-dir"] == str(tmp_path / "state/nodes/3/kubelet")
+    assert "--device-plugins-dir" not in flags
     assert flags["--count"] == "2" and flags["--resource"] == "nvidia.com/gpu"
     assert flags["--product"] == "gpupipe-fake-gpu"
     # In the node's network namespace, as its kubelet; the binary in the cache, by source hash.
@@ -116,6 +120,24 @@ def test_what_install_recorded_is_kept_unless_the_environment_says_otherwise(
     )
     flags = _flags(tmp_path, nodes="3", settings=recorded, GPUPIPE_CLUSTER_GPUS="1")
     assert (flags["--node"], flags["--count"]) == ("gpupipe-node-2", "1")
+
+
+def test_gpu_sh_names_the_sockets_the_plugin_makes() -> None:
+    """A GPU node moved elsewhere loses a killed plugin's stale sockets (gpu.sh's
+    unmake_gpu_node): the paths under the kubelet's --root-dir that main.go makes."""
+    main = (GOMOD / "main.go").read_text()
+    go = dict(re.findall(r'^\s*(\w+)\s*=\s*"([^"]*)"$', main, re.M))
+    assert re.search(r'^\s*RegistrationSocketName\s*=\s*PluginName \+ "-reg.sock"$', main, re.M)
+    name = go["PluginName"]
+    registration = f"{go['RegistryDir']}/{name}-reg.sock"
+    device = f"{go['PluginsDir']}/{name}/{go['DeviceSocketName']}"
+    assert (registration, device) == (
+        "plugins_registry/gpupipe-fake-gpu-reg.sock",
+        "plugins/gpupipe-fake-gpu/dp.sock",
+    )
+    script = SCRIPT.read_text()
+    assert f'REG_SOCKET="{registration}"' in script
+    assert f'DEVICE_SOCKET="{device}"' in script
 
 
 @pytest.mark.parametrize(
@@ -194,22 +216,26 @@ def _go_test(folder: Path, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_plugins_go_tests_pass() -> None:
-    """Over real unix sockets through the kubelet API's generated gRPC client: it registers with
-    a fake kubelet's Registration server, lists N healthy GPU-<uuid> devices, Allocate sets
-    NVIDIA_VISIBLE_DEVICES and GPUPIPE_FAKE_GPU=1 and nothing else, it registers again when the
-    kubelet starts again, and SIGTERM ends it with its socket removed
+    """Over real unix sockets through the kubelet API's generated gRPC clients: a fake kubelet's
+    plugin watcher finds its socket in <root-dir>/plugins_registry, GetInfo names a DevicePlugin
+    for nvidia.com/gpu at the absolute path of its device-plugin socket, which lists N healthy
+    GPU-<uuid> devices; Allocate sets NVIDIA_VISIBLE_DEVICES and GPUPIPE_FAKE_GPU=1 and nothing
+    else; a kubelet that starts again finds it where it was; while no kubelet lists the devices
+    it makes its registration socket anew; SIGTERM ends it with its sockets removed
     (hack/cluster/gomod/fake-gpu/plugin_test.go)."""
     proc = _go_test(GOMOD, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.slow
-def test_the_plugin_with_the_kubelets_own_device_manager() -> None:
-    """The plugin's binary against Kubernetes v1.34.4's device-manager registration server,
-    plugin client and folder cleanup (hack/cluster/gomod/fake-gpu/kubeletcheck): registered,
-    listed and allocated; registered again after a kubelet's restart and after a killed kubelet's.
-    Slow: it compiles part of the kubelet (about a minute where the cluster's kubelet was built on
-    this machine, several where nothing is cached)."""
+def test_the_plugin_with_the_kubelets_own_plugin_manager_and_device_manager() -> None:
+    """The plugin's binary against Kubernetes v1.34.4's plugin manager (the watcher of a
+    temporary plugins_registry) with the device manager's plugin handler
+    (hack/cluster/gomod/fake-gpu/kubeletcheck): registered, listed and allocated; N allocatable
+    again, and for 3 s on end, after a kubelet's restarts (one 17 s away), after the plugin is
+    killed and started again, and after a power loss (the kubelet first, a stale socket); 0 after
+    SIGTERM. Slow: about a minute of running, and it compiles part of the kubelet (about a minute
+    where the cluster's kubelet was built on this machine, several where nothing is cached)."""
     proc = _go_test(GOMOD / "kubeletcheck", timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 

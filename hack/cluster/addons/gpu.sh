@@ -3,15 +3,19 @@
 # cluster advertises N `nvidia.com/gpu` and is labelled and tainted as a cloud provider's GPU
 # nodes are, so that the pipeline's GPU limits, toleration and node selector are scheduled for
 # real. The devices are our own device plugin's (hack/cluster/gomod/fake-gpu), a host process per
-# GPU node as the kubelet is here: it registers with that node's kubelet over its kubelet.sock and
-# sets NVIDIA_VISIBLE_DEVICES (and GPUPIPE_FAKE_GPU=1) in a container that holds GPUs. No CUDA.
+# GPU node as the kubelet is here: it registers with that node's kubelet through the kubelet's
+# plugin watcher (a socket in <the kubelet's --root-dir>/plugins_registry; not over kubelet.sock,
+# whose folder, /var/lib/kubelet/device-plugins, is compiled into the kubelet and shared by every
+# kubelet of this host) and sets NVIDIA_VISIBLE_DEVICES (and GPUPIPE_FAKE_GPU=1) in a container
+# that holds GPUs. No CUDA.
 #   image    the plugin from hack/cluster/gomod/fake-gpu (k8s.io/kubelet at the cluster's
 #            Kubernetes release), into ${BIN_DIR}/fake-gpu-<hash of its source>/; no image
 #   install  on the GPU node: the taint nvidia.com/gpu=present:NoSchedule, the labels
 #            nvidia.com/gpu.present=true, nvidia.com/gpu.product=<product>, nvidia.com/gpu.count=N,
 #            then the plugin (log: logs/fake-gpu-K.log; restarted when its flags change); waits
 #            until the node's allocatable shows N nvidia.com/gpu. A GPU node moved elsewhere
-#            (another GPUPIPE_CLUSTER_GPU_NODE) loses its plugin, labels and taint first
+#            (another GPUPIPE_CLUSTER_GPU_NODE) loses its plugin, its sockets, labels and taint
+#            first
 #   verify   a pod asking one nvidia.com/gpu, with the pipeline's toleration, lands on the GPU
 #            node and sees NVIDIA_VISIBLE_DEVICES naming one of the advertised devices
 #   images   none
@@ -39,6 +43,14 @@ TAINT="nvidia.com/gpu=present:NoSchedule"
 DEFAULT_PRODUCT="gpupipe-fake-gpu"
 MAX_GPUS=64
 SETTINGS="$(addon_state "$PIECE")/settings"
+# The plugin's sockets under a kubelet's --root-dir (fake-gpu's main.go): the one the kubelet's
+# plugin watcher finds, and the device-plugin socket it then dials.
+REG_SOCKET="plugins_registry/gpupipe-fake-gpu-reg.sock"
+DEVICE_SOCKET="plugins/gpupipe-fake-gpu/dp.sock"
+# How long install waits for the node's allocatable: a kubelet that started while the plugin was
+# down (hack/cluster-node.sh start) tries the plugin's stale socket with a back-off that grows to
+# 2 min 2 s, each try up to 10 s; the node's status reports the devices within 10 s more.
+ALLOCATABLE_WAIT_S=150
 VERIFY_NS=gpupipe-verify-gpu
 
 # The binary's version folder: a hash of the module's source (go.mod, go.sum, its non-test Go
@@ -94,12 +106,16 @@ addon_image() {
   go_build_wrapper "$PIECE" fake-gpu "$(build_version)" fake-gpu . fake-gpu
 }
 
+# kubelet_root K: node K's kubelet's --root-dir (node-up.sh's node_kubelet).
+kubelet_root() { printf '%s/kubelet' "$(node_dir "$1")"; }
+
 # flags: the GPU node's plugin command line, one argument a line. In the node's network namespace,
-# as its other processes are (it talks to its kubelet over files only: the kubelet's root folder).
+# as its other processes are (it talks to its kubelet over files only: sockets under the
+# kubelet's --root-dir).
 flags() {
   # shellcheck disable=SC2046  # node_exec's words are separate arguments
   printf '%s\n' $(node_exec "$GPU_NODE") "$BIN" \
-    --device-plugins-dir "$(node_dir "$GPU_NODE")/kubelet/device-plugins" \
+    --kubelet-root-dir "$(kubelet_root "$GPU_NODE")" \
     --node "$(node_name "$GPU_NODE")" \
     --count "$GPUS" --resource "$RESOURCE" --product "$PRODUCT"
 }
@@ -116,6 +132,10 @@ unmake_gpu_node() {
   local k="$1" name
   name="$(node_name "$k")"
   stop "$(node_proc fake-gpu "$k")"
+  # A plugin killed (hack/cluster-node.sh stop) left its sockets, which that kubelet would try on
+  # and on; one stopped has removed them.
+  rm -f "$(kubelet_root "$k")/${REG_SOCKET}" "$(kubelet_root "$k")/${DEVICE_SOCKET}"
+  rmdir "$(dirname "$(kubelet_root "$k")/${DEVICE_SOCKET}")" 2>/dev/null || true
   rm -f "$(addon_state "$PIECE")/$(node_proc flags "$k")"
   kubectl_ get node "$name" >/dev/null 2>&1 || return 0
   kubectl_ label node "$name" nvidia.com/gpu.present- nvidia.com/gpu.product- nvidia.com/gpu.count- >/dev/null ||
@@ -147,7 +167,7 @@ addon_install() {
   if flags | put "$flags_file"; then stop "$proc"; fi
   mapfile -t args <"$flags_file"
   start "$proc" "${args[@]}"
-  must_run "$proc" 90 allocatable_is "$name" "$GPUS"
+  must_run "$proc" "$ALLOCATABLE_WAIT_S" allocatable_is "$name" "$GPUS"
   say "${name} has ${GPUS} ${RESOURCE} (${PRODUCT}, no GPU behind them), tainted ${TAINT} (log: ${LOG_DIR}/${proc}.log)"
 }
 

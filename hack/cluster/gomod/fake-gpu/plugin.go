@@ -40,11 +40,12 @@ type plugin struct {
 	devices []*api.Device
 	known   map[string]bool
 	log     *log.Logger
+	watch   *streams      // the kubelets' open ListAndWatch streams
 	stop    chan struct{} // closed when the server stops: ListAndWatch streams end
 }
 
-func newPlugin(cfg config, logger *log.Logger) *plugin {
-	p := &plugin{known: map[string]bool{}, log: logger, stop: make(chan struct{})}
+func newPlugin(cfg config, logger *log.Logger, watch *streams) *plugin {
+	p := &plugin{known: map[string]bool{}, log: logger, watch: watch, stop: make(chan struct{})}
 	for i := 0; i < cfg.count; i++ {
 		id := deviceID(cfg.node, i)
 		p.devices = append(p.devices, &api.Device{ID: id, Health: api.Healthy})
@@ -65,6 +66,8 @@ func (p *plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.Devic
 // ListAndWatch sends the devices once (they never change health) and holds the stream open
 // until the kubelet ends it or the plugin stops.
 func (p *plugin) ListAndWatch(_ *api.Empty, stream api.DevicePlugin_ListAndWatchServer) error {
+	p.watch.opened()
+	defer p.watch.closed()
 	if err := stream.Send(&api.ListAndWatchResponse{Devices: p.devices}); err != nil {
 		p.log.Printf("ListAndWatch: sending the devices failed: %v", err)
 		return err
@@ -72,6 +75,7 @@ func (p *plugin) ListAndWatch(_ *api.Empty, stream api.DevicePlugin_ListAndWatch
 	p.log.Printf("ListAndWatch: the kubelet has the %d devices, all healthy", len(p.devices))
 	select {
 	case <-stream.Context().Done():
+		p.log.Printf("ListAndWatch: the kubelet ended the stream (it stopped, or deregistered the plugin)")
 	case <-p.stop:
 	}
 	return nil
