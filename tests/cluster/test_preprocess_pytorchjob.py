@@ -72,8 +72,10 @@ def test_three_pods_preprocess_a_table_as_one_process_does(
     assert specs, "the job was never seen"
     (c,) = specs[-1]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert c["resources"]["limits"]["memory"] == "1Gi" and "nvidia.com/gpu" not in json.dumps(c)
-    # The step's result line (stdout) is main's, with the splits' sizes.
-    result = json.loads(log.strip().splitlines()[-1])
+    # The step's result line (stdout) is main's, with the splits' sizes: its last JSON line. (The
+    # pod's log merges stdout and stderr as they arrive: a note on stderr printed before it came
+    # after it once, on three nodes.)
+    result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
     assert result["train_rows"] + result["val_rows"] + result["test_rows"] == 9000
 
     # One process over the same store files, on this host: the same bytes.
