@@ -31,9 +31,14 @@ STORE_SECRET = "mlpipeline-minio-artifact"
 """KFP's artifact-store secret (``accesskey``/``secretkey``), made by the object-store add-on."""
 BUCKET = "mlpipeline"
 BUSYBOX_IMAGE = "gpupipe.local/busybox:1.35.0"
+"""The node's busybox image (hack/cluster/lib.sh's BUSYBOX_IMAGE)."""
 GPUPIPE_RUNTIME = "gpupipe-torch-distributed"
 """gpupipe's ClusterTrainingRuntime (hack/cluster/addons/trainer/): the TrainJob tests' runtime."""
-"""The node's busybox image (hack/cluster/lib.sh's BUSYBOX_IMAGE)."""
+
+
+def node_name(k: int) -> str:
+    """Node K's name, as hack/cluster/nodes.sh names it: node 1 is the host, ``NODE_NAME``."""
+    return NODE_NAME if k == 1 else f"{NODE_NAME}-{k}"
 
 
 def _versions() -> dict[str, str]:

@@ -30,7 +30,7 @@ def gpu() -> dict[str, Any]:
     kube.need_addon("gpu")
     recorded = dict(line.split("=", 1) for line in SETTINGS.read_text().splitlines() if "=" in line)
     k = int(recorded["node"])
-    name = kube.NODE_NAME if k == 1 else f"{kube.NODE_NAME}-{k}"
+    name = kube.node_name(k)
     return {"name": name, "count": int(recorded["gpus"]), "product": recorded["product"]}
 
 

@@ -707,7 +707,7 @@ def test_a_node_lost_under_the_pipelines_job_and_back_the_run_still_succeeds(
     k, lost = kube.wait_until(
         "the job past its first checkpoints, a worker on a node of its own", target, 600, 2
     )
-    node = f"{kube.NODE_NAME}-{k}"
+    node = kube.node_name(k)
     try:
         subprocess.run([str(script), "stop", str(k)], check=True, timeout=120)
         kube.wait_until(

@@ -39,12 +39,7 @@ NODE_SCRIPT = kube.ROOT / "hack" / "cluster-node.sh"
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
 
 
-def _name(k: int) -> str:
-    """Node K's name (node 1 is the host, the control plane's)."""
-    return kube.NODE_NAME if k == 1 else f"{kube.NODE_NAME}-{k}"
-
-
-LOST = _name(2)
+LOST = kube.node_name(2)
 
 
 def _node_names() -> list[str]:
@@ -77,7 +72,7 @@ def nodes_back() -> Iterator[None]:
     yield
     for k in range(2, len(_node_names()) + 1):
         subprocess.run([str(NODE_SCRIPT), "heal", str(k)], check=False, timeout=60)
-        if _ready(_name(k)) != "True":
+        if _ready(kube.node_name(k)) != "True":
             subprocess.run([str(NODE_SCRIPT), "start", str(k)], check=False, timeout=300)
     for name in _node_names():
         kube.kubectl("taint", "node", name, "node.kubernetes.io/out-of-service-", check=False)
@@ -144,7 +139,7 @@ def _lose_node_mid_training(
     """Wait for the job to pass a checkpoint with a pod on node K, then lose node K (``how``:
     hack/cluster-node.sh's ``stop``, its power, or ``cut``, its network); wait for NotReady and
     the eviction. The uids of the job's pods before the loss, its time, the stages."""
-    name = _name(k)
+    name = kube.node_name(k)
     kube.wait_until(
         f"the job to pass its first checkpoints with a pod on {name}",
         lambda: _on_node(run, name) is not None and _lead_steps(run) >= 12,
@@ -181,7 +176,7 @@ def _launch(
     both workers are placed: a spare must be free for the replacement); its launcher (the train
     step's pod) on node 1, which this test keeps: a lost step pod is KFP's retry
     (tests/cluster/test_kfp.py), not this test's."""
-    others = [n for n in _node_names() if n not in {_name(k) for k in on}]
+    others = [n for n in _node_names() if n not in {kube.node_name(k) for k in on}]
     for node in others:
         kube.kubectl("cordon", node)
     try:
@@ -253,7 +248,7 @@ def test_a_lost_node_marked_out_of_service_gives_its_replica_to_a_spare_node(
     before, t0, stages = _lose_node_mid_training(run)
     kube.kubectl("taint", "node", LOST, OUT_OF_SERVICE)
     nodes, log = _replaced_and_finished(run, before, t0, stages)
-    assert _name(3) in nodes, nodes
+    assert kube.node_name(3) in nodes, nodes
     launchers.check_resumed_to_the_reference(run, log, reference)
 
 
@@ -333,11 +328,18 @@ def test_a_partitioned_node_does_not_hang_the_job_and_its_stale_master_writes_no
     master = f"{run.job}-master-0"
     kube.wait_until(
         "the workers on nodes 2 and 3",
-        lambda: _on_node(run, _name(2)) is not None and _on_node(run, _name(3)) is not None,
+        lambda: (
+            _on_node(run, kube.node_name(2)) is not None
+            and _on_node(run, kube.node_name(3)) is not None
+        ),
         JOB_TIMEOUT_S,
         interval=1,
     )
-    k = 2 if (_on_node(run, _name(2)) or {}).get("metadata", {}).get("name") == master else 3
+    k = (
+        2
+        if (_on_node(run, kube.node_name(2)) or {}).get("metadata", {}).get("name") == master
+        else 3
+    )
     worker = f"{run.job}-worker-0"
     worker_uid = kube.get_json("pod", "-n", namespace, worker)["metadata"]["uid"]
     before, t0, stages = _lose_node_mid_training(run, "cut", k)
@@ -349,7 +351,7 @@ def test_a_partitioned_node_does_not_hang_the_job_and_its_stale_master_writes_no
         interval=2,
     )
     stages["worker out"] = time.monotonic() - t0
-    assert _ready(_name(k)) != "True", "the network came back before the worker gave up"
+    assert _ready(kube.node_name(k)) != "True", "the network came back before the worker gave up"
     _node("heal", k)
     stages["network back"] = time.monotonic() - t0
     _, log = _replaced_and_finished(run, before, t0, stages)

@@ -55,7 +55,7 @@ def two() -> tuple[str, str]:
     if len(names) < 2:
         pytest.skip(f"the test cluster has one node ({names[0]}): make cluster-up NODES=2")
     first = kube.NODE_NAME
-    second = f"{kube.NODE_NAME}-2"
+    second = kube.node_name(2)
     assert {first, second} <= set(names), names
     return first, second
 
