@@ -34,6 +34,7 @@ from kfp import dsl, kubernetes
 from components import evaluate, fingerprint, notify, preprocess, register, train, tune
 from components.images import CPU_IMAGE, CUDA_IMAGE
 from trainer.base.errors import InputError
+from trainer.launch.jobspec import RUN_ID_ENV
 from trainer.steps.train import GPU_TOLERATION, OBJECT_STORE_ENV, SHM_SIZE, TRAIN_POD_RESOURCES
 
 PIPELINE_NAME = "gpupipe-training"
@@ -121,13 +122,17 @@ TRAIN_CACHING = False
 """Caching of the train step. Off by default: a cached train step would skip training whenever
 the dataset artifact name and parameters repeat, even if the code changed under the same tag."""
 
+RUN_ID_LABEL = "pipeline/runid"
+"""The label KFP's backend puts on every pod of a run (its Workflow's podMetadata), the run's id."""
+
 DOWNWARD_API_ENV = {
     "POD_NAME": "metadata.name",
     "POD_NAMESPACE": "metadata.namespace",
     "POD_UID": "metadata.uid",
+    RUN_ID_ENV: f"metadata.labels['{RUN_ID_LABEL}']",
 }
 """The cluster launchers' own pod: the job's namespace and its ownerReference (a deleted run
-then takes the job with it)."""
+then takes the job with it), and the run's id, which names the job."""
 
 
 def _configure(
@@ -175,6 +180,7 @@ def _train_in_step(tr: dsl.PipelineTask, gpu: _Gpu, *, retries: int) -> dsl.Pipe
     tr.set_display_name("train")
     _configure(tr, "train", gpu.object_store_secret, retries=retries)
     tr.set_caching_options(TRAIN_CACHING)
+    _run_id_env(tr)
     tr.set_accelerator_type(gpu.type).set_accelerator_limit(gpu.per_node)
     kubernetes.empty_dir_mount(
         tr, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
@@ -192,6 +198,17 @@ def _train_launcher(
     _configure(job, "train-launcher", object_store_secret, retries=retries)
     job.set_caching_options(TRAIN_CACHING)
     return _own_pod(job)
+
+
+def _run_id_env(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """The run's id in the step's environment (:data:`RUN_ID_ENV`, from the pod's label), for a
+    step that names its jobs or trials from it. Never a parameter
+    (``dsl.PIPELINE_JOB_ID_PLACEHOLDER``): KFP's driver resolves it before it computes the cache
+    key, so a cached step that took it would never be served from the cache."""
+    kubernetes.use_field_path_as_env(
+        task, env_name=RUN_ID_ENV, field_path=DOWNWARD_API_ENV[RUN_ID_ENV]
+    )
+    return task
 
 
 def _own_pod(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -399,7 +416,6 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 csv_decimal=csv_decimal,
                 config_json=preprocess_config_json,
                 data_fingerprint=fp.output,
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
                 cpu_image=CPU_IMAGE,
                 object_store_secret=object_store_secret,
@@ -417,7 +433,6 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 "seed": seed,
                 "gpus_per_node": gpus_per_node,
                 "hyperparams_json": hyperparams_json,
-                "pipeline_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 "task_name": dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
                 # An input, not only a resource setting: KFP 2.17 passes a channel that only
                 # set_accelerator_type reads into no sub-DAG, and the run fails.
@@ -451,6 +466,7 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
             )
             _configure(tn, "tune", object_store_secret, retries=retries)
             tn.set_caching_options(True)  # a finished search is reused; a retry resumes it
+            _run_id_env(tn)
 
             def train_task() -> dsl.PipelineTask:
                 return train(

@@ -77,7 +77,7 @@ def train(
     from trainer import storage
     from trainer.config import from_dict
     from trainer.entry import run_guarded, write_metadata_file
-    from trainer.launch.jobspec import job_name
+    from trainer.launch.jobspec import job_name, run_id
     from trainer.steps.train import TrainStepConfig, cost_metrics, step_settings, train_step
 
     def body():
@@ -117,7 +117,7 @@ def train(
             dataset_uri=dataset.uri if remote else dataset.path,
             model_uri=model_uri,
             work_uri=model_uri.rstrip("/") + "-work",
-            job_name=job_name(pipeline_run_id or "local", task_name),
+            job_name=job_name(run_id(pipeline_run_id), task_name),
         )
         if remote and model.uri != model.path:
             # KFP uploads model.path when the step ends: give it the files the job wrote.

@@ -84,6 +84,7 @@ def tune(
 
     from trainer.config import apply_overrides, from_dict
     from trainer.entry import run_guarded, write_metadata_file
+    from trainer.launch import jobspec
     from trainer.steps.train import read_schema, step_settings
     from trainer.steps.tune import TuneConfig, tune_disabled
     from trainer.steps.tune import tune as run
@@ -135,7 +136,7 @@ def tune(
             work_uri=work_uri or out_uri.rstrip("/") + "-work",
             output_uri=best_params.path,
             report_uri=report.path,
-            run_id=pipeline_run_id or "local",
+            run_id=jobspec.run_id(pipeline_run_id),
             task_name=task_name,
         )
 

@@ -192,8 +192,11 @@ kube_chain_ours() {
 # our_iptables_ops IPT TABLE: iptables-restore lines (no table header) that remove the cluster's
 # rules and chains from TABLE: `-D` for each of its rules in a chain not its own, `-F` then `-X`
 # for each of its chains. Its rules: those with the CNI network's comment, the firewall plugin's
-# CNI-FORWARD rules for an address the cluster's IPAM handed out (in POD_IPS, inside POD_CIDR),
-# and any jump to one of its chains. Its chains: the Kubernetes ones (kube_chain_ours), the CNI
+# CNI-FORWARD rules for an address inside POD_CIDR (the cluster's own range: cluster-up refuses a
+# route that overlaps it), and any jump to one of its chains. Not only the addresses its IPAM
+# still holds: a rule can outlive its address (a pod's CNI DEL that released the address but
+# found no cached result to undo the firewall plugin's rules with, or kube-router's restore of
+# the whole filter table putting back rules deleted meanwhile), and CI found 32 such rules left. Its chains: the Kubernetes ones (kube_chain_ours), the CNI
 # plugins' CNI-<hash> chains that its network's rules jump to, and the firewall plugin's shared
 # CNI-FORWARD and CNI-ADMIN when they came after the record and nothing else is left in them.
 our_iptables_ops() {
@@ -214,11 +217,11 @@ our_iptables_ops() {
     recorded "chains.${ipt}.${table}" "$chain" || shared+="${chain} "
   done
   # The comment through the environment: awk -v would read its backslashes as escapes.
-  CNI_COMMENT="$CNI_COMMENT" awk -v ours="$ours" -v shared="$shared" -v ips="$POD_IPS" -v cidr="$POD_CIDR" '
+  CNI_COMMENT="$CNI_COMMENT" awk -v ours="$ours" -v shared="$shared" -v cidr="$POD_CIDR" '
     function ip2int(s,   p) { split(s, p, "."); return ((p[1] * 256 + p[2]) * 256 + p[3]) * 256 + p[4] }
     function in_pods(a,   len, net) {
       sub(/\/32$/, "", a)
-      if (a !~ /^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$/ || index(ips, " " a " ") == 0) return 0
+      if (a !~ /^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$/) return 0
       net = cidr; len = net; sub(/\/.*/, "", net); sub(/.*\//, "", len)
       return int(ip2int(a) / 2 ^ (32 - len)) == int(ip2int(net) / 2 ^ (32 - len))
     }
@@ -258,8 +261,7 @@ our_iptables_ops() {
 
 # remove_our_iptables: the cluster's rules and chains, table by table, in one iptables-restore
 # transaction each (--noflush: nothing else is touched); where the transaction fails (a rule
-# changed meanwhile), line by line, each in its own. RAN_KUBE_ROUTER (0/1) and POD_IPS (the
-# addresses the cluster's IPAM handed out, blank-separated and -framed) come from the caller.
+# changed meanwhile), line by line, each in its own. RAN_KUBE_ROUTER (0/1) comes from the caller.
 remove_our_iptables() {
   local ipt table ops line
   FOREIGN_KUBE="$(neighbour_kubernetes_process || true)"

@@ -37,7 +37,16 @@ DOWNWARD_API_ENV = {
     "POD_NAME": "metadata.name",
     "POD_NAMESPACE": "metadata.namespace",
     "POD_UID": "metadata.uid",
+    "KFP_RUN_ID": "metadata.labels['pipeline/runid']",
 }
+RUN_SCOPED = re.compile(
+    r"\{\{\$\.pipeline_(job_(uuid|name|resource_name|create_time_utc|schedule_time_utc)|task_uuid)\}\}"
+)
+"""KFP's placeholders whose value changes from run to run: its driver resolves them before it
+computes a task's cache key (backend/src/v2/driver/resolve.go), so a cached task that took one
+would never be served from the cache."""
+STEPS_NAMING_JOBS = ("preprocess", "tune", TRAIN_ON_CLUSTER, TRAIN_IN_STEP)
+"""The steps that name their jobs or trials from the run's id."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ROOT = "<root>"
 _PLACEHOLDER = re.compile(r"^\{\{\$\.inputs\.parameters\['([^']+)'\]\}\}$")
@@ -503,6 +512,44 @@ def test_the_job_launcher_reserves_less_than_in_step_training(
 def test_caching(compiled: Compiled, step: str, enabled: bool) -> None:
     options = compiled.task(step).get("cachingOptions", {})
     assert options.get("enableCache", False) is enabled, f"{step}: cachingOptions {options}"
+
+
+def _run_scoped_inputs(compiled: Compiled, step: str) -> dict[str, str]:
+    """The input parameters of a task whose value is a run-scoped placeholder, followed up
+    through the DAGs that pass them on."""
+    found: dict[str, str] = {}
+    for name, source in compiled.task(step)["inputs"].get("parameters", {}).items():
+        dag = compiled.owner(step)
+        while "componentInputParameter" in source and dag != ROOT:
+            channel = source["componentInputParameter"]
+            dag, parent = compiled.parent(dag)
+            source = compiled._dags()[dag]["tasks"][parent]["inputs"]["parameters"][channel]
+        constant = str((source.get("runtimeValue") or {}).get("constant", ""))
+        if RUN_SCOPED.search(constant):
+            found[name] = constant
+    return found
+
+
+def test_no_cached_step_takes_a_value_that_changes_every_run(compiled: Compiled) -> None:
+    """The run's id as a parameter made preprocess and tune a cache miss on every run of the
+    real backend (kfp.local keys on the placeholder, so local runs still hit): the steps read it
+    from their pod's label instead (KFP_RUN_ID)."""
+    cached = [
+        s
+        for s in compiled.executor_tasks()
+        if compiled.task(s).get("cachingOptions", {}).get("enableCache")
+    ]
+    assert {"preprocess", "tune"} <= set(cached), cached
+    for step in cached:
+        assert _run_scoped_inputs(compiled, step) == {}, step
+
+
+@pytest.mark.parametrize("step", STEPS_NAMING_JOBS, ids=str)
+def test_a_step_that_names_jobs_knows_its_run_from_its_pods_label(
+    compiled: Compiled, step: str
+) -> None:
+    env = {e["name"]: e["fieldPath"] for e in compiled.k8s(step).get("fieldPathAsEnv", [])}
+    assert env.get("KFP_RUN_ID") == DOWNWARD_API_ENV["KFP_RUN_ID"], env
 
 
 def test_preprocess_cache_key_holds_the_data_fingerprint(compiled: Compiled) -> None:

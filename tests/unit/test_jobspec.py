@@ -12,6 +12,7 @@ from tests.helpers import DNS1035, assert_valid_job, needs_crd, schema_errors
 from tests.unit.specs import BASE
 from tests.unit.specs import job_spec as make
 from trainer.base.errors import InputError
+from trainer.launch import jobspec
 from trainer.launch.jobspec import MAX_JOB_NAME_LEN, job_name, parse_quantity
 from trainer.launch.pytorchjob import build_pytorchjob
 
@@ -401,6 +402,18 @@ def test_job_name_is_stable_and_distinct() -> None:
 
 def test_job_name_is_readable() -> None:
     assert job_name("4f3c2a1e-9b8d", "train").startswith("gpupipe-train-4f3c2a1e-")
+
+
+def test_the_run_id_is_the_parameter_else_the_pods_label_else_local(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(jobspec.RUN_ID_ENV, raising=False)
+    assert jobspec.run_id() == "local"
+    monkeypatch.setenv(jobspec.RUN_ID_ENV, "4f3c2a1e-9b8d")
+    assert jobspec.run_id() == "4f3c2a1e-9b8d"
+    assert jobspec.run_id("given") == "given"
+    monkeypatch.setenv(jobspec.RUN_ID_ENV, "")
+    assert jobspec.run_id() == "local"
 
 
 @pytest.mark.parametrize(("run_id", "task"), [("", "train"), ("run", "")], ids=["run", "task"])

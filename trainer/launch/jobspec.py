@@ -34,6 +34,7 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -411,6 +412,18 @@ class JobSpec:
 
 def _slug(text: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", text.lower())).strip("-")
+
+
+RUN_ID_ENV = "KFP_RUN_ID"
+"""The KFP run's id, from the step pod's ``pipeline/runid`` label (downward API; the pipeline sets
+it on the steps that name jobs). Never a parameter of a cached step: KFP's driver puts a
+parameter's resolved value into the cache key, and a run id there makes every run a cache miss."""
+
+
+def run_id(given: str = "") -> str:
+    """The run id a step names its jobs from: ``given`` (a parameter, kept for pipelines that pass
+    one), else :data:`RUN_ID_ENV`, else ``local`` (outside KFP's backend)."""
+    return given or os.environ.get(RUN_ID_ENV, "") or "local"
 
 
 def job_name(run_id: str, task_name: str, prefix: str = "gpupipe") -> str:

@@ -237,10 +237,10 @@ def for_pods(
         object_store_secret=cfg.cluster.object_store_secret or object_store_secret or None,
         image_pull_secrets=cfg.cluster.image_pull_secrets or list(image_pull_secrets),
     )
-    from trainer.launch.jobspec import job_name
+    from trainer.launch import jobspec
 
     job = PodsJob(
-        job_name(run_id or "local", task_name),
+        jobspec.job_name(jobspec.run_id(run_id), task_name),
         data_uri,
         output_uri,
         output_uri.rstrip("/") + "-work",
