@@ -154,11 +154,17 @@ def make_namespace(
     )
     kube.kubectl("create", "serviceaccount", "pipeline-runner", "-n", name)
     kube.apply({**role_doc, "metadata": {**role_doc["metadata"], "namespace": name}})
-    binding = yaml.safe_load((RBAC / "rolebinding.yaml").read_text())
-    binding["metadata"]["namespace"] = name
-    for subject in binding["subjects"]:
-        subject["namespace"] = name
-    kube.apply(binding)
+    # The RoleBinding and the ClusterRoleBinding (list nodes: the GPU check before a job is
+    # created), their subject moved here; the latter is cluster-scoped, so named after the
+    # namespace (delete_namespace removes it).
+    for binding in yaml.safe_load_all((RBAC / "rolebinding.yaml").read_text()):
+        if binding["kind"] == "RoleBinding":
+            binding["metadata"]["namespace"] = name
+        else:
+            binding["metadata"]["name"] = node_reader_binding(name)
+        for subject in binding["subjects"]:
+            subject["namespace"] = name
+        kube.apply(binding)
     secret = kube.get_json("secret", "-n", "kubeflow", kube.STORE_SECRET)
     kube.apply(
         {
@@ -170,8 +176,17 @@ def make_namespace(
     )
 
 
+def node_reader_binding(namespace: str) -> str:
+    """The ClusterRoleBinding that lets ``namespace``'s pipeline-runner list nodes."""
+    return f"gpupipe-{namespace}-nodes"
+
+
 def delete_namespace(name: str) -> None:
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    kube.kubectl(
+        "delete", "clusterrolebinding", node_reader_binding(name), "--ignore-not-found",
+        check=False,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,8 @@ ALLOWED = [
     ("create", "experiments.kubeflow.org"),
     ("list", "trials.kubeflow.org"),
     ("get", "pods/log"),
+    # Their one cluster-scoped call: the nodes' allocatable GPUs, read before a GPU job is made.
+    ("list", "nodes"),
 ]
 
 REFUSED = [
@@ -48,6 +50,8 @@ REFUSED = [
     ("create", "tfjobs.kubeflow.org"),
     ("create", "trials.kubeflow.org"),
     ("create", "suggestions.kubeflow.org"),
+    ("patch", "nodes"),
+    ("delete", "nodes"),
 ]
 
 

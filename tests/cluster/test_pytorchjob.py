@@ -90,6 +90,25 @@ def test_a_lost_worker_is_restarted_and_the_job_resumes_to_the_same_weights(
     launchers.check_resumed_to_the_reference(run, log, reference)
 
 
+def test_a_gpu_job_no_node_can_hold_fails_at_once_in_one_line_and_is_never_created(
+    namespace: str, image: str, dataset: str
+) -> None:
+    """Issue 64 item 3: the launcher, under the runner's account (manifests/rbac's ClusterRole:
+    list nodes), reads the nodes' allocatable before it creates the job; 3 GPUs a pod is more
+    than any node here has (none on a CPU cluster, the gpu add-on's node 2), so the step fails
+    in one line, exit 2, rather than waiting Pending for its deadline."""
+    run = launch(namespace, image, dataset, train_config(image, gpus_per_node=3))
+    done = run.done(timeout=300)
+    log = run.log()
+    assert done["exitCode"] == 2, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert last.startswith(
+        "ERROR [train] E_NO_GPU_NODE: the pods ask 3 nvidia.com/gpu each, but "
+    ), last
+    assert last.endswith("(train.gpus_per_node)"), last
+    assert kube.job_gone(namespace, run.job), "the job was created"
+
+
 def test_deadline_deletes_the_job_and_names_the_deadline(
     namespace: str, image: str, dataset: str
 ) -> None:

@@ -310,6 +310,9 @@ class FakeKubeApi:
         """Pods other than the jobs' (a launcher's own), served by name (``fieldSelector``)."""
         self.workflows: dict[tuple[str, str], dict[str, Any]] = {}
         """Argo Workflows (KFP runs), served by name."""
+        self.nodes: list[dict[str, Any]] | None = None
+        """The cluster's nodes; ``None``: listing them is forbidden (403), as for an account
+        without manifests/rbac's ClusterRole."""
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -564,6 +567,14 @@ class FakeKubeApi:
                             415, f"unsupported patch type {headers.get('content-type')}"
                         )
                     return self._json(200, self._patch(job, body, now))
+        if path == "/api/v1/nodes" and method == "GET":
+            if self.nodes is None:
+                raise _HttpError(
+                    403,
+                    'nodes is forbidden: User "system:serviceaccount:team-a:runner" cannot list '
+                    'resource "nodes" in API group "" at the cluster scope',
+                )
+            return self._json(200, {"kind": "NodeList", "apiVersion": "v1", "items": self.nodes})
         if (m := _PODS.match(path)) and method == "GET":
             return self._json(200, self._pods(m.group(1), query, now))
         if (m := _LOG.match(path)) and method == "GET":
@@ -1307,6 +1318,10 @@ def rbac_call(method: str, path: str, query: dict[str, list[str]]) -> tuple[str,
     """(API group, resource, verb) that RBAC must grant for a request the fake recorded."""
     m = re.match(r"^/apis/([^/]+)/", path)
     group = m.group(1) if m else ""
+    if "/namespaces/" not in path:  # cluster-scoped: /api/v1/nodes
+        parts = path.split("?", 1)[0].split("/")[4 if group else 3 :]
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method)
+        return group, parts[0], verb or ("get" if len(parts) >= 2 else "list")
     parts = path.split("/namespaces/", 1)[1].split("?", 1)[0].split("/")[1:]
     resource = "/".join(parts[::2])
     verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}.get(method)

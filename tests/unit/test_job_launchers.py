@@ -361,6 +361,108 @@ def test_a_pod_without_a_node_is_named_with_the_schedulers_reason_once(
     assert kind.get(fake) is None
 
 
+def _node(name: str, gpus: int | None, **labels: str) -> dict[str, Any]:
+    allocatable = {"cpu": "8", "memory": "32Gi"}
+    if gpus is not None:
+        allocatable["nvidia.com/gpu"] = str(gpus)
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+        "status": {"allocatable": allocatable},
+    }
+
+
+@pytest.mark.parametrize(
+    ("nodes", "selector", "said"),
+    [
+        (
+            [_node("cpu-a", None), _node("gpu-a", 1)],
+            {},
+            "the pods ask 2 nvidia.com/gpu each, but the most a node has is 1 (gpu-a)",
+        ),
+        (
+            [_node("cpu-a", None), _node("cpu-b", 0)],
+            {},
+            "the pods ask 2 nvidia.com/gpu each, but none of its 2 node(s) has any",
+        ),
+        (
+            [_node("gpu-a", 8, pool="a100")],
+            {"pool": "h100"},
+            "the pods ask 2 nvidia.com/gpu each on a node with the labels {'pool': 'h100'}, but "
+            "none of the cluster's 1 node(s) has those labels",
+        ),
+    ],
+    ids=["too-few", "none", "no-such-label"],
+)
+def test_a_gpu_job_no_node_can_hold_is_refused_before_it_is_created(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    nodes: list[dict[str, Any]],
+    selector: dict[str, str],
+    said: str,
+) -> None:
+    """Issue 64 item 3: not Pending until the deadline; the nodes' allocatable, read first."""
+    fake.nodes = nodes
+    cluster = dataclasses.replace(CLUSTER, node_selector=selector)
+    with pytest.raises(InputError) as refused:
+        launch(launcher(cluster=cluster), timeout_s=3600)
+    assert refused.value.code == "E_NO_GPU_NODE"
+    assert refused.value.where == "train.gpus_per_node"
+    assert refused.value.message.startswith(said + ": the job would wait for ever"), refused.value
+    line = error_line("train", refused.value)
+    assert "\n" not in line and line.startswith("ERROR [train] E_NO_GPU_NODE: the pods ask 2")
+    assert fake.created == [] and fake.calls("POST") == []
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        [_node("gpu-a", 1), _node("gpu-b", 8, pool="h100")],  # GPUs held by others come back
+        None,  # the account may not list nodes: created unchecked, as before
+    ],
+    ids=["one-node-has-enough", "nodes-forbidden"],
+)
+def test_a_gpu_job_a_node_can_hold_or_that_cannot_be_checked_is_created(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    nodes: list[dict[str, Any]] | None,
+) -> None:
+    fake.nodes = nodes
+    launch(launcher())
+    assert fake.created == [REF]
+    assert len(fake.calls("GET", "^/api/v1/nodes$")) == 1
+
+
+@pytest.mark.parametrize(
+    ("cluster", "gpus"),
+    [
+        (dataclasses.replace(CLUSTER, gpu_node_check=False), 2),  # an autoscaler adds nodes
+        (CLUSTER, 0),  # a CPU job
+    ],
+    ids=["check-off", "cpu-job"],
+)
+def test_the_nodes_are_not_read_for_a_cpu_job_or_with_the_check_off(
+    api: KubeApi, fake: FakeKubeApi, cluster: ClusterConfig, gpus: int
+) -> None:
+    fake.nodes = [_node("cpu-a", None)]
+    launcher = PyTorchJobLauncher(namespace=NS, cluster=cluster, api=api, poll_s=0.05)
+    launcher.launch(dataclasses.replace(RUN, gpus_per_node=gpus, timeout_s=20))
+    assert fake.created == [REF]
+    assert fake.calls("GET", "^/api/v1/nodes$") == []
+
+
+def test_an_adopted_job_is_not_refused_for_the_nodes(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+) -> None:
+    """A retried step whose job exists (finished, or its nodes gone meanwhile) re-attaches: the
+    check is for a job about to be created."""
+    fake.nodes = [_node("cpu-a", None)]
+    fake.add_job(JOB, scenario=Scenario(lines=LINES), kind="PyTorchJob")
+    launch(pytorchjob_launcher())
+    assert fake.calls("GET", "^/api/v1/nodes$") == []
+
+
 @pytest.mark.parametrize("held", ["unschedulable", "lost"])
 def test_a_replica_held_off_its_node_is_named_with_why_once_and_in_the_deadline(
     launcher: Callable[..., ClusterJobLauncher],

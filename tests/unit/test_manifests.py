@@ -419,14 +419,27 @@ def test_resource_validates_against_kubernetes_schema(obj: dict[str, Any]) -> No
         pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
+NODE_READER = "gpupipe-node-reader"
+"""manifests/rbac's ClusterRole: list nodes, nothing else (a GPU job no node can hold is refused
+before it is created, issue 64 item 3)."""
+
+
 @pytest.mark.parametrize("obj", LOCAL_OBJECTS)
 def test_nothing_cluster_wide(obj: dict[str, Any]) -> None:
-    # The one exception, manifests/pod-security: labels for a namespace that exists already
-    # (server-side apply merges them), nothing else in it.
+    # The exceptions: manifests/pod-security's labels for a namespace that exists already
+    # (server-side apply merges them), nothing else in it; and the launchers' one cluster-scoped
+    # right, listing nodes, and its bindings.
     labels_only = set(obj) == {"apiVersion", "kind", "metadata"} and set(obj["metadata"]) == {
         "name",
         "labels",
     }
+    if obj["kind"] == "ClusterRole":
+        assert obj["metadata"]["name"] == NODE_READER
+        assert obj["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+        return
+    if obj["kind"] == "ClusterRoleBinding":
+        assert obj["roleRef"]["kind"] == "ClusterRole" and obj["roleRef"]["name"] == NODE_READER
+        return
     assert obj["kind"] not in CLUSTER_SCOPED_KINDS or (obj["kind"] == "Namespace" and labels_only)
 
 
@@ -536,14 +549,30 @@ def _granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 def test_rbac_is_least_privilege_for_the_launcher(
     folder: str, namespace: str, account: str
 ) -> None:
+    from trainer.launch.kube import CLUSTER_API_CALLS
+
     objects = RENDERED[MANIFESTS / folder].objects
-    assert sorted(o["kind"] for o in objects) == ["Role", "RoleBinding"]
+    kinds = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    assert sorted(o["kind"] for o in objects) == kinds
     role = next(o for o in objects if o["kind"] == "Role")
     binding = next(o for o in objects if o["kind"] == "RoleBinding")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == namespace
+    # The cluster-scoped calls (list nodes): a ClusterRole bound to the same account, and
+    # nothing else in it.
+    cluster_role = next(o for o in objects if o["kind"] == "ClusterRole")
+    cluster_binding = next(o for o in objects if o["kind"] == "ClusterRoleBinding")
+    assert _granted(cluster_role) == set(CLUSTER_API_CALLS)
+    assert cluster_binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": cluster_role["metadata"]["name"],
+    }
+    assert cluster_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+    ]
 
     granted = _granted(role)
-    expected = _expected_calls()
+    expected = _expected_calls() - set(CLUSTER_API_CALLS)
     assert granted - expected == set(), "granted but never called"
     assert expected - granted == set(), "called but not granted"
     for rule in role["rules"]:

@@ -256,6 +256,17 @@ CODES: dict[str, Code] = {
         'patches, set `train_config_json={"cluster.runtime_patches": false}` and put those '
         "settings in the runtime.",
     ),
+    "E_NO_GPU_NODE": Code(
+        _BAD,
+        "A training job's pods ask more GPUs each (`gpus_per_node` of `gpu_type`) than any node "
+        "with the job's node selector has allocatable, so they could never be scheduled: the "
+        "launcher reads the nodes before it creates the job and refuses it, rather than waiting "
+        "for the step's deadline.",
+        "Ask fewer GPUs per node (and more nodes), or name the resource and node selector your "
+        "GPU nodes have (`gpu_type`, `gpu_node_selector`). Where a cluster autoscaler adds GPU "
+        'nodes only when pods ask for them, set `train_config_json={"cluster.gpu_node_check": '
+        "false}`.",
+    ),
     "E_NO_CUDA": Code(
         _BAD,
         "A training pod holds GPUs (its `nvidia.com/gpu` limit: the launcher sets "

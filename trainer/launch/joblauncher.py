@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from trainer.launch import TrainingRun
+from trainer.launch.capacity import check_gpu_nodes
 from trainer.launch.diagnosis import lost_with_its_node, unscheduled
 from trainer.launch.jobspec import ClusterConfig, JobSpec
 from trainer.launch.kube import KubeApi
@@ -47,6 +48,12 @@ class JobResource(Resource, abc.ABC):
         node to let them go."""
         self.pod: dict[str, Any] | None = None
         self.pod_log = self._log(reattached=False)
+        self.spec: JobSpec | None = None
+        """The job's spec, for the checks before it is created."""
+
+    def before_create(self) -> None:
+        if self.spec is not None:
+            check_gpu_nodes(self.api, self.spec)
 
     def _log(self, *, reattached: bool) -> PodLog:
         return PodLog(
@@ -193,6 +200,7 @@ class ClusterJobLauncher(ResourceLauncher, abc.ABC):
             )
         body = self.build(spec)
         job = self.resource(self.api, self.namespace, spec.name, self.log_tail, spec.run.step)
+        job.spec = spec
         watch = self.watch(job, spec.name, spec.run.timeout_s)
         found = watch.run(body)
         if watch.state == "Succeeded":

@@ -182,6 +182,12 @@ class ClusterConfig:
     node's loss then takes one worker, and no two workers share a node's network or GPUs' PCIe
     switch. A job of more nodes than the cluster has stays Pending (the launcher says why).
     (Pipeline parameter ``one_worker_per_node``.)"""
+    gpu_node_check: bool = True
+    """Before a GPU job is created, read the nodes' allocatable ``gpu_resource`` and refuse the
+    job (``E_NO_GPU_NODE``) when no node with ``node_selector``'s labels has as many as a pod
+    asks: it would wait for ever. Set false where a cluster autoscaler adds GPU nodes when pods
+    ask for them (none may exist before). The check needs the ClusterRole of manifests/rbac
+    (list nodes); without it the job is created unchecked."""
     gang_queue: str | None = None
     """PyTorchJob only: queue of the job's PodGroup under the Training Operator's gang scheduling
     (Volcano); ``runPolicy.schedulingPolicy.queue``. (Pipeline parameter ``gang_queue``.)"""

@@ -58,10 +58,17 @@ KATIB_API_CALLS: list[tuple[str, str, str]] = [
 """The calls of the Katib (tune) launcher: Experiments and their Trials."""
 
 
+CLUSTER_API_CALLS: list[tuple[str, str, str]] = [("", "nodes", "list")]
+"""The cluster-scoped calls (a ClusterRole's, not the namespace's Role): the training-job
+launchers read the nodes' allocatable GPUs before they create a GPU job
+(:func:`~trainer.launch.capacity.gpu_shortfall`); refused, the job is created unchecked."""
+
+
 def _job_api_calls(group: str, plural: str) -> list[tuple[str, str, str]]:
-    """The calls of a training-job launcher: the job, its watched pod, the pod's log, events."""
+    """The calls of a training-job launcher: the job, its watched pod, the pod's log, events,
+    and the nodes (:data:`CLUSTER_API_CALLS`)."""
     job = [(group, plural, verb) for verb in ("create", "get", "delete", "patch")]
-    return [*job, *RUN_CALLS, ("", "pods/log", "get"), ("", "events", "list")]
+    return [*job, *RUN_CALLS, ("", "pods/log", "get"), ("", "events", "list"), *CLUSTER_API_CALLS]
 
 
 PYTORCHJOB_API_CALLS = _job_api_calls(GROUP, PLURAL)
@@ -338,6 +345,16 @@ class KubeApi:
             ),
         )
         return list(self._client.sanitize_for_serialization(pods).get("items") or [])
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes (cluster-scoped: the ClusterRole of manifests/rbac grants it)."""
+        nodes = self._call(
+            ("", "nodes", "list"),
+            "(cluster)",
+            "*",
+            lambda: self._core.list_node(_request_timeout=self._timeout),
+        )
+        return list(self._client.sanitize_for_serialization(nodes).get("items") or [])
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod ``name``, or ``None`` when there is none; read with the ``list`` verb (a

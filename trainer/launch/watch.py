@@ -122,6 +122,10 @@ class Resource:
         object is done, so that the wait ends."""
         return state in TERMINAL
 
+    def before_create(self) -> None:
+        """Called before the object is created (never when an earlier attempt's is adopted):
+        checks that refuse an object that could never run."""
+
     def on_adopt(self) -> None:
         """Called when the object existed already (an earlier attempt's)."""
 
@@ -337,6 +341,7 @@ class Watch:
             obj = self._get()
             if obj is None:
                 r = self.resource
+                r.before_create()
                 obj = self.api.create_object(r.version, r.plural, self.ns, body, group=r.group)
                 if obj is not None:
                     self.have = True
