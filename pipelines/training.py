@@ -358,10 +358,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                 job, or of launcher=local's), e.g. ``{"NCCL_SOCKET_IFNAME": "eth0",
                 "NCCL_DEBUG": "INFO"}``; ``{"GPUPIPE_ALLOW_NO_CUDA": "1"}`` lets a pod that holds
                 GPUs train on the CPU when torch finds none (E_NO_CUDA otherwise).
-            gang_queue: PyTorchJobs: the queue of the job's PodGroup when the Training
-                Operator gang-schedules with Volcano (empty: the scheduler's default).
-            gang_priority_class: PyTorchJobs: the PriorityClass of the job's PodGroup (empty:
-                none).
+            gang_queue: cluster jobs: Kueue's LocalQueue (empty: none); the job starts only
+                when all of its pods fit the queue's quota, and the step says where it waits.
+            gang_priority_class: cluster jobs: Kueue's WorkloadPriorityClass of the job
+                (empty: none).
             one_worker_per_node: cluster jobs: each pod on a node of its own (a required
                 anti-affinity among the job's pods; a job of more nodes than the cluster has
                 then waits).

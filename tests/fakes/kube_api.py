@@ -45,6 +45,7 @@ _WORKFLOW = re.compile(r"^/apis/argoproj\.io/v1alpha1/namespaces/([^/]+)/workflo
 _WORKFLOWS = re.compile(r"^/apis/argoproj\.io/v1alpha1/namespaces/([^/]+)/workflows$")
 _EXPS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments$")
 _EXP = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/experiments/([^/]+)$")
+_WORKLOADS = re.compile(r"^/apis/kueue\.x-k8s\.io/v1beta2/namespaces/([^/]+)/workloads$")
 _TRIALS = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials$")
 _TRIAL = re.compile(r"^/apis/kubeflow\.org/v1beta1/namespaces/([^/]+)/trials/([^/]+)$")
 NODE = "node"
@@ -310,6 +311,10 @@ class FakeKubeApi:
         """Pods other than the jobs' (a launcher's own), served by name (``fieldSelector``)."""
         self.workflows: dict[tuple[str, str], dict[str, Any]] = {}
         """Argo Workflows (KFP runs), served by name."""
+        self.workloads: dict[str, dict[str, Any]] = {}
+        """Kueue's Workloads (namespace team-a), by the name of the job each is for: the live
+        job's UID is filled into its ``kueue.x-k8s.io/job-uid`` label when served; one under a
+        name no job has (a neighbour in the queue) is served as it is."""
         self.nodes: list[dict[str, Any]] | None = None
         """The cluster's nodes; ``None``: listing them is forbidden (403), as for an account
         without manifests/rbac's ClusterRole."""
@@ -567,6 +572,8 @@ class FakeKubeApi:
                             415, f"unsupported patch type {headers.get('content-type')}"
                         )
                     return self._json(200, self._patch(job, body, now))
+        if (m := _WORKLOADS.match(path)) and method == "GET":
+            return self._json(200, {"kind": "WorkloadList", "items": self._workloads(m.group(1))})
         if path == "/api/v1/nodes" and method == "GET":
             if self.nodes is None:
                 raise _HttpError(
@@ -588,6 +595,18 @@ class FakeKubeApi:
         if _EXPS.match(path) or _EXP.match(path) or _TRIALS.match(path) or _TRIAL.match(path):
             return self._katib(method, path, query, headers, body, now)
         raise _HttpError(404, "the server could not find the requested resource")
+
+    def _workloads(self, ns: str) -> list[dict[str, Any]]:
+        out = []
+        for name, workload in self.workloads.items():
+            w = copy.deepcopy(workload)
+            w.setdefault("metadata", {}).setdefault("name", f"pytorchjob-{name}")
+            if (job := self._live(ns, name)) is not None:
+                w["metadata"].setdefault("labels", {})["kueue.x-k8s.io/job-uid"] = job.body[
+                    "metadata"
+                ]["uid"]
+            out.append(w)
+        return out
 
     def _watch_workflow(self, ns: str, query: dict[str, list[str]]) -> Iterator[bytes]:
         """A watch of one Workflow (``fieldSelector=metadata.name=...``), as the API server

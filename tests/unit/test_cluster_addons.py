@@ -95,7 +95,7 @@ def test_cluster_up_installs_both_operators_jobset_before_trainer() -> None:
         assert script.exists(), script
 
 
-@pytest.mark.parametrize("name", ["jobset", "trainer"])
+@pytest.mark.parametrize("name", ["jobset", "trainer", "kueue"])
 def test_operator_images_are_built_from_their_go_module_from_scratch(name: str) -> None:
     script = (CLUSTER / "addons" / f"{name}.sh").read_text()
     version = VERSIONS[f"{name.upper()}_VERSION"]
@@ -115,7 +115,7 @@ def test_the_trainer_addon_applies_the_runtime_the_launcher_names_by_default() -
     # Every webhook is waited for: each install checks that its webhooks judge an object.
     common = (CLUSTER / "addons" / "common.sh").read_text()
     assert "wait_for 180 webhook_judges" in common
-    for name in ("jobset", "trainer", "training-operator", "katib"):
+    for name in ("jobset", "trainer", "training-operator", "katib", "kueue"):
         text = (CLUSTER / "addons" / f"{name}.sh").read_text()
         assert re.search(r"^webhook_judges\(\) \{$", text, re.M), name
         assert re.search(r'^  webhooks_judge "\$PIECE" ', text, re.M), name

@@ -5,6 +5,7 @@ launchers; what the loop does the same whatever the resource runs once, with the
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -463,6 +464,90 @@ def test_an_adopted_job_is_not_refused_for_the_nodes(
     assert fake.calls("GET", "^/api/v1/nodes$") == []
 
 
+def _workload(queue: str, created: str, message: str, priority: int = 0) -> dict[str, Any]:
+    """A Kueue Workload pending in ``queue``, as Kueue writes it (QuotaReserved false, with the
+    flavor assigner's message)."""
+    return {
+        "metadata": {"creationTimestamp": created},
+        "spec": {"queueName": queue, "priority": priority},
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": message,
+                }
+            ]
+        },
+    }
+
+
+WAITING = "couldn't assign flavors to pod set master: insufficient unused quota for cpu in flavor default, 1 more needed"  # noqa: E501
+NEVER = (
+    "couldn't assign flavors to pod set master: insufficient quota for cpu in flavor default, "
+    "previously considered podsets requests (0) + current podset request (6) > maximum "
+    "capacity (4)"
+)
+
+
+def test_a_queued_job_says_where_it_waits_in_its_queue_once_and_in_the_deadline(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 64 item 6: while Kueue holds a job (gang_queue), the step says where it stands:
+    second in the queue behind an older job, with Kueue's reason; once, not every poll."""
+    fake.scenario = Scenario(lines=LINES, outcome=None, pending_s=60)
+    fake.workloads = {
+        "older-job": _workload("gpupipe", "2026-12-07T10:00:00Z", WAITING),
+        JOB: _workload("gpupipe", "2026-12-07T10:05:00Z", WAITING),
+        "other-queue": _workload("other", "2026-12-07T09:00:00Z", WAITING),
+    }
+    cluster = dataclasses.replace(CLUSTER, gang_queue="gpupipe")
+    line = f"waiting for admission in queue gpupipe (position 2): {WAITING}"
+    with pytest.raises(TimeoutError, match=re.escape(line)):
+        launch(launcher(cluster=cluster), timeout_s=3)
+    said = [r.getMessage() for r in caplog.records if "waiting for admission" in r.getMessage()]
+    assert said == [f"{kind.name} {REF}: {line}"], said
+    (post,) = fake.calls("POST")
+    assert post.body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpupipe"
+
+
+def test_a_job_its_queue_can_never_admit_fails_at_once_and_is_deleted(
+    launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
+) -> None:
+    fake.scenario = Scenario(lines=LINES, outcome=None, pending_s=600)
+    fake.workloads = {JOB: _workload("gpupipe", "2026-12-07T10:05:00Z", NEVER)}
+    cluster = dataclasses.replace(CLUSTER, gang_queue="gpupipe")
+    started = time.monotonic()
+    with pytest.raises(InputError) as refused:
+        launch(launcher(cluster=cluster), timeout_s=3600)
+    assert time.monotonic() - started < 60  # not the deadline's hour
+    assert refused.value.code == "E_QUEUE_REFUSED"
+    assert refused.value.where == "train.cluster.gang_queue"
+    assert f"Kueue can never admit {kind.name} {REF} in queue gpupipe: {NEVER}" in str(
+        refused.value
+    )
+    assert "deleted (on_exit=delete)" in str(refused.value)
+    assert kind.get(fake) is None
+
+
+def test_a_queued_job_kueue_holds_suspended_is_not_resumed_past_its_queue(
+    pytorchjob_launcher: Callable[..., ClusterJobLauncher], fake: FakeKubeApi
+) -> None:
+    """A retried step re-attaching to its queued job leaves its suspension to Kueue (it resumes
+    a job an earlier attempt suspended only when no queue holds it)."""
+    fake.add_job(JOB, scenario=Scenario(lines=LINES, outcome=None), suspended=True)
+    fake._jobs[(NS, JOB)].body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpupipe"}
+    fake.workloads = {JOB: _workload("gpupipe", "2026-12-07T10:05:00Z", WAITING)}
+    cluster = dataclasses.replace(CLUSTER, gang_queue="gpupipe")
+    with pytest.raises(TimeoutError, match="waiting for admission in queue gpupipe"):
+        launch(pytorchjob_launcher(cluster=cluster), timeout_s=3)
+    assert not [p for p in fake.calls("PATCH") if "suspend" in json.dumps(p.body)]
+
+
 @pytest.mark.parametrize("held", ["unschedulable", "lost"])
 def test_a_replica_held_off_its_node_is_named_with_why_once_and_in_the_deadline(
     launcher: Callable[..., ClusterJobLauncher],
@@ -835,8 +920,9 @@ def test_api_calls_lists_exactly_the_calls_the_launcher_makes(
     launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
 ) -> None:
     fake.scenario = _failed(kind)
+    queued = dataclasses.replace(CLUSTER, gang_queue="gpupipe")  # its place in the queue read
     with pytest.raises(RuntimeError):
-        launch(launcher())  # create, get, list pods, log, events, delete
+        launch(launcher(cluster=queued))  # create, get, list pods, log, events, delete
     # Still running when adopted, however slowly the test gets there (the pod and run look-ups
     # come first): a finished job is only read, never patched.
     running = Scenario(lines=LINES, min_reads=2)

@@ -93,25 +93,24 @@ def test_job_env_reaches_every_training_container(render: Any) -> None:
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
 
 
-def test_gang_scheduling_goes_to_the_pytorchjobs_run_policy() -> None:
-    job = pytorchjob(nodes=4, gang_queue="research", gang_priority_class="high-priority")
-    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {
-        "queue": "research",
-        "priorityClass": "high-priority",
-    }
+def test_gang_scheduling_is_kueues_queue_on_the_job() -> None:
+    job = pytorchjob(nodes=4, gang_queue="gpu-team", gang_priority_class="high-priority")
+    assert "schedulingPolicy" not in job["spec"]["runPolicy"]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high-priority"
 
 
 def test_katib_trials_get_the_same_job_settings() -> None:
-    experiment = yaml.safe_load(render_experiment({**ALL, "gang_queue": "research"}))
+    experiment = yaml.safe_load(render_experiment({**ALL, "gang_queue": "gpu-team"}))
     trial = experiment["spec"]["trialTemplate"]["trialSpec"]
     assert trial["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
-    assert trial["spec"]["runPolicy"]["schedulingPolicy"] == {"queue": "research"}
+    assert "schedulingPolicy" not in trial["spec"]["runPolicy"]
     assert pods(trial)[0]["spec"]["imagePullSecrets"][0] == {"name": "regcred"}
 
 
 @needs_crd
 def test_a_pytorchjob_with_every_setting_is_valid() -> None:
-    assert_valid_job(pytorchjob(**ALL, gang_queue="q", gang_priority_class="high"))
+    assert_valid_job(pytorchjob(**ALL, gang_queue="gpu-team", gang_priority_class="high"))
 
 
 @needs_trainjob_crd
@@ -147,10 +146,10 @@ BAD = {
     "env-not-a-string": ({"job_env": {"NCCL_IB_DISABLE": 1}}, "job_env"),
     "gang-queue-blank": ({"gang_queue": " "}, "gang_queue"),
     "gang-priority-class": ({"gang_priority_class": "High!"}, "gang_priority_class"),
-    "gang-on-a-trainjob": ({"launcher": "trainjob", "gang_queue": "q"}, "gang_queue"),
-    "priority-on-a-trainjob": (
-        {"launcher": "trainjob", "gang_priority_class": "high"},
-        "gang_priority_class",
+    "gang-queue-not-a-name": ({"gang_queue": "Team A"}, "gang_queue"),
+    "gang-queue-and-its-label-differ": (
+        {"gang_queue": "q", "job_labels": {"kueue.x-k8s.io/queue-name": "other"}},
+        "gang_queue",
     ),
 }
 

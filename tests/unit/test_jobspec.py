@@ -321,16 +321,32 @@ def test_run_policy_fails_fast_on_bad_input_and_keeps_failed_pods() -> None:
     }
 
 
-def test_deadline_and_gang_scheduling_go_to_the_run_policy() -> None:
+def test_the_deadline_goes_to_the_run_policy_and_the_queue_to_kueues_labels() -> None:
+    """gang_queue and gang_priority_class are Kueue's labels on the job, not on its pods (Kueue
+    admits the job whole); no Volcano scheduling policy."""
     job = build_pytorchjob(
         make(nnodes=2, timeout_s=3600, gang_queue="q", gang_priority_class="high")
     )
     policy = job["spec"]["runPolicy"]
     assert policy["activeDeadlineSeconds"] == 3600
-    assert policy["schedulingPolicy"] == {"queue": "q", "priorityClass": "high"}
-    only_queue = build_pytorchjob(make(gang_queue="q2"))["spec"]["runPolicy"]
-    assert only_queue["schedulingPolicy"] == {"queue": "q2"}
-    assert "schedulingPolicy" not in build_pytorchjob(make())["spec"]["runPolicy"]
+    assert "schedulingPolicy" not in policy
+    labels = job["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "q"
+    assert labels["kueue.x-k8s.io/priority-class"] == "high"
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod_labels = replica["template"]["metadata"]["labels"]
+        assert not any(k.startswith("kueue.x-k8s.io/") for k in pod_labels)
+    only_queue = build_pytorchjob(make(gang_queue="q2"))["metadata"]["labels"]
+    assert only_queue["kueue.x-k8s.io/queue-name"] == "q2"
+    assert "kueue.x-k8s.io/priority-class" not in only_queue
+    assert not any(k.startswith("kueue.") for k in build_pytorchjob(make())["metadata"]["labels"])
+
+
+def test_a_queue_given_twice_must_agree() -> None:
+    labels = {"kueue.x-k8s.io/queue-name": "team-a"}
+    assert build_pytorchjob(make(labels=labels, gang_queue="team-a"))  # the same: fine
+    with pytest.raises(InputError, match=r"differs from the label kueue\.x-k8s\.io/queue-name"):
+        make(labels=labels, gang_queue="team-b")
 
 
 def test_labels_and_annotations_reach_the_job_and_its_pods() -> None:

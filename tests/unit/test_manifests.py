@@ -43,6 +43,8 @@ CLUSTER_SCOPED_KINDS = {
     "PriorityClass",
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
+    "ResourceFlavor",  # Kueue's (manifests/kueue)
+    "ClusterQueue",
 }
 REMOTE = re.compile(r"^(https?://|git@|github\.com/)")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -407,12 +409,17 @@ def test_each_server_admits_its_callers_in_the_pipeline_namespaces_only(
 
 OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 """The Prometheus operator's resources: no schema here (tested on their own below)."""
+KUEUE_KINDS = {"ResourceFlavor", "ClusterQueue", "LocalQueue"}
+"""Kueue's (manifests/kueue): validated against Kueue's own CRDs below."""
 
 
 @pytest.mark.parametrize("obj", LOCAL_OBJECTS)
 def test_resource_validates_against_kubernetes_schema(obj: dict[str, Any]) -> None:
     if (obj["apiVersion"], obj["kind"]) in OPERATOR_KINDS:
         pytest.skip("a Prometheus operator resource: test_the_podmonitor_scrapes_the_job_pods")
+    if obj["apiVersion"].startswith("kueue.x-k8s.io/") and obj["kind"] in KUEUE_KINDS:
+        _validate_against_kueues_crd(obj)
+        return
     try:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:
@@ -422,6 +429,42 @@ def test_resource_validates_against_kubernetes_schema(obj: dict[str, Any]) -> No
 NODE_READER = "gpupipe-node-reader"
 """manifests/rbac's ClusterRole: list nodes, nothing else (a GPU job no node can hold is refused
 before it is created, issue 64 item 3)."""
+
+
+def _kueue_crd(kind: str) -> dict[str, Any]:
+    """Kueue's CRD of ``kind`` at KUEUE_VERSION, from its Go module (the download the test
+    cluster builds Kueue from; ``go mod download`` fetches it from the module proxy)."""
+    import json
+    import shutil
+    import subprocess
+
+    if shutil.which("go") is None:
+        pytest.skip("no Go toolchain to fetch Kueue's module (its CRDs) with")
+    version = VERSIONS["KUEUE_VERSION"]
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"sigs.k8s.io/kueue@v{version}"],
+        capture_output=True, text=True, timeout=300, cwd="/tmp", check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        pytest.skip(f"Kueue v{version}'s module could not be fetched: {out.stdout[-200:]}")
+    crds = Path(json.loads(out.stdout)["Dir"]) / "config/components/crd/bases"
+    plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues",
+              "LocalQueue": "localqueues"}[kind]  # fmt: skip
+    return dict(yaml.safe_load((crds / f"kueue.x-k8s.io_{plural}.yaml").read_text()))
+
+
+def _validate_against_kueues_crd(obj: dict[str, Any]) -> None:
+    import jsonschema
+
+    crd = _kueue_crd(obj["kind"])
+    version = obj["apiVersion"].split("/")[1]
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    assert served["served"] and served.get("storage"), f"{version} is not Kueue's stored version"
+    schema = served["schema"]["openAPIV3Schema"]
+    try:
+        jsonschema.validate(obj, schema)
+    except jsonschema.ValidationError as e:
+        pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
 @pytest.mark.parametrize("obj", LOCAL_OBJECTS)
@@ -439,6 +482,8 @@ def test_nothing_cluster_wide(obj: dict[str, Any]) -> None:
         return
     if obj["kind"] == "ClusterRoleBinding":
         assert obj["roleRef"]["kind"] == "ClusterRole" and obj["roleRef"]["name"] == NODE_READER
+        return
+    if obj["kind"] in ("ResourceFlavor", "ClusterQueue"):  # Kueue's own: cluster-scoped by kind
         return
     assert obj["kind"] not in CLUSTER_SCOPED_KINDS or (obj["kind"] == "Namespace" and labels_only)
 

@@ -415,21 +415,21 @@ def test_the_train_component_puts_the_job_parameters_on_its_pytorchjob(
         pipeline_run_id="run-7d2e",
         cuda_image=IMAGE,
         image_pull_secrets=["regcred"],
-        job_labels={"kueue.x-k8s.io/queue-name": "gpu-team"},
+        job_labels={"team": "research"},
         job_annotations={"karpenter.sh/do-not-disrupt": "true"},
         job_env={"NCCL_DEBUG": "INFO"},
-        gang_queue="research",
+        gang_queue="gpu-team",
         gang_priority_class="high",
     )
 
     (post,) = fake.calls("POST", r"/namespaces/team-a/pytorchjobs$")
     job = post.body
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-team"
+    labels = job["metadata"]["labels"]
+    assert labels["team"] == "research"
+    assert labels["kueue.x-k8s.io/queue-name"] == "gpu-team"
+    assert labels["kueue.x-k8s.io/priority-class"] == "high"
     assert job["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
-    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {
-        "queue": "research",
-        "priorityClass": "high",
-    }
+    assert "schedulingPolicy" not in job["spec"]["runPolicy"]
     for rtype in ("Master", "Worker"):
         assert pod(job, rtype)["imagePullSecrets"] == [{"name": "regcred"}]
         env = {e["name"]: e.get("value") for e in container(job, rtype)["env"]}

@@ -237,19 +237,23 @@ def test_the_longest_generated_name_fits_jobsets_pod_names_up_to_9_nodes() -> No
     build_trainjob(make(job_name="a" * MAX_JOB_NAME_LEN, nnodes=9))
 
 
+def test_kueues_queue_is_the_trainjobs_label_not_its_pods() -> None:
+    """gang_queue works with launcher=trainjob too: Kueue's TrainJob integration admits it."""
+    job = build_trainjob(make(gang_queue="q", gang_priority_class="high"))
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    assert "kueue.x-k8s.io" not in str(job["spec"])
+
+
 @pytest.mark.parametrize(
     ("overrides", "where"),
     [
-        ({"gang_queue": "q"}, "train.cluster.gang_queue"),
-        ({"gang_priority_class": "high"}, "train.cluster.gang_priority_class"),
         ({"job_name": "a" * 54, "nnodes": 11}, "job.name"),
         # JobSet's webhook refused this one on the cluster (TrainJobResourcesCreationFailed:
         # "pod names generated for this JobSet will exceed 63 characters"): 49 + "-node-0-1" + 6.
         ({"job_name": "a" * 49, "nnodes": 2}, "job.name"),
     ],
     ids=[
-        "gang-queue",
-        "gang-priority-class",
         "name-too-long-for-node-hostnames",
         "name-too-long-for-jobset-pods",
     ],

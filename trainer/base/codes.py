@@ -267,6 +267,15 @@ CODES: dict[str, Code] = {
         'nodes only when pods ask for them, set `train_config_json={"cluster.gpu_node_check": '
         "false}`.",
     ),
+    "E_QUEUE_REFUSED": Code(
+        _BAD,
+        "Kueue says the job can never be admitted in its queue (`gang_queue`): its pods together "
+        "ask more than the ClusterQueue's whole quota (Kueue's words: `> maximum capacity`), or "
+        "the LocalQueue does not exist in the job's namespace. It would wait for ever, so the "
+        "step deletes it and fails.",
+        "Ask less (fewer nodes or GPUs, smaller requests), raise the ClusterQueue's quota, or "
+        "name a LocalQueue of the job's namespace (`kubectl get localqueues -n <namespace>`).",
+    ),
     "E_NO_CUDA": Code(
         _BAD,
         "A training pod holds GPUs (its `nvidia.com/gpu` limit: the launcher sets "

@@ -11,9 +11,10 @@ from trainer.launch import TrainingRun
 from trainer.launch.capacity import check_gpu_nodes
 from trainer.launch.diagnosis import lost_with_its_node, unscheduled
 from trainer.launch.jobspec import ClusterConfig, JobSpec
-from trainer.launch.kube import KubeApi
+from trainer.launch.kube import KubeApi, KubeApiError
 from trainer.launch.owners import PodRef
 from trainer.launch.podlog import PodLog
+from trainer.launch.queue import QueueWait, queue_of, queue_wait
 from trainer.launch.resourcelauncher import ResourceLauncher
 from trainer.launch.watch import TERMINAL, OnExit, Resource
 
@@ -50,6 +51,8 @@ class JobResource(Resource, abc.ABC):
         self.pod_log = self._log(reattached=False)
         self.spec: JobSpec | None = None
         """The job's spec, for the checks before it is created."""
+        self.queued: QueueWait | None = None
+        """Where the job last stood in its Kueue queue (logged once per change)."""
 
     def before_create(self) -> None:
         if self.spec is not None:
@@ -70,6 +73,8 @@ class JobResource(Resource, abc.ABC):
             log.info("%s %s/%s: %s", self.kind, self.namespace, self.name, state)
             self.reported = state
         self.pod = self.main_pod()
+        if state not in TERMINAL and (queue := queue_of(obj)) is not None:
+            self._say_where_it_waits_in_its_queue(obj, queue)
         if state not in TERMINAL:
             self._say_what_holds_the_pods(self.all_pods())
         self.pod_log.pump(self.pod)
@@ -94,12 +99,49 @@ class JobResource(Resource, abc.ABC):
             log.warning("%s %s/%s: %s", self.kind, self.namespace, self.name, report)
         self.lost = report
 
+    def _say_where_it_waits_in_its_queue(self, obj: dict[str, Any], queue: str) -> None:
+        """While Kueue holds the job (not admitted yet), log where it stands in its queue and
+        Kueue's reason, once per change; :meth:`refused` ends the wait when Kueue says it can
+        never be admitted."""
+        if self.queued is not None and self.queued.admitted:
+            return
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        try:
+            wait = queue_wait(self.api.list_workloads(self.namespace, self.name), uid, queue)
+        except KubeApiError as e:
+            if self.queued is None:
+                log.warning("%s %s/%s: its place in queue %s cannot be read: %s",
+                            self.kind, self.namespace, self.name, queue, e)  # fmt: skip
+                self.queued = QueueWait(queue, admitted=False, position=None, reason="")
+            return
+        if wait == self.queued:
+            return
+        if wait.admitted:
+            log.info("%s %s/%s: admitted by queue %s", self.kind, self.namespace, self.name, queue)
+        elif wait.position is not None or wait.reason:
+            log.warning("%s %s/%s: %s", self.kind, self.namespace, self.name, wait.line())
+        self.queued = wait
+
+    def refused(self) -> tuple[str, str, str] | None:
+        wait = self.queued
+        if wait is None or wait.admitted or not wait.never:
+            return None
+        where = f"{self.spec.cluster.SECTION if self.spec else 'train.cluster'}.gang_queue"
+        return (
+            "E_QUEUE_REFUSED",
+            f"Kueue can never admit {self.kind} {self.namespace}/{self.name} in queue "
+            f"{wait.queue}: {wait.reason}",
+            where,
+        )
+
     def on_adopt(self) -> None:
         # A re-attached launcher shows the recent past, not hours of an earlier attempt's log.
         self.pod_log = self._log(reattached=True)
 
     def describe(self, state: str) -> str:
         why = ""
+        if self.queued is not None and not self.queued.admitted:
+            why = f", {self.queued.line()}"
         if self.unscheduled:
             why = f", its pod {self.unscheduled_pod} unscheduled: {self.unscheduled}"
         if self.lost:

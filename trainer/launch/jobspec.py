@@ -54,6 +54,7 @@ from trainer.launch.kubefields import (
     check_labels,
     parse_quantity,
 )
+from trainer.launch.queue import PRIORITY_LABEL, QUEUE_LABEL
 
 LABEL_APP = "app.kubernetes.io/name"
 LABEL_JOB = "gpupipe.dev/job"
@@ -189,11 +190,15 @@ class ClusterConfig:
     ask for them (none may exist before). The check needs the ClusterRole of manifests/rbac
     (list nodes); without it the job is created unchecked."""
     gang_queue: str | None = None
-    """PyTorchJob only: queue of the job's PodGroup under the Training Operator's gang scheduling
-    (Volcano); ``runPolicy.schedulingPolicy.queue``. (Pipeline parameter ``gang_queue``.)"""
+    """Kueue's LocalQueue for the job (its ``kueue.x-k8s.io/queue-name`` label; PyTorchJob,
+    TrainJob and Katib's trial jobs alike): Kueue starts the job only when all of its pods fit
+    the queue's quota, so two jobs never each hold half their pods. While it waits, the step
+    logs its place in the queue and Kueue's reason; a job the queue can never admit fails the
+    step (``E_QUEUE_REFUSED``). (Pipeline parameter ``gang_queue``.)"""
     gang_priority_class: str | None = None
-    """PyTorchJob only: PriorityClass of the job's PodGroup (preemption order under contention).
-    (Pipeline parameter ``gang_priority_class``.)"""
+    """Kueue's WorkloadPriorityClass of the job (its ``kueue.x-k8s.io/priority-class`` label):
+    the order of admission and preemption under contention. (Pipeline parameter
+    ``gang_priority_class``.)"""
 
     def __post_init__(self) -> None:
         # Checked here, when the step's config is read: before any output or job exists.
@@ -223,7 +228,7 @@ class ClusterConfig:
         names: list[tuple[str, str | None, str]] = [
             ("object_store_secret", self.object_store_secret or None, "a secret name"),
             ("service_account", self.service_account, "a service account name"),
-            ("gang_priority_class", self.gang_priority_class, "a PriorityClass name"),
+            ("gang_priority_class", self.gang_priority_class, "a WorkloadPriorityClass name"),
         ]
         names += [("image_pull_secrets", s, "a secret name") for s in self.image_pull_secrets]
         for name, given, what in names:
@@ -245,6 +250,17 @@ class ClusterConfig:
             "must not be empty",
             self.gang_queue,
         )
+        if self.gang_queue is not None:
+            check_dns(self.gang_queue, f"{self.SECTION}.gang_queue", DNS1123_SUBDOMAIN,
+                      "a LocalQueue name", 253)  # fmt: skip
+        for name, key in (("gang_queue", QUEUE_LABEL), ("gang_priority_class", PRIORITY_LABEL)):
+            given, labelled = getattr(self, name), self.labels.get(key)
+            require(
+                given is None or labelled is None or given == labelled,
+                f"{self.SECTION}.{name}",
+                f"differs from the label {key}={labelled!r} in labels: set it once",
+                given,
+            )
 
     def _check_resources(self) -> None:
         values: dict[str, Decimal] = {}
@@ -332,22 +348,6 @@ class ClusterConfig:
                 f"{self.SECTION}.secret_env[{name}]",
                 "must name a Secret key (letters, digits, '-', '_', '.')",
                 key,
-            )
-
-    def check_trainjob(self) -> None:
-        """Refuse what a TrainJob cannot carry: gang scheduling is the runtime's
-        ``podGroupPolicy`` (or Kueue's, through ``labels``).
-
-        Raises:
-            InputError: a ``gang_*`` setting is set (names it).
-        """
-        for name in ("gang_queue", "gang_priority_class"):
-            require(
-                getattr(self, name) is None,
-                f"{self.SECTION}.{name}",
-                "cannot be set on a TrainJob: gang scheduling is the runtime's podGroupPolicy "
-                "(or Kueue's queue-name label)",
-                getattr(self, name),
             )
 
 

@@ -58,6 +58,9 @@ KATIB_API_CALLS: list[tuple[str, str, str]] = [
 """The calls of the Katib (tune) launcher: Experiments and their Trials."""
 
 
+KUEUE_GROUP, KUEUE_VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
+"""Kueue's Workload: what it admits for a queued job (trainer/launch/queue.py)."""
+
 CLUSTER_API_CALLS: list[tuple[str, str, str]] = [("", "nodes", "list")]
 """The cluster-scoped calls (a ClusterRole's, not the namespace's Role): the training-job
 launchers read the nodes' allocatable GPUs before they create a GPU job
@@ -68,7 +71,9 @@ def _job_api_calls(group: str, plural: str) -> list[tuple[str, str, str]]:
     """The calls of a training-job launcher: the job, its watched pod, the pod's log, events,
     and the nodes (:data:`CLUSTER_API_CALLS`)."""
     job = [(group, plural, verb) for verb in ("create", "get", "delete", "patch")]
-    return [*job, *RUN_CALLS, ("", "pods/log", "get"), ("", "events", "list"), *CLUSTER_API_CALLS]
+    queue = [(KUEUE_GROUP, WORKLOADS, "list")]  # a queued job's place in its Kueue queue
+    return [*job, *RUN_CALLS, ("", "pods/log", "get"), ("", "events", "list"), *queue,
+            *CLUSTER_API_CALLS]  # fmt: skip
 
 
 PYTORCHJOB_API_CALLS = _job_api_calls(GROUP, PLURAL)
@@ -317,6 +322,19 @@ class KubeApi:
                 TRIALS,
                 label_selector=f"{EXPERIMENT_LABEL}={experiment}",
                 _request_timeout=self._timeout,
+            ),
+        )
+        return list(out.get("items") or [])
+
+    def list_workloads(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """Kueue's Workloads in ``namespace`` (the queued job ``job``'s, and its neighbours' in
+        the queue), for messages."""
+        out = self._call(
+            (KUEUE_GROUP, WORKLOADS, "list"),
+            namespace,
+            job,
+            lambda: self._custom.list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, _request_timeout=self._timeout
             ),
         )
         return list(out.get("items") or [])

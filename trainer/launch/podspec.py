@@ -21,6 +21,7 @@ from trainer.launch.jobspec import (
     SCRAPE_ANNOTATIONS,
     JobSpec,
 )
+from trainer.launch.queue import PRIORITY_LABEL, QUEUE_LABEL
 
 HOSTNAME = "kubernetes.io/hostname"
 """The node label that tells nodes apart (every kubelet sets it): one worker per node's key."""
@@ -35,6 +36,14 @@ failed or timed-out collective."""
 def job_labels(spec: JobSpec) -> dict[str, str]:
     """Labels of the job and its pods: the user's, then gpupipe's own."""
     return {**spec.cluster.labels, LABEL_APP: "gpupipe", LABEL_JOB: spec.name}
+
+
+def queue_labels(spec: JobSpec) -> dict[str, str]:
+    """Kueue's labels of the job (not its pods: Kueue admits the job as a whole): its
+    LocalQueue and WorkloadPriorityClass (``gang_queue``, ``gang_priority_class``)."""
+    c = spec.cluster
+    pairs = ((QUEUE_LABEL, c.gang_queue), (PRIORITY_LABEL, c.gang_priority_class))
+    return {key: value for key, value in pairs if value is not None}
 
 
 def pod_annotations(spec: JobSpec) -> dict[str, str]:
@@ -60,7 +69,7 @@ def job_metadata(spec: JobSpec) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "name": spec.name,
         "namespace": spec.namespace,
-        "labels": job_labels(spec),
+        "labels": {**job_labels(spec), **queue_labels(spec)},
     }
     if spec.cluster.annotations:
         metadata["annotations"] = dict(spec.cluster.annotations)

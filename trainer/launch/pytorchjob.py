@@ -13,6 +13,7 @@ from trainer.launch.jobspec import JobSpec, worker_command
 from trainer.launch.kube import JOB_NAME_LABEL, PLURAL, VERSION
 from trainer.launch.kube import PYTORCHJOB_API_CALLS as API_CALLS
 from trainer.launch.owners import PodRef
+from trainer.launch.queue import queue_of
 from trainer.launch.watch import LaunchCancelled, job_state
 
 __all__ = [
@@ -85,28 +86,18 @@ def build_pytorchjob(spec: JobSpec) -> dict[str, Any]:
         "Master": {
             "replicas": 1,
             "restartPolicy": RESTART_POLICY,
-            "template": _pod_template(spec, metadata["labels"]),
+            "template": _pod_template(spec, podspec.job_labels(spec)),
         }
     }
     if spec.run.nnodes > 1:
         replicas["Worker"] = {
             "replicas": spec.run.nnodes - 1,
             "restartPolicy": RESTART_POLICY,
-            "template": _pod_template(spec, metadata["labels"]),
+            "template": _pod_template(spec, podspec.job_labels(spec)),
         }
     run_policy: dict[str, Any] = dict(RUN_POLICY)
     if spec.run.timeout_s is not None:
         run_policy["activeDeadlineSeconds"] = spec.run.timeout_s
-    sched = {
-        key: value
-        for key, value in (
-            ("queue", spec.cluster.gang_queue),
-            ("priorityClass", spec.cluster.gang_priority_class),
-        )
-        if value is not None
-    }
-    if sched:
-        run_policy["schedulingPolicy"] = sched
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -129,7 +120,10 @@ class _PyTorchJob(JobResource):
     container = CONTAINER_NAME
 
     def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        if ((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"):
+        # A queued job is Kueue's to start: resuming it would run it past the queue.
+        if queue_of(obj) is None and ((obj.get("spec") or {}).get("runPolicy") or {}).get(
+            "suspend"
+        ):
             return {"spec": {"runPolicy": {"suspend": False}}}
         return None
 

@@ -30,6 +30,7 @@ from trainer.launch.kube import TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS
 from trainer.launch.kube import TRAINJOB_API_CALLS as API_CALLS
 from trainer.launch.kubefields import RuntimeRef
 from trainer.launch.owners import PodRef
+from trainer.launch.queue import queue_of
 from trainer.launch.watch import LaunchCancelled
 
 __all__ = [
@@ -59,7 +60,6 @@ Trainer's ``PET_NODE_RANK``."""
 
 
 def _check(spec: JobSpec) -> None:
-    spec.cluster.check_trainjob()
     # JobSet names node pods <job>-node-0-<index>-<5 random characters>, and its webhook refuses
     # the JobSet (which Trainer creates after admitting the TrainJob) when that name could pass 63
     # characters: the TrainJob would stay without pods.
@@ -191,7 +191,8 @@ class _TrainJob(JobResource):
         return trainjob_state(obj)
 
     def resume_patch(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        if (obj.get("spec") or {}).get("suspend"):
+        # A queued job is Kueue's to start: resuming it would run it past the queue.
+        if queue_of(obj) is None and (obj.get("spec") or {}).get("suspend"):
             return {"spec": {"suspend": False}}
         return None
 

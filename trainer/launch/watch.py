@@ -126,6 +126,11 @@ class Resource:
         """Called before the object is created (never when an earlier attempt's is adopted):
         checks that refuse an object that could never run."""
 
+    def refused(self) -> tuple[str, str, str] | None:
+        """(error code, message, where) when what :meth:`observe` saw says the object can
+        never run (the wait then applies ``on_exit`` and fails the step); None otherwise."""
+        return None
+
     def on_adopt(self) -> None:
         """Called when the object existed already (an earlier attempt's)."""
 
@@ -397,6 +402,9 @@ class Watch:
             self.state = self.resource.state(obj)
             if self.resource.observe(obj, self.state):
                 return obj
+            if (held := self.resource.refused()) is not None:
+                code, why, where = held
+                raise InputError(code, f"{why}; {self.apply_on_exit()}", where)
             polls += 1
             if polls % REFUSAL_CHECK_POLLS == 0 and (refused := self._refused()):
                 code, why = refused

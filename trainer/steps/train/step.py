@@ -104,8 +104,6 @@ class TrainStepConfig:
                 f"must be set for launcher {self.launcher!r}",
                 self.cluster.image,
             )
-            if self.launcher == "trainjob":
-                self.cluster.check_trainjob()
         require(self.gpus_per_node >= 0, "train.gpus_per_node", "must be >= 0", self.gpus_per_node)
         require(self.nnodes > 0, "train.nnodes", "must be > 0", self.nnodes)
         require(
