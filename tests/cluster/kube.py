@@ -9,13 +9,14 @@ environment variables.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -461,3 +462,29 @@ def run_script(name: str, timeout: float = 600) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [str(ROOT / "hack" / name)], capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+@contextlib.contextmanager
+def kueue_queue(namespace: str, queue: str, room_pods: int) -> Iterator[str]:
+    """A Kueue ClusterQueue with room for ``room_pods`` pods of JOB_POD_SETTINGS' requests and
+    the LocalQueue ``queue`` in ``namespace`` pointing to it (manifests/kueue's shapes, the
+    add-on's ResourceFlavor); both deleted after. Skips where the cluster has no Kueue."""
+    need_addon("kueue")
+    cluster_queue = f"gpupipe-{namespace}"
+    cpu = int(JOB_POD_SETTINGS["cpu_request"].rstrip("m")) * room_pods
+    mem = int(JOB_POD_SETTINGS["memory_request"].rstrip("Mi")) * room_pods
+    resources = [{"name": "cpu", "nominalQuota": f"{cpu}m"},
+                 {"name": "memory", "nominalQuota": f"{mem}Mi"}]  # fmt: skip
+    group = {"coveredResources": ["cpu", "memory"],
+             "flavors": [{"name": "gpupipe-default", "resources": resources}]}  # fmt: skip
+    apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+           "metadata": {"name": cluster_queue},
+           "spec": {"namespaceSelector": {}, "resourceGroups": [group]}})  # fmt: skip
+    apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+           "metadata": {"name": queue, "namespace": namespace},
+           "spec": {"clusterQueue": cluster_queue}})  # fmt: skip
+    try:
+        yield queue
+    finally:
+        kubectl("delete", "localqueue", "-n", namespace, queue, "--ignore-not-found", check=False)
+        kubectl("delete", "clusterqueue", cluster_queue, "--ignore-not-found", check=False)

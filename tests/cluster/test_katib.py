@@ -230,6 +230,42 @@ def test_a_search_of_four_trials_finds_the_best_trial_katib_reports(search: Tune
     assert f"Katib Experiment {search.namespace}/{name}: Running" in log, log[-3000:]
 
 
+@pytest.mark.ci_allowance(600)
+def test_trials_through_a_kueue_queue_are_admitted_whole_one_at_a_time(
+    namespace: str, image: str, start: Start
+) -> None:
+    """Issue 64 item 7: with gang_queue, each trial's PyTorchJob carries the queue's label and
+    Kueue admits trials whole: two parallel trials of two pods each, in a queue with room for
+    three pods, run one after the other, never half-placed side by side; both finish."""
+    with kube.kueue_queue(namespace, "gpupipe", 3):
+        cfg = tune_config(image, space(maxTrialCount=2, parallelTrialCount=2))
+        cfg["train"]["cluster"]["gang_queue"] = "gpupipe"
+        run = start(cfg)
+        both: list[list[str]] = []
+        queued: set[str] = set()
+        while kube.pod_phase(namespace, run.pod) not in ("Succeeded", "Failed", None):
+            live = []
+            for job in kube.jobs(namespace):
+                labels = job["metadata"].get("labels") or {}
+                if labels.get("kueue.x-k8s.io/queue-name") == "gpupipe":
+                    queued.add(job["metadata"]["name"])
+                ended = {c["type"] for c in job.get("status", {}).get("conditions", [])
+                         if c["status"] == "True"} & {"Succeeded", "Failed"}  # fmt: skip
+                if not ended and kube.job_pods(namespace, job["metadata"]["name"]):
+                    live.append(job["metadata"]["name"])
+            if len(live) > 1:
+                both.append(live)
+            assert time.monotonic() - run.started < TUNE_TIMEOUT_S, "the search did not end"
+            time.sleep(2)
+        exit_state = run.done()
+        log = run.log()
+        assert exit_state["exitCode"] == 0, log[-4000:]
+        assert both == [], f"two trials' jobs had pods at once: {both}"
+        exp = kube.get_json("experiment", "-n", namespace, run.experiment)
+        assert exp["status"]["trialsSucceeded"] == 2, exp["status"]
+        assert len(queued) == 2, queued
+
+
 def test_a_log_uniform_parameter_is_drawn_on_the_log_scale(namespace: str) -> None:
     # What the tune step's searches rely on: a learning rate asked for as logUniform gets small
     # values as often as large ones. goptuna drew every double uniformly (1 draw in 100 below

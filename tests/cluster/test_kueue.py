@@ -17,61 +17,19 @@ from typing import Any
 import pytest
 
 from tests.cluster import kube
-from tests.cluster.kube import JOB_POD_SETTINGS, launch
+from tests.cluster.kube import launch
 
 QUEUE = "gpupipe"
 ROOM_PODS = 3
 """The quota: room for this many of the jobs' pods (JOB_POD_SETTINGS' requests)."""
 
 
-def _quota() -> tuple[str, str]:
-    cpu = int(JOB_POD_SETTINGS["cpu_request"].rstrip("m")) * ROOM_PODS
-    mem = int(JOB_POD_SETTINGS["memory_request"].rstrip("Mi")) * ROOM_PODS
-    return f"{cpu}m", f"{mem}Mi"
-
-
 @pytest.fixture(scope="module")
 def queue(namespace: str) -> Iterator[str]:
     """A ClusterQueue with room for ROOM_PODS job pods and the LocalQueue ``gpupipe`` in the
     test's namespace (manifests/kueue's shapes, the add-on's ResourceFlavor)."""
-    kube.need_addon("kueue")
-    cluster_queue = f"gpupipe-{namespace}"
-    cpu, mem = _quota()
-    kube.apply(
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": cluster_queue},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory"],
-                        "flavors": [
-                            {
-                                "name": "gpupipe-default",
-                                "resources": [
-                                    {"name": "cpu", "nominalQuota": cpu},
-                                    {"name": "memory", "nominalQuota": mem},
-                                ],
-                            }
-                        ],
-                    }
-                ],
-            },
-        }
-    )
-    kube.apply(
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": QUEUE, "namespace": namespace},
-            "spec": {"clusterQueue": cluster_queue},
-        }
-    )
-    yield QUEUE
-    kube.kubectl("delete", "localqueue", "-n", namespace, QUEUE, "--ignore-not-found", check=False)
-    kube.kubectl("delete", "clusterqueue", cluster_queue, "--ignore-not-found", check=False)
+    with kube.kueue_queue(namespace, QUEUE, ROOM_PODS) as name:
+        yield name
 
 
 def _config(image: str, kind: str, **over: Any) -> dict[str, Any]:
