@@ -101,6 +101,27 @@ patches:
       kind: APIService
       metadata:
         name: v1beta2.visibility.kueue.x-k8s.io
+  # The webhooks of the pod, Deployment and StatefulSet integrations (off here) would still be
+  # called, failing closed, for every pod, Deployment and StatefulSet of every namespace: each
+  # creation would wait on Kueue's pod, and none could be made while it restarts.
+  - patch: |-
+      apiVersion: admissionregistration.k8s.io/v1
+      kind: MutatingWebhookConfiguration
+      metadata:
+        name: kueue-mutating-webhook-configuration
+      webhooks:
+        - {name: mpod.kb.io, \$patch: delete}
+        - {name: mdeployment.kb.io, \$patch: delete}
+        - {name: mstatefulset.kb.io, \$patch: delete}
+  - patch: |-
+      apiVersion: admissionregistration.k8s.io/v1
+      kind: ValidatingWebhookConfiguration
+      metadata:
+        name: kueue-validating-webhook-configuration
+      webhooks:
+        - {name: vpod.kb.io, \$patch: delete}
+        - {name: vdeployment.kb.io, \$patch: delete}
+        - {name: vstatefulset.kb.io, \$patch: delete}
   # Upstream asks 500m CPU and 512Mi; the whole node has 2 cores.
   - target: {group: apps, version: v1, kind: Deployment, name: kueue-controller-manager}
     patch: |-
