@@ -120,7 +120,9 @@ RETRIED = frozenset({"train", "train-launcher", "tune", "register"})
 BACKOFF = {"backoff_duration": "30s", "backoff_factor": 2.0, "backoff_max_duration": "600s"}
 TRAIN_CACHING = False
 """Caching of the train step. Off by default: a cached train step would skip training whenever
-the dataset artifact name and parameters repeat, even if the code changed under the same tag."""
+the dataset artifact name and parameters repeat, even if the code changed under the same tag.
+(Turned on, it would also need the run's id out of train's parameters: KFP's cache key holds
+the resolved id, so no run would hit it.)"""
 
 RUN_ID_LABEL = "pipeline/runid"
 """The label KFP's backend puts on every pod of a run (its Workflow's podMetadata), the run's id."""
@@ -478,6 +480,10 @@ def build_training_pipeline(*, retries: int = RETRIES, cluster: bool = True) -> 
                     config_json=train_config_json,
                     trainer_runtime=trainer_runtime,
                     gpu_limit=tn.outputs["train_gpu_limit"],
+                    # Train is never cached (TRAIN_CACHING): the run's id as a parameter names
+                    # its job from the same id register tags the model with, under kfp.local too
+                    # (whose pods have no KFP_RUN_ID label).
+                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                     **train_settings,
                 )
 
