@@ -81,7 +81,7 @@ def test_two_jobs_with_room_for_three_pods_run_one_whole_after_the_other(
     assert overlap == [], f"the second job had pods while the first ran: {overlap}"
     log = second.log()
     assert f"waiting for admission in queue {queue} (position 1): " in log, log[-3000:]
-    assert "insufficient unused quota for cpu" in log, log[-3000:]
+    assert "insufficient unused quota for " in log, log[-3000:]
     assert f"admitted by queue {queue}" in log, log[-3000:]
 
 

@@ -172,12 +172,13 @@ webhook_judges() {
 apply_queues() {
   local cpu mem gpu dir
   read -r cpu mem gpu < <(kubectl_ get nodes -o json | python3 -c '
-import json, sys
+import json, re, sys
 from decimal import Decimal
-units = {"": 1, "m": Decimal("0.001"), "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "k": 1000, "M": 1000**2, "G": 1000**3}
+units = {"": 1, "m": Decimal("0.001"), "k": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
+         "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4}
 def q(s):
-    num = s.rstrip("kMGimT")
-    return Decimal(num) * units[s[len(num):]]
+    m = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", s)
+    return Decimal(m.group(1)) * units[m.group(2)]
 cpu = mem = gpu = Decimal(0)
 for n in json.load(sys.stdin)["items"]:
     a = n["status"].get("allocatable", {})
