@@ -122,12 +122,16 @@ patches:
         - {name: vpod.kb.io, \$patch: delete}
         - {name: vdeployment.kb.io, \$patch: delete}
         - {name: vstatefulset.kb.io, \$patch: delete}
-  # Upstream asks 500m CPU and 512Mi; the whole node has 2 cores.
+  # Upstream asks 500m CPU and 512Mi; the whole node has 2 cores. Upstream pulls Always: the
+  # local image is on the nodes only (imported), never in a registry.
   - target: {group: apps, version: v1, kind: Deployment, name: kueue-controller-manager}
     patch: |-
       - op: replace
         path: /spec/template/spec/containers/0/resources/requests
         value: {cpu: 50m, memory: 128Mi}
+      - op: replace
+        path: /spec/template/spec/containers/0/imagePullPolicy
+        value: IfNotPresent
 YAML
 }
 
