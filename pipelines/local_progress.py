@@ -13,6 +13,7 @@ clock between the two lines.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import re
@@ -73,6 +74,8 @@ class Progress(io.TextIOBase):
         self._clock = clock
         self._partial = ""
         self._started: dict[str, float] = {}
+        self.log_full = False
+        """The run's log's filesystem filled up: nothing more is written to it."""
         self.steps: list[tuple[str, str]] = []
         """``(task, state)`` of every step line, in order (``RUNNING`` when it starts)."""
 
@@ -83,15 +86,37 @@ class Progress(io.TextIOBase):
         self._partial += text
         *lines, self._partial = self._partial.split("\n")
         for line in lines:
-            self._log.write(_ANSI.sub("", line) + "\n")
+            self._to_log(_ANSI.sub("", line) + "\n")
             if self._verbose:
                 self._terminal.write(line + "\n")
             else:
                 self._read(_ANSI.sub("", line))
         return len(text)
 
+    def _to_log(self, text: str) -> None:
+        """Write to the run's log, until its filesystem is full: then the log stops (once, with
+        a note on the terminal) and the run goes on, so that the step that met the full disk
+        ends with its own line (E_DISK_FULL) instead of this process with ENOSPC's traceback
+        (kfp.local prints every line of a step's output through here)."""
+        if self.log_full:
+            return
+        try:
+            self._log.write(text)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.log_full = True
+            name = getattr(self._log, "name", "the run's log")
+            self._terminal.write(f"  (the run's log {name} stops here: {e.strerror})\n")
+
     def flush(self) -> None:
-        self._log.flush()
+        if not self.log_full:
+            try:
+                self._log.flush()
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self.log_full = True
         self._terminal.flush()
 
     def _read(self, line: str) -> None:

@@ -114,3 +114,36 @@ def test_warnings_log_records_and_both_streams_go_to_the_log_only() -> None:
     assert "hunter2" not in text
     # the cache hit came through the log record: the one line the terminal got
     assert terminal.getvalue() == "  tune           CACHED\n"
+
+
+class _FullDisk(io.StringIO):
+    """A log file whose filesystem fills up after ``room`` characters."""
+
+    name = "/small/runs/r1/run.log"
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def write(self, text: str) -> int:
+        import errno
+
+        if self.tell() + len(text) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(text)
+
+
+def test_a_full_disk_stops_the_log_not_the_run() -> None:
+    """The run's log on a filesystem that fills up (CI, 2026-12-07: kfp.local printing a step's
+    line to it raised ENOSPC in gpupipe itself, a traceback instead of the step's E_DISK_FULL):
+    the log stops, once, saying so on the terminal, and the step lines go on."""
+    log, terminal = _FullDisk(room=40), io.StringIO()
+    progress = Progress(log, terminal)
+    progress.write("a line that fits\n")
+    progress.write("a line that does not fit in what is left\n")
+    progress.write("another\n")
+    progress.flush()
+    assert progress.log_full
+    assert log.getvalue() == "a line that fits\n"
+    note = "  (the run's log /small/runs/r1/run.log stops here: No space left on device)\n"
+    assert terminal.getvalue().count(note) == 1
