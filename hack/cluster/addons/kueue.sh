@@ -66,6 +66,18 @@ integrations:
 YAML
 }
 
+# without_webhooks KIND PREFIX: a patch deleting the pod, Deployment and StatefulSet webhooks
+# (PREFIXpod.kb.io, ...) from Kueue's KINDWebhookConfiguration.
+without_webhooks() {
+  local lower w
+  lower="$(tr '[:upper:]' '[:lower:]' <<<"$1")"
+  printf '  - patch: |-\n      apiVersion: admissionregistration.k8s.io/v1\n'
+  printf '      kind: %sWebhookConfiguration\n      metadata:\n' "$1"
+  printf '        name: kueue-%s-webhook-configuration\n      webhooks:\n' "$lower"
+  # shellcheck disable=SC2016 # $patch is kustomize's key, not a shell variable
+  for w in pod deployment statefulset; do printf '        - {name: %s%s.kb.io, $patch: delete}\n' "$2" "$w"; done
+}
+
 write_overlay() {
   local dir="$1"
   upstream_copy "$PIECE" "$dir" "${MODULE}@v${V}" config
@@ -104,24 +116,8 @@ patches:
   # The webhooks of the pod, Deployment and StatefulSet integrations (off here) would still be
   # called, failing closed, for every pod, Deployment and StatefulSet of every namespace: each
   # creation would wait on Kueue's pod, and none could be made while it restarts.
-  - patch: |-
-      apiVersion: admissionregistration.k8s.io/v1
-      kind: MutatingWebhookConfiguration
-      metadata:
-        name: kueue-mutating-webhook-configuration
-      webhooks:
-        - {name: mpod.kb.io, \$patch: delete}
-        - {name: mdeployment.kb.io, \$patch: delete}
-        - {name: mstatefulset.kb.io, \$patch: delete}
-  - patch: |-
-      apiVersion: admissionregistration.k8s.io/v1
-      kind: ValidatingWebhookConfiguration
-      metadata:
-        name: kueue-validating-webhook-configuration
-      webhooks:
-        - {name: vpod.kb.io, \$patch: delete}
-        - {name: vdeployment.kb.io, \$patch: delete}
-        - {name: vstatefulset.kb.io, \$patch: delete}
+$(without_webhooks Mutating m)
+$(without_webhooks Validating v)
   # Upstream asks 500m CPU and 512Mi; the whole node has 2 cores. Upstream pulls Always: the
   # local image is on the nodes only (imported), never in a registry.
   - target: {group: apps, version: v1, kind: Deployment, name: kueue-controller-manager}
