@@ -57,12 +57,18 @@ esac
 # The object store (SeaweedFS) sizes its volume count by the free space of this filesystem and
 # stops taking writes when it runs short ("No writable volumes and no free volumes left", seen
 # with 8 GB free while other builds wrote beside it); the node's images and pods' logs live here
-# too. Refuse, saying so, rather than fail the cluster tests one upload at a time.
+# too. Refuse, saying so, rather than fail the cluster tests one upload at a time. Not over a
+# cluster that runs: its object store sized its volumes when it started, and its own images, logs
+# and volumes are what fills the disk since (a second cluster-up over a cluster that ran the
+# tests met 11 GiB free in CI and refused).
 disk="$STATE"
 while [[ ! -d "$disk" ]]; do disk="$(dirname "$disk")"; done
 free_gib="$(df --output=avail -BG "$disk" | tail -n 1 | tr -dc '0-9')"
-((free_gib >= MIN_FREE_GIB)) ||
-  cannot "only ${free_gib} GiB free under ${STATE}: the test cluster needs ${MIN_FREE_GIB} GiB (GPUPIPE_MIN_FREE_GIB; its object store stops taking writes when the disk runs short)"
+if ((free_gib < MIN_FREE_GIB)); then
+  running kube-apiserver ||
+    cannot "only ${free_gib} GiB free under ${STATE}: the test cluster needs ${MIN_FREE_GIB} GiB (GPUPIPE_MIN_FREE_GIB; its object store stops taking writes when the disk runs short)"
+  say "only ${free_gib} GiB free under ${STATE}, the cluster already runs: going on (the ${MIN_FREE_GIB} GiB are checked when it starts)"
+fi
 [[ "$(id -u)" == 0 ]] || cannot "not root: kubelet and containerd need root (mounts, cgroups, network namespaces)"
 command -v go >/dev/null 2>&1 || cannot "Go is not installed: the cluster is built from Go modules"
 missing=()
