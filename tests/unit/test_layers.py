@@ -304,3 +304,60 @@ def test_the_cli_is_reached_only_through_its_package(module: str) -> None:
     else:
         wrong = found - {CLI}
     assert sorted(f"{module} imports {m}" for m in wrong) == []
+
+
+TORCH_STEPS = {"evaluate"}
+"""The components whose work needs torch as soon as they start (evaluate loads models). Train
+imports it only where it trains in its own process; the others never."""
+
+
+def _body_imports(component: str) -> list[str]:
+    """The import statements a component's function runs first (its body's own imports)."""
+    tree = ast.parse((ROOT / "components" / component / "__init__.py").read_text())
+    (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    return [ast.unparse(n) for n in func.body if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
+COMPONENTS = sorted(p.parent.name for p in (ROOT / "components").glob("*/__init__.py"))
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_a_step_that_needs_no_torch_starts_without_it(component: str) -> None:
+    """Issue 65, item 6: register imported torch (1.6 s of its 2.6 s start, in every run's pod)
+    for two constants, through ``trainer.models`` and ``trainer.steps.evaluate``, whose faces
+    now load each name with its module on first use."""
+    statements = _body_imports(component)
+    assert statements or component == "notify", f"components/{component}: no imports found"
+    code = "\n".join([*statements, "import sys", "print('torch' in sys.modules)"])
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(component in TORCH_STEPS), (component, statements)
+
+
+@pytest.mark.parametrize("package", ["trainer.models", "trainer.steps.evaluate"])
+def test_a_lazy_face_exports_exactly_its_names(package: str) -> None:
+    """Each name in ``__all__`` loads from the submodule the face names (and is that module's
+    own object); ``dir()`` shows them before they are used; a wrong name is an AttributeError."""
+    code = f"""
+import importlib, sys
+face = importlib.import_module({package!r})
+names = face.__all__
+assert set(names) <= set(dir(face)), sorted(set(names) - set(dir(face)))
+for name in names:
+    value = getattr(face, name)
+    assert value is not None, name
+try:
+    face.no_such_name
+except AttributeError as e:
+    assert "no_such_name" in str(e), e
+else:
+    raise SystemExit("a wrong name was found")
+print(len(names))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) == len(importlib.import_module(package).__all__)

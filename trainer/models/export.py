@@ -19,23 +19,23 @@ from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict, to_dict
 from trainer.base.version import __version__
 from trainer.config import ModelConfig
-from trainer.models import (
-    BUILTIN_MODELS,
-    ModelSpec,
-    build_model,
-    plugin_allowed,
-    plugin_module,
-    unwrap_model,
-)
+from trainer.models.layout import FORMAT, META_FILE, METRICS_FILE, MODEL_STEP, WEIGHTS_FILE
+from trainer.models.losses import unwrap_model
+from trainer.models.plugins import BUILTIN_MODELS, plugin_allowed, plugin_module
+from trainer.models.registry import build_model
+from trainer.models.spec import ModelSpec
 
-FORMAT = "gpupipe.model/v1"
-WEIGHTS_FILE = "model.safetensors"
-META_FILE = "model.json"
-METRICS_FILE = "metrics.json"
-MODEL_STEP = "train"
-"""The step whose output marker a model directory carries: only a model replaces a model."""
-
-__all__ = ["FORMAT", "LoadedModel", "load_model", "predict", "save_model"]
+__all__ = [
+    "FORMAT",
+    "META_FILE",
+    "METRICS_FILE",
+    "MODEL_STEP",
+    "WEIGHTS_FILE",
+    "LoadedModel",
+    "load_model",
+    "predict",
+    "save_model",
+]
 
 
 @dataclass

@@ -19,7 +19,7 @@ from trainer import registry
 from trainer.base import storage
 from trainer.base.errors import InputError
 from trainer.base.typedconfig import from_dict
-from trainer.models.export import META_FILE, WEIGHTS_FILE
+from trainer.models.layout import META_FILE, WEIGHTS_FILE
 from trainer.steps.evaluate import HIGHER_IS_BETTER
 from trainer.steps.train import COST_FILE, cost_metrics
 

@@ -14,14 +14,24 @@ What other code may use is exported here; the rest is this step's own:
 
 from __future__ import annotations
 
-from trainer.steps.evaluate.gate import MIN_GATE_ROWS, GateConfig, decide_gate
-from trainer.steps.evaluate.metrics import (
-    AUTO_METRIC,
-    HIGHER_IS_BETTER,
-    TASK_METRICS,
-    EvaluateResult,
-)
-from trainer.steps.evaluate.step import EvaluateConfig, evaluate, evaluate_config, read_history
+from typing import TYPE_CHECKING
+
+from trainer.base.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from trainer.steps.evaluate.gate import MIN_GATE_ROWS, GateConfig, decide_gate
+    from trainer.steps.evaluate.metrics import (
+        AUTO_METRIC,
+        HIGHER_IS_BETTER,
+        TASK_METRICS,
+        EvaluateResult,
+    )
+    from trainer.steps.evaluate.step import (
+        EvaluateConfig,
+        evaluate,
+        evaluate_config,
+        read_history,
+    )
 
 __all__ = [
     "AUTO_METRIC",
@@ -36,3 +46,22 @@ __all__ = [
     "evaluate_config",
     "read_history",
 ]
+
+# Loaded on first use: the step (models, torch) only where it runs; the metrics' directions and
+# the gate's rows without torch (register, preprocess).
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "AUTO_METRIC": "metrics",
+        "HIGHER_IS_BETTER": "metrics",
+        "MIN_GATE_ROWS": "gate",
+        "TASK_METRICS": "metrics",
+        "EvaluateConfig": "step",
+        "EvaluateResult": "metrics",
+        "GateConfig": "gate",
+        "decide_gate": "gate",
+        "evaluate": "step",
+        "evaluate_config": "step",
+        "read_history": "step",
+    },
+)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # the scoring takes torch's tensors; register reads the directions without it
+    import torch
 
 __all__ = [
     "AUTO_METRIC",
@@ -109,7 +111,7 @@ def is_number(value: Any) -> TypeGuard[int | float]:
 def softmax(logits: torch.Tensor) -> np.ndarray:
     """Class probabilities of logits, float64."""
     # float64: sklearn checks that multiclass probabilities sum to 1, which float32 can miss.
-    return torch.softmax(logits.double(), dim=-1).numpy()
+    return logits.double().softmax(dim=-1).numpy()
 
 
 def _roc_auc(y: np.ndarray, proba: np.ndarray) -> float | None:
