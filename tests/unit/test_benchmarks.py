@@ -148,3 +148,17 @@ def test_preprocess_scale_prints_ratio(capsys: pytest.CaptureFixture[str]) -> No
     assert rc == 0, "\n".join(lines)
     assert sum(" in-memory " in line for line in lines) == 1
     assert re.fullmatch(r"preprocess_scale ratio: \d+\.\d\d \(.*goal <= 1\.0\)", lines[-1])
+
+
+def test_step_start_prints_each_step_and_the_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every component is timed, none but evaluate loads torch, and the ratio is the last line."""
+    from benchmarks import step_start
+
+    assert step_start.main(["--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    components = sorted(p.parent.name for p in Path("components").glob("*/__init__.py"))
+    rows = {line.split()[0]: line.split()[-1] for line in lines[1:-1]}
+    assert {c: rows[c] for c in components} == {
+        c: "yes" if c == "evaluate" else "no" for c in components
+    }
+    assert re.fullmatch(r"step_start ratio: \d+\.\d\d \(\w+, .*goal <= 1\.5\)", lines[-1])

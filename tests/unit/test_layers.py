@@ -336,7 +336,9 @@ def test_a_step_that_needs_no_torch_starts_without_it(component: str) -> None:
     assert out.stdout.strip() == str(component in TORCH_STEPS), (component, statements)
 
 
-@pytest.mark.parametrize("package", ["trainer.models", "trainer.steps.evaluate"])
+@pytest.mark.parametrize(
+    "package", ["trainer.models", "trainer.steps.evaluate", "trainer.steps.preprocess"]
+)
 def test_a_lazy_face_exports_exactly_its_names(package: str) -> None:
     """Each name in ``__all__`` loads from the submodule the face names (and is that module's
     own object); ``dir()`` shows them before they are used; a wrong name is an AttributeError."""

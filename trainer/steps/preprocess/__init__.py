@@ -24,14 +24,19 @@ What other code may use is exported here; the rest is this step's own:
 
 from __future__ import annotations
 
-from trainer.steps.preprocess.config import PreprocessConfig, config_from_parameters
-from trainer.steps.preprocess.demo_data import make_demo_table, write_demo_data
-from trainer.steps.preprocess.fingerprint import data_fingerprint
-from trainer.steps.preprocess.preview import inspect_data
-from trainer.steps.preprocess.step import PreprocessResult, preprocess
-from trainer.steps.preprocess.table_input import table_location
-from trainer.steps.preprocess.tabular import read_columns
-from trainer.steps.preprocess.wide import PodsJob, for_pods
+from typing import TYPE_CHECKING
+
+from trainer.base.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from trainer.steps.preprocess.config import PreprocessConfig, config_from_parameters
+    from trainer.steps.preprocess.demo_data import make_demo_table, write_demo_data
+    from trainer.steps.preprocess.fingerprint import data_fingerprint
+    from trainer.steps.preprocess.preview import inspect_data
+    from trainer.steps.preprocess.step import PreprocessResult, preprocess
+    from trainer.steps.preprocess.table_input import table_location
+    from trainer.steps.preprocess.tabular import read_columns
+    from trainer.steps.preprocess.wide import PodsJob, for_pods
 
 __all__ = [
     "PodsJob",
@@ -47,3 +52,23 @@ __all__ = [
     "table_location",
     "write_demo_data",
 ]
+
+# Loaded on first use: the fingerprint step reads the table's bytes without pandas and the
+# encoders; the pre-run checks load only the preview.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "PodsJob": "wide",
+        "PreprocessConfig": "config",
+        "PreprocessResult": "step",
+        "config_from_parameters": "config",
+        "data_fingerprint": "fingerprint",
+        "for_pods": "wide",
+        "inspect_data": "preview",
+        "make_demo_table": "demo_data",
+        "preprocess": "step",
+        "read_columns": "tabular",
+        "table_location": "table_input",
+        "write_demo_data": "demo_data",
+    },
+)

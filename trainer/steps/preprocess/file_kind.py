@@ -15,6 +15,9 @@ import re
 
 from trainer.base.errors import InputError
 
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
+"""Compression of text files, told by the name (pyarrow's streams decompress these)."""
+
 _ZIP = b"PK\x03\x04"
 _OLE2 = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _DECIMAL_COMMA = re.compile(r"(?:^|;)\s*-?\d+,\d+\s*(?:;|$)")

@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 
 from trainer.base.errors import InputError
-from trainer.steps.preprocess.file_kind import kind_of
-from trainer.steps.preprocess.tabular import COMPRESSED_SUFFIXES
+from trainer.steps.preprocess.file_kind import COMPRESSED_SUFFIXES, kind_of
 
 ARTIFACT = "data"
 """The name of the Dataset artifact input of the preprocess and fingerprint components."""

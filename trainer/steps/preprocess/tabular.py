@@ -38,12 +38,14 @@ from trainer.steps.preprocess.encode import (  # noqa: F401 - re-exported
     encode_numeric,
     split_indices,
 )
-from trainer.steps.preprocess.file_kind import refuse_non_csv, sniff_separators
+from trainer.steps.preprocess.file_kind import (
+    COMPRESSED_SUFFIXES,
+    refuse_non_csv,
+    sniff_separators,
+)
 from trainer.steps.preprocess.limits import InputTooLarge
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
-"""Compression of text files, told by the name (pyarrow's streams decompress these)."""
 _TEXT_SUFFIXES = (".csv", ".tsv", ".txt")
 DATA_SUFFIXES = (
     *PARQUET_SUFFIXES,
