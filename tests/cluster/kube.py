@@ -464,18 +464,23 @@ def run_script(name: str, timeout: float = 600) -> subprocess.CompletedProcess[s
     )
 
 
-@contextlib.contextmanager
-def kueue_queue(namespace: str, queue: str, room_pods: int) -> Iterator[str]:
-    """A Kueue ClusterQueue with room for ``room_pods`` pods of JOB_POD_SETTINGS' requests and
-    the LocalQueue ``queue`` in ``namespace`` pointing to it (manifests/kueue's shapes, the
-    add-on's ResourceFlavor); both deleted after. Skips where the cluster has no Kueue."""
-    need_addon("kueue")
-    cluster_queue = f"gpupipe-{namespace}"
+def pods_quota(room_pods: int) -> dict[str, str]:
+    """Kueue quota with room for ``room_pods`` pods of JOB_POD_SETTINGS' requests."""
     cpu = int(JOB_POD_SETTINGS["cpu_request"].rstrip("m")) * room_pods
     mem = int(JOB_POD_SETTINGS["memory_request"].rstrip("Mi")) * room_pods
-    resources = [{"name": "cpu", "nominalQuota": f"{cpu}m"},
-                 {"name": "memory", "nominalQuota": f"{mem}Mi"}]  # fmt: skip
-    group = {"coveredResources": ["cpu", "memory"],
+    return {"cpu": f"{cpu}m", "memory": f"{mem}Mi"}
+
+
+@contextlib.contextmanager
+def kueue_queue(namespace: str, queue: str, quota: dict[str, str]) -> Iterator[str]:
+    """A Kueue ClusterQueue with ``quota`` (resource -> nominal quota, e.g.
+    :func:`pods_quota`) and the LocalQueue ``queue`` in ``namespace`` pointing to it
+    (manifests/kueue's shapes, the add-on's ResourceFlavor); both deleted after. Skips where the
+    cluster has no Kueue."""
+    need_addon("kueue")
+    cluster_queue = f"{queue}-{namespace}"
+    resources = [{"name": k, "nominalQuota": v} for k, v in quota.items()]
+    group = {"coveredResources": list(quota),
              "flavors": [{"name": "gpupipe-default", "resources": resources}]}  # fmt: skip
     apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
            "metadata": {"name": cluster_queue},
@@ -488,3 +493,27 @@ def kueue_queue(namespace: str, queue: str, room_pods: int) -> Iterator[str]:
     finally:
         kubectl("delete", "localqueue", "-n", namespace, queue, "--ignore-not-found", check=False)
         kubectl("delete", "clusterqueue", cluster_queue, "--ignore-not-found", check=False)
+
+
+@contextlib.contextmanager
+def extended_resource(node: str, name: str, count: int) -> Iterator[str]:
+    """``node`` advertises ``count`` of the extended resource ``name`` (a PATCH of its status,
+    as Kubernetes' docs advertise one): room for exactly that many pods that ask one each,
+    whatever else runs there. Removed after."""
+    path = "/status/capacity/" + name.replace("~", "~0").replace("/", "~1")
+
+    def patch(op: dict[str, Any]) -> None:
+        kubectl(
+            "patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps([op])
+        )
+
+    patch({"op": "add", "path": path, "value": str(count)})
+    try:
+        wait_until(
+            f"{node}'s allocatable {name}",
+            lambda: get_json("node", node)["status"].get("allocatable", {}).get(name) == str(count),
+            60,
+        )
+        yield name
+    finally:
+        patch({"op": "remove", "path": path})

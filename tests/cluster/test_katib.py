@@ -237,7 +237,7 @@ def test_trials_through_a_kueue_queue_are_admitted_whole_one_at_a_time(
     """Issue 64 item 7: with gang_queue, each trial's PyTorchJob carries the queue's label and
     Kueue admits trials whole: two parallel trials of two pods each, in a queue with room for
     three pods, run one after the other, never half-placed side by side; both finish."""
-    with kube.kueue_queue(namespace, "gpupipe", 3):
+    with kube.kueue_queue(namespace, "gpupipe", kube.pods_quota(3)):
         cfg = tune_config(image, space(maxTrialCount=2, parallelTrialCount=2))
         cfg["train"]["cluster"]["gang_queue"] = "gpupipe"
         run = start(cfg)
