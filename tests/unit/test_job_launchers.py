@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -513,6 +514,34 @@ def test_a_queued_job_says_where_it_waits_in_its_queue_once_and_in_the_deadline(
     assert said == [f"{kind.name} {REF}: {line}"], said
     (post,) = fake.calls("POST")
     assert post.body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpupipe"
+
+
+def test_the_admission_that_ends_a_said_wait_is_said_at_the_waits_level(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found on the test cluster: the train step's pod shows warnings only, so after its
+    "waiting for admission" the admission (logged at INFO) never showed and the wait seemed to
+    go on under the training's lines. After a wait it said, the admission is a warning too."""
+    fake.scenario = Scenario(lines=LINES, outcome="Succeeded", pending_s=2.0)
+    fake.workloads = {JOB: _workload("gpupipe", "2026-12-07T10:05:00Z", WAITING)}
+    admitted = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}
+    timer = threading.Timer(1.0, lambda: fake.workloads.update({JOB: admitted}))
+    timer.start()
+    try:
+        launch(launcher(cluster=dataclasses.replace(CLUSTER, gang_queue="gpupipe")))
+    finally:
+        timer.cancel()
+    said = [
+        (r.levelno, r.getMessage()) for r in caplog.records if "queue gpupipe" in r.getMessage()
+    ]
+    assert [m for _, m in said] == [
+        f"{kind.name} {REF}: waiting for admission in queue gpupipe (position 1): {WAITING}",
+        f"{kind.name} {REF}: admitted by queue gpupipe",
+    ], said
+    assert {level for level, _ in said} == {logging.WARNING}
 
 
 def test_a_job_its_queue_can_never_admit_fails_at_once_and_is_deleted(

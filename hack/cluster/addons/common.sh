@@ -270,11 +270,38 @@ need_cluster() {
 # one shared manager the later apply removed the label the earlier one set.
 apply_k() {
   local piece="$1" dir="$2" out
+  claims_first "$piece" "$dir"
   out="$(kubectl_ apply --server-side --force-conflicts --field-manager "gpupipe-${piece}" -k "$dir" 2>&1)" || {
     printf '%s\n' "$out" | tail -n 10 >&2
     die "${piece}: kubectl apply -k ${dir} failed (above)"
   }
   say "applied ${dir} ($(printf '%s\n' "$out" | wc -l) objects)"
+}
+
+# claims_first PIECE DIR: the overlay's PersistentVolumeClaims applied alone, and Bound, before
+# anything that mounts them. Applied with their pod's Deployment, a claim was not yet in the
+# scheduler's cache when it first tried the pod ("pod has unbound immediate
+# PersistentVolumeClaims. not found"), and Kubernetes 1.34's scheduler did not try the pod again
+# when the claim was bound: the object store waited its 5-minute backoff and cluster-up gave up
+# (CI, 2026-12-07). Each claim here is bound to a volume hostpath_pv made for it.
+claims_first() {
+  local piece="$1" dir="$2" docs claims name
+  # The claims' documents picked out as text: a client dry run of the whole overlay would need
+  # the REST mapping of kinds whose CRDs it brings.
+  docs="$(kubectl_ kustomize "$dir")" || die "${piece}: cannot render ${dir} (kubectl kustomize)"
+  docs="$(awk 'BEGIN { RS = "\n---\n" } /(^|\n)kind: PersistentVolumeClaim(\n|$)/ { printf "---\n%s\n", $0 }' <<<"$docs")"
+  [[ -n "$docs" ]] || return 0
+  claims="$(kubectl_ apply --server-side --force-conflicts --field-manager "gpupipe-${piece}" \
+    -o go-template='{{range .items}}{{.metadata.namespace}}/{{.metadata.name}} {{end}}{{with .metadata}}{{.namespace}}/{{.name}}{{end}}' \
+    -f - <<<"$docs")" || die "${piece}: cannot apply the PersistentVolumeClaims of ${dir}"
+  for name in $claims; do
+    wait_for 60 claim_bound "${name%%/*}" "${name#*/}" ||
+      die "${piece}: PersistentVolumeClaim ${name} not Bound within 60 s (kubectl -n ${name%%/*} describe pvc ${name#*/})"
+  done
+}
+
+claim_bound() {
+  [[ "$(kubectl_ -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" == Bound ]]
 }
 
 # A namespace, created when missing (server-side apply: idempotent).
