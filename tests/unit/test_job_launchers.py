@@ -544,6 +544,32 @@ def test_the_admission_that_ends_a_said_wait_is_said_at_the_waits_level(
     assert {level for level, _ in said} == {logging.WARNING}
 
 
+def test_a_workload_kueue_has_not_looked_at_yet_is_no_wait_to_say(
+    launcher: Callable[..., ClusterJobLauncher],
+    kind: Kind,
+    fake: FakeKubeApi,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen live: the first of two jobs logged "waiting for admission (position 1)" and was
+    admitted a second later. A Workload without Kueue's reason yet is not a wait."""
+    caplog.set_level(logging.INFO)
+    fake.scenario = Scenario(lines=LINES, outcome="Succeeded", pending_s=2.0)
+    fresh = {"metadata": {"creationTimestamp": "2026-12-07T10:05:00Z"},
+             "spec": {"queueName": "gpupipe"}}  # fmt: skip
+    fake.workloads = {JOB: fresh}
+    admitted = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}
+    timer = threading.Timer(1.0, lambda: fake.workloads.update({JOB: admitted}))
+    timer.start()
+    try:
+        launch(launcher(cluster=dataclasses.replace(CLUSTER, gang_queue="gpupipe")))
+    finally:
+        timer.cancel()
+    said = [
+        (r.levelno, r.getMessage()) for r in caplog.records if "queue gpupipe" in r.getMessage()
+    ]
+    assert said == [(logging.INFO, f"{kind.name} {REF}: admitted by queue gpupipe")], said
+
+
 def test_a_job_its_queue_can_never_admit_fails_at_once_and_is_deleted(
     launcher: Callable[..., ClusterJobLauncher], kind: Kind, fake: FakeKubeApi
 ) -> None:

@@ -119,10 +119,12 @@ class JobResource(Resource, abc.ABC):
         if wait.admitted:
             # After a wait it said, at the wait's level: where only warnings are shown (the train
             # step's pod), the wait would otherwise seem to go on under the training's lines.
-            waited = self.queued is not None and bool(self.queued.position or self.queued.reason)
+            waited = self.queued is not None and bool(self.queued.reason)
             log.log(logging.WARNING if waited else logging.INFO, "%s %s/%s: admitted by queue %s",
                     self.kind, self.namespace, self.name, queue)  # fmt: skip
-        elif wait.position is not None or wait.reason:
+        elif wait.reason:
+            # Only once Kueue says why: a Workload it has not looked at yet is admitted a moment
+            # later when its quota is free (seen live: "waiting" then "admitted" in one second).
             log.warning("%s %s/%s: %s", self.kind, self.namespace, self.name, wait.line())
         self.queued = wait
 
