@@ -9,10 +9,10 @@
 # --build-only: build the binaries and the add-on images, start nothing (.ci/run runs it in the
 # background while the other tests run, so that a machine with nothing cached builds in parallel).
 # Environment: GPUPIPE_CLUSTER_DIR, GPUPIPE_CLUSTER_CACHE (hack/cluster/lib.sh),
-#   GPUPIPE_CLUSTER_ADDONS (default "network-policy training-operator jobset trainer object-store
-#   mlflow katib kfp kfp-ui": NetworkPolicy enforced, both operators, PyTorchJob and TrainJob,
-#   Katib, KFP's backend and its UI; "kueue" (after trainer) adds Kueue's queues, "gpu" a GPU
-#   node's device plugin; "" for none; trainer needs jobset before it, kueue both operators, the store comes
+#   GPUPIPE_CLUSTER_ADDONS (default "network-policy training-operator jobset trainer kueue
+#   object-store mlflow katib kfp kfp-ui": NetworkPolicy enforced, both operators, PyTorchJob
+#   and TrainJob, Kueue's queues, Katib, KFP's backend and its UI; "gpu" adds a GPU node's device
+#   plugin; "" for none; trainer needs jobset before it, kueue both operators, the store comes
 #   before what uses it, and kfp before kfp-ui; network-policy first, so that every pod starts
 #   under the policies: docs/test-cluster.md).
 set -euo pipefail
@@ -31,7 +31,7 @@ case "${1:-}" in
 --build-only) build_only=1 ;;
 *) die "unknown argument '${1}' (usage: hack/cluster-up.sh [--build-only])" ;;
 esac
-addons="${GPUPIPE_CLUSTER_ADDONS-network-policy training-operator jobset trainer object-store mlflow katib kfp kfp-ui}"
+addons="${GPUPIPE_CLUSTER_ADDONS-network-policy training-operator jobset trainer kueue object-store mlflow katib kfp kfp-ui}"
 total_start=$SECONDS
 MIN_FREE_GIB="${GPUPIPE_MIN_FREE_GIB:-12}"
 
