@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from kubernetes import client
@@ -516,6 +516,21 @@ def test_a_queued_job_says_where_it_waits_in_its_queue_once_and_in_the_deadline(
     assert post.body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpupipe"
 
 
+class _AdmittedOnceRead(dict):  # type: ignore[type-arg]
+    """``fake.workloads`` whose job's Workload is ``first`` for the launcher's first read and
+    admitted from then on: the change comes between two polls, not at a time a loaded machine
+    may miss."""
+
+    ADMITTED: ClassVar[dict[str, Any]] = {
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}
+    }
+
+    def items(self):  # type: ignore[no-untyped-def]
+        seen = list(super().items())
+        self[JOB] = self.ADMITTED
+        return seen
+
+
 def test_the_admission_that_ends_a_said_wait_is_said_at_the_waits_level(
     launcher: Callable[..., ClusterJobLauncher],
     kind: Kind,
@@ -525,15 +540,9 @@ def test_the_admission_that_ends_a_said_wait_is_said_at_the_waits_level(
     """Found on the test cluster: the train step's pod shows warnings only, so after its
     "waiting for admission" the admission (logged at INFO) never showed and the wait seemed to
     go on under the training's lines. After a wait it said, the admission is a warning too."""
-    fake.scenario = Scenario(lines=LINES, outcome="Succeeded", pending_s=2.0)
-    fake.workloads = {JOB: _workload("gpupipe", "2026-12-07T10:05:00Z", WAITING)}
-    admitted = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}
-    timer = threading.Timer(1.0, lambda: fake.workloads.update({JOB: admitted}))
-    timer.start()
-    try:
-        launch(launcher(cluster=dataclasses.replace(CLUSTER, gang_queue="gpupipe")))
-    finally:
-        timer.cancel()
+    fake.scenario = Scenario(lines=LINES, outcome="Succeeded", pending_s=5.0)
+    fake.workloads = _AdmittedOnceRead({JOB: _workload("gpupipe", "2026-12-07T10:05:00Z", WAITING)})
+    launch(launcher(cluster=dataclasses.replace(CLUSTER, gang_queue="gpupipe")))
     said = [
         (r.levelno, r.getMessage()) for r in caplog.records if "queue gpupipe" in r.getMessage()
     ]
@@ -552,18 +561,13 @@ def test_a_workload_kueue_has_not_looked_at_yet_is_no_wait_to_say(
 ) -> None:
     """Seen live: the first of two jobs logged "waiting for admission (position 1)" and was
     admitted a second later. A Workload without Kueue's reason yet is not a wait."""
-    caplog.set_level(logging.INFO)
-    fake.scenario = Scenario(lines=LINES, outcome="Succeeded", pending_s=2.0)
+    # On the launcher's own logger: a test before it in the suite may leave a level on a parent.
+    caplog.set_level(logging.INFO, logger="trainer.launch.joblauncher")
+    fake.scenario = Scenario(lines=LINES, outcome="Succeeded", pending_s=5.0)
     fresh = {"metadata": {"creationTimestamp": "2026-12-07T10:05:00Z"},
              "spec": {"queueName": "gpupipe"}}  # fmt: skip
-    fake.workloads = {JOB: fresh}
-    admitted = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}
-    timer = threading.Timer(1.0, lambda: fake.workloads.update({JOB: admitted}))
-    timer.start()
-    try:
-        launch(launcher(cluster=dataclasses.replace(CLUSTER, gang_queue="gpupipe")))
-    finally:
-        timer.cancel()
+    fake.workloads = _AdmittedOnceRead({JOB: fresh})
+    launch(launcher(cluster=dataclasses.replace(CLUSTER, gang_queue="gpupipe")))
     said = [
         (r.levelno, r.getMessage()) for r in caplog.records if "queue gpupipe" in r.getMessage()
     ]
