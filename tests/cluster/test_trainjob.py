@@ -170,8 +170,8 @@ def test_the_runtime_patch_reaches_the_pods_and_they_pass_restricted(
     launchers.check_restricted_is_enforced_and_admitted(namespace, reference)
     # Both nodes of the reference TrainJob were admitted with the runtime patch merged in.
     job = trainjob(namespace, reference.job)
-    # Ours, stamped by the defaulter; not the only one where Kueue is installed (CI with Kueue:
-    # a second entry from another manager, whatever the job's queue).
+    # Ours, stamped by the defaulter; not the only one where Kueue is installed: its webhook adds
+    # its own (manager kueue.x-k8s.io/manager) to every TrainJob, queued or not.
     (patch,) = [
         p for p in job["spec"]["runtimePatches"] if p.get("manager") == "gpupipe.dev/launcher"
     ]
