@@ -33,15 +33,19 @@ TORCH_STEPS = ("evaluate",)
 GOAL = 1.5
 
 
+def body_imports(component: str) -> list[str]:
+    """The import statements a component's function runs first (its body's own imports)."""
+    tree = ast.parse((ROOT / "components" / component / "__init__.py").read_text())
+    (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    return [ast.unparse(n) for n in func.body if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
 def steps() -> dict[str, str]:
     """Each component -> the code its container runs before the step's first line of work."""
-    found = {}
-    for path in sorted((ROOT / "components").glob("*/__init__.py")):
-        tree = ast.parse(path.read_text())
-        (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-        body = [ast.unparse(n) for n in func.body if isinstance(n, ast.Import | ast.ImportFrom)]
-        found[path.parent.name] = "\n".join([FLOOR, f"import components.{path.parent.name}", *body])
-    return found
+    names = sorted(p.parent.name for p in (ROOT / "components").glob("*/__init__.py"))
+    return {
+        name: "\n".join([FLOOR, f"import components.{name}", *body_imports(name)]) for name in names
+    }
 
 
 def timed(code: str) -> tuple[float, bool]:

@@ -311,13 +311,6 @@ TORCH_STEPS = {"evaluate"}
 imports it only where it trains in its own process; the others never."""
 
 
-def _body_imports(component: str) -> list[str]:
-    """The import statements a component's function runs first (its body's own imports)."""
-    tree = ast.parse((ROOT / "components" / component / "__init__.py").read_text())
-    (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    return [ast.unparse(n) for n in func.body if isinstance(n, ast.Import | ast.ImportFrom)]
-
-
 COMPONENTS = sorted(p.parent.name for p in (ROOT / "components").glob("*/__init__.py"))
 
 
@@ -326,7 +319,9 @@ def test_a_step_that_needs_no_torch_starts_without_it(component: str) -> None:
     """Issue 65, item 6: register imported torch (1.6 s of its 2.6 s start, in every run's pod)
     for two constants, through ``trainer.models`` and ``trainer.steps.evaluate``, whose faces
     now load each name with its module on first use."""
-    statements = _body_imports(component)
+    from benchmarks.step_start import body_imports
+
+    statements = body_imports(component)
     assert statements or component == "notify", f"components/{component}: no imports found"
     code = "\n".join([*statements, "import sys", "print('torch' in sys.modules)"])
     out = subprocess.run(
